@@ -1,0 +1,87 @@
+"""`endpoint`: an OpenAI-compatible server someone else started. kvbench only talks to it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.engines.base import Capabilities, Endpoint, EngineError
+from kvbench.engines.http import request
+from kvbench.engines.prometheus import parse_samples
+from kvbench.settings import build
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    """`url` is the server's base URL (with or without /v1). `reset_path` (e.g. /reset_prefix_cache for
+    vLLM, /flush_cache for SGLang) is POSTed before each run when given; `metrics_path` is scraped."""
+
+    url: str = "http://127.0.0.1:8000"
+    model: str = "default"
+    api_key: str | None = None
+    kv_dtype: str = "unknown"
+    reset_path: str | None = None
+    metrics_path: str | None = "/metrics"
+    output_token_ids: bool = False
+
+
+class EndpointAdapter:
+    name = "endpoint"
+
+    def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
+        self.settings = build(EndpointSettings, settings, "engine.endpoint")
+        base = self.settings.url.rstrip("/")
+        self._base = base[: -len("/v1")] if base.endswith("/v1") else base
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self._base, self.settings.model, self.settings.api_key)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            token_id_prompts=True,
+            cached_token_reporting=True,
+            output_token_ids=self.settings.output_token_ids,
+            cache_reset=self.settings.reset_path is not None,
+        )
+
+    def describe(self) -> Mapping[str, object]:
+        return {"kv_dtype": self.settings.kv_dtype, "url": self._base}
+
+    def start(self) -> None:
+        """Nothing to launch."""
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        reply = None
+        while True:
+            reply = request("GET", self._base + "/v1/models", timeout_s=min(5.0, timeout_s), api_key=self.settings.api_key)
+            if reply.status is not None and reply.status < 500:
+                return  # it answers HTTP; a 401/404 here is the server's business, not unreachability
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        raise EngineError(
+            f"engine.endpoint: cannot reach {self._base} ({reply.error or reply.status}); "
+            "check --url and that the server is running"
+        )
+
+    def reset_cache(self) -> bool:
+        if not self.settings.reset_path:
+            return False
+        reply = request("POST", self._base + self.settings.reset_path, api_key=self.settings.api_key)
+        if not reply.ok:
+            raise EngineError(f"cache reset {self.settings.reset_path} failed: {reply.error or reply.status} {reply.body[:200]}")
+        return True
+
+    def scrape_metrics(self) -> Mapping[str, float] | None:
+        if not self.settings.metrics_path:
+            return None
+        reply = request("GET", self._base + self.settings.metrics_path, api_key=self.settings.api_key)
+        return parse_samples(reply.body) if reply.ok else None
+
+    def stop(self) -> None:
+        """Not ours to stop."""

@@ -1,0 +1,13 @@
+"""The pure KV core of kvengine: cache policies shared by the engine and the simulator (no torch, no I/O).
+
+Map: `pages` owns device page ids and their reference counts (PagePool, the null page, check_integrity);
+`prefix_index` is the radix tree of cached pages per namespace (match / lock / insert / evict, LRU over
+unlocked leaves, namespace_for for tenant isolation); `tenants` is the tenant ledger (quotas, the 50%
+contention cap, premium reservations) and `evict_for`, which runs its victim order on a prefix index;
+`tiers` decides where cached pages live (device / host / disk / remote by per-tenant TTL and capacity) and
+plans restores disk -> host -> device; `scheduler` turns requests into step plans (continuous batching,
+chunked prefill, prefix reuse, preemption by recompute or swap) with time supplied by the caller; `events`
+collects stored / hit / evicted / moved events for metrics (`take_events()`); `trace_replay` replays token
+prompts through a pool + index to measure prefix hit rates (`kvbench trace stats`). Each module's
+docstring states its contracts: which calls change state and how long a result stays valid.
+"""

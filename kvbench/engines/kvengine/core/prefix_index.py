@@ -1,0 +1,379 @@
+"""Prefix index: a radix tree over page-aligned token ids, one tree per namespace, owning cached pages.
+
+Mechanics follow SGLang's radix cache: an edge holds whole pages (its token ids and their page ids),
+children are keyed by their first page's tokens, lock references are walked to the root, and eviction takes
+unlocked leaves in LRU order. Unlike SGLang the tree owns no allocator and edits no request: it holds one
+pool reference per cached page and releases it on eviction.
+
+Namespaces: every tree lives under a namespace key. In strict isolation the namespace is the tenant's salt,
+so no match can cross tenants; content marked shareable (in `shared-prefix` mode) goes to SHARED_NAMESPACE.
+See `namespace_for`.
+
+Contracts (what changes state, when a result is safe to use):
+- `match` is a pure read. Its PrefixMatch is valid until the next `insert` or `evict`; `lock` it first to
+  keep its pages (and their order) alive across those calls, until the matching `unlock`.
+- `lock`/`unlock` change only lock counts and LRU recency; a locked node (and every ancestor) is never
+  evicted. A lock covers the whole last node even when the match ended inside it.
+- `insert` adds the pages past the already-cached prefix: the index takes its own pool reference to each
+  page it adopts. The caller keeps its references and releases them when done (all of them: the tree holds
+  its own). `InsertResult.num_cached` pages of the caller were duplicates and are not adopted.
+- `evict` drops the tail pages of the least recently used unlocked leaves, releasing the index's references.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Collection, NewType, Sequence
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.events import EventKind, EventSink, NullEventLog
+from kvbench.engines.kvengine.core.pages import IntegrityError, PageId, PagePool
+
+Namespace = NewType("Namespace", str)
+TenantId = NewType("TenantId", str)
+SHARED_NAMESPACE = Namespace("shared")
+DEVICE_TIER = "device"
+
+
+def namespace_for(tenant: TenantId, *, shareable: bool, strict: bool) -> Namespace:
+    """The namespace a tenant's prompt is cached under.
+
+    strict isolation: always the tenant's own salt. `shared-prefix` mode: content marked shareable (e.g. an
+    identical public system prompt) goes to SHARED_NAMESPACE, everything else to the tenant's salt.
+    """
+    if shareable and not strict:
+        return SHARED_NAMESPACE
+    return Namespace(f"tenant:{tenant}")
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    node_id: int
+    parent: _Node | None
+    key: bytes  # int32 token ids of this edge, whole pages
+    pages: list[PageId]
+    tenant: TenantId
+    children: dict[bytes, _Node] = field(default_factory=dict)
+    lock_ref: int = 0
+    tick: int = 0  # LRU recency: larger = used more recently
+    last_access: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """The cached full-page prefix of a prompt. `pages` are in prompt order."""
+
+    namespace: Namespace
+    pages: tuple[PageId, ...]
+    page_size: int
+    _node: _Node | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.pages)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.pages) * self.page_size
+
+
+@dataclass(frozen=True, slots=True)
+class InsertResult:
+    num_pages: int  # full pages in the inserted tokens
+    num_cached: int  # of those, already in the index (the caller's copies were not adopted)
+
+    @property
+    def num_new(self) -> int:
+        return self.num_pages - self.num_cached
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    num_pages: int  # pages dropped from the index
+    num_freed: int  # of those, pages that went back to the pool (no other holder)
+    by_tenant: dict[TenantId, int]
+
+
+def _token_bytes(tokens: np.ndarray, num_pages: int, page_size: int) -> bytes:
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        raise ValueError(f"tokens: expected a 1-D array of token ids, got shape {arr.shape}")
+    return arr[: num_pages * page_size].astype(np.int32, copy=False).tobytes()
+
+
+def _common_pages(a: bytes, b: bytes, page_bytes: int) -> int:
+    """How many leading whole pages two byte strings share."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.frombuffer(a, np.uint8, n) != np.frombuffer(b, np.uint8, n))
+    return (int(diff[0]) if len(diff) else n) // page_bytes
+
+
+@dataclass(slots=True)
+class PrefixIndex:
+    """Radix tree of cached pages over `pool`. See the module docstring for the contracts."""
+
+    pool: PagePool
+    events: EventSink = field(default_factory=NullEventLog)
+    _roots: dict[Namespace, _Node] = field(default_factory=dict, repr=False)
+    # Per-tenant LRU heaps of leaf candidates (tick, node_id, node); stale entries are skipped on pop.
+    _heaps: dict[TenantId, list] = field(default_factory=dict, repr=False)
+    _tick: int = 0
+    _next_id: int = 1
+    _num_nodes: int = 0
+    _evictable: int = 0
+    _protected: int = 0
+    _evictable_by_tenant: dict[TenantId, int] = field(default_factory=dict, repr=False)
+    _pages_by_tenant: dict[TenantId, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def page_size(self) -> int:
+        return self.pool.page_size
+
+    # ---- reads -------------------------------------------------------------------------------------------
+    @property
+    def cached_pages(self) -> int:
+        return self._evictable + self._protected
+
+    @property
+    def evictable_pages(self) -> int:
+        """Cached pages in unlocked nodes (what `evict` could free)."""
+        return self._evictable
+
+    @property
+    def protected_pages(self) -> int:
+        """Cached pages in nodes locked by a running request."""
+        return self._protected
+
+    def evictable_pages_of(self, tenant: TenantId) -> int:
+        return self._evictable_by_tenant.get(tenant, 0)
+
+    def pages_of(self, tenant: TenantId) -> int:
+        """Cached pages charged to `tenant` (the tenant that inserted them)."""
+        return self._pages_by_tenant.get(tenant, 0)
+
+    def pages_by_tenant(self) -> dict[TenantId, int]:
+        return {t: k for t, k in self._pages_by_tenant.items() if k}
+
+    def match(self, namespace: Namespace, tokens: np.ndarray) -> PrefixMatch:
+        """The longest cached full-page prefix of `tokens` in `namespace`. Changes nothing."""
+        ps = self.page_size
+        root = self._roots.get(namespace)
+        if root is None:
+            return PrefixMatch(namespace, (), ps, None)
+        n = len(tokens) // ps
+        kb = _token_bytes(tokens, n, ps)
+        pb = 4 * ps
+        node, pos, pages = root, 0, []
+        while pos < n:
+            child = node.children.get(kb[pos * pb : (pos + 1) * pb])
+            if child is None:
+                break
+            clen = len(child.pages)
+            seg = kb[pos * pb : (pos + clen) * pb]
+            m = clen if seg == child.key else _common_pages(seg, child.key, pb)
+            pages.extend(child.pages[:m])
+            pos += m
+            node = child
+            if m < clen:
+                break
+        return PrefixMatch(namespace, tuple(pages), ps, node)
+
+    # ---- locks -------------------------------------------------------------------------------------------
+    def lock(self, match: PrefixMatch, now: float) -> None:
+        """Protect the matched path from eviction and mark it used at `now`."""
+        self._tick += 1
+        node = match._node
+        while node is not None and node.parent is not None:
+            if node.lock_ref == 0:
+                self._move_evictable(node, -len(node.pages))
+            node.lock_ref += 1
+            node.tick = self._tick
+            node.last_access = now
+            node = node.parent
+
+    def unlock(self, match: PrefixMatch) -> None:
+        """Undo one `lock` of the same match."""
+        node = match._node
+        leaf = node
+        while node is not None and node.parent is not None:
+            if node.lock_ref <= 0:
+                raise IntegrityError("unlock() without a matching lock()")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._move_evictable(node, len(node.pages))
+            node = node.parent
+        if leaf is not None and leaf.parent is not None:
+            self._push_if_leaf(leaf)
+
+    def _move_evictable(self, node: _Node, delta: int) -> None:
+        self._evictable += delta
+        self._protected -= delta
+        self._evictable_by_tenant[node.tenant] = self._evictable_by_tenant.get(node.tenant, 0) + delta
+
+    def _push_if_leaf(self, node: _Node) -> None:
+        if not node.children and node.lock_ref == 0 and node.parent is not None:
+            heapq.heappush(self._heaps.setdefault(node.tenant, []), (node.tick, node.node_id, node))
+
+    # ---- insert ------------------------------------------------------------------------------------------
+    def insert(
+        self, namespace: Namespace, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float
+    ) -> InsertResult:
+        """Cache the full pages of `tokens`, whose KV is in `pages` (one page id per full page, in order)."""
+        ps = self.page_size
+        n = len(tokens) // ps
+        if len(pages) < n:
+            raise ValueError(f"pages: {len(pages)} page ids for {n} full pages of tokens; pass one per page")
+        kb = _token_bytes(tokens, n, ps)
+        pb = 4 * ps
+        self._tick += 1
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = _Node(0, None, b"", [], tenant)
+        node, pos = root, 0
+        while pos < n:
+            child = node.children.get(kb[pos * pb : (pos + 1) * pb])
+            if child is None:
+                break
+            clen = len(child.pages)
+            seg = kb[pos * pb : (pos + clen) * pb]
+            m = clen if seg == child.key else _common_pages(seg, child.key, pb)
+            if m < clen:
+                child = self._split(child, m)
+            child.tick = self._tick
+            child.last_access = now
+            node, pos = child, pos + m
+        if pos < n:
+            new_pages = list(pages[pos:n])
+            self.pool.share(new_pages)
+            leaf = _Node(self._next_id, node, kb[pos * pb : n * pb], new_pages, tenant, tick=self._tick,
+                         last_access=now)
+            self._next_id += 1
+            self._num_nodes += 1
+            node.children[leaf.key[:pb]] = leaf
+            k = n - pos
+            self._evictable += k
+            self._evictable_by_tenant[tenant] = self._evictable_by_tenant.get(tenant, 0) + k
+            self._pages_by_tenant[tenant] = self._pages_by_tenant.get(tenant, 0) + k
+            self._push_if_leaf(leaf)
+            self.events.record(EventKind.STORED, tenant, DEVICE_TIER, k, now)
+        elif node is not root:
+            self._push_if_leaf(node)
+        return InsertResult(num_pages=n, num_cached=pos)
+
+    def _split(self, child: _Node, m: int) -> _Node:
+        """Cut `child` after its first m pages; the new upper node takes them. Returns the upper node."""
+        pb = 4 * self.page_size
+        parent = child.parent
+        assert parent is not None
+        upper = _Node(self._next_id, parent, child.key[: m * pb], child.pages[:m], child.tenant,
+                      lock_ref=child.lock_ref, tick=child.tick, last_access=child.last_access)
+        self._next_id += 1
+        self._num_nodes += 1
+        parent.children[upper.key[:pb]] = upper
+        child.key = child.key[m * pb :]
+        child.pages = child.pages[m:]
+        child.parent = upper
+        upper.children[child.key[:pb]] = child
+        return upper
+
+    # ---- evict -------------------------------------------------------------------------------------------
+    def evict(self, num_pages: int, now: float, tenants: Collection[TenantId] | None = None) -> EvictResult:
+        """Drop up to `num_pages` pages, least recently used unlocked leaves first, deepest page first.
+
+        With `tenants`, only leaves charged to those tenants are candidates (LRU among them).
+        """
+        pb = 4 * self.page_size
+        heaps = [self._heaps[t] for t in (self._heaps if tenants is None else tenants) if t in self._heaps]
+        dropped = freed = 0
+        by_tenant: dict[TenantId, int] = {}
+        while dropped < num_pages:
+            best = None
+            for h in heaps:
+                while h and not self._valid(h[0]):
+                    heapq.heappop(h)
+                if h and (best is None or h[0] < best[0]):
+                    best = h
+            if best is None:
+                break
+            leaf: _Node = best[0][2]
+            k = min(num_pages - dropped, len(leaf.pages))
+            tail = leaf.pages[len(leaf.pages) - k :]
+            if k == len(leaf.pages):
+                heapq.heappop(best)
+                parent = leaf.parent
+                assert parent is not None
+                del parent.children[leaf.key[:pb]]
+                leaf.parent = None
+                leaf.pages = []
+                self._num_nodes -= 1
+                self._push_if_leaf(parent)
+            else:
+                leaf.pages = leaf.pages[: len(leaf.pages) - k]
+                leaf.key = leaf.key[: len(leaf.key) - k * pb]
+            freed += self.pool.release(tail)
+            dropped += k
+            t = leaf.tenant
+            by_tenant[t] = by_tenant.get(t, 0) + k
+            self._evictable -= k
+            self._evictable_by_tenant[t] -= k
+            self._pages_by_tenant[t] -= k
+        for t, k in by_tenant.items():
+            self.events.record(EventKind.EVICTED, t, DEVICE_TIER, k, now)
+        return EvictResult(num_pages=dropped, num_freed=freed, by_tenant=by_tenant)
+
+    @staticmethod
+    def _valid(entry: tuple) -> bool:
+        tick, _, node = entry
+        return node.parent is not None and not node.children and node.lock_ref == 0 and node.tick == tick
+
+    # ---- integrity ---------------------------------------------------------------------------------------
+    def cached_page_ids(self) -> list[PageId]:
+        """Every page the index holds (for integrity checks and tests)."""
+        out: list[PageId] = []
+        for _, node in self._walk():
+            out.extend(node.pages)
+        return out
+
+    def _walk(self):
+        for ns, root in self._roots.items():
+            stack = list(root.children.values())
+            while stack:
+                node = stack.pop()
+                yield ns, node
+                stack.extend(node.children.values())
+
+    def check_integrity(self) -> None:
+        """Raise IntegrityError on any broken invariant of the tree or its pool references."""
+        pb = 4 * self.page_size
+        seen: set[int] = set()
+        evictable = protected = nodes = 0
+        ev_t: dict[TenantId, int] = {}
+        pages_t: dict[TenantId, int] = {}
+        for _, node in self._walk():
+            nodes += 1
+            if not node.pages or len(node.key) != len(node.pages) * pb:
+                raise IntegrityError(f"node {node.node_id}: {len(node.pages)} pages for {len(node.key)} bytes")
+            if node.parent is None or node.parent.children.get(node.key[:pb]) is not node:
+                raise IntegrityError(f"node {node.node_id} is not its parent's child under its first page")
+            if node.lock_ref < 0 or (node.parent.parent is not None and node.parent.lock_ref < node.lock_ref):
+                raise IntegrityError(f"node {node.node_id}: lock_ref {node.lock_ref} exceeds its parent's")
+            if node.parent.parent is not None and node.parent.tick < node.tick:
+                raise IntegrityError(f"node {node.node_id} used more recently than its parent")
+            for p in node.pages:
+                if p in seen or self.pool.ref_count(p) < 1:
+                    raise IntegrityError(f"page {p} cached twice or without a pool reference")
+                seen.add(p)
+            if node.lock_ref:
+                protected += len(node.pages)
+            else:
+                evictable += len(node.pages)
+                ev_t[node.tenant] = ev_t.get(node.tenant, 0) + len(node.pages)
+            pages_t[node.tenant] = pages_t.get(node.tenant, 0) + len(node.pages)
+        if (evictable, protected, nodes) != (self._evictable, self._protected, self._num_nodes):
+            raise IntegrityError(f"counters: evictable/protected/nodes {self._evictable}/{self._protected}/"
+                                 f"{self._num_nodes} != walked {evictable}/{protected}/{nodes}")
+        for counted, walked in ((self._evictable_by_tenant, ev_t), (self._pages_by_tenant, pages_t)):
+            if {t: k for t, k in counted.items() if k} != walked:
+                raise IntegrityError(f"per-tenant counters {counted} != walked {walked}")

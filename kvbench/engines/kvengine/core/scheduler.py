@@ -1,0 +1,301 @@
+"""Scheduler: continuous batching with chunked prefill, prefix reuse at admission and preemption.
+
+No clock inside: every call takes `now` from the caller, so the engine runs it in real time and the
+simulator in virtual time. The model is not called here; a step is
+
+    plan = scheduler.schedule(now)         # decides; pages are allocated, nothing is computed
+    sampled = model(plan)                  # executor: swap_out copies first, then swap_in, then the model
+    finished = scheduler.postprocess(plan, sampled, now)
+
+Token regions of a sequence (tokens = prompt + generated so far) in one step:
+
+    | cached at admission | computed earlier | this step: [start, end) | not yet |
+    0               num_cached_tokens                                       len(tokens)
+
+A ScheduledSeq with `samples=True` ends at len(tokens): the model returns one sampled token for it. Its
+`page_table` covers tokens [0, end) and stays valid until the next `schedule`. Pages are allocated per
+chunk, asking first (`can_allocate`), then evicting cached pages (LRU, or the tenant ledger's order), then
+preempting the most recently admitted running sequences. A preempted sequence either recomputes (its
+computed full pages go to the prefix index first, so recompute is mostly prefix hits) or, with
+`allow_swap`, is swapped to host: `StepPlan.swap_out` lists its device pages, which the executor must copy
+before anything else in the step (they may be reused by this very plan); `swap_in` gives the new pages to
+copy them back into.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping, NewType
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.events import EventKind
+from kvbench.engines.kvengine.core.pages import PageId
+from kvbench.engines.kvengine.core.prefix_index import (
+    DEVICE_TIER,
+    PrefixIndex,
+    PrefixMatch,
+    TenantId,
+    namespace_for,
+)
+from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
+
+RequestId = NewType("RequestId", str)
+DEFAULT_TENANT = TenantId("default")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_step_tokens: int = 2048  # prefill chunk tokens + decode tokens per step
+    allow_swap: bool = False  # preempt by swapping to host instead of recomputing
+    strict_isolation: bool = True  # False: `shareable` prompts are cached in the shared namespace
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_step_tokens < 1:
+            raise ValueError("SchedulerConfig: max_num_seqs and max_step_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: RequestId
+    prompt: np.ndarray  # 1-D token ids
+    max_new_tokens: int
+    tenant: TenantId = DEFAULT_TENANT
+    shareable: bool = False
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.prompt) != 1 or len(self.prompt) == 0:
+            raise ValueError(f"request {self.request_id}: prompt must be a non-empty 1-D array of token ids")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    request_id: RequestId
+    page_table: tuple[PageId, ...]
+    start: int  # first token position computed this step
+    end: int  # one past the last
+    num_cached_tokens: int  # prompt tokens found in the cache at (first) admission
+    samples: bool  # the model samples one token for this sequence this step
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOut:
+    request_id: RequestId
+    pages: tuple[PageId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapIn:
+    request_id: RequestId
+    pages: tuple[PageId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    now: float
+    seqs: tuple[ScheduledSeq, ...]
+    preempted: tuple[RequestId, ...] = ()
+    swap_out: tuple[SwapOut, ...] = ()
+    swap_in: tuple[SwapIn, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.end - s.start for s in self.seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    request_id: RequestId
+    prompt_tokens: int
+    num_cached_tokens: int
+    output: tuple[int, ...]
+    finish_reason: str  # "length" or "stop"
+
+
+@dataclass(slots=True, eq=False)
+class _Seq:
+    request: Request
+    output: list[int] = field(default_factory=list)
+    pages: list[PageId] = field(default_factory=list)
+    match: PrefixMatch | None = None
+    num_computed: int = 0
+    num_cached_tokens: int | None = None
+    swapped_pages: int = 0  # > 0 while swapped out to host
+
+    @property
+    def length(self) -> int:
+        return len(self.request.prompt) + len(self.output)
+
+    def tokens(self) -> np.ndarray:
+        return np.concatenate([np.asarray(self.request.prompt, np.int32), np.asarray(self.output, np.int32)])
+
+
+@dataclass(slots=True)
+class Scheduler:
+    index: PrefixIndex
+    config: SchedulerConfig = SchedulerConfig()
+    ledger: TenantLedger | None = None  # None: plain LRU eviction across tenants
+    _waiting: deque = field(default_factory=deque)
+    _running: list = field(default_factory=list)
+    _seqs: dict = field(default_factory=dict)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def add(self, request: Request) -> None:
+        if request.request_id in self._seqs:
+            raise ValueError(f"request_id {request.request_id!r} is already scheduled; ids must be unique")
+        seq = _Seq(request)
+        self._seqs[request.request_id] = seq
+        self._waiting.append(seq)
+
+    def _pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.index.page_size)
+
+    def _usage(self) -> dict[TenantId, int]:
+        """Device pages charged per tenant: its cached pages plus its running sequences' own pages."""
+        usage = self.index.pages_by_tenant()
+        for s in self._running:
+            own = len(s.pages) - min(len(s.pages), s.match.num_pages if s.match else 0)
+            usage[s.request.tenant] = usage.get(s.request.tenant, 0) + own
+        return usage
+
+    def can_allocate(self, n: int, tenant: TenantId, now: float) -> bool:
+        """Whether `n` pages can be had, evicting cached pages if needed (evicts; never preempts)."""
+        pool = self.index.pool
+        if pool.can_allocate(n):
+            return True
+        short = n - pool.num_free
+        if self.ledger is None:
+            self.index.evict(short, now)
+        else:
+            evict_for(self.index, self.ledger, tenant, short, self._usage(), now)
+        return pool.can_allocate(n)
+
+    def allocate(self, seq: _Seq, n: int) -> None:
+        seq.pages.extend(self.index.pool.allocate(n))
+
+    def schedule(self, now: float) -> StepPlan:
+        """Decide this step: running sequences first (decode or next prefill chunk), then admissions."""
+        budget = self.config.max_step_tokens
+        items: list[ScheduledSeq] = []
+        preempted: list[RequestId] = []
+        swap_out: list[SwapOut] = []
+        swap_in: list[SwapIn] = []
+        i = 0
+        while i < len(self._running) and budget > 0:
+            seq = self._running[i]
+            n = min(seq.length - seq.num_computed, budget)
+            need = self._pages_for(seq.num_computed + n) - len(seq.pages)
+            while not self.can_allocate(need, seq.request.tenant, now) and self._running[-1] is not seq:
+                self._preempt(self._running.pop(), now, preempted, swap_out)
+            if not self.can_allocate(need, seq.request.tenant, now):
+                self._preempt(self._running.pop(i), now, preempted, swap_out)
+                continue
+            self.allocate(seq, need)
+            items.append(self._item(seq, n))
+            budget -= n
+            i += 1
+        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs and not preempted:
+            seq = self._waiting[0]
+            if seq.swapped_pages:
+                if not self.can_allocate(seq.swapped_pages, seq.request.tenant, now):
+                    break
+                self.allocate(seq, seq.swapped_pages)
+                swap_in.append(SwapIn(seq.request.request_id, tuple(seq.pages)))
+                seq.swapped_pages = 0
+                self._running.append(self._waiting.popleft())
+                continue  # resumes computing next step, after the copy
+            if not self._admit(seq, budget, now, items):
+                break
+            budget -= items[-1].end - items[-1].start
+            self._running.append(self._waiting.popleft())
+        return StepPlan(now, tuple(items), tuple(preempted), tuple(swap_out), tuple(swap_in))
+
+    def _admit(self, seq: _Seq, budget: int, now: float, items: list[ScheduledSeq]) -> bool:
+        req, ps = seq.request, self.index.page_size
+        ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
+        tokens = seq.tokens()
+        match = self.index.match(ns, tokens)
+        cached_pages = min(match.num_pages, (len(tokens) - 1) // ps)  # always compute >= 1 token
+        cached = cached_pages * ps
+        n = min(len(tokens) - cached, budget)
+        need = self._pages_for(cached + n) - cached_pages
+        self.index.lock(match, now)  # before evicting, so the match survives
+        if not self.can_allocate(need, req.tenant, now):
+            self.index.unlock(match)
+            return False
+        self.index.pool.share(match.pages[:cached_pages])
+        seq.match = match
+        seq.pages = list(match.pages[:cached_pages])
+        self.allocate(seq, need)
+        seq.num_computed = cached
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = cached
+        self.index.events.record(EventKind.HIT, req.tenant, DEVICE_TIER, cached_pages, now)
+        items.append(self._item(seq, n))
+        return True
+
+    def _item(self, seq: _Seq, n: int) -> ScheduledSeq:
+        end = seq.num_computed + n
+        return ScheduledSeq(seq.request.request_id, tuple(seq.pages), seq.num_computed, end,
+                            seq.num_cached_tokens or 0, samples=end == seq.length)
+
+    def _release(self, seq: _Seq, now: float, cache: bool) -> None:
+        """Return a sequence's pages; with `cache`, its computed full pages go to the prefix index first."""
+        req = seq.request
+        if cache and seq.num_computed:
+            ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
+            self.index.insert(ns, seq.tokens()[: seq.num_computed], seq.pages, req.tenant, now)
+        self.index.pool.release(seq.pages)
+        if seq.match is not None:
+            self.index.unlock(seq.match)
+        seq.pages, seq.match = [], None
+
+    def _preempt(self, seq: _Seq, now: float, preempted: list, swap_out: list) -> None:
+        preempted.append(seq.request.request_id)
+        if self.config.allow_swap and seq.num_computed:
+            swap_out.append(SwapOut(seq.request.request_id, tuple(seq.pages)))
+            seq.swapped_pages = len(seq.pages)
+            self._release(seq, now, cache=False)
+        else:
+            self._release(seq, now, cache=True)
+            seq.num_computed = 0
+        self._waiting.appendleft(seq)
+
+    def postprocess(self, plan: StepPlan, sampled: Mapping[RequestId, int], now: float) -> tuple[FinishedRequest, ...]:
+        """Record that `plan` was computed; append `sampled[id]` for each sequence with `samples`.
+
+        Finished requests cache their computed pages in the prefix index and release everything else."""
+        finished = []
+        for item in plan.seqs:
+            seq = self._seqs[item.request_id]
+            seq.num_computed = item.end
+            if not item.samples:
+                continue
+            if item.request_id not in sampled:
+                raise ValueError(f"sampled: no token for request {item.request_id!r}, whose plan item samples")
+            tok = int(sampled[item.request_id])
+            seq.output.append(tok)
+            req = seq.request
+            stop = req.eos_token_id is not None and tok == req.eos_token_id
+            if stop or len(seq.output) >= req.max_new_tokens:
+                self._release(seq, now, cache=True)
+                self._running.remove(seq)
+                del self._seqs[item.request_id]
+                finished.append(FinishedRequest(item.request_id, len(req.prompt), seq.num_cached_tokens or 0,
+                                                tuple(seq.output), "stop" if stop else "length"))
+        return tuple(finished)

@@ -1,0 +1,193 @@
+"""Tier policy: where each cached page should live (device, host, disk, remote) given age and pressure.
+
+Entries are opaque keys chosen by the caller (the engine uses a stable id of a cached page's content) with a
+tenant, a tier and a last-access time. `plan(now)` returns moves; the executor carries them out and
+confirms each with `apply(move)` (ask-then-commit: nothing moves in the policy until applied). Time always
+comes from the caller.
+
+Rule: an entry used within its tenant's device TTL belongs on device, within the host TTL on host, older on
+the slowest tier (disk, or remote when there is no disk). A tier over capacity pushes its least recently
+used entries one tier down; the slowest tier drops them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Hashable, Iterable, Mapping
+
+from kvbench.engines.kvengine.core.events import EventKind, EventSink, NullEventLog
+from kvbench.engines.kvengine.core.prefix_index import TenantId
+
+
+class Tier(int, Enum):
+    """Faster tiers have smaller values."""
+
+    DEVICE = 0
+    HOST = 1
+    DISK = 2
+    REMOTE = 3
+
+
+class MoveKind(str, Enum):
+    DEMOTE = "demote"
+    PROMOTE = "promote"
+    DROP = "drop"
+
+
+@dataclass(frozen=True, slots=True)
+class TierTTL:
+    device_s: float = 30.0
+    host_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class TierConfig:
+    """capacities: pages per tier; a tier missing from it is not used. tenant_ttls override `default_ttl`."""
+
+    capacities: Mapping[Tier, int]
+    default_ttl: TierTTL = TierTTL()
+    tenant_ttls: Mapping[TenantId, TierTTL] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if Tier.DEVICE not in self.capacities:
+            raise ValueError("capacities: the device tier is required, e.g. {Tier.DEVICE: 1024, Tier.HOST: 8192}")
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        return tuple(sorted(self.capacities))
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    key: Hashable
+    kind: MoveKind
+    src: Tier
+    dst: Tier | None  # None for DROP
+
+
+@dataclass(frozen=True, slots=True)
+class RestorePlan:
+    """How to bring a matched prefix back to device. `stages` run in order (disk -> host, then host ->
+    device) so the executor can pipeline them; `keys` are the entries restorable in prefix order: it ends
+    before the first entry the policy does not know (a miss)."""
+
+    keys: tuple[Hashable, ...]
+    stages: tuple[tuple[Tier, Tier, tuple[Hashable, ...]], ...]
+
+
+@dataclass(slots=True)
+class _Entry:
+    tenant: TenantId
+    tier: Tier
+    last_access: float
+
+
+@dataclass(slots=True)
+class TierPolicy:
+    config: TierConfig
+    events: EventSink = field(default_factory=NullEventLog)
+    _entries: dict[Hashable, _Entry] = field(default_factory=dict)
+
+    def track(self, key: Hashable, tenant: TenantId, now: float, tier: Tier = Tier.DEVICE) -> None:
+        """Start tracking a cached page (newly stored, normally on device)."""
+        self._entries[key] = _Entry(tenant, tier, now)
+
+    def touch(self, key: Hashable, now: float) -> None:
+        self._entries[key].last_access = now
+
+    def forget(self, key: Hashable) -> None:
+        self._entries.pop(key, None)
+
+    def tier_of(self, key: Hashable) -> Tier | None:
+        e = self._entries.get(key)
+        return None if e is None else e.tier
+
+    def usage(self) -> dict[Tier, int]:
+        out = {t: 0 for t in self.config.tiers}
+        for e in self._entries.values():
+            out[e.tier] += 1
+        return out
+
+    def _target(self, e: _Entry, now: float) -> Tier:
+        ttl = self.config.tenant_ttls.get(e.tenant, self.config.default_ttl)
+        age = now - e.last_access
+        tiers = self.config.tiers
+        want = Tier.DEVICE if age < ttl.device_s else Tier.HOST if age < ttl.host_s else tiers[-1]
+        # The fastest configured tier at least as slow as wanted (a missing host tier means disk).
+        return next((t for t in tiers if t >= want), tiers[-1])
+
+    def plan(self, now: float) -> tuple[Move, ...]:
+        """Moves that bring every entry to its TTL tier, then relieve tiers over capacity (LRU first).
+
+        Promotions happen only into free room. Changes nothing: call `apply` for each move carried out."""
+        tiers = self.config.tiers
+        place = {k: e.tier for k, e in self._entries.items()}
+        load = {t: 0 for t in tiers}
+        for t in place.values():
+            load[t] += 1
+        moves: list[Move] = []
+        # LRU order first so that, under pressure, the oldest go down first and the newest come up first.
+        order = sorted(self._entries.items(), key=lambda kv: kv[1].last_access)
+        for k, e in order:
+            want = self._target(e, now)
+            if want > e.tier:
+                moves.append(Move(k, MoveKind.DEMOTE, e.tier, want))
+                load[e.tier] -= 1
+                load[want] += 1
+                place[k] = want
+        for k, e in reversed(order):
+            want = self._target(e, now)
+            if want < place[k] and load[want] < self.config.capacities[want]:
+                moves.append(Move(k, MoveKind.PROMOTE, place[k], want))
+                load[place[k]] -= 1
+                load[want] += 1
+                place[k] = want
+        for i, tier in enumerate(tiers):
+            excess = load[tier] - self.config.capacities[tier]
+            for k, _ in order:
+                if excess <= 0:
+                    break
+                if place[k] != tier:
+                    continue
+                below = tiers[i + 1] if i + 1 < len(tiers) else None
+                moves.append(Move(k, MoveKind.DEMOTE if below is not None else MoveKind.DROP, tier, below))
+                load[tier] -= 1
+                if below is not None:
+                    load[below] += 1
+                place[k] = below  # type: ignore[assignment]
+                excess -= 1
+        return tuple(moves)
+
+    def apply(self, move: Move, now: float) -> None:
+        """Record that the executor carried out `move` (one page)."""
+        e = self._entries.get(move.key)
+        if e is None or e.tier != move.src:
+            raise ValueError(f"move {move}: entry is not on {move.src.name}; plan again")
+        if move.dst is None:
+            del self._entries[move.key]
+            self.events.record(EventKind.EVICTED, e.tenant, move.src.name.lower(), 1, now)
+        else:
+            e.tier = move.dst
+            self.events.record(EventKind.MOVED, e.tenant, move.dst.name.lower(), 1, now)
+
+    def restore_plan(self, keys: Iterable[Hashable]) -> RestorePlan:
+        """Stages to bring `keys` (a matched prefix, in order) to device; stops at the first unknown key."""
+        known: list[Hashable] = []
+        for k in keys:
+            if k not in self._entries:
+                break
+            known.append(k)
+        by_tier: dict[Tier, list[Hashable]] = {}
+        for k in known:
+            by_tier.setdefault(self._entries[k].tier, []).append(k)
+        stages: list[tuple[Tier, Tier, tuple[Hashable, ...]]] = []
+        carried: list[Hashable] = []  # pages arriving on host from slower tiers, then forwarded to device
+        for tier in sorted(by_tier, reverse=True):
+            if tier >= Tier.DISK:
+                stages.append((tier, Tier.HOST, tuple(by_tier[tier])))
+                carried.extend(by_tier[tier])
+        host = [k for k in known if k in set(carried) or self._entries[k].tier == Tier.HOST]
+        if host:
+            stages.append((Tier.HOST, Tier.DEVICE, tuple(host)))
+        return RestorePlan(tuple(known), tuple(stages))

@@ -1,0 +1,188 @@
+"""Paged KV store: per-layer pages of K and V in the chosen format, written and read by slot.
+
+Layout (one tensor for K, one for V, so that a page of every layer moves with one index):
+
+    k_data, v_data      [num_layers, num_pages, page_size, num_kv_heads, head_dim]   storage dtype
+    k_shift, v_shift    [num_layers, num_pages, page_size, num_kv_heads]             bf16 (channel mode only)
+    scales.k, scales.v  [num_layers, *scale_shape]                                   fp32, static
+
+Pages hold no ownership state: which page belongs to whom is the pure core's business; this class only
+stores bytes at page ids it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from kvbench.engines.kvengine.model import fp8
+from kvbench.engines.kvengine.model.config import ModelConfig
+from kvbench.engines.kvengine.model.fp8 import KVFormat
+
+
+@dataclass(frozen=True)
+class KVScales:
+    """Static per-layer scales: `k` and `v` of shape [num_layers, *fmt.scale_shape(H, D)], fp32."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def unit(cls, config: ModelConfig, fmt: KVFormat) -> KVScales:
+        """All scales 1.0 (what vLLM uses without calibration); fine for fp8 when |K|,|V| << fp8 max."""
+        shape = (config.num_layers, *fmt.scale_shape(config.num_kv_heads, config.head_dim))
+        return cls(torch.ones(shape), torch.ones(shape))
+
+
+class PagedKVCache:
+    """K/V pages for every layer. `write` encodes on the way in, `read` decodes on the way out."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_pages: int,
+        page_size: int = 16,
+        kv_dtype: str = "fp32",
+        scale_mode: str | None = None,
+        device: torch.device | str = "cpu",
+        *,
+        scales: KVScales | None = None,
+        compute_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if num_pages <= 0:
+            raise ValueError(f"num_pages={num_pages} must be positive")
+        if page_size <= 0:
+            raise ValueError(f"page_size={page_size} must be positive")
+        self.config = config
+        self.fmt = KVFormat.parse(kv_dtype, scale_mode)
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
+        shape = (L, num_pages, page_size, H, D)
+        self.k_data = torch.zeros(shape, dtype=self.fmt.storage_dtype, device=self.device)
+        self.v_data = torch.zeros(shape, dtype=self.fmt.storage_dtype, device=self.device)
+        self.k_shift: torch.Tensor | None = None
+        self.v_shift: torch.Tensor | None = None
+        if self.fmt.shifted:
+            self.k_shift = torch.zeros(shape[:-1], dtype=fp8.SHIFT_DTYPE, device=self.device)
+            self.v_shift = torch.zeros(shape[:-1], dtype=fp8.SHIFT_DTYPE, device=self.device)
+        self.set_scales(scales or KVScales.unit(config, self.fmt))
+
+    # ---- scales -------------------------------------------------------------------------------------------
+    def set_scales(self, scales: KVScales) -> None:
+        """Install static scales. Call before the first write: pages written earlier decode wrongly after."""
+        want = (self.config.num_layers, *self.fmt.scale_shape(self.config.num_kv_heads, self.config.head_dim))
+        for name, t in (("k", scales.k), ("v", scales.v)):
+            if tuple(t.shape) != want:
+                raise ValueError(f"scales.{name} has shape {tuple(t.shape)}; {self.fmt} needs {want}")
+            if not torch.isfinite(t).all() or (t <= 0).any():
+                raise ValueError(f"scales.{name} must be finite and positive")
+        self.scales = KVScales(scales.k.float().to(self.device), scales.v.float().to(self.device))
+
+    # ---- sizes ---------------------------------------------------------------------------------------------
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one cached token takes over all layers, K and V, shifts included (scales are per layer)."""
+        c = self.config
+        values = c.num_kv_heads * c.head_dim * self.k_data.element_size()
+        shifts = c.num_kv_heads * fp8.SHIFT_DTYPE.itemsize if self.fmt.shifted else 0
+        return c.num_layers * 2 * (values + shifts)
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one exported page (`read_pages` row)."""
+        return self.bytes_per_token * self.page_size
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Memory this cache holds: every page plus the scales."""
+        tensors = [self.k_data, self.v_data, self.scales.k, self.scales.v, self.k_shift, self.v_shift]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    @property
+    def layout_fingerprint(self) -> str:
+        """Digest of everything that decides how exported page bytes decode (format, geometry, scales).
+
+        A lower tier shared by several engines should store it with each page and treat a mismatch as a miss.
+        """
+        h = hashlib.sha256()
+        c = self.config
+        h.update(repr((self.fmt, self.page_size, c.num_layers, c.num_kv_heads, c.head_dim)).encode())
+        for t in (self.scales.k, self.scales.v):
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    # ---- token-level write / read ----------------------------------------------------------------------
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Encode `k, v [T, H, D]` and store them at flat slots (page_id * page_size + offset)."""
+        for data, shift, scale, x in (
+            (self.k_data, self.k_shift, self.scales.k[layer], k),
+            (self.v_data, self.v_shift, self.scales.v[layer], v),
+        ):
+            payload, token_shift = fp8.encode(self.fmt, x, scale)
+            data[layer].view(-1, *data.shape[3:])[slots] = payload
+            if shift is not None:
+                shift[layer].view(-1, shift.shape[3])[slots] = token_shift
+
+    def read(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode whole pages: `page_ids [..., P]` -> k, v [..., P * page_size, H, D] in `compute_dtype`."""
+        lead = page_ids.shape[:-1]
+        flat = page_ids.reshape(-1)
+        out = []
+        for data, shift, scale in (
+            (self.k_data, self.k_shift, self.scales.k[layer]),
+            (self.v_data, self.v_shift, self.scales.v[layer]),
+        ):
+            payload = data[layer].index_select(0, flat)
+            token_shift = None if shift is None else shift[layer].index_select(0, flat)
+            x = fp8.decode(self.fmt, payload, token_shift, scale, self.compute_dtype)
+            out.append(x.reshape(*lead, -1, *x.shape[-2:]))
+        return out[0], out[1]
+
+    # ---- page-level export / import / copy -----------------------------------------------------------------
+    def _parts(self) -> list[torch.Tensor]:
+        return [t for t in (self.k_data, self.v_data, self.k_shift, self.v_shift) if t is not None]
+
+    def read_pages(self, page_ids: torch.Tensor | list[int]) -> torch.Tensor:
+        """Export pages as raw stored bytes: uint8 [len(page_ids), page_bytes] on this cache's device.
+
+        Row layout: K values, V values, then (channel mode) K shifts, V shifts, each [layers, page_size, ...]
+        in the stored dtype. Decoding needs the same `layout_fingerprint`.
+        """
+        ids = self._ids(page_ids)
+        rows = [t.index_select(1, ids).transpose(0, 1).contiguous().view(torch.uint8) for t in self._parts()]
+        return torch.cat([r.reshape(len(ids), -1) for r in rows], dim=1)
+
+    def write_pages(self, page_ids: torch.Tensor | list[int], data: torch.Tensor) -> None:
+        """Import rows made by `read_pages` (same format and geometry) into `page_ids`, bit-exactly."""
+        ids = self._ids(page_ids)
+        if data.dtype != torch.uint8 or tuple(data.shape) != (len(ids), self.page_bytes):
+            raise ValueError(
+                f"data must be uint8 [{len(ids)}, {self.page_bytes}] as made by read_pages; got "
+                f"{data.dtype} {tuple(data.shape)}"
+            )
+        data = data.to(self.device)
+        offset = 0
+        for t in self._parts():
+            per_page = t[:, 0].numel() * t.element_size()
+            chunk = data[:, offset : offset + per_page].contiguous().view(t.dtype)
+            t[:, ids] = chunk.reshape(len(ids), t.shape[0], *t.shape[2:]).transpose(0, 1)
+            offset += per_page
+
+    def copy_pages(self, src: torch.Tensor | list[int], dst: torch.Tensor | list[int]) -> None:
+        """Copy whole pages src[i] -> dst[i] (every layer, K, V and shifts), e.g. copy-on-write of a tail."""
+        src_ids, dst_ids = self._ids(src), self._ids(dst)
+        if len(src_ids) != len(dst_ids):
+            raise ValueError(f"copy_pages got {len(src_ids)} sources and {len(dst_ids)} destinations")
+        for t in self._parts():
+            t[:, dst_ids] = t[:, src_ids]
+
+    def _ids(self, page_ids: torch.Tensor | list[int]) -> torch.Tensor:
+        ids = torch.as_tensor(page_ids, dtype=torch.int64).reshape(-1)
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.num_pages):
+            raise ValueError(f"page ids must be in [0, {self.num_pages}); got {ids.tolist()}")
+        return ids.to(self.device)

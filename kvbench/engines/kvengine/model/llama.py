@@ -1,0 +1,155 @@
+"""Llama-family decoder (Llama, SmolLM2, Mistral without sliding window, Qwen2 with q/k/v bias) over paged KV.
+
+Module and parameter names mirror Hugging Face's `LlamaForCausalLM`, so a checkpoint's state dict loads
+as is (`load_hf_state_dict`) and tests can hand our weights to transformers as an oracle.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kvbench.engines.kvengine.model.attention import AttentionBackend, BatchedAttention
+from kvbench.engines.kvengine.model.batch import ForwardBatch
+from kvbench.engines.kvengine.model.config import ModelConfig
+from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in fp32 whatever the compute dtype, as the reference implementation does
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:
+    """Inverse frequencies [head_dim / 2], with llama3 scaling when the config asks for it."""
+    d = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+    s = config.rope_scaling
+    if s is None:
+        return inv
+    # llama3: long wavelengths slowed down by `factor`, short ones kept, a smooth blend in between
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * inv / s.factor + smooth * inv
+    out = torch.where(wavelen > low_wavelen, inv / s.factor, inv)
+    mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
+    return torch.where(mid, blended, out)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, D]; cos/sin [n, D] (halves layout, as in HF checkpoints)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        c = config
+        bias = c.attention_bias
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """The decoder; `forward(batch, kv_cache)` writes the new tokens' K/V and returns fp32 logits."""
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.attention: AttentionBackend = attention or BatchedAttention()
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load Hugging Face-named weights (strict: a missing or unexpected tensor is an error)."""
+        state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+        if self.config.tie_word_embeddings:
+            state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+        result = self.load_state_dict(state, strict=False, assign=True)
+        if result.missing_keys or result.unexpected_keys:
+            raise ValueError(
+                f"checkpoint does not match config.json: missing {result.missing_keys[:5]}, "
+                f"unexpected {result.unexpected_keys[:5]}"
+            )
+        if self.config.tie_word_embeddings:  # assign=True replaced the shared Parameter: tie again
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch, kv_cache: PagedKVCache) -> torch.Tensor:
+        """Run the batch's new tokens; returns logits [len(batch.logit_rows), vocab] in fp32."""
+        c = self.config
+        if kv_cache.page_size != batch.page_size:
+            raise ValueError(f"batch.page_size={batch.page_size} != kv_cache.page_size={kv_cache.page_size}")
+        if kv_cache.compute_dtype != self.lm_head.weight.dtype:
+            raise ValueError(
+                f"kv_cache.compute_dtype={kv_cache.compute_dtype} must equal the model dtype "
+                f"{self.lm_head.weight.dtype}: build PagedKVCache(..., compute_dtype=model dtype)"
+            )
+        prepared = self.attention.prepare(batch)
+        freqs = batch.positions[:, None].float() * rope_inv_freq(c, batch.device)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        h = self.model.embed_tokens(batch.input_ids)
+        cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
+        n = h.shape[0]
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = apply_rope(attn.q_proj(x).view(n, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rope(attn.k_proj(x).view(n, c.num_kv_heads, c.head_dim), cos, sin)
+            v = attn.v_proj(x).view(n, c.num_kv_heads, c.head_dim)
+            kv_cache.write(i, batch.slot_mapping, k, v)  # first write, then read back through the pages
+            o = self.attention(q, kv_cache, i, prepared)
+            h = h + attn.o_proj(o.reshape(n, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        h = self.model.norm(h[batch.logit_rows])
+        return self.lm_head(h).float()

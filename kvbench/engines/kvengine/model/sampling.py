@@ -1,0 +1,79 @@
+"""Choosing next tokens from logits, and log-probabilities of chosen tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling: temperature 0 is greedy; `seed` makes a request reproducible on its own."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
+        """A fresh generator for this request (keep it for the request's life), or None: torch's default."""
+        return None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
+
+
+def sample(
+    logits: torch.Tensor,
+    params: Sequence[SamplingParams],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """Next token id per row of `logits [B, V]`; row i uses params[i] and generators[i]."""
+    if not (len(params) == len(generators) == logits.shape[0]):
+        raise ValueError(
+            f"logits has {logits.shape[0]} rows but {len(params)} params and {len(generators)} generators"
+        )
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    for i, (p, gen) in enumerate(zip(params, generators)):
+        row = logits[i].float()
+        if p.temperature == 0:
+            out[i] = row.argmax()
+            continue
+        probs = torch.softmax(row / p.temperature, dim=-1)
+        if p.top_p < 1:
+            probs = _top_p(probs, p.top_p)
+        out[i] = torch.multinomial(probs, 1, generator=gen)[0]
+    return out
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one)."""
+    sorted_probs, order = probs.sort(descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    sorted_probs[mass_before >= top_p] = 0
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return kept / kept.sum()
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities (of the raw logits, temperature not applied) of chosen tokens and of the top k."""
+
+    token_ids: torch.Tensor  # [n]
+    logprobs: torch.Tensor  # [n]
+    top_ids: torch.Tensor  # [n, k]
+    top_logprobs: torch.Tensor  # [n, k]
+
+
+def token_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, top_k: int = 0) -> TokenLogprobs:
+    """Logprob of `token_ids[i]` under `logits[i]`, plus the `top_k` most likely tokens per row."""
+    if token_ids.shape != logits.shape[:1]:
+        raise ValueError(f"token_ids has shape {tuple(token_ids.shape)}; logits have {logits.shape[0]} rows")
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(-1, token_ids[:, None].to(logp.device))[:, 0]
+    top = logp.topk(top_k, dim=-1)
+    return TokenLogprobs(token_ids, chosen, top.indices, top.values)

@@ -1,0 +1,93 @@
+"""An engine server run as a child process: launch, health wait with log tail, stop by process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kvbench.engines.base import EngineError
+from kvbench.engines.http import request
+
+LOG_TAIL_LINES = 40
+
+
+class ManagedProcess:
+    """One server process. Its stdout and stderr go to `log_path`, which stays in the run folder."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None):
+        self.command = list(command)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.cwd = cwd
+        self._process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        log.write(f"$ {' '.join(self.command)}\n".encode())
+        log.flush()
+        try:
+            self._process = subprocess.Popen(
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                cwd=self.cwd,
+                start_new_session=True,  # its own process group, so stop() reaches its children too
+            )
+        except OSError as exc:
+            raise EngineError(f"could not launch {self.command[0]!r}: {exc}") from None
+        finally:
+            log.close()
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def wait_healthy(self, health_url: str, timeout_s: float) -> None:
+        """Poll `health_url` until it answers 2xx; raise with the log tail if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if not self.running:
+                code = self._process.returncode if self._process else None
+                raise EngineError(f"engine exited with code {code} before it was healthy\n{self.log_tail()}")
+            reply = request("GET", health_url, timeout_s=2.0)
+            if reply.ok:
+                return
+            last = reply.error or f"HTTP {reply.status}"
+            time.sleep(0.5)
+        raise EngineError(f"engine not healthy after {timeout_s:g} s ({health_url}: {last})\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return f"(no log at {self.log_path})"
+        return f"--- last {min(lines, len(text))} lines of {self.log_path} ---\n" + "\n".join(text[-lines:])
+
+    def stop(self, grace_s: float = 15.0) -> int | None:
+        """SIGTERM to the process group, SIGKILL after `grace_s`; returns the exit code."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        return process.returncode
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except ProcessLookupError:
+        pass

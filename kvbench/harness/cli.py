@@ -1,0 +1,55 @@
+"""`kvbench`: the command line. Parses flags, calls the harness, prints with rich; computes nothing itself."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich_argparse import RichHelpFormatter
+
+from kvbench.settings import SettingsError
+from kvbench.workloads.spec import WorkloadError
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+DEFAULT_ENGINE = "kvengine"
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return args.handler(args)
+    except (SettingsError, WorkloadError, FileNotFoundError) as exc:
+        errors.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        errors.print("[yellow]interrupted[/yellow]: results written so far are kept")
+        return EXIT_FAILED
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvbench",
+        description="Benchmark and evaluation harness for the KV cache of LLM serving engines.",
+        formatter_class=RichHelpFormatter,
+    )
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    from kvbench.harness import commands as command_modules
+
+    for module in command_modules.ALL:
+        module.register(commands, RichHelpFormatter)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""`kvbench run`: one-off runs from flags, or an experiment matrix from YAML."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvbench.harness.config import load_config_file, parse_config
+from kvbench.harness.runner import Progress as RunProgress
+from kvbench.harness.runner import UnreachableEngine, run_experiment
+from kvbench.settings import SettingsError
+
+console = Console()
+
+# What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
+DEFAULT_WORKLOAD = "rag-chat-mini"
+DEFAULT_CONCURRENCY = 4
+DEFAULT_NUM_REQUESTS = 40
+
+
+def register(commands, formatter) -> None:
+    parser = commands.add_parser(
+        "run",
+        help="run a workload against one or more engines and write a results folder",
+        description="Run a workload against engines. With CONFIG.yaml, run its whole matrix (flags below then "
+        "override its seed/out/stop); without it, one run from flags. Results: OUT/summary.{md,csv,json}, "
+        "requests.jsonl, config.yaml, env.json, plots.",
+        formatter_class=formatter,
+    )
+    parser.add_argument("config", nargs="?", type=Path, help="experiment matrix YAML (see kvbench/harness/config.py)")
+    parser.add_argument("--engine", default=None, help="adapter name (default: kvengine, our own engine)")
+    parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (implies --engine endpoint)")
+    parser.add_argument("--model", help="model name or path for the engine")
+    parser.add_argument("--api-key", help="API key sent as a Bearer token")
+    parser.add_argument(
+        "--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+        help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML",
+    )
+    parser.add_argument("--workload", default=None, help=f"profile name or trace/param file (default {DEFAULT_WORKLOAD})")
+    parser.add_argument("--num-sessions", type=int, help="sessions to generate (or trace rows to keep)")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="open loop: new sessions per second (Poisson)")
+    load.add_argument("--concurrency", type=int, help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
+    load.add_argument("--trace-times", action="store_true", help="replay the workload's own arrival times")
+    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape for --rate (1.0 = Poisson)")
+    stop = parser.add_mutually_exclusive_group()
+    stop.add_argument("--num-requests", type=int, help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS})")
+    stop.add_argument("--duration", type=float, help="stop sending after this many seconds")
+    parser.add_argument("--warmup", type=int, default=None, help="requests excluded from metrics at the start")
+    parser.add_argument("--repeat", type=int, default=None, help="repetitions of every load point")
+    parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
+    parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
+    parser.add_argument("--seed", type=int, default=None, help="workload and arrival seed (default 0)")
+    parser.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT")
+    parser.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT")
+    parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>)")
+    parser.set_defaults(handler=handle)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The experiment config: the YAML file with flag overrides, or one built from flags alone."""
+    import yaml
+
+    settings = {}
+    for item in args.settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"--set {item!r}: expected KEY=VALUE, e.g. --set kv_dtype=fp8_e4m3")
+        settings[key.strip()] = yaml.safe_load(value)
+    if args.config is not None:
+        config = load_config_file(args.config)
+        data = config.to_dict()
+    else:
+        engine = args.engine or ("endpoint" if args.url else DEFAULT_ENGINE)
+        if args.url:
+            settings.setdefault("url", args.url)
+        if args.model:
+            settings.setdefault("model", args.model)
+        if args.api_key:
+            settings.setdefault("api_key", args.api_key)
+        workload = {"name": args.workload or DEFAULT_WORKLOAD}
+        if args.num_sessions is not None:
+            workload["num_sessions"] = args.num_sessions
+        data = {
+            "name": Path(workload["name"]).stem,
+            "engines": [{"engine": engine, "settings": settings}],
+            "workloads": [workload],
+            "loads": [_load_point(args)],
+            "stop": {"num_requests": DEFAULT_NUM_REQUESTS},
+            "client": {},
+            "slo": {},
+        }
+    stop = data.setdefault("stop", {})
+    if args.num_requests is not None:
+        stop.update(num_requests=args.num_requests, duration_s=None)
+    if args.duration is not None:
+        stop.update(duration_s=args.duration, num_requests=None)
+    if args.warmup is not None:
+        stop["warmup_requests"] = args.warmup
+    client = data.setdefault("client", {})
+    if args.api:
+        client["api"] = args.api
+    if args.tokenizer:
+        client["tokenizer"] = args.tokenizer
+    slo = data.setdefault("slo", {})
+    if args.slo_ttft_ms is not None:
+        slo["ttft_ms"] = args.slo_ttft_ms
+    if args.slo_tpot_ms is not None:
+        slo["tpot_ms"] = args.slo_tpot_ms
+    if args.seed is not None:
+        data["seed"] = args.seed
+    if args.repeat is not None:
+        data["repeat"] = args.repeat
+    return parse_config(data, where=str(args.config) if args.config else "flags")
+
+
+def _load_point(args: argparse.Namespace) -> dict:
+    if args.rate is not None:
+        return {"rate": args.rate, "burstiness": args.burstiness}
+    if args.trace_times:
+        return {}
+    return {"concurrency": args.concurrency or DEFAULT_CONCURRENCY}
+
+
+def handle(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    run_dir = args.out or Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(), console=console, transient=False,
+    ) as bar:
+        tasks: dict[str, int] = {}
+        errors = {"n": 0}
+
+        def start(run_id: str, total: int) -> None:
+            errors["n"] = 0
+            tasks[run_id] = bar.add_task(run_id, total=total, status="")
+
+        def record(rec) -> None:
+            if rec.error:
+                errors["n"] += 1
+            task = tasks.get(rec.run_id)
+            if task is not None:
+                bar.update(task, advance=1, status=f"errors {errors['n']}" if errors["n"] else "")
+
+        def end(entry: dict) -> None:
+            overall = entry["summary"]["overall"]
+            ttft = overall["ttft_ms"]
+            task = tasks.get(entry["run_id"])
+            if task is not None:
+                bar.update(task, status=f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request")
+
+        try:
+            outcome = run_experiment(
+                config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=bar.console.print)
+            )
+        except UnreachableEngine as exc:
+            console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+            return 2
+    summary_md = (run_dir / "summary.md")
+    if summary_md.exists():
+        print_summary(run_dir)
+    for failure in outcome.failures:
+        console.print(f"[bold red]failed:[/bold red] {failure}", highlight=False)
+    console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
+    return 1 if outcome.failures or not outcome.entries else 0
+
+
+def print_summary(run_dir: Path) -> None:
+    from kvbench.harness.report import read_entries, summary_frame
+
+    frame = summary_frame(read_entries(run_dir))
+    console.print(frame_table(frame, ["engine", "workload", "load", "tenant", "requests", "errors", "ttft_p50_ms",
+                                      "ttft_p99_ms", "itl_p50_ms", "output_tok_s", "cache_hit_rate",
+                                      "oracle_hit_rate", "prefill_recompute_rate"]))
+
+
+def frame_table(frame, columns) -> Table:
+    table = Table(show_lines=False)
+    for column in columns:
+        table.add_column(column, justify="right" if frame[column].dtype.kind in "fi" else "left")
+    for _, row in frame[columns].iterrows():
+        table.add_row(*[_fmt(column, row[column]) for column in columns])
+    return table
+
+
+def _fmt(column: str, value) -> str:
+    import pandas as pd
+
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    if column.endswith("_rate"):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)

@@ -1,0 +1,209 @@
+"""Experiment configuration: engines x engine settings x workloads x load points, from YAML or flags.
+
+The YAML form (every key optional except `engines`):
+
+    name: rag-mini-sweep
+    seed: 0
+    repeat: 1                       # repetitions of every load point (records kept per repetition)
+    engines:
+      - engine: kvengine            # an adapter name (kvbench.engines entry point)
+        label: ours                 # optional; defaults to the engine name plus swept values
+        settings: {kv_capacity_tokens: 8192}
+        sweep: {kv_dtype: [fp32, fp8_e4m3]}   # optional: one engine setting per combination
+    workloads:
+      - name: rag-chat-mini         # a profile, a trace path, or a YAML of generator parameters
+        num_sessions: 10
+        overrides: {turns_mean: 4}
+    loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | concurrency, optional burstiness
+    stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
+    client: {api: completions, request_timeout_s: 600, stall_timeout_s: 120, max_lag_ms: 10,
+             isolation: shared, tokenizer: null}
+    slo: {ttft_ms: 500, tpot_ms: 50}
+
+Unknown keys anywhere are errors that name the valid keys.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvbench.harness.metrics import SLO
+from kvbench.harness.schedule import LoadSpec
+from kvbench.settings import SettingsError, build
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine configuration of the matrix (after sweeps are expanded)."""
+
+    engine: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str
+    num_sessions: int | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    time_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class LoadPoint:
+    rate: float | None = None
+    concurrency: int | None = None
+    burstiness: float = 1.0
+
+
+@dataclass(frozen=True)
+class StopSpec:
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup_requests: int = 0
+
+
+@dataclass(frozen=True)
+class ClientSpec:
+    api: str = "completions"
+    request_timeout_s: float = 600.0
+    stall_timeout_s: float = 120.0
+    max_lag_ms: float = 10.0
+    isolation: str = "shared"
+    tokenizer: str | None = None
+    ignore_eos: bool = True
+    health_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("shared", "strict"):
+            raise ValueError(f"isolation: unknown {self.isolation!r}; use shared or strict")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    engines: tuple[EngineSpec, ...]
+    workloads: tuple[WorkloadSpec, ...]
+    loads: tuple[LoadPoint, ...]
+    stop: StopSpec = StopSpec()
+    client: ClientSpec = ClientSpec()
+    slo: SLO = SLO()
+    seed: int = 0
+    repeat: int = 1
+    name: str = "run"
+
+    def load_specs(self) -> list[LoadSpec]:
+        return [
+            LoadSpec(
+                rate=point.rate,
+                concurrency=point.concurrency,
+                burstiness=point.burstiness,
+                num_requests=self.stop.num_requests,
+                duration_s=self.stop.duration_s,
+                warmup_requests=self.stop.warmup_requests,
+            )
+            for point in self.loads
+        ]
+
+    def to_dict(self) -> dict:
+        return _plain(asdict(self))
+
+
+_TOP_KEYS = ("name", "seed", "repeat", "engines", "workloads", "loads", "stop", "client", "slo")
+_ENGINE_KEYS = ("engine", "label", "settings", "sweep")
+
+
+def parse_config(data: Mapping[str, Any], where: str = "config") -> ExperimentConfig:
+    """Validate a config mapping (from YAML) and expand engine sweeps."""
+    if not isinstance(data, Mapping):
+        raise SettingsError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+    for key in data:
+        if key not in _TOP_KEYS:
+            raise SettingsError(f"{where}: unknown key {key!r}; valid keys: {', '.join(_TOP_KEYS)}")
+    engines = tuple(spec for index, raw in enumerate(_list(data, "engines", where)) for spec in _engines(raw, f"{where}.engines[{index}]"))
+    if not engines:
+        raise SettingsError(f"{where}.engines: give at least one engine, e.g. engines: [{{engine: kvengine}}]")
+    workloads = tuple(
+        build(WorkloadSpec, raw if isinstance(raw, Mapping) else {"name": raw}, f"{where}.workloads[{index}]")
+        for index, raw in enumerate(_list(data, "workloads", where) or ["rag-chat-mini"])
+    )
+    loads = tuple(
+        build(LoadPoint, raw, f"{where}.loads[{index}]") for index, raw in enumerate(_list(data, "loads", where) or [{"concurrency": 1}])
+    )
+    config = ExperimentConfig(
+        engines=engines,
+        workloads=workloads,
+        loads=loads,
+        stop=build(StopSpec, data.get("stop"), f"{where}.stop"),
+        client=build(ClientSpec, data.get("client"), f"{where}.client"),
+        slo=build(SLO, data.get("slo"), f"{where}.slo"),
+        seed=int(data.get("seed", 0)),
+        repeat=int(data.get("repeat", 1)),
+        name=str(data.get("name", "run")),
+    )
+    if config.repeat < 1:
+        raise SettingsError(f"{where}.repeat: must be >= 1, got {config.repeat}")
+    for index, load in enumerate(config.loads):
+        try:
+            LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness)
+        except ValueError as exc:
+            raise SettingsError(f"{where}.loads[{index}]: {exc}") from None
+    return config
+
+
+def load_config_file(path: Path) -> ExperimentConfig:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"config: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config: {path} is not valid YAML: {exc}") from None
+    return parse_config(data or {}, where=str(path))
+
+
+def _engines(raw: Any, where: str) -> list[EngineSpec]:
+    if isinstance(raw, str):
+        raw = {"engine": raw}
+    if not isinstance(raw, Mapping):
+        raise SettingsError(f"{where}: expected a mapping with an 'engine' key")
+    for key in raw:
+        if key not in _ENGINE_KEYS:
+            raise SettingsError(f"{where}: unknown key {key!r}; valid keys: {', '.join(_ENGINE_KEYS)}")
+    if "engine" not in raw:
+        raise SettingsError(f"{where}: missing 'engine' (the adapter name, e.g. kvengine or endpoint)")
+    settings = dict(raw.get("settings") or {})
+    sweep = dict(raw.get("sweep") or {})
+    for key, values in sweep.items():
+        if not isinstance(values, list) or not values:
+            raise SettingsError(f"{where}.sweep.{key}: expected a non-empty list of values")
+    keys = list(sweep)
+    specs = []
+    for combination in itertools.product(*(sweep[key] for key in keys)) if keys else [()]:
+        swept = dict(zip(keys, combination))
+        suffix = ",".join(f"{key}={value}" for key, value in swept.items())
+        label = str(raw.get("label") or raw["engine"])
+        specs.append(EngineSpec(engine=str(raw["engine"]), settings={**settings, **swept}, label=f"{label}[{suffix}]" if suffix else label))
+    return specs
+
+
+def _list(data: Mapping[str, Any], key: str, where: str) -> list:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise SettingsError(f"{where}.{key}: expected a list")
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Mappings and tuples as plain dicts and lists, for YAML/JSON."""
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    return value

@@ -1,0 +1,175 @@
+"""A measurement instrument: an OpenAI-style streaming server whose timing and faults are injected and known.
+
+It is not an engine. It exists to check the client: measured TTFT must equal the injected first-token delay,
+measured ITL the injected gap, token counts the usage it reports, and every injected fault must become an
+error record. It also serves as the target of `kvbench bench loadgen`.
+
+Each request is answered with `max_tokens` tokens (ids `first_token_id + i`) in chunks of `tokens_per_chunk`,
+the first chunk `first_token_ms` after the request arrived and one chunk every `chunk_interval_ms` after
+that, all on an absolute schedule so that server-side jitter does not accumulate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from aiohttp import web
+
+from kvbench.harness.clock import sleep_until
+
+FAULT_NONE = "none"
+FAULT_HTTP_500 = "http_500"
+FAULT_MALFORMED = "malformed"
+FAULT_STALL = "stall"
+FAULT_DROP = "drop"
+FAULTS = (FAULT_NONE, FAULT_HTTP_500, FAULT_MALFORMED, FAULT_STALL, FAULT_DROP)
+
+
+@dataclass(frozen=True)
+class InstrumentBehaviour:
+    """What the instrument does for one request.
+
+    `cached_tokens` is reported as told (None: the field is left out of usage). `fault` applies after
+    `fault_after_chunks` chunks (0: before the first). `stall` keeps the connection open and silent.
+    """
+
+    first_token_ms: float = 20.0
+    chunk_interval_ms: float = 5.0
+    tokens_per_chunk: int = 1
+    cached_tokens: int | None = None
+    return_token_ids: bool = True
+    first_token_id: int = 1000
+    fault: str = FAULT_NONE
+    fault_after_chunks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault: unknown {self.fault!r}; use one of {', '.join(FAULTS)}")
+        if self.tokens_per_chunk < 1:
+            raise ValueError("tokens_per_chunk must be >= 1")
+
+
+@dataclass(slots=True)
+class InstrumentLog:
+    """What the instrument saw: every request body, and the arrival time of each (perf_counter_ns)."""
+
+    bodies: list[dict] = field(default_factory=list)
+    arrivals_ns: list[int] = field(default_factory=list)
+
+
+BehaviourFn = Callable[[int, dict], InstrumentBehaviour]
+
+
+def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | None = None) -> web.Application:
+    """An aiohttp app; `behaviour` is fixed, or a function of (request index, body) for per-request faults."""
+    log = log if log is not None else InstrumentLog()
+    choose: BehaviourFn = behaviour if callable(behaviour) else (lambda index, body: behaviour)
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        arrival = time.perf_counter_ns()
+        body = await request.json()
+        index = len(log.bodies)
+        log.bodies.append(body)
+        log.arrivals_ns.append(arrival)
+        return await _answer(request, body, choose(index, body), arrival, chat=request.path.endswith("chat/completions"))
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "instrument", "object": "model"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app["log"] = log
+    return app
+
+
+async def _answer(
+    request: web.Request, body: dict, behaviour: InstrumentBehaviour, arrival_ns: int, chat: bool
+) -> web.StreamResponse:
+    if behaviour.fault == FAULT_HTTP_500 and behaviour.fault_after_chunks == 0:
+        return web.json_response({"error": {"message": "injected failure", "type": "server_error"}}, status=500)
+    max_tokens = int(body.get("max_tokens") or 16)
+    prompt = body.get("prompt")
+    prompt_tokens = len(prompt) if isinstance(prompt, list) else len(json.dumps(body.get("messages", prompt))) // 4
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    sent = 0
+    chunk_index = 0
+    while sent < max_tokens:
+        if chunk_index == behaviour.fault_after_chunks and behaviour.fault != FAULT_NONE:
+            return await _fault(request, response, behaviour.fault)
+        due = arrival_ns + int((behaviour.first_token_ms + chunk_index * behaviour.chunk_interval_ms) * 1e6)
+        await sleep_until(due)
+        count = min(behaviour.tokens_per_chunk, max_tokens - sent)
+        ids = list(range(behaviour.first_token_id + sent, behaviour.first_token_id + sent + count))
+        text = "".join(f" t{token}" for token in ids)
+        choice: dict = {"index": 0, "finish_reason": "length" if sent + count >= max_tokens else None}
+        if chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        if behaviour.return_token_ids and body.get("return_token_ids"):
+            choice["token_ids"] = ids
+        await response.write(_event({"object": "text_completion", "choices": [choice]}))
+        sent += count
+        chunk_index += 1
+    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
+    if behaviour.cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
+    if (body.get("stream_options") or {}).get("include_usage"):
+        await response.write(_event({"object": "text_completion", "choices": [], "usage": usage}))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _fault(request: web.Request, response: web.StreamResponse, fault: str) -> web.StreamResponse:
+    if fault == FAULT_MALFORMED:
+        await response.write(b"data: {this is not json\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    elif fault == FAULT_STALL:
+        await asyncio.sleep(3600)
+    elif fault in (FAULT_DROP, FAULT_HTTP_500):
+        # Mid-stream a server can no longer change the status: it can only cut the connection.
+        if request.transport is not None:
+            request.transport.close()
+    return response
+
+
+def _event(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the instrument as its own process (the load-generator benchmark uses it that way)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--first-token-ms", type=float, default=20.0)
+    parser.add_argument("--chunk-interval-ms", type=float, default=5.0)
+    parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    args = parser.parse_args(argv)
+    behaviour = replace(
+        InstrumentBehaviour(),
+        first_token_ms=args.first_token_ms,
+        chunk_interval_ms=args.chunk_interval_ms,
+        tokens_per_chunk=args.tokens_per_chunk,
+    )
+    web.run_app(make_app(behaviour), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""The load generator: replays a workload's sessions against one endpoint and records every request.
+
+Sessions start on a precomputed absolute schedule (or, closed loop, as slots free up). Turn k+1 of a session
+is queued when turn k completes plus its think time, and its prompt carries turn k's real answer as token
+ids: from the server when it returns them, else the answer text re-tokenized, else placeholder tokens of the
+reported length (each record says which). Records are written and flushed as each request finishes.
+
+The client checks itself: schedule lag (sent - queued) and event-loop lag are measured; a run whose lag is
+past the threshold is marked invalid, because its TTFTs would include the client's own delays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import aiohttp
+import numpy as np
+
+from kvbench.harness.client import (
+    API_CHAT,
+    ERR_CONNECTION,
+    EndpointConfig,
+    StreamResult,
+    chat_body,
+    completions_body,
+    stream_request,
+)
+from kvbench.harness.clock import sleep_until
+from kvbench.harness.distribution import Distribution
+from kvbench.harness.records import (
+    ANSWER_PLACEHOLDER,
+    ANSWER_RETOKENIZED,
+    ANSWER_TOKEN_IDS,
+    RecordWriter,
+    RequestRecord,
+)
+from kvbench.harness.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
+from kvbench.workloads.oracle import PrefixOracle
+from kvbench.workloads.spec import Session, Workload
+
+SHARED_NAMESPACE = "*"
+ISOLATION_SHARED = "shared"
+ISOLATION_STRICT = "strict"
+_LOOP_PROBE_S = 0.01
+_PREOPENED_CONNECTIONS = 64
+
+
+class TextCodec(Protocol):
+    """A tokenizer seen from the client: only for re-tokenizing answers and for text (chat) prompts."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class ClientCheck:
+    """The client's self-check. `valid` is False when its own lag could distort the measurements."""
+
+    schedule_lag_ms: Distribution | None
+    loop_lag_ms: Distribution | None
+    max_lag_ms: float
+    valid: bool
+    reason: str | None
+
+    def to_dict(self) -> dict:
+        return {
+            "schedule_lag_ms": self.schedule_lag_ms.to_dict() if self.schedule_lag_ms else None,
+            "loop_lag_ms": self.loop_lag_ms.to_dict() if self.loop_lag_ms else None,
+            "max_lag_ms": self.max_lag_ms,
+            "valid": self.valid,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """How the load generator ended. `aborted` names why it stopped early (e.g. the engine went away)."""
+
+    records: tuple[RequestRecord, ...]
+    client: ClientCheck
+    aborted: str | None
+    answer_sources: dict[str, int]
+
+
+@dataclass(slots=True)
+class _RunState:
+    """Everything one run's session tasks share."""
+
+    t0_ns: int
+    deadline_ns: int | None
+    budget: int | None
+    vocab_size: int
+    oracle: PrefixOracle
+    slots: asyncio.Semaphore | None
+    writer: RecordWriter | None
+    on_record: Callable[[RequestRecord], None] | None
+    sent: int = 0
+    consecutive_connection_errors: int = 0
+    aborted: str | None = None
+    records: list[RequestRecord] = field(default_factory=list)
+    schedule_lag_ms: list[float] = field(default_factory=list)
+    answer_sources: dict[str, int] = field(default_factory=dict)
+
+    def may_send(self) -> bool:
+        if self.aborted is not None:
+            return False
+        if self.budget is not None and self.sent >= self.budget:
+            return False
+        return self.deadline_ns is None or time.perf_counter_ns() < self.deadline_ns
+
+
+@dataclass(frozen=True)
+class LoadGenerator:
+    """Replays one workload at one load point against one endpoint.
+
+    `isolation` tells the oracle which earlier prompts the engine may reuse: `shared` (any tenant's) or
+    `strict` (the same tenant's only). `abort_after_connection_errors` consecutive connection failures end
+    the run early (the engine is gone), keeping every finished record.
+    """
+
+    endpoint: EndpointConfig
+    load: LoadSpec
+    run_id: str
+    seed: int = 0
+    isolation: str = ISOLATION_SHARED
+    codec: TextCodec | None = None
+    max_lag_ms: float = 10.0
+    abort_after_connection_errors: int = 3
+    max_connections: int = 0  # 0: unlimited (aiohttp's default caps at 100, which would queue requests)
+
+    async def run(
+        self,
+        workload: Workload,
+        writer: RecordWriter | None = None,
+        on_record: Callable[[RequestRecord], None] | None = None,
+    ) -> LoadResult:
+        if self.endpoint.api == API_CHAT and self.codec is None:
+            raise ValueError("api=chat needs a tokenizer to turn the workload's token ids into text: give --tokenizer")
+        offsets = session_offsets(self.load, [session.arrival_s for session in workload.sessions], self.seed)
+        state = _RunState(
+            t0_ns=0,  # set once connections are open
+            deadline_ns=None,
+            budget=self.load.num_requests,
+            vocab_size=workload.vocab_size,
+            oracle=PrefixOracle(),
+            slots=asyncio.Semaphore(self.load.concurrency) if self.load.mode == MODE_CONCURRENCY else None,
+            writer=writer,
+            on_record=on_record,
+        )
+        loop_lags: list[float] = []
+        connector = aiohttp.TCPConnector(limit=self.max_connections, force_close=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+            await self._open_connections(http, len(workload.sessions))
+            # A few ms to set everything up before the first arrival.
+            state.t0_ns = t0 = time.perf_counter_ns() + 5_000_000
+            if self.load.duration_s:
+                state.deadline_ns = t0 + int(self.load.duration_s * 1e9)
+            probe = asyncio.create_task(_probe_loop(loop_lags))
+            order = sorted(range(len(workload.sessions)), key=lambda index: offsets[index])
+            tasks: list[asyncio.Task] = []
+            try:
+                for index in order:
+                    start_ns = t0 + int(offsets[index] * 1e9)
+                    await sleep_until(start_ns)
+                    if not state.may_send():
+                        break
+                    session = workload.sessions[index]
+                    tasks.append(asyncio.create_task(self._session(http, session, start_ns, state)))
+                if tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                probe.cancel()
+        return LoadResult(
+            records=tuple(state.records),
+            client=self._check(state.schedule_lag_ms, loop_lags),
+            aborted=state.aborted,
+            answer_sources=dict(state.answer_sources),
+        )
+
+    async def _session(self, http: aiohttp.ClientSession, session: Session, start_ns: int, state: _RunState) -> None:
+        oracle, slots = state.oracle, state.slots
+        history: list[np.ndarray] = [session.context]
+        messages: list[dict] = []
+        queued_ns = start_ns
+        namespace = session.tenant if self.isolation == ISOLATION_STRICT else SHARED_NAMESPACE
+        for turn_index, turn in enumerate(session.turns):
+            if turn_index:
+                queued_ns += int(turn.think_time_s * 1e9)
+                await sleep_until(queued_ns)
+            if slots is not None:
+                await slots.acquire()
+                queued_ns = time.perf_counter_ns()  # closed loop: queued when a slot frees up
+            try:
+                if not state.may_send():
+                    return
+                history.append(turn.user_tokens)
+                prompt = np.concatenate(history)
+                record = RequestRecord(
+                    run_id=self.run_id,
+                    request_id=f"{session.session_id}/{turn_index}",
+                    session_id=session.session_id,
+                    tenant=session.tenant,
+                    turn=turn_index,
+                    queued_ns=queued_ns,
+                    prompt_len_sent=int(prompt.size),
+                    warmup=state.sent < self.load.warmup_requests,
+                )
+                record.reusable_tokens = oracle.observe(namespace, prompt)
+                state.sent += 1
+                if self.endpoint.api == API_CHAT:
+                    messages = self._chat_messages(messages, session, turn_index, turn.user_tokens)
+                    body = chat_body(self.endpoint, messages, turn.max_tokens)
+                else:
+                    body = completions_body(self.endpoint, prompt.tolist(), turn.max_tokens)
+                result = await stream_request(http, self.endpoint, body, record)
+            finally:
+                if slots is not None:
+                    slots.release()
+            state.schedule_lag_ms.append((record.sent_ns - record.queued_ns) / 1e6 if record.sent_ns else 0.0)
+            if not record.ok:
+                self._finish(record, state)
+                return  # a failed turn ends its session: the next prompt would not be the real conversation
+            answer = self._answer_tokens(record, result, session, turn_index, state.vocab_size)
+            self._finish(record, state)
+            history.append(answer)
+            # The engine has now computed KV for the prompt and every answer token but the last (which was
+            # sampled, never fed back): an unbounded cache could reuse all of that in the next turn.
+            oracle.observe(namespace, np.concatenate([prompt, answer[:-1]]))
+            if self.endpoint.api == API_CHAT:
+                messages.append({"role": "assistant", "content": result.text})
+            queued_ns = record.done_ns or time.perf_counter_ns()
+
+    async def _open_connections(self, http: aiohttp.ClientSession, sessions: int) -> None:
+        """Open keep-alive connections before the clock starts, so early TTFTs do not include TCP set-up.
+
+        Best effort: a server without /v1/models, or one that is down, is found out by the real requests.
+        """
+        count = min(self.load.concurrency or sessions, _PREOPENED_CONNECTIONS)
+        url = self.endpoint.base_url.rstrip("/") + "/v1/models"
+
+        async def touch() -> None:
+            try:
+                async with http.get(url, headers=self.endpoint.headers(), timeout=aiohttp.ClientTimeout(total=5)) as reply:
+                    await reply.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                pass
+
+        await asyncio.gather(*(touch() for _ in range(count)))
+
+    def _chat_messages(self, messages: list[dict], session: Session, turn_index: int, user_tokens) -> list[dict]:
+        assert self.codec is not None
+        if turn_index == 0 and session.context.size:
+            messages = [{"role": "system", "content": self.codec.decode(session.context.tolist())}]
+        return messages + [{"role": "user", "content": self.codec.decode(user_tokens.tolist())}]
+
+    def _answer_tokens(
+        self, record: RequestRecord, result: StreamResult, session: Session, turn: int, vocab_size: int
+    ) -> np.ndarray:
+        if result.token_ids:
+            record.answer_source = ANSWER_TOKEN_IDS
+            tokens = np.asarray(result.token_ids, dtype=np.int32)
+        elif self.codec is not None and result.text:
+            record.answer_source = ANSWER_RETOKENIZED
+            tokens = np.asarray(self.codec.encode(result.text), dtype=np.int32)
+        else:
+            record.answer_source = ANSWER_PLACEHOLDER
+            length = record.output_tokens if record.output_tokens is not None else sum(n for _, n in record.chunks)
+            tokens = placeholder_tokens(session.session_id, turn, length, vocab_size)
+        return tokens
+
+    def _finish(self, record: RequestRecord, state: _RunState) -> None:
+        state.records.append(record)
+        if record.ok:
+            state.answer_sources[record.answer_source] = state.answer_sources.get(record.answer_source, 0) + 1
+        if record.error and record.error.startswith(ERR_CONNECTION):
+            state.consecutive_connection_errors += 1
+            if state.consecutive_connection_errors >= self.abort_after_connection_errors and state.aborted is None:
+                state.aborted = f"engine unreachable: {state.consecutive_connection_errors} connection errors in a row ({record.error})"
+        elif record.ok:
+            state.consecutive_connection_errors = 0
+        if state.writer is not None:
+            state.writer.write(record)
+        if state.on_record is not None:
+            state.on_record(record)
+
+    def _check(self, schedule_lags: list[float], loop_lags: list[float]) -> ClientCheck:
+        schedule = Distribution.of(schedule_lags)
+        loop = Distribution.of(loop_lags)
+        reason = None
+        # Closed loop has no schedule to keep; only the loop lag matters there.
+        if schedule is not None and self.load.mode != MODE_CONCURRENCY and schedule.p99 > self.max_lag_ms:
+            reason = f"schedule lag p99 {schedule.p99:.2f} ms > {self.max_lag_ms:g} ms"
+        elif loop is not None and loop.p99 > self.max_lag_ms:
+            reason = f"event-loop lag p99 {loop.p99:.2f} ms > {self.max_lag_ms:g} ms"
+        return ClientCheck(schedule, loop, self.max_lag_ms, reason is None, reason)
+
+
+def placeholder_tokens(session_id: str, turn: int, length: int, vocab_size: int) -> np.ndarray:
+    """Deterministic stand-in answer tokens, used only when neither ids nor a tokenizer are available."""
+    seed = zlib.crc32(f"{session_id}/{turn}".encode())
+    rng = np.random.default_rng(seed)
+    low = min(1000, vocab_size // 2)  # clear of the special tokens at the bottom of most vocabularies
+    return rng.integers(low, vocab_size, size=max(length, 0), dtype=np.int32)
+
+
+
+
+async def _probe_loop(lags: list[float]) -> None:
+    """Event-loop lag: how late a 10 ms sleep wakes up."""
+    while True:
+        before = time.perf_counter_ns()
+        await asyncio.sleep(_LOOP_PROBE_S)
+        lags.append(max((time.perf_counter_ns() - before) / 1e6 - _LOOP_PROBE_S * 1e3, 0.0))

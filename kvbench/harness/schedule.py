@@ -1,0 +1,87 @@
+"""Arrival strategies and stop conditions: when each session starts, and when the run stops sending.
+
+Open loop: session arrivals on an absolute schedule computed before the run (Poisson, or gamma with a
+burstiness factor as in vLLM's benchmark: shape = burstiness, so 1.0 is Poisson and smaller is burstier).
+Closed loop: a fixed number of requests in flight. Trace: the workload's own arrival times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MODE_RATE = "rate"
+MODE_CONCURRENCY = "concurrency"
+MODE_TRACE = "trace"
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """One load point.
+
+    - `rate`: new sessions per second, open loop (for single-turn workloads, requests per second).
+    - `concurrency`: at most this many requests in flight, closed loop; all sessions are ready at once.
+    - neither: replay the workload's own arrival times (scaled by the workload's time scale).
+    Stop conditions: at most `num_requests` requests sent, and none sent after `duration_s`; whichever comes
+    first. The first `warmup_requests` requests are sent and recorded but excluded from metrics.
+    """
+
+    rate: float | None = None
+    concurrency: int | None = None
+    burstiness: float = 1.0
+    num_requests: int | None = None
+    duration_s: float | None = None
+    warmup_requests: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and self.concurrency is not None:
+            raise ValueError("load: give either rate or concurrency, not both")
+        if self.rate is not None and self.rate <= 0:
+            raise ValueError(f"load.rate must be > 0 sessions/s, got {self.rate}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"load.concurrency must be >= 1, got {self.concurrency}")
+        if self.burstiness <= 0:
+            raise ValueError(f"load.burstiness must be > 0 (1.0 = Poisson), got {self.burstiness}")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.duration_s is not None and self.duration_s <= 0:
+            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
+        if self.warmup_requests < 0:
+            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
+
+    @property
+    def mode(self) -> str:
+        if self.rate is not None:
+            return MODE_RATE
+        if self.concurrency is not None:
+            return MODE_CONCURRENCY
+        return MODE_TRACE
+
+    @property
+    def label(self) -> str:
+        """A short name for tables: `rate=2`, `conc=8` or `trace`."""
+        if self.rate is not None:
+            return f"rate={self.rate:g}"
+        if self.concurrency is not None:
+            return f"conc={self.concurrency}"
+        return "trace"
+
+
+def session_offsets(load: LoadSpec, workload_arrivals: list[float], seed: int) -> list[float]:
+    """Start offsets in seconds for each session, in the workload's order.
+
+    Rate mode draws inter-arrival gaps from a gamma distribution with mean 1/rate and shape = burstiness
+    (exponential when burstiness is 1). Closed loop starts everything at 0; trace mode keeps the workload's.
+    """
+    count = len(workload_arrivals)
+    if load.mode == MODE_RATE:
+        rng = np.random.default_rng(seed)
+        shape = load.burstiness
+        gaps = rng.gamma(shape, 1.0 / (load.rate * shape), size=count)
+        offsets = np.cumsum(gaps) - gaps[0] if count else gaps  # the first session starts at once
+        return [float(offset) for offset in offsets]
+    if load.mode == MODE_CONCURRENCY:
+        return [0.0] * count
+    start = min(workload_arrivals, default=0.0)
+    return [arrival - start for arrival in workload_arrivals]

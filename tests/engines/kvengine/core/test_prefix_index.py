@@ -1,0 +1,122 @@
+"""Prefix index on tiny pools: exact page ids and exact eviction order, narrated."""
+
+import numpy as np
+import pytest
+
+from kvbench.engines.kvengine.core.events import EventKind, EventLog
+from kvbench.engines.kvengine.core.pages import IntegrityError, PagePool, PoolExhausted
+from kvbench.engines.kvengine.core.prefix_index import (
+    SHARED_NAMESPACE,
+    Namespace,
+    PrefixIndex,
+    TenantId,
+    namespace_for,
+)
+
+PS = 16
+NS = Namespace("tenant:a")
+A = TenantId("a")
+
+
+def toks(*page_values: int, extra: int = 0) -> np.ndarray:
+    """One page per value (all 16 tokens equal to it), then `extra` trailing tokens of -1."""
+    return np.array([v for v in page_values for _ in range(PS)] + [-1] * extra, dtype=np.int32)
+
+
+def cache(index: PrefixIndex, tokens: np.ndarray, now: float) -> list[int]:
+    """What a finishing request does: match, allocate the rest, insert, release its own references."""
+    m = index.match(NS, tokens)
+    index.lock(m, now)
+    pages = index.pool.allocate(len(tokens) // PS - m.num_pages)
+    index.insert(NS, tokens, list(m.pages) + pages, A, now)
+    index.pool.release(pages)
+    index.unlock(m)
+    return pages
+
+
+def test_pool_hands_out_low_ids_and_reuses_last_released():
+    pool = PagePool(11, PS)  # page 0 is the null page: 10 usable
+    assert pool.allocate(3) == [1, 2, 3]
+    assert pool.allocate(2) == [4, 5]
+    assert pool.release([2, 3]) == 2
+    assert pool.allocate(3) == [2, 3, 6]
+    with pytest.raises(PoolExhausted):
+        pool.allocate(6)
+    pool.share([4])
+    assert pool.release([4]) == 0 and pool.ref_count(4) == 1
+    with pytest.raises(IntegrityError):
+        pool.release([7])  # never allocated: the count would go negative
+    pool.check_integrity()
+
+
+def test_narrated_insert_match_split_and_lru_eviction():
+    pool = PagePool(11, PS)
+    events = EventLog()
+    index = PrefixIndex(pool, events)
+    # Request 1 caches pages A B C (ids 1 2 3) plus a half page that is never cached.
+    assert cache(index, toks(10, 11, 12, extra=8), now=1.0) == [1, 2, 3]
+    # Request 2 shares A B, then diverges with D E: the edge A-B-C splits after B; D E get ids 4 5.
+    m = index.match(NS, toks(10, 11, 20, 21))
+    assert m.pages == (1, 2) and m.num_tokens == 32
+    assert cache(index, toks(10, 11, 20, 21), now=2.0) == [4, 5]
+    # Request 3: a new prefix F G (ids 6 7).
+    assert cache(index, toks(30, 31), now=3.0) == [6, 7]
+    assert pool.num_free == 3 and index.evictable_pages == 7
+    # Matching does not change the tree or recency.
+    assert index.match(NS, toks(10, 11, 12, 13)).pages == (1, 2, 3)
+    # A running request locks A B D E: those pages (and ancestors) are protected.
+    locked = index.match(NS, toks(10, 11, 20, 21))
+    index.lock(locked, now=4.0)
+    assert (index.evictable_pages, index.protected_pages) == (3, 4)
+    # Need 4 pages: the LRU unlocked leaf is C (t=1), then F G (t=3), deepest page first.
+    res = index.evict(2, now=5.0)
+    assert (res.num_pages, res.num_freed) == (2, 2)
+    assert pool.num_free == 5
+    assert index.match(NS, toks(10, 11, 12)).pages == (1, 2)  # C is gone
+    assert index.match(NS, toks(30, 31)).pages == (6,)  # G went before F
+    assert pool.allocate(2) == [7, 3]  # the two just freed, most recent first
+    # Only F is evictable now; the locked path is untouchable.
+    assert index.evict(5, now=6.0).num_pages == 1
+    assert index.evictable_pages == 0 and index.protected_pages == 4
+    index.unlock(locked)
+    # Unlocked, A B D E is one chain again: E is evicted before D, D before A B.
+    assert index.evict(1, now=7.0).num_pages == 1
+    assert index.match(NS, toks(10, 11, 20, 21)).pages == (1, 2, 4)
+    kinds = [(e.kind, e.num_pages) for e in events.take_events()]
+    assert kinds == [(EventKind.STORED, 3), (EventKind.STORED, 2), (EventKind.STORED, 2),
+                     (EventKind.EVICTED, 2), (EventKind.EVICTED, 1), (EventKind.EVICTED, 1)]
+    assert events.take_events() == []
+    pool.release([7, 3])
+    index.check_integrity()
+    pool.check_integrity()
+
+
+def test_recency_decides_between_branches():
+    pool = PagePool(11, PS)
+    index = PrefixIndex(pool)
+    cache(index, toks(1, 2), now=1.0)  # pages 1 2
+    cache(index, toks(1, 3), now=2.0)  # page 3 under page 1
+    cache(index, toks(1, 2), now=3.0)  # touches 1 2 again: now 3 is the LRU leaf
+    index.evict(1, now=4.0)
+    assert index.match(NS, toks(1, 3)).pages == (1,)
+    assert index.match(NS, toks(1, 2)).pages == (1, 2)
+    index.check_integrity()
+
+
+def test_namespaces_never_cross_in_strict_mode():
+    pool = PagePool(11, PS)
+    index = PrefixIndex(pool)
+    ns_a = namespace_for(TenantId("a"), shareable=True, strict=True)
+    ns_b = namespace_for(TenantId("b"), shareable=True, strict=True)
+    pages = pool.allocate(2)
+    index.insert(ns_a, toks(5, 6), pages, TenantId("a"), 0.0)
+    assert index.match(ns_b, toks(5, 6)).num_pages == 0
+    assert index.match(ns_a, toks(5, 6)).pages == tuple(pages)
+    assert namespace_for(TenantId("b"), shareable=True, strict=False) == SHARED_NAMESPACE
+    assert namespace_for(TenantId("b"), shareable=False, strict=False) == ns_b
+
+
+def test_insert_rejects_too_few_pages():
+    index = PrefixIndex(PagePool(11, PS))
+    with pytest.raises(ValueError, match="pages"):
+        index.insert(NS, toks(1, 2, 3), [1, 2], A, 0.0)

@@ -1,0 +1,116 @@
+"""Scheduler plans on hand-checked cases, and a full request lifecycle with a fake model."""
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.pages import PagePool
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
+from kvbench.engines.kvengine.core.prefix_index import namespace_for
+from kvbench.engines.kvengine.core.scheduler import DEFAULT_TENANT, Request, RequestId, Scheduler, SchedulerConfig
+
+PS = 16
+
+
+def prompt(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, n, dtype=np.int32)
+
+
+def fake_model(plan) -> dict:
+    """Samples token 7 for every sequence that finished its prefill or decoded."""
+    return {s.request_id: 7 for s in plan.seqs if s.samples}
+
+
+def step(sched: Scheduler, now: float):
+    plan = sched.schedule(now)
+    return plan, sched.postprocess(plan, fake_model(plan), now)
+
+
+def test_chunked_prefill_splits_under_token_budget():
+    sched = Scheduler(PrefixIndex(PagePool(41, PS)), SchedulerConfig(max_step_tokens=64))
+    sched.add(Request(RequestId("r1"), prompt(100, 1), max_new_tokens=2))
+    sched.add(Request(RequestId("r2"), prompt(40, 2), max_new_tokens=1))
+    plan, _ = step(sched, 0.0)  # r1 takes the whole budget: tokens [0, 64), pages 1-4
+    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [("r1", 0, 64, False)]
+    assert plan.seqs[0].page_table == (1, 2, 3, 4)
+    plan, _ = step(sched, 1.0)  # r1's last 36 tokens (pages 5-7), then r2's first 28 tokens (pages 8-9)
+    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [("r1", 64, 100, True),
+                                                                             ("r2", 0, 28, False)]
+    assert plan.seqs[0].page_table == (1, 2, 3, 4, 5, 6, 7) and plan.seqs[1].page_table == (8, 9)
+    plan, done = step(sched, 2.0)  # r1 decodes its sampled token (position 100); r2 finishes its prefill
+    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [("r1", 100, 101, True),
+                                                                             ("r2", 28, 40, True)]
+    assert [f.request_id for f in done] == ["r1", "r2"]
+    assert done[0].output == (7, 7) and done[1].output == (7,)
+    assert not sched.has_work()
+
+
+def test_lifecycle_prefix_reuse_and_eviction_under_pressure():
+    pool = PagePool(11, PS)  # 10 usable pages
+    index = PrefixIndex(pool)
+    sched = Scheduler(index, SchedulerConfig(max_step_tokens=48))
+    system = prompt(64, 3)  # 4 full pages shared by both requests
+    sched.add(Request(RequestId("a"), np.concatenate([system, prompt(20, 4)]), max_new_tokens=3))
+    plans = []
+    while sched.has_work():
+        plan, done = step(sched, float(len(plans)))
+        plans.append(plan)
+    # a: prefill 84 tokens in chunks of 48 and 36, then 2 decode steps.
+    assert [(p.seqs[0].start, p.seqs[0].end) for p in plans] == [(0, 48), (48, 84), (84, 85), (85, 86)]
+    assert done[0].num_cached_tokens == 0 and done[0].output == (7, 7, 7)
+    # Finished: its 5 computed full pages (86 tokens) are cached, everything else is free again.
+    assert index.cached_pages == 5 and pool.num_free == 5
+    # b shares the system prompt: 64 tokens cached at admission, it computes only its own 30.
+    sched.add(Request(RequestId("b"), np.concatenate([system, prompt(30, 5)]), max_new_tokens=1))
+    plan, done = step(sched, 10.0)
+    assert (plan.seqs[0].start, plan.seqs[0].end, plan.seqs[0].num_cached_tokens) == (64, 94, 64)
+    assert plan.seqs[0].page_table[:4] == plans[1].seqs[0].page_table[:4] == (1, 2, 3, 4)
+    assert done[0].num_cached_tokens == 64
+    # Cached now: a's 5 pages + b's 1 new full page = 6; 4 free. c needs 9 pages, nothing shared: 5 are
+    # evicted, LRU leaf first: a's tail page (last used at t=3), then b's tail, then the system prompt's
+    # pages deepest first, leaving its first page.
+    sched.add(Request(RequestId("c"), prompt(140, 6), max_new_tokens=1))
+    done, now = (), 20.0
+    while not done:  # 140 tokens in chunks of 48
+        _, done = step(sched, now)
+        now += 1
+    assert done[0].request_id == "c" and done[0].num_cached_tokens == 0
+    assert index.match(namespace_for(DEFAULT_TENANT, shareable=False, strict=True), system).pages == (1,)
+    assert index.cached_pages == 1 + 8 and pool.num_free == 1
+    index.check_integrity()
+    pool.check_integrity()
+
+
+def test_preemption_takes_the_latest_admitted_and_recompute_reuses_its_pages():
+    pool = PagePool(7, PS)  # 6 usable pages
+    index = PrefixIndex(pool)
+    sched = Scheduler(index, SchedulerConfig(max_step_tokens=256))
+    sched.add(Request(RequestId("old"), prompt(47, 7), max_new_tokens=40))
+    sched.add(Request(RequestId("new"), prompt(47, 8), max_new_tokens=40))
+    plan, _ = step(sched, 0.0)  # both prefilled: 3 pages each, pool full
+    assert pool.num_free == 0 and [s.request_id for s in plan.seqs] == ["old", "new"]
+    plan, _ = step(sched, 1.0)  # both decode position 47 (fits in page 3)
+    assert plan.preempted == ()
+    plan, _ = step(sched, 2.0)  # position 48 needs a 4th page for "old": "new" is preempted
+    assert plan.preempted == ("new",) and [s.request_id for s in plan.seqs] == ["old"]
+    # "new" had 48 computed tokens = 3 full pages; they went to the cache, then its last page was evicted
+    # to give "old" its 4th page. On readmission "new" reuses the 2 pages left.
+    assert index.cached_pages == 2 and pool.num_free == 0
+    assert sched.num_waiting == 1
+    index.check_integrity()
+    pool.check_integrity()
+
+
+def test_swap_preemption_lists_pages_to_copy():
+    pool = PagePool(7, PS)
+    sched = Scheduler(PrefixIndex(pool), SchedulerConfig(max_step_tokens=256, allow_swap=True))
+    sched.add(Request(RequestId("old"), prompt(47, 7), max_new_tokens=4))
+    sched.add(Request(RequestId("new"), prompt(47, 8), max_new_tokens=40))
+    step(sched, 0.0)
+    step(sched, 1.0)
+    plan, _ = step(sched, 2.0)
+    assert [s.request_id for s in plan.swap_out] == ["new"] and plan.swap_out[0].pages == (4, 5, 6)
+    _, done = step(sched, 3.0)  # "old" finishes; its pages are released
+    assert [f.request_id for f in done] == ["old"]
+    plan, _ = step(sched, 4.0)  # "new" comes back: new pages to copy into, same computed tokens
+    assert [s.request_id for s in plan.swap_in] == ["new"] and len(plan.swap_in[0].pages) == 3
+    plan, _ = step(sched, 5.0)
+    assert (plan.seqs[0].request_id, plan.seqs[0].start) == ("new", 48)

@@ -1,0 +1,136 @@
+"""Paged forward == dense no-cache forward (transformers as the oracle), however the KV is paged."""
+
+from __future__ import annotations
+
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from kvbench.engines.kvengine.model.attention import BatchedAttention, ReferenceAttention
+from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model.config import RopeScaling
+from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
+
+TOL = 1e-4
+
+
+def hf_twin(model):
+    """transformers' implementation holding our tiny model's weights: the dense no-cache oracle."""
+    cfg = model.config.to_hf_dict()
+    cls, cfg_cls = (Qwen2ForCausalLM, Qwen2Config) if cfg["model_type"] == "qwen2" else (LlamaForCausalLM, LlamaConfig)
+    cfg = {k: v for k, v in cfg.items() if k not in ("model_type", "architectures")}
+    hf = cls(cfg_cls(**cfg)).eval()
+    hf.load_state_dict(model.state_dict(), strict=True)
+    return hf
+
+
+def dense_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, TINY_CONFIG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def pages_for(n_tokens: int, page_size: int, ids: list[int]) -> list[int]:
+    return ids[: -(-n_tokens // page_size)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf(model):
+    return hf_twin(model)
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+@pytest.mark.parametrize("attention", [ReferenceAttention(), BatchedAttention()], ids=["reference", "batched"])
+def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attention):
+    model.attention = attention
+    prompt = tokens(37, seed=1)
+    table = [11, 2, 7, 19, 0, 13, 4, 17, 8, 1]  # scattered, out of order
+    cache = PagedKVCache(model.config, 20, page_size, "fp32")
+    cached = 0
+    for chunk in (prompt[:10], prompt[10:27], prompt[27:]):
+        batch = ForwardBatch.build([SequenceChunk(chunk, cached, table)], page_size, all_logits=True)
+        got = model(batch, cache)
+        want = dense_logits(hf, prompt[: cached + len(chunk)])[cached:]
+        assert got.shape == want.shape
+        assert (got - want).abs().max() < TOL
+        cached += len(chunk)
+    seq = list(prompt)
+    for _ in range(5):  # greedy decode steps, one token each
+        nxt = int(got[-1].argmax())
+        seq.append(nxt)
+        got = model(ForwardBatch.build([SequenceChunk([nxt], cached, table)], page_size), cache)
+        cached += 1
+        assert (got[0] - dense_logits(hf, seq)[-1]).abs().max() < TOL
+
+
+@pytest.mark.parametrize("attention", [ReferenceAttention(), BatchedAttention()], ids=["reference", "batched"])
+def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
+    model.attention = attention
+    page_size = 4
+    prefix = tokens(12, seed=2)  # exactly 3 full pages, later shared
+    a_tail, b_tail = tokens(6, seed=3), tokens(9, seed=4)
+    cache = PagedKVCache(model.config, 16, page_size, "fp32")
+    a_table = [9, 3, 14, 6, 1]
+    model(ForwardBatch.build([SequenceChunk(prefix + a_tail, 0, a_table)], page_size), cache)
+    # B reuses A's three prefix pages copy-free and computes only its own tail; A decodes in the same batch
+    b_table = a_table[:3] + [10, 0, 12]
+    a_next = tokens(1, seed=5)
+    batch = ForwardBatch.build(
+        [SequenceChunk(b_tail, 12, b_table), SequenceChunk(a_next, 18, a_table)], page_size, all_logits=True
+    )
+    got = model(batch, cache)
+    want_b = dense_logits(hf, prefix + b_tail)[12:]
+    want_a = dense_logits(hf, prefix + a_tail + a_next)[-1:]
+    assert (got - torch.cat([want_b, want_a])).abs().max() < TOL
+
+
+def test_batched_backend_equals_reference_on_fp8_pages(model):
+    """The fast path reads the same decoded pages as the oracle, for a mixed prefill + decode batch."""
+    page_size = 16
+    results = []
+    for backend in (ReferenceAttention(), BatchedAttention()):
+        model.attention = backend
+        cache = PagedKVCache(model.config, 12, page_size, "fp8_e4m3", "channel")
+        model(ForwardBatch.build([SequenceChunk(tokens(20, 6), 0, [3, 8])], page_size), cache)
+        batch = ForwardBatch.build(
+            [
+                SequenceChunk(tokens(1, 7), 20, [3, 8]),
+                SequenceChunk(tokens(33, 8), 0, [5, 0, 11]),
+                SequenceChunk(tokens(4, 9), 16, [3, 1]),  # shares page 3, its own tail page
+            ],
+            page_size,
+            all_logits=True,
+        )
+        results.append(model(batch, cache))
+    assert (results[0] - results[1]).abs().max() < 1e-5
+
+
+def test_qwen2_bias_and_llama3_rope_scaling_match_transformers():
+    scaling = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=16)
+    for overrides in (
+        {"model_type": "qwen2", "attention_bias": True, "tie_word_embeddings": False},
+        {"rope_scaling": scaling, "rope_theta": 500000.0},
+    ):
+        model = tiny_model(seed=3, **overrides)
+        hf = hf_twin(model)
+        ids = tokens(40, seed=10)
+        cache = PagedKVCache(model.config, 8, 8, "fp32")
+        got = model(ForwardBatch.build([SequenceChunk(ids, 0, [7, 1, 5, 2, 6])], 8, all_logits=True), cache)
+        assert (got - dense_logits(hf, ids)).abs().max() < TOL
+
+
+def test_build_rejects_page_table_too_short():
+    with pytest.raises(ValueError, match="page_table"):
+        ForwardBatch.build([SequenceChunk([1, 2, 3], 14, [0])], 16)
+    with pytest.raises(ValueError, match="token_ids is empty"):
+        ForwardBatch.build([SequenceChunk([], 0, [0])], 16)

@@ -1,0 +1,91 @@
+"""FP8 codecs: round-trip error within each format's rounding bound; channel + shift absorbs outliers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.engines.kvengine.model import fp8
+from kvbench.engines.kvengine.model.fp8 import KVFormat
+
+# (relative rounding bound = 2^-(mantissa bits + 1), half the smallest subnormal step) per format
+BOUNDS = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
+FORMATS = [KVFormat.parse(d, m) for d in fp8.FP8_DTYPES for m in fp8.SCALE_MODES]
+
+
+def calibrated_scale(fmt: KVFormat, x: torch.Tensor) -> torch.Tensor:
+    """Scale as calibration picks it, from x itself ([T, H, D])."""
+    if fmt.shifted:
+        amax = (x - fp8.token_shift(x).float().unsqueeze(-1)).abs().amax(dim=0)
+    else:
+        amax = x.abs().amax()
+    return fp8.scale_from_amax(amax, fmt.storage_dtype)
+
+
+def random_kv(seed: int, outliers: bool) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(256, 2, 64, generator=gen)
+    if outliers:  # a few channels thousands of times larger, and tokens with a common offset
+        x *= 0.05
+        x[:, :, [3, 40]] *= 2000.0
+        x[::8] += 3.0
+    return x
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+@pytest.mark.parametrize("outliers", [False, True])
+def test_round_trip_error_within_rounding_bound(fmt, outliers):
+    x = random_kv(seed=1, outliers=outliers)
+    scale = calibrated_scale(fmt, x)
+    payload, shift = fp8.encode(fmt, x, scale)
+    assert payload.dtype == fmt.storage_dtype
+    assert (shift is not None) == fmt.shifted
+    y = fp8.decode(fmt, payload, shift, scale, torch.float32)
+    rel, half_subnormal = BOUNDS[fmt.kv_dtype]
+    residual = x - (shift.float().unsqueeze(-1) if shift is not None else 0.0)
+    bound = rel * residual.abs() + half_subnormal * scale + 1e-6 * x.abs() + 1e-6
+    assert ((y - x).abs() <= bound).all()
+    assert (y - x).abs().max() > 0  # it does quantize
+
+
+@pytest.mark.parametrize("kv_dtype", list(fp8.FP8_DTYPES))
+def test_channel_scale_and_shift_beat_tensor_scale_on_outlier_channels(kv_dtype):
+    x = random_kv(seed=2, outliers=True)
+    normal = torch.ones(64, dtype=torch.bool)
+    normal[[3, 40]] = False
+    errors = {}
+    for mode in fp8.SCALE_MODES:
+        fmt = KVFormat.parse(kv_dtype, mode)
+        scale = calibrated_scale(fmt, x)
+        y = fp8.decode(fmt, *fp8.encode(fmt, x, scale), scale, torch.float32)
+        err = (y - x)[..., normal]
+        errors[mode] = float(err.norm() / x[..., normal].norm())
+    assert errors["channel"] < errors["tensor"] / 4, errors
+
+
+@pytest.mark.parametrize("kv_dtype", list(fp8.FP8_DTYPES))
+def test_values_beyond_the_calibrated_range_saturate(kv_dtype):
+    fmt = KVFormat.parse(kv_dtype, "tensor")
+    scale = torch.tensor(0.01)
+    x = torch.tensor([[[1e6, -1e6, 1.0, 0.0]]])
+    y = fp8.decode(fmt, *fp8.encode(fmt, x, scale), scale, torch.float32)
+    limit = fp8.fp8_max(fmt.storage_dtype) * 0.01
+    assert torch.isfinite(y).all()
+    assert y[0, 0, 0] == pytest.approx(limit) and y[0, 0, 1] == pytest.approx(-limit)
+
+
+def test_unquantized_formats_store_the_dtype_itself():
+    x = torch.randn(5, 2, 8)
+    fmt = KVFormat.parse("fp32")
+    payload, shift = fp8.encode(fmt, x, torch.tensor(1.0))
+    assert shift is None and torch.equal(fp8.decode(fmt, payload, None, torch.tensor(1.0), torch.float32), x)
+
+
+def test_parse_rejects_bad_names():
+    with pytest.raises(ValueError, match="kv_dtype"):
+        KVFormat.parse("int4")
+    with pytest.raises(ValueError, match="scale_mode"):
+        KVFormat.parse("bf16", "channel")
+    with pytest.raises(ValueError, match="scale_mode"):
+        KVFormat.parse("fp8_e4m3", "block")
+    assert KVFormat.parse("fp8_e5m2").scale_mode == "tensor"

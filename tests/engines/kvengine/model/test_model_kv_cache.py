@@ -1,0 +1,119 @@
+"""PagedKVCache: memory per token follows the dtype; pages export, import and copy bit-exactly; calibration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales
+from kvbench.engines.kvengine.model.config import ModelConfig
+from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
+from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
+
+SMOLLM2 = ModelConfig(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
+    head_dim=64, tie_word_embeddings=True,
+)
+FORMATS = [("fp32", None), ("bf16", None), ("fp16", None), ("fp8_e4m3", "tensor"), ("fp8_e5m2", "tensor"),
+           ("fp8_e4m3", "channel"), ("fp8_e5m2", "channel")]
+
+
+def test_bytes_per_token_follows_the_dtype():
+    bpt = {f: PagedKVCache(SMOLLM2, 1, 16, *f).bytes_per_token for f in FORMATS}
+    fp8 = bpt[("fp8_e4m3", "tensor")]
+    assert fp8 == 30 * 2 * 3 * 64  # layers * (K, V) * kv heads * head_dim * 1 byte = 11520
+    assert bpt[("fp32", None)] == 4 * fp8
+    assert bpt[("bf16", None)] == bpt[("fp16", None)] == 2 * fp8
+    assert bpt[("fp8_e5m2", "tensor")] == fp8
+    # channel mode adds one bf16 shift per token per kv head per layer for K and V
+    assert bpt[("fp8_e4m3", "channel")] == bpt[("fp8_e5m2", "channel")] == fp8 + 30 * 2 * 3 * 2
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_capacity_bytes_is_pages_times_page_bytes_plus_scales(fmt):
+    cache = PagedKVCache(SMOLLM2, 10, 16, *fmt)
+    scale_values = 30 * (3 * 64 if fmt[1] == "channel" else 1)
+    assert cache.capacity_bytes == 10 * 16 * cache.bytes_per_token + 2 * 4 * scale_values
+    assert cache.page_bytes == 16 * cache.bytes_per_token
+
+
+def filled_cache(fmt, page_size=4, seed=0) -> PagedKVCache:
+    cache = PagedKVCache(TINY_CONFIG, 8, page_size, *fmt)
+    gen = torch.Generator().manual_seed(seed)
+    slots = torch.arange(8 * page_size)
+    for layer in range(TINY_CONFIG.num_layers):
+        k, v = (torch.randn(len(slots), 2, 16, generator=gen) * 3 for _ in range(2))
+        cache.write(layer, slots, k, v)
+    return cache
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_read_pages_write_pages_round_trip_is_bit_exact(fmt):
+    src = filled_cache(fmt, seed=1)
+    dst = filled_cache(fmt, seed=2)  # different contents everywhere
+    exported = src.read_pages([5, 2])
+    assert exported.dtype == torch.uint8 and exported.shape == (2, src.page_bytes)
+    dst.write_pages([0, 7], exported)
+    assert torch.equal(dst.read_pages([0, 7]), exported)
+    for layer in range(TINY_CONFIG.num_layers):
+        for a, b in zip(src.read(layer, torch.tensor([5, 2])), dst.read(layer, torch.tensor([0, 7]))):
+            assert torch.equal(a, b)
+    # untouched pages keep their own bytes
+    assert not torch.equal(dst.read_pages([1]), src.read_pages([1]))
+
+
+@pytest.mark.parametrize("fmt", [("fp16", None), ("fp8_e5m2", "channel")], ids=str)
+def test_copy_pages_copies_every_layer_and_shift(fmt):
+    cache = filled_cache(fmt, seed=3)
+    before = cache.read_pages([1, 6])
+    cache.copy_pages([1, 6], [3, 4])
+    assert torch.equal(cache.read_pages([3, 4]), before)
+
+
+def test_write_pages_rejects_foreign_rows():
+    cache = filled_cache(("fp8_e4m3", "tensor"))
+    with pytest.raises(ValueError, match="read_pages"):
+        cache.write_pages([0], torch.zeros(1, cache.page_bytes + 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="page ids"):
+        cache.read_pages([8])
+
+
+def test_calibration_is_deterministic_and_fixes_out_of_range_kv():
+    """K and V far beyond fp8 e4m3's max saturate with unit scales; calibrated scales fit them."""
+    model = tiny_model(seed=1)
+    with torch.no_grad():  # K, V x3000 with q, o_proj /3000: the same function, fp8-hostile K/V ranges
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            attn.q_proj.weight.div_(3000.0)
+            attn.k_proj.weight.mul_(3000.0)
+            attn.v_proj.weight.mul_(3000.0)
+            attn.o_proj.weight.div_(3000.0)
+    ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch = ForwardBatch.build([SequenceChunk(ids, 0, [4, 1, 6])], 16, all_logits=True)
+    want = model(batch, PagedKVCache(model.config, 8, 16, "fp32"))
+    calib = torch.randint(0, 512, (50,), generator=torch.Generator().manual_seed(1)).tolist()
+    for mode in ("tensor", "channel"):
+        scales = calibrate_kv_scales(model, calib, "fp8_e4m3", mode)
+        again = calibrate_kv_scales(model, calib, "fp8_e4m3", mode)
+        assert torch.equal(scales.k, again.k) and torch.equal(scales.v, again.v)
+        errors = []
+        for s in (KVScales.unit(model.config, PagedKVCache(model.config, 1, 16, "fp8_e4m3", mode).fmt), scales):
+            got = model(batch, PagedKVCache(model.config, 8, 16, "fp8_e4m3", mode, scales=s))
+            errors.append(float((got - want).abs().max() / want.abs().max()))
+        assert errors[1] < errors[0] / 4, (mode, errors)
+
+
+def test_set_scales_checks_shape_and_sign():
+    cache = PagedKVCache(TINY_CONFIG, 2, 16, "fp8_e4m3", "channel")
+    with pytest.raises(ValueError, match="shape"):
+        cache.set_scales(KVScales(torch.ones(2), torch.ones(2)))
+    with pytest.raises(ValueError, match="positive"):
+        cache.set_scales(KVScales(torch.zeros(2, 2, 16), torch.ones(2, 2, 16)))
+
+
+def test_layout_fingerprint_changes_with_scales():
+    a = PagedKVCache(TINY_CONFIG, 2, 16, "fp8_e4m3")
+    b = PagedKVCache(TINY_CONFIG, 2, 16, "fp8_e4m3", scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
+    assert a.layout_fingerprint != b.layout_fingerprint
+    assert a.layout_fingerprint == PagedKVCache(TINY_CONFIG, 5, 16, "fp8_e4m3").layout_fingerprint

@@ -1,0 +1,55 @@
+"""The real default model (SmolLM2-135M-Instruct, GGUF -> cached safetensors) against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
+from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+from kvbench.engines.kvengine.model.loader import load_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_model("default")
+
+
+def greedy(loaded, prompt: list[int], cache: PagedKVCache, max_tokens: int = 24) -> str:
+    table = list(range(cache.num_pages - 1, -1, -1))  # pages used back to front
+    out, new, cached = [], prompt, 0
+    for _ in range(max_tokens):
+        logits = loaded.model(ForwardBatch.build([SequenceChunk(new, cached, table)], cache.page_size), cache)
+        cached += len(new)
+        tok = int(logits[0].argmax())
+        if tok in loaded.eos_token_ids:
+            break
+        out.append(tok)
+        new = [tok]
+    return loaded.tokenizer.decode(out)
+
+
+def test_geometry_and_logits_match_transformers(loaded):
+    from transformers import LlamaForCausalLM
+
+    c = loaded.config
+    assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 9, 3, 64)
+    ids = loaded.tokenizer("The quick brown fox jumps over the lazy dog because")["input_ids"]
+    hf = LlamaForCausalLM.from_pretrained(loaded.folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    cache = PagedKVCache(c, 4, 16, "fp32")
+    got = loaded.model(ForwardBatch.build([SequenceChunk(ids, 0, [2, 0])], 16, all_logits=True), cache)
+    assert (got - want).abs().max() < 1e-3
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+@pytest.mark.parametrize("kv", [("fp32", None), ("fp8_e4m3", "channel"), ("fp8_e5m2", "tensor")], ids=str)
+def test_greedy_chat_answer_names_paris(loaded, kv):
+    prompt = loaded.chat_prompt_ids([{"role": "user", "content": "What is the capital of France?"}])
+    scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), *kv)
+    cache = PagedKVCache(loaded.config, 8, 16, *kv, scales=scales)
+    assert "Paris" in greedy(loaded, prompt, cache)

@@ -1,0 +1,155 @@
+"""The load generator against the measurement instrument: injected timing in, the same timing measured out."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from kvbench.harness.client import EndpointConfig
+from kvbench.harness.instrument import FAULT_DROP, FAULT_HTTP_500, FAULT_MALFORMED, FAULT_STALL, InstrumentBehaviour
+from kvbench.harness.loadgen import LoadGenerator
+from kvbench.harness.metrics import itl_ms, summarize, tpot_ms, ttft_ms
+from kvbench.harness.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
+from kvbench.harness.schedule import LoadSpec
+from kvbench.workloads.spec import Session, Turn, Workload, token_array
+
+from .instrument_fixture import serving
+
+TOLERANCE_MS = 2.0
+
+
+def workload(sessions=1, turns=1, context=64, user=8, max_tokens=10, think=0.0, arrival_gap=0.0, tenants=("t",)):
+    rng = np.random.default_rng(0)
+    shared = token_array(rng.integers(1000, 30000, size=context))
+    out = []
+    for index in range(sessions):
+        out.append(Session(
+            session_id=f"s{index}",
+            tenant=tenants[index % len(tenants)],
+            arrival_s=index * arrival_gap,
+            context=shared,
+            turns=tuple(Turn(token_array(rng.integers(1000, 30000, size=user)), max_tokens, think if k else 0.0) for k in range(turns)),
+        ))
+    return Workload(name="test", sessions=tuple(out), vocab_size=32000)
+
+
+def run(behaviour, wl, load=LoadSpec(concurrency=1), **endpoint):
+    async def go():
+        async with serving(behaviour) as (url, log):
+            generator = LoadGenerator(EndpointConfig(base_url=url, model="m", **endpoint), load, run_id="test")
+            return await generator.run(wl), log
+    return asyncio.run(go())
+
+
+def test_measured_ttft_itl_tpot_equal_the_injected_timing():
+    behaviour = InstrumentBehaviour(first_token_ms=60.0, chunk_interval_ms=12.0, tokens_per_chunk=3, cached_tokens=32)
+    result, _ = run(behaviour, workload(sessions=4, max_tokens=12), LoadSpec(concurrency=2))
+    assert len(result.records) == 4
+    for rec in result.records:
+        assert rec.ok, rec.error
+        assert ttft_ms(rec) == pytest.approx(60.0, abs=TOLERANCE_MS)
+        # 12 tokens in chunks of 3 every 12 ms: each chunk after the first adds 3 gaps of 4 ms
+        gaps = itl_ms(rec)
+        assert len(gaps) == 9
+        assert np.allclose(gaps, 4.0, atol=TOLERANCE_MS)
+        # (last chunk - first chunk) / (12 - 1) = 36 / 11 ms
+        assert tpot_ms(rec) == pytest.approx(36.0 / 11.0, abs=TOLERANCE_MS)
+        assert rec.output_tokens == 12
+        assert rec.cached_tokens == 32
+        assert rec.prompt_tokens == rec.prompt_len_sent == 72
+
+
+def test_token_counts_come_from_usage_not_from_the_stream():
+    # One chunk of 5 tokens without token ids: the stream alone would count it as 1 token.
+    behaviour = InstrumentBehaviour(first_token_ms=5, tokens_per_chunk=5, return_token_ids=False)
+    result, _ = run(behaviour, workload(max_tokens=5))
+    (rec,) = result.records
+    assert rec.output_tokens == 5
+    assert summarize(result.records).output_tokens == 5
+    assert rec.answer_source == ANSWER_PLACEHOLDER
+
+
+def test_next_turn_carries_the_real_answer_tokens():
+    behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, first_token_id=500)
+    wl = workload(sessions=1, turns=3, max_tokens=4, think=0.01)
+    result, log = run(behaviour, wl)
+    prompts = [body["prompt"] for body in log.bodies]
+    assert len(prompts) == 3
+    session = wl.sessions[0]
+    answer = [500, 501, 502, 503]
+    assert prompts[0] == session.context.tolist() + session.turns[0].user_tokens.tolist()
+    assert prompts[1] == prompts[0] + answer + session.turns[1].user_tokens.tolist()
+    assert prompts[2] == prompts[1] + answer + session.turns[2].user_tokens.tolist()
+    assert all(rec.answer_source == ANSWER_TOKEN_IDS for rec in result.records)
+    # The oracle: turn 1 may reuse turn 0's prompt and all answer tokens the engine fed back (3 of 4).
+    reusable = [rec.reusable_tokens for rec in sorted(result.records, key=lambda r: r.turn)]
+    assert reusable == [0, len(prompts[0]) + 3, len(prompts[1]) + 3]
+    body = log.bodies[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+
+def test_think_time_is_kept_between_turns():
+    behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1)
+    result, log = run(behaviour, workload(turns=3, max_tokens=2, think=0.15))
+    records = sorted(result.records, key=lambda r: r.turn)
+    for previous, current in zip(records, records[1:]):
+        gap_ms = (current.queued_ns - previous.done_ns) / 1e6
+        assert gap_ms == pytest.approx(150.0, abs=0.5)
+        assert (current.sent_ns - current.queued_ns) / 1e6 < TOLERANCE_MS
+
+
+def test_open_loop_schedule_is_kept():
+    behaviour = InstrumentBehaviour(first_token_ms=300, chunk_interval_ms=5)  # slow answers must not delay sends
+    wl = workload(sessions=12, max_tokens=3)
+    load = LoadSpec(rate=40.0)
+    result, log = run(behaviour, wl, load)
+    from kvbench.harness.schedule import session_offsets
+
+    offsets = sorted(session_offsets(load, [0.0] * 12, seed=0))
+    sent = sorted(rec.sent_ns for rec in result.records)
+    measured = [(t - sent[0]) / 1e9 for t in sent]
+    assert np.allclose(measured, offsets, atol=TOLERANCE_MS / 1e3)
+    assert result.client.schedule_lag_ms.p99 < TOLERANCE_MS
+    assert result.client.valid
+
+
+@pytest.mark.parametrize(
+    "fault, after, kind",
+    [(FAULT_HTTP_500, 0, "http"), (FAULT_MALFORMED, 1, "malformed_sse"), (FAULT_STALL, 2, "stalled"), (FAULT_DROP, 1, "")],
+)
+def test_faults_become_error_records_never_a_hang(fault, after, kind):
+    behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, fault=fault, fault_after_chunks=after)
+    result, _ = run(behaviour, workload(sessions=2, max_tokens=5), LoadSpec(concurrency=2), stall_timeout_s=0.5)
+    assert len(result.records) == 2
+    for rec in result.records:
+        assert not rec.ok
+        assert rec.error.startswith(kind), rec.error
+    assert summarize(result.records).errors == 2
+
+
+def test_a_failed_turn_ends_its_session_and_is_written(tmp_path):
+    def behaviour(index, body):
+        return InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, fault=FAULT_HTTP_500 if index == 1 else "none")
+
+    path = tmp_path / "requests.jsonl"
+
+    async def go():
+        async with serving(behaviour) as (url, log):
+            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), LoadSpec(concurrency=1), run_id="x")
+            with RecordWriter(path) as writer:
+                return await generator.run(workload(turns=4, max_tokens=2), writer)
+
+    result = asyncio.run(go())
+    on_disk = list(read_records(path))
+    assert [rec.turn for rec in on_disk] == [0, 1]
+    assert on_disk[0].ok and on_disk[1].error.startswith("http: 500")
+
+
+def test_stop_conditions_and_warmup():
+    behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1)
+    result, _ = run(behaviour, workload(sessions=10, turns=2, max_tokens=2), LoadSpec(concurrency=3, num_requests=7, warmup_requests=2))
+    assert len(result.records) == 7
+    assert sum(rec.warmup for rec in result.records) == 2
+    assert summarize(result.records).requests == 5
