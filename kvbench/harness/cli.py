@@ -15,7 +15,6 @@ from kvbench.workloads.spec import WorkloadError
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-DEFAULT_ENGINE = "kvengine"
 
 console = Console()
 errors = Console(stderr=True)

@@ -18,6 +18,7 @@ from kvbench.settings import SettingsError
 console = Console()
 
 # What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
+DEFAULT_ENGINE = "kvengine"
 DEFAULT_WORKLOAD = "rag-chat-mini"
 DEFAULT_CONCURRENCY = 4
 DEFAULT_NUM_REQUESTS = 40

@@ -51,6 +51,7 @@ class SchedulerConfig:
     max_step_tokens: int = 2048  # prefill chunk tokens + decode tokens per step
     allow_swap: bool = False  # preempt by swapping to host instead of recomputing
     strict_isolation: bool = True  # False: `shareable` prompts are cached in the shared namespace
+    prefix_caching: bool = True  # False: never look up or insert cached pages (every prompt recomputed)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_step_tokens < 1:
@@ -64,7 +65,9 @@ class Request:
     max_new_tokens: int
     tenant: TenantId = DEFAULT_TENANT
     shareable: bool = False
-    eos_token_id: int | None = None
+    stop_token_ids: frozenset[int] = frozenset()
+    # False: compute the whole prompt even if it is cached (e.g. prompt logprobs need every position's logits)
+    use_cached_prefix: bool = True
 
     def __post_init__(self) -> None:
         if np.ndim(self.prompt) != 1 or len(self.prompt) == 0:
@@ -229,7 +232,10 @@ class Scheduler:
         req, ps = seq.request, self.index.page_size
         ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
         tokens = seq.tokens()
-        match = self.index.match(ns, tokens)
+        if self.config.prefix_caching and req.use_cached_prefix:
+            match = self.index.match(ns, tokens)
+        else:
+            match = PrefixMatch(ns, (), ps)  # an empty match: nothing to lock, nothing reused
         cached_pages = min(match.num_pages, (len(tokens) - 1) // ps)  # always compute >= 1 token
         cached = cached_pages * ps
         n = min(len(tokens) - cached, budget)
@@ -257,7 +263,7 @@ class Scheduler:
     def _release(self, seq: _Seq, now: float, cache: bool) -> None:
         """Return a sequence's pages; with `cache`, its computed full pages go to the prefix index first."""
         req = seq.request
-        if cache and seq.num_computed:
+        if cache and seq.num_computed and self.config.prefix_caching:
             ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
             self.index.insert(ns, seq.tokens()[: seq.num_computed], seq.pages, req.tenant, now)
         self.index.pool.release(seq.pages)
@@ -276,6 +282,23 @@ class Scheduler:
             seq.num_computed = 0
         self._waiting.appendleft(seq)
 
+    def finish(self, request_id: RequestId, now: float, reason: str = "abort") -> FinishedRequest | None:
+        """End a request now: a stop the caller found (a stop string) or a client that went away.
+
+        Its computed pages are cached and the rest released; None if the request is not (or no longer) here.
+        Safe between steps only: a plan from `schedule` that includes it must be postprocessed first.
+        """
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq in self._running:
+            self._running.remove(seq)
+            self._release(seq, now, cache=True)
+        else:
+            self._waiting.remove(seq)  # a waiting sequence holds no device pages
+        return FinishedRequest(request_id, len(seq.request.prompt), seq.num_cached_tokens or 0,
+                               tuple(seq.output), reason)
+
     def postprocess(self, plan: StepPlan, sampled: Mapping[RequestId, int], now: float) -> tuple[FinishedRequest, ...]:
         """Record that `plan` was computed; append `sampled[id]` for each sequence with `samples`.
 
@@ -291,7 +314,7 @@ class Scheduler:
             tok = int(sampled[item.request_id])
             seq.output.append(tok)
             req = seq.request
-            stop = req.eos_token_id is not None and tok == req.eos_token_id
+            stop = tok in req.stop_token_ids
             if stop or len(seq.output) >= req.max_new_tokens:
                 self._release(seq, now, cache=True)
                 self._running.remove(seq)

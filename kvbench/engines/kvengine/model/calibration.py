@@ -6,7 +6,7 @@ tokens every run, so results are reproducible), then installs the scales with `P
 
     tensor mode:  scale[l]       = amax over tokens/heads/channels of |K_l|          * margin / fp8_max
     channel mode: scale[l, h, c] = amax over tokens of |K_l[t, h, c] - shift[t, h]|  * margin / fp8_max
-    (same for V; shift = the per-token median that `fp8.encode` subtracts)
+    (same for V; shift = the per-token weighted mean that `fp8.encode` subtracts; see `fp8.calibrate_scale`)
 
 The margin (default 2) is headroom for values beyond what the calibration text produced; anything larger
 still saturates at the format's max instead of overflowing.
@@ -73,9 +73,5 @@ def calibrate_kv_scales(
     scales = []
     for data in (cache.k_data, cache.v_data):
         x = data.reshape(L, -1, H, D)[:, :n]  # pages 0.. in order, so rows are positions 0..n-1
-        if fmt.shifted:
-            amax = (x - fp8.token_shift(x).float().unsqueeze(-1)).abs().amax(dim=1)  # [L, H, D]
-        else:
-            amax = x.abs().amax(dim=(1, 2, 3))  # [L]
-        scales.append(fp8.scale_from_amax(amax, fmt.storage_dtype, margin).cpu())
+        scales.append(torch.stack([fp8.calibrate_scale(fmt, x[layer], margin) for layer in range(L)]).cpu())
     return KVScales(scales[0], scales[1])

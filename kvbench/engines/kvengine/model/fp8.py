@@ -8,10 +8,11 @@ Formats (`KVFormat`):
     fp8_e4m3/e5m2   channel H*D fp8 values + H bf16 shifts; a static fp32 scale per (kv head, channel)
 
 Channel mode encodes   q = fp8((x - shift_t) / scale_c)   and decodes   x' = q * scale_c + shift_t.
-The per-token shift is the median over the head's channels: it removes a token's common offset (an
-attention-sink token, a V row with a large mean) while ignoring the few outlier channels that the per-channel
-scale takes care of (a mean would be dragged by them). The shift is rounded to its stored dtype *before* the
-residual is computed, so its rounding cancels on decode.
+The per-token shift is the mean over the head's channels weighted by 1 / scale_c^2: the shift that minimises
+the residual's energy in the quantized domain. It removes a token's common offset (an attention-sink token,
+a V row with a large mean) while the few outlier channels, whose scales are large, barely move it (a plain
+mean would be dragged by them; a median is robust too but ~100x slower on CPU). The shift is rounded to its
+stored dtype *before* the residual is computed, so its rounding cancels on decode.
 
 Scales are static: calibrated once per engine from a fixed forward pass (see `calibration.py`), never per
 write, because pages are shared between requests and written at different times: one scale per layer means
@@ -88,9 +89,27 @@ def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, margin: float = DEFA
     return amax.float().clamp_min(_MIN_AMAX) * (margin / fp8_max(dtype))
 
 
-def token_shift(x: torch.Tensor) -> torch.Tensor:
-    """Per-token shift of `x [..., D]`: the median over channels, rounded to `SHIFT_DTYPE`."""
-    return x.float().median(dim=-1).values.to(SHIFT_DTYPE)
+def token_shift(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Per-token shift of `x [..., H, D]` given channel scales [H, D], rounded to `SHIFT_DTYPE`."""
+    weight = scale.float().pow(-2)
+    weight = weight / weight.sum(-1, keepdim=True)
+    return (x.float() * weight).sum(-1).to(SHIFT_DTYPE)
+
+
+def calibrate_scale(fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARGIN) -> torch.Tensor:
+    """Static scale for one layer's K (or V) from calibration values `x [T, H, D]`.
+
+    tensor: amax over everything. channel: amax per (head, channel) of the shifted residual; the shift needs
+    scales, so a first pass takes them from the raw per-channel amax.
+    """
+    if not fmt.quantized:
+        raise ValueError(f"{fmt.kv_dtype} is not quantized: it has no scale to calibrate")
+    x = x.float()
+    if not fmt.shifted:
+        return scale_from_amax(x.abs().amax(), fmt.storage_dtype, margin)
+    first = scale_from_amax(x.abs().amax(dim=0), fmt.storage_dtype, margin)
+    residual = x - token_shift(x, first).float().unsqueeze(-1)
+    return scale_from_amax(residual.abs().amax(dim=0), fmt.storage_dtype, margin)
 
 
 def encode(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -104,7 +123,7 @@ def encode(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.T
     x = x.float()
     shift = None
     if fmt.shifted:
-        shift = token_shift(x)
+        shift = token_shift(x, scale)
         x = x - shift.float().unsqueeze(-1)
     payload = (x / scale).clamp_(-limit, limit).to(fmt.storage_dtype)
     return payload, shift

@@ -15,11 +15,9 @@ FORMATS = [KVFormat.parse(d, m) for d in fp8.FP8_DTYPES for m in fp8.SCALE_MODES
 
 def calibrated_scale(fmt: KVFormat, x: torch.Tensor) -> torch.Tensor:
     """Scale as calibration picks it, from x itself ([T, H, D])."""
-    if fmt.shifted:
-        amax = (x - fp8.token_shift(x).float().unsqueeze(-1)).abs().amax(dim=0)
-    else:
-        amax = x.abs().amax()
-    return fp8.scale_from_amax(amax, fmt.storage_dtype)
+    scale = fp8.calibrate_scale(fmt, x)
+    assert scale.shape == fmt.scale_shape(x.shape[1], x.shape[2])
+    return scale
 
 
 def random_kv(seed: int, outliers: bool) -> torch.Tensor:

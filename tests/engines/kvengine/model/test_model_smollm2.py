@@ -47,9 +47,24 @@ def test_geometry_and_logits_match_transformers(loaded):
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-@pytest.mark.parametrize("kv", [("fp32", None), ("fp8_e4m3", "channel"), ("fp8_e5m2", "tensor")], ids=str)
-def test_greedy_chat_answer_names_paris(loaded, kv):
+def test_greedy_chat_answer_names_paris(loaded):
     prompt = loaded.chat_prompt_ids([{"role": "user", "content": "What is the capital of France?"}])
-    scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), *kv)
-    cache = PagedKVCache(loaded.config, 8, 16, *kv, scales=scales)
-    assert "Paris" in greedy(loaded, prompt, cache)
+    assert "Paris" in greedy(loaded, prompt, PagedKVCache(loaded.config, 8, 16, "fp32"))
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("scale_mode", ["tensor", "channel"])
+def test_calibrated_fp8_kv_stays_close_to_fp32(loaded, kv_dtype, scale_mode):
+    """Measured on this prompt: KL 0.022-0.048 nats/token, top-1 agreement 0.81-0.92 (a 135M Q4 model is
+    sensitive; e4m3 about 2x lower KL than e5m2). The bounds leave room, and still catch a broken codec."""
+    ids = loaded.chat_prompt_ids(
+        [{"role": "user", "content": "What is the capital of France? Please explain the history of the city."}]
+    )
+    batch = ForwardBatch.build([SequenceChunk(ids, 0, list(range(8)))], 16, all_logits=True)
+    want = torch.log_softmax(loaded.model(batch, PagedKVCache(loaded.config, 8, 16, "fp32")), -1)
+    scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), kv_dtype, scale_mode)
+    cache = PagedKVCache(loaded.config, 8, 16, kv_dtype, scale_mode, scales=scales)
+    got = torch.log_softmax(loaded.model(batch, cache), -1)
+    kl = float((want.exp() * (want - got)).sum(-1).mean())
+    agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+    assert kl < 0.15 and agree > 0.7, (kl, agree)

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Nightly regression job: run ci/CONFIG_NAME.yaml, compare it with results/baselines/CONFIG_NAME.
+#
+#   ci/nightly.sh nightly-cpu        # or nightly-gpu
+#
+# Writes runs/nightly-CONFIG_NAME-YYYYMMDD[-HHMMSS]/ (the run folder, with compare.md in it) and exits with
+# kvbench compare's code: 0 no regression, 1 regression or mismatch, 2 bad input (no baseline, no results).
+# When compare passes but the run itself reported failures (an engine setting did not start), it exits with the
+# run's code, so a crashed setting cannot pass silently.
+# Environment: KVBENCH (command, default `kvbench`), NIGHTLY_RUNS (parent folder, default `runs`).
+set -uo pipefail
+
+name="${1:-}"
+if [[ -z "$name" ]]; then
+    echo "usage: ci/nightly.sh CONFIG_NAME   (runs ci/CONFIG_NAME.yaml, compares with results/baselines/CONFIG_NAME)" >&2
+    exit 2
+fi
+cd "$(dirname "$0")/.."
+kvbench="${KVBENCH:-kvbench}"
+config="ci/${name}.yaml"
+baseline="results/baselines/${name}"
+run_dir="${NIGHTLY_RUNS:-runs}/nightly-${name}-$(date -u +%Y%m%d)"
+# A second run on the same day gets its own folder: kvbench run appends to an existing requests.jsonl.
+if [[ -e "$run_dir" ]]; then
+    run_dir="${run_dir}-$(date -u +%H%M%S)"
+fi
+if [[ -n "${GITHUB_OUTPUT:-}" ]]; then
+    echo "run_dir=${run_dir}" >> "$GITHUB_OUTPUT"
+fi
+if [[ ! -f "$config" ]]; then
+    echo "nightly: no ${config}" >&2
+    exit 2
+fi
+
+echo "nightly: ${kvbench} run ${config} --out ${run_dir}"
+$kvbench run "$config" --out "$run_dir"
+run_rc=$?
+
+if [[ ! -d "$baseline" ]]; then
+    echo "nightly: no baseline ${baseline}; after checking the run, promote it with:" >&2
+    echo "    ${kvbench} baseline update ${run_dir} --name ${name}" >&2
+    exit 2
+fi
+
+echo "nightly: ${kvbench} compare ${baseline} ${run_dir} --out ${run_dir}/compare.md --strict"
+$kvbench compare "$baseline" "$run_dir" --out "${run_dir}/compare.md" --strict
+compare_rc=$?
+
+if [[ -n "${GITHUB_STEP_SUMMARY:-}" && -f "${run_dir}/compare.md" ]]; then
+    cat "${run_dir}/compare.md" >> "$GITHUB_STEP_SUMMARY"
+fi
+if [[ $compare_rc -ne 0 ]]; then
+    exit "$compare_rc"
+fi
+exit "$run_rc"

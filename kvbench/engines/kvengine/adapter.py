@@ -1,0 +1,111 @@
+"""`kvengine`: kvbench's own engine, launched as `python -m kvbench.engines.kvengine.server.main`."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.engines.base import Capabilities, Endpoint, EngineError
+from kvbench.engines.http import request
+from kvbench.engines.process import ManagedProcess
+from kvbench.engines.prometheus import parse_samples
+from kvbench.settings import build
+
+
+@dataclass(frozen=True)
+class KVEngineSettings:
+    """Settings of our engine; each maps to a `kvbench serve` flag of the same name."""
+
+    model: str = "default"
+    kv_dtype: str = "fp32"
+    kv_scale: str = "tensor"
+    kv_capacity: int = 32768
+    kv_capacity_bytes: int | None = None
+    page_size: int = 16
+    max_num_seqs: int = 16
+    max_step_tokens: int = 512
+    prefix_caching: bool = True
+    device: str = "cpu"
+    compute_dtype: str = "float32"
+    max_model_len: int | None = None
+    threads: int | None = None
+    port: int | None = None  # None: a free port
+    extra_args: tuple[str, ...] = ()
+
+
+class KVEngineAdapter:
+    name = "kvengine"
+
+    def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
+        values = dict(settings)
+        if "extra_args" in values:
+            values["extra_args"] = tuple(values["extra_args"])
+        self.settings = build(KVEngineSettings, values, "engine.kvengine")
+        self.workdir = workdir
+        self.port = self.settings.port or _free_port()
+        self._process = ManagedProcess(self.command(), {"OMP_WAIT_POLICY": "PASSIVE"}, workdir / "engine.log")
+
+    def command(self) -> list[str]:
+        s = self.settings
+        command = [
+            sys.executable, "-m", "kvbench.engines.kvengine.server.main",
+            "--model", s.model, "--kv-dtype", s.kv_dtype, "--kv-scale", s.kv_scale,
+            "--kv-capacity", str(s.kv_capacity), "--page-size", str(s.page_size),
+            "--max-num-seqs", str(s.max_num_seqs), "--max-step-tokens", str(s.max_step_tokens),
+            "--device", s.device, "--compute-dtype", s.compute_dtype,
+            "--served-model-name", "kvengine", "--port", str(self.port),
+        ]
+        if s.kv_capacity_bytes is not None:
+            command += ["--kv-capacity-bytes", str(s.kv_capacity_bytes)]
+        if not s.prefix_caching:
+            command.append("--no-prefix-caching")
+        if s.max_model_len is not None:
+            command += ["--max-model-len", str(s.max_model_len)]
+        if s.threads is not None:
+            command += ["--threads", str(s.threads)]
+        return command + list(s.extra_args)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.base_url, "kvengine")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(True, True, output_token_ids=True, cache_reset=True, prompt_logprobs=True)
+
+    def describe(self) -> Mapping[str, object]:
+        s = self.settings
+        kv = s.kv_dtype if not s.kv_dtype.startswith("fp8") else f"{s.kv_dtype}/{s.kv_scale}"
+        return {"kv_dtype": kv, "model": s.model, "kv_capacity": s.kv_capacity, "prefix_caching": s.prefix_caching}
+
+    def start(self) -> None:
+        self._process.start()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        self._process.wait_healthy(self.base_url + "/health", timeout_s)
+
+    def reset_cache(self) -> bool:
+        reply = request("POST", self.base_url + "/reset_prefix_cache", timeout_s=30)
+        if not reply.ok:
+            raise EngineError(f"kvengine cache reset failed: {reply.error or reply.status}")
+        return True
+
+    def scrape_metrics(self) -> Mapping[str, float] | None:
+        reply = request("GET", self.base_url + "/metrics")
+        return parse_samples(reply.body) if reply.ok else None
+
+    def stop(self) -> None:
+        self._process.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,298 @@
+"""The engine step loop: schedule -> run the model -> postprocess, on the pure core's decisions.
+
+    plan = scheduler.schedule(now)                 # which tokens of which requests, in which pages
+    logits = model(ForwardBatch(plan), kv_cache)   # K/V written into those pages, attention read from them
+    finished = scheduler.postprocess(plan, sampled, now)
+
+The engine is synchronous and single-threaded; `AsyncEngine` runs it on a thread of its own so that the
+HTTP event loop never waits on model compute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvbench.engines.kvengine.core.events import EventLog
+from kvbench.engines.kvengine.core.pages import PagePool
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.scheduler import (
+    FinishedRequest,
+    Request,
+    RequestId,
+    ScheduledSeq,
+    Scheduler,
+    SchedulerConfig,
+)
+from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
+from kvbench.engines.kvengine.model.fp8 import KVFormat
+from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
+from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
+from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
+from kvbench.engines.kvengine.runtime.requests import GenerationRequest, LiveRequest, StepOutput, TokenLogprob
+
+COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine runs. The device KV tier is `kv_capacity_tokens`, or `kv_capacity_bytes` when given
+    (then the token count follows the KV dtype: FP8 holds twice the tokens of bf16 in the same bytes)."""
+
+    model: str = "default"
+    kv_dtype: str = "fp32"
+    kv_scale: str = "tensor"  # fp8 only: "tensor" or "channel" (per-channel scale + per-token shift)
+    kv_capacity_tokens: int = 32768
+    kv_capacity_bytes: int | None = None
+    page_size: int = 16
+    max_num_seqs: int = 16
+    max_step_tokens: int = 512
+    prefix_caching: bool = True
+    device: str = "cpu"
+    compute_dtype: str = "float32"
+    max_model_len: int | None = None
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        self.kv_format  # raises with the valid choices
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; use one of {', '.join(COMPUTE_DTYPES)}")
+        if self.kv_capacity_tokens < self.page_size:
+            raise ValueError(f"kv_capacity_tokens must hold at least one page of {self.page_size} tokens")
+        if self.kv_capacity_bytes is not None and self.kv_capacity_bytes <= 0:
+            raise ValueError("kv_capacity_bytes must be > 0")
+
+    @property
+    def kv_format(self) -> KVFormat:
+        """The KV format; `kv_scale` is ignored for unquantized dtypes, which have no scale."""
+        quantized = self.kv_dtype.startswith("fp8")
+        return KVFormat.parse(self.kv_dtype, self.kv_scale if quantized else None)
+
+
+class Engine:
+    """A model, its paged KV cache and the core's scheduler. Not thread-safe: one caller at a time."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        dtype = COMPUTE_DTYPES[config.compute_dtype]
+        self.loaded = loaded or load_model(config.model, device=config.device, dtype=dtype)
+        self.model = self.loaded.model
+        model_config = self.loaded.config
+        self.max_model_len = config.max_model_len or model_config.max_position_embeddings
+        self.model_name = config.served_model_name or self.loaded.folder.name
+        fmt = config.kv_format
+        probe = PagedKVCache(model_config, 1, config.page_size, fmt.kv_dtype, fmt.scale_mode, "meta",
+                             compute_dtype=dtype)
+        self.bytes_per_token = probe.bytes_per_token
+        if config.kv_capacity_bytes is not None:
+            capacity_tokens = config.kv_capacity_bytes // self.bytes_per_token
+        else:
+            capacity_tokens = config.kv_capacity_tokens
+        num_pages = max(capacity_tokens // config.page_size, 1) + 1  # + the null page
+        scales = calibrate_kv_scales(
+            self.model, calibration_token_ids(self.loaded.tokenizer), fmt.kv_dtype, fmt.scale_mode
+        )
+        self.kv_cache = PagedKVCache(
+            model_config, num_pages, config.page_size, fmt.kv_dtype, fmt.scale_mode, config.device,
+            scales=scales, compute_dtype=dtype,
+        )
+        self.events = EventLog()
+        self.pool = PagePool(num_pages, config.page_size)
+        self.index = PrefixIndex(self.pool, events=self.events)
+        self.scheduler = Scheduler(
+            self.index,
+            SchedulerConfig(
+                max_num_seqs=config.max_num_seqs,
+                max_step_tokens=config.max_step_tokens,
+                strict_isolation=True,
+                prefix_caching=config.prefix_caching,
+            ),
+        )
+        self.metrics = EngineMetrics(self.model_name)
+        self._live: dict[str, LiveRequest] = {}
+        self._swapped: dict[str, torch.Tensor] = {}
+        self._update_gauges()
+
+    # --- requests -------------------------------------------------------------------------------------------
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise ValueError (with the field and the fix) for a request the engine cannot serve."""
+        if not request.prompt_ids:
+            raise ValueError("prompt: empty; send at least one token")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {request.max_tokens}")
+        total = len(request.prompt_ids) + request.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
+            )
+        pages = -(-total // self.config.page_size)
+        if pages > self.pool.capacity:
+            raise ValueError(
+                f"the request needs {pages} KV pages but the device tier holds {self.pool.capacity}; "
+                "raise kv_capacity_tokens or shorten the request"
+            )
+        vocab = self.loaded.config.vocab_size
+        bad = next((token for token in request.prompt_ids if not 0 <= token < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
+
+    def add(self, request: GenerationRequest) -> None:
+        self.validate(request)
+        if request.request_id in self._live:
+            raise ValueError(f"request_id {request.request_id!r} is already running")
+        stops = frozenset() if request.ignore_eos else frozenset(request.stop_token_ids) | self.loaded.eos_token_ids
+        self.scheduler.add(
+            Request(
+                RequestId(request.request_id),
+                np.asarray(request.prompt_ids, dtype=np.int32),
+                request.max_tokens,
+                tenant=TenantId(request.tenant),
+                shareable=request.shareable,
+                stop_token_ids=stops,
+                use_cached_prefix=request.prompt_logprobs is None,
+            )
+        )
+        self._live[request.request_id] = LiveRequest(
+            request, request.sampling.generator(self.config.device), list(request.prompt_ids)
+        )
+
+    def abort(self, request_id: str, reason: str = "abort") -> StepOutput | None:
+        """End a request between steps (a stop string, or the client left); its computed pages stay cached."""
+        finished = self.scheduler.finish(RequestId(request_id), time.monotonic(), reason)
+        self._swapped.pop(request_id, None)
+        if finished is None:
+            return None
+        return self._finish(finished)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached page no running request holds; returns how many pages were freed."""
+        result = self.index.evict(self.index.evictable_pages, time.monotonic())
+        self._update_gauges()
+        return result.num_freed
+
+    # --- the step -----------------------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        now = time.monotonic()
+        plan = self.scheduler.schedule(now)
+        for swap in plan.swap_out:  # first: these pages may be reused by this very plan
+            self._swapped[swap.request_id] = self.kv_cache.read_pages(list(swap.pages)).clone()
+        for swap in plan.swap_in:
+            self.kv_cache.write_pages(list(swap.pages), self._swapped.pop(swap.request_id))
+        outputs: list[StepOutput] = []
+        if plan.seqs:
+            sampled, outputs = self._run(plan.seqs)
+            for finished in self.scheduler.postprocess(plan, sampled, time.monotonic()):
+                outputs.append(self._finish(finished))
+        self.metrics.events(self.events.take_events())
+        self._update_gauges()
+        return outputs
+
+    def _run(self, seqs: tuple[ScheduledSeq, ...]) -> tuple[dict[RequestId, int], list[StepOutput]]:
+        live = [self._live[item.request_id] for item in seqs]
+        for item, request in zip(seqs, live):
+            if request.cached_tokens is None:
+                request.cached_tokens = item.num_cached_tokens
+        need_all = any(
+            request.request.prompt_logprobs is not None and item.start < len(request.request.prompt_ids)
+            for item, request in zip(seqs, live)
+        )
+        chunks = [
+            SequenceChunk(request.tokens[item.start : item.end], item.start, item.page_table)
+            for item, request in zip(seqs, live)
+        ]
+        batch = ForwardBatch.build(chunks, self.config.page_size, all_logits=need_all, device=self.config.device)
+        logits = self.model(batch, self.kv_cache)
+        last_rows = [start + length - 1 for start, length in zip(batch.query_starts, batch.query_lens)]
+        if need_all:
+            for index, (item, request) in enumerate(zip(seqs, live)):
+                if request.request.prompt_logprobs is not None:
+                    self._collect_prompt_logprobs(item, request, logits[batch.query_starts[index] : last_rows[index] + 1])
+            logits = logits[torch.tensor(last_rows, device=logits.device)]
+        chosen = [index for index, item in enumerate(seqs) if item.samples]
+        sampled: dict[RequestId, int] = {}
+        outputs: list[StepOutput] = []
+        if not chosen:
+            return sampled, outputs
+        rows = logits[torch.tensor(chosen, device=logits.device)]
+        picked = sample(rows, [live[i].request.sampling for i in chosen], [live[i].generator for i in chosen])
+        want_top = max((live[i].request.logprobs or 0) for i in chosen)
+        wants_logprobs = any(live[i].request.logprobs is not None for i in chosen)
+        logprobs = token_logprobs(rows, picked, top_k=want_top) if wants_logprobs else None
+        picked_list = picked.tolist()
+        for row, index in enumerate(chosen):
+            item, request = seqs[index], live[index]
+            token = int(picked_list[row])
+            sampled[item.request_id] = token
+            request.tokens.append(token)
+            outputs.append(
+                StepOutput(
+                    request_id=item.request_id,
+                    token_id=token,
+                    logprob=_token_logprob(logprobs, row, request.request.logprobs) if logprobs else None,
+                    prompt_tokens=len(request.request.prompt_ids),
+                    cached_tokens=request.cached_tokens or 0,
+                    prompt_logprobs=self._take_prompt_logprobs(request),
+                )
+            )
+        self.metrics.generated(len(chosen))
+        return sampled, outputs
+
+    def _collect_prompt_logprobs(self, item: ScheduledSeq, request: LiveRequest, rows: torch.Tensor) -> None:
+        """Logprob of prompt token p+1 from the logits at position p, for the prompt positions in this chunk."""
+        prompt_len = len(request.request.prompt_ids)
+        first = max(item.start, len(request.prompt_logprobs))  # a recomputed chunk (after preemption) adds none
+        last = min(item.end, prompt_len - 1)  # positions p with a next prompt token
+        if last <= first:
+            return
+        count = last - first
+        offset = first - item.start
+        targets = torch.tensor(request.tokens[first + 1 : last + 1], device=rows.device)
+        result = token_logprobs(rows[offset : offset + count], targets, top_k=request.request.prompt_logprobs or 0)
+        for row in range(count):
+            request.prompt_logprobs.append(_token_logprob(result, row, request.request.prompt_logprobs))
+
+    def _take_prompt_logprobs(self, request: LiveRequest) -> tuple[TokenLogprob, ...] | None:
+        if request.request.prompt_logprobs is None or request.prompt_logprobs_sent:
+            return None
+        request.prompt_logprobs_sent = True
+        return tuple(request.prompt_logprobs)
+
+    def _finish(self, finished: FinishedRequest) -> StepOutput:
+        request = self._live.pop(finished.request_id, None)
+        self.metrics.finished(finished.finish_reason, finished.prompt_tokens, finished.num_cached_tokens)
+        return StepOutput(
+            request_id=finished.request_id,
+            token_id=None,
+            finish_reason=finished.finish_reason,
+            prompt_tokens=finished.prompt_tokens,
+            cached_tokens=finished.num_cached_tokens,
+        )
+
+    def _update_gauges(self) -> None:
+        self.metrics.occupancy(
+            used=self.pool.capacity - self.pool.num_free,
+            total=self.pool.capacity,
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting,
+            bytes_per_token=self.bytes_per_token,
+        )
+
+
+def _token_logprob(result, row: int, top_k: int | None) -> TokenLogprob:
+    top = ()
+    if top_k:
+        ids = result.top_ids[row, :top_k].tolist()
+        values = result.top_logprobs[row, :top_k].tolist()
+        top = tuple(zip((int(i) for i in ids), (float(v) for v in values)))
+    return TokenLogprob(int(result.token_ids[row]), float(result.logprobs[row]), top)

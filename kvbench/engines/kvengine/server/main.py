@@ -1,0 +1,91 @@
+"""`kvbench serve`: our engine behind its OpenAI-compatible server, as a process of its own."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from kvbench.engines.kvengine.model.fp8 import KV_DTYPES, SCALE_MODES
+
+DEFAULT_PORT = 8000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a .gguf file or a safetensors folder")
+    parser.add_argument("--kv-dtype", default="fp32", choices=KV_DTYPES, help="KV cache storage dtype")
+    parser.add_argument("--kv-scale", default="tensor", choices=SCALE_MODES, help="fp8 scales: per tensor, or per channel + per-token shift")
+    parser.add_argument("--kv-capacity", type=int, default=32768, help="device KV tier in tokens")
+    parser.add_argument("--kv-capacity-bytes", type=int, help="device KV tier in bytes (overrides --kv-capacity)")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one step (chunked prefill)")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--threads", type=int, help="torch threads (default: all cores, with a passive OpenMP wait)")
+    parser.add_argument("--api-key", help="require this Bearer key")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+
+
+def engine_config(args: argparse.Namespace):
+    from kvbench.engines.kvengine.runtime.engine import EngineConfig
+
+    return EngineConfig(
+        model=args.model,
+        kv_dtype=args.kv_dtype,
+        kv_scale=args.kv_scale,
+        kv_capacity_tokens=args.kv_capacity,
+        kv_capacity_bytes=args.kv_capacity_bytes,
+        page_size=args.page_size,
+        max_num_seqs=args.max_num_seqs,
+        max_step_tokens=args.max_step_tokens,
+        prefix_caching=not args.no_prefix_caching,
+        device=args.device,
+        compute_dtype=args.compute_dtype,
+        max_model_len=args.max_model_len,
+        served_model_name=args.served_model_name,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    # Two torch threads spin against each other on this class of CPU unless OpenMP waits passively.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from aiohttp import web
+
+    from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
+    from kvbench.engines.kvengine.runtime.engine import Engine
+    from kvbench.engines.kvengine.server.app import make_app
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log = logging.getLogger("kvbench.serve")
+    config = engine_config(args)
+    log.info("loading %s (kv %s/%s, %d tokens of device KV)", config.model, config.kv_dtype, config.kv_scale, config.kv_capacity_tokens)
+    engine = AsyncEngine(Engine(config))
+    engine.start()
+    log.info("serving %s on http://%s:%d (%d KV bytes per token)", engine.engine.model_name, args.host, args.port, engine.engine.bytes_per_token)
+    app = make_app(engine, api_key=args.api_key)
+
+    async def stop_engine(app) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+
+    app.on_cleanup.append(stop_engine)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvbench serve", description=__doc__)
+    add_arguments(parser)
+    return serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

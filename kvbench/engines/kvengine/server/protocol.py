@@ -1,0 +1,157 @@
+"""The OpenAI-compatible request bodies our engine accepts, validated into `GenerationRequest`s.
+
+Every bad field gets a 400 with a message naming the field and the fix (`RequestError`). Extensions that
+vLLM users know are accepted: `ignore_eos`, `return_token_ids`, `top_k`-less sampling, token-id prompts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from kvbench.engines.kvengine.model.sampling import SamplingParams
+from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+
+MAX_LOGPROBS = 20
+_ids = itertools.count()
+
+
+class RequestError(ValueError):
+    """A request the server refuses; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A generation plus what the response needs to know about how it was asked."""
+
+    generation: GenerationRequest
+    stream: bool
+    include_usage: bool
+    echo: bool
+    stop: tuple[str, ...]
+    return_token_ids: bool
+    logprobs: int | None
+    drop_generated: bool  # max_tokens 0 with echo: score the prompt only (lm-eval's loglikelihood)
+
+
+def parse_completion(body: Mapping, tokenizer, tenant: str) -> ParsedRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        prompt_ids = tuple(tokenizer(prompt)["input_ids"])
+    elif isinstance(prompt, list) and prompt and all(isinstance(token, int) and not isinstance(token, bool) for token in prompt):
+        prompt_ids = tuple(prompt)
+    else:
+        raise RequestError("prompt: give a string or a non-empty list of token ids (one prompt per request)", "prompt")
+    echo = _bool(body, "echo", False)
+    logprobs = _optional_int(body, "logprobs", 0, MAX_LOGPROBS)
+    max_tokens = _int(body, "max_tokens", 16, 0 if echo else 1)
+    return _parsed(body, prompt_ids, max_tokens, logprobs, echo, tenant)
+
+
+def parse_chat(body: Mapping, chat_prompt_ids, tenant: str) -> ParsedRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages: give a non-empty list of {role, content} objects", "messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("content"), str) or "role" not in message:
+            raise RequestError(f"messages[{index}]: each message needs a 'role' and a string 'content'", "messages")
+    prompt_ids = tuple(chat_prompt_ids([{"role": m["role"], "content": m["content"]} for m in messages]))
+    want = _bool(body, "logprobs", False)
+    top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = _int({"max_tokens": limit}, "max_tokens", 256, 1)
+    return _parsed(body, prompt_ids, max_tokens, (top or 0) if want else None, False, tenant)
+
+
+def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprobs: int | None, echo: bool,
+            tenant: str) -> ParsedRequest:
+    if _int(body, "n", 1, 1) != 1:
+        raise RequestError("n: only n=1 is supported", "n")
+    temperature = _float(body, "temperature", 1.0, 0.0)
+    top_p = _float(body, "top_p", 1.0, 0.0)
+    if not 0 < top_p <= 1:
+        raise RequestError(f"top_p: must be in (0, 1], got {top_p}", "top_p")
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise RequestError("seed: must be an integer", "seed")
+    stop = body.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise RequestError("stop: give a string or a list of strings", "stop")
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+        raise RequestError("stop_token_ids: give a list of token ids", "stop_token_ids")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, Mapping):
+        raise RequestError("stream_options: must be an object", "stream_options")
+    generation = GenerationRequest(
+        request_id=f"cmpl-{next(_ids)}",
+        prompt_ids=prompt_ids,
+        max_tokens=max(max_tokens, 1),
+        sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=seed),
+        stop_token_ids=frozenset(stop_ids),
+        ignore_eos=_bool(body, "ignore_eos", False),
+        logprobs=logprobs,
+        prompt_logprobs=logprobs if echo and logprobs is not None else None,
+        tenant=tenant,
+    )
+    return ParsedRequest(
+        generation=generation,
+        stream=_bool(body, "stream", False),
+        include_usage=bool(options.get("include_usage", False)),
+        echo=echo,
+        stop=tuple(stop),
+        return_token_ids=_bool(body, "return_token_ids", False),
+        logprobs=logprobs,
+        drop_generated=echo and max_tokens == 0,
+    )
+
+
+def _bool(body: Mapping, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RequestError(f"{name}: must be true or false, got {value!r}", name)
+    return value
+
+
+def _int(body: Mapping, name: str, default: int, minimum: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(f"{name}: must be an integer, got {value!r}", name)
+    if value < minimum:
+        raise RequestError(f"{name}: must be >= {minimum}, got {value}", name)
+    return value
+
+
+def _optional_int(body: Mapping, name: str, minimum: int, maximum: int) -> int | None:
+    if body.get(name) is None:
+        return None
+    value = _int(body, name, 0, minimum)
+    if value > maximum:
+        raise RequestError(f"{name}: at most {maximum}, got {value}", name)
+    return value
+
+
+def _float(body: Mapping, name: str, default: float, minimum: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise RequestError(f"{name}: must be a number, got {value!r}", name)
+    if value < minimum:
+        raise RequestError(f"{name}: must be >= {minimum}, got {value}", name)
+    return float(value)

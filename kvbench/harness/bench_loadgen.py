@@ -1,0 +1,106 @@
+"""`kvbench bench loadgen`: how fast and how precise the load generator is, against the instrument server.
+
+The instrument runs in its own process on loopback (so the client has a core to itself, as in a real run).
+Two measurements:
+- the highest open-loop request rate at which the client keeps its schedule (schedule lag p99 < 1 ms);
+- TTFT error (measured - injected first-token delay) with 100 and 1,000 concurrent streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.engines.http import request
+from kvbench.harness.client import EndpointConfig
+from kvbench.harness.loadgen import LoadGenerator
+from kvbench.harness.metrics import ttft_ms
+from kvbench.harness.schedule import LoadSpec
+from kvbench.workloads.spec import Session, Turn, Workload, token_array
+
+FIRST_TOKEN_MS = 50.0
+CHUNK_INTERVAL_MS = 20.0
+
+
+@dataclass(frozen=True)
+class RateResult:
+    rate: float
+    requests: int
+    errors: int
+    schedule_lag_p50_ms: float
+    schedule_lag_p99_ms: float
+    achieved_req_s: float
+
+
+@dataclass(frozen=True)
+class StreamsResult:
+    streams: int
+    requests: int
+    errors: int
+    ttft_error_p50_ms: float
+    ttft_error_p99_ms: float
+
+
+def single_turn_workload(count: int, prompt_tokens: int = 32, max_tokens: int = 4) -> Workload:
+    rng = np.random.default_rng(0)
+    sessions = tuple(
+        Session(f"s{index}", "t", 0.0, token_array(rng.integers(1000, 30000, size=prompt_tokens)),
+                (Turn(token_array([]), max_tokens),))
+        for index in range(count)
+    )
+    return Workload("bench-single-turn", sessions, vocab_size=32000)
+
+
+def measure_rate(url: str, rate: float, seconds: float) -> RateResult:
+    count = max(int(rate * seconds), 10)
+    generator = LoadGenerator(EndpointConfig(url, "instrument"), LoadSpec(rate=rate), run_id=f"rate={rate:g}")
+    result = asyncio.run(generator.run(single_turn_workload(count)))
+    lag = result.client.schedule_lag_ms
+    sent = [record.sent_ns for record in result.records if record.sent_ns]
+    span = (max(sent) - min(sent)) / 1e9 if len(sent) > 1 else float("nan")
+    return RateResult(rate, len(result.records), sum(not r.ok for r in result.records), lag.p50, lag.p99,
+                      (len(sent) - 1) / span if span else float("nan"))
+
+
+def measure_streams(url: str, streams: int) -> StreamsResult:
+    generator = LoadGenerator(EndpointConfig(url, "instrument"), LoadSpec(concurrency=streams), run_id=f"conc={streams}")
+    result = asyncio.run(generator.run(single_turn_workload(streams, max_tokens=8)))
+    errors = np.array([ttft_ms(r) - FIRST_TOKEN_MS for r in result.records if r.ok and ttft_ms(r) is not None])
+    return StreamsResult(streams, len(result.records), sum(not r.ok for r in result.records),
+                         float(np.percentile(errors, 50)), float(np.percentile(errors, 99)))
+
+
+def start_instrument() -> tuple[subprocess.Popen, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port),
+         "--first-token-ms", str(FIRST_TOKEN_MS), "--chunk-interval-ms", str(CHUNK_INTERVAL_MS)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if request("GET", url + "/health", timeout_s=1).ok:
+            return process, url
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("the instrument server did not start")
+
+
+def run_benchmark(rates: list[float], streams: list[int], seconds: float) -> tuple[list[RateResult], list[StreamsResult]]:
+    process, url = start_instrument()
+    try:
+        rate_results = [measure_rate(url, rate, seconds) for rate in rates]
+        stream_results = [measure_streams(url, count) for count in streams]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    return rate_results, stream_results

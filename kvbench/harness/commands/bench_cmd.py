@@ -1,0 +1,51 @@
+"""`kvbench bench ...`: benchmarks of kvbench itself (they print tables; they are not tests)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def register(commands, formatter) -> None:
+    parser = commands.add_parser("bench", help="benchmarks of kvbench's own parts", formatter_class=formatter)
+    targets = parser.add_subparsers(title="targets", metavar="TARGET")
+    loadgen = targets.add_parser(
+        "loadgen", help="load-generator rate and TTFT precision against the instrument server",
+        formatter_class=formatter,
+    )
+    loadgen.add_argument("--rates", default="100,200,400,800,1600", help="open-loop request rates to try")
+    loadgen.add_argument("--streams", default="100,1000", help="concurrent stream counts for TTFT error")
+    loadgen.add_argument("--seconds", type=float, default=5.0, help="length of each rate step")
+    loadgen.set_defaults(handler=handle_loadgen)
+
+
+def handle_loadgen(args: argparse.Namespace) -> int:
+    from kvbench.harness.bench_loadgen import run_benchmark
+
+    rates = [float(value) for value in args.rates.split(",") if value]
+    streams = [int(value) for value in args.streams.split(",") if value]
+    rate_results, stream_results = run_benchmark(rates, streams, args.seconds)
+    table = Table(title="open-loop schedule keeping (target: lag p99 < 1 ms)")
+    for column in ("rate req/s", "achieved req/s", "requests", "errors", "lag p50 ms", "lag p99 ms", "kept"):
+        table.add_column(column, justify="right")
+    best = None
+    for result in rate_results:
+        kept = result.schedule_lag_p99_ms < 1.0 and result.errors == 0
+        if kept:
+            best = result.rate
+        table.add_row(f"{result.rate:g}", f"{result.achieved_req_s:.0f}", str(result.requests), str(result.errors),
+                      f"{result.schedule_lag_p50_ms:.3f}", f"{result.schedule_lag_p99_ms:.3f}", "yes" if kept else "no")
+    console.print(table)
+    console.print(f"highest rate kept: {best if best is not None else 'none'} req/s")
+    table = Table(title="TTFT error = measured - injected (target: p99 < 1 ms at 1,000 streams)")
+    for column in ("streams", "requests", "errors", "error p50 ms", "error p99 ms"):
+        table.add_column(column, justify="right")
+    for result in stream_results:
+        table.add_row(str(result.streams), str(result.requests), str(result.errors),
+                      f"{result.ttft_error_p50_ms:.3f}", f"{result.ttft_error_p99_ms:.3f}")
+    console.print(table)
+    return 0

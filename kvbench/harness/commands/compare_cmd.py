@@ -1,0 +1,211 @@
+"""`kvbench compare BASELINE_DIR NEW_DIR` (the nightly gate) and `kvbench baseline update RUN_DIR --name NAME`.
+
+compare exits 0 (no regression), 1 (a regression; with --strict also a mismatch) or 2 (bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+from kvbench.harness.baseline import DEFAULT_ROOT, BaselineError, promote
+from kvbench.harness.compare import (
+    DEFAULT_METRICS, PERF_METRICS, CompareOptions, Comparison, MetricComparison, RunFolderError, compare,
+    read_run_folder,
+)
+from kvbench.settings import SettingsError
+
+EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
+CSV_COLUMNS = ["kind", "setting", "kv_dtype", "metric", "better", "scale", "baseline", "new", "delta", "ci_low",
+               "ci_high", "tolerance", "verdict", "note"]
+
+errors = Console(stderr=True)
+
+
+def register(commands, formatter) -> None:
+    parser = commands.add_parser(
+        "compare", help="compare a run folder with a baseline; exit 1 on a regression",
+        description="Per engine setting and metric: baseline, new value, delta, a bootstrap confidence interval "
+        "of the delta (requests resampled, repetitions too), and a verdict. A regression needs both: the CI lies "
+        "wholly on the bad side of 0 AND the delta exceeds the metric's tolerance. Rates are compared in "
+        "percentage points. Quality metrics of eval.json (when both folders have one) are compared by tolerance. "
+        "Exit 0: no regression; 1: a regression (or, with --strict, a mismatch); 2: bad input.",
+        formatter_class=formatter,
+    )
+    parser.add_argument("baseline_dir", type=Path, metavar="BASELINE_DIR", help="baseline (results/baselines/NAME or a run folder)")
+    parser.add_argument("new_dir", type=Path, metavar="NEW_DIR", help="the run folder to judge")
+    parser.add_argument("--metrics", nargs="+", default=None, metavar="METRIC",
+                        help=f"metrics to compare (default {' '.join(DEFAULT_METRICS)}; valid: {', '.join(PERF_METRICS)})")
+    parser.add_argument("--max-regression", action="append", default=[], metavar="METRIC=PCT",
+                        help="tolerance of a metric in percent (rates: percentage points), e.g. ttft_p99=15; repeatable")
+    parser.add_argument("--confidence", type=float, default=0.99, help="confidence level of the intervals (default 0.99)")
+    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--strict", action="store_true", help="also exit 1 when the folders do not measure the same thing")
+    parser.add_argument("--format", choices=("md", "csv"), default="md")
+    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.set_defaults(handler=handle_compare)
+
+    baseline = commands.add_parser("baseline", help="manage stored baselines", formatter_class=formatter)
+    actions = baseline.add_subparsers(title="actions", metavar="ACTION")
+    update = actions.add_parser(
+        "update", help="promote a run folder to results/baselines/NAME",
+        description="Copy a run folder's summary files, config.yaml, env.json, requests.jsonl (and eval.json) to "
+        "ROOT/NAME, replacing what was there, and write provenance.json (commit, machine, dates, command).",
+        formatter_class=formatter,
+    )
+    update.add_argument("run_dir", type=Path, metavar="RUN_DIR")
+    update.add_argument("--name", required=True, help="baseline name, e.g. nightly-cpu (the ci/NAME.yaml config)")
+    update.add_argument("--root", type=Path, default=DEFAULT_ROOT, help=f"baselines folder (default {DEFAULT_ROOT})")
+    update.set_defaults(handler=handle_baseline_update)
+
+
+def handle_compare(args: argparse.Namespace) -> int:
+    try:
+        baseline, new = read_run_folder(args.baseline_dir), read_run_folder(args.new_dir)
+        options = CompareOptions(
+            metrics=tuple(_metric_names(args.metrics)) if args.metrics else CompareOptions().metrics,
+            tolerances=_tolerances(args.max_regression, baseline, new),
+            confidence=args.confidence,
+            resamples=args.resamples,
+            seed=args.seed,
+        )
+    except (RunFolderError, SettingsError, ValueError) as exc:
+        errors.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        return EXIT_BAD_INPUT
+    comparison = compare(baseline, new, options)
+    text = comparison_csv(comparison) if args.format == "csv" else comparison_markdown(comparison)
+    sys.stdout.write(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return comparison.exit_code(strict=args.strict)
+
+
+def handle_baseline_update(args: argparse.Namespace) -> int:
+    try:
+        provenance = promote(args.run_dir, args.name, args.root)
+    except BaselineError as exc:
+        errors.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        return EXIT_BAD_INPUT
+    print(f"baseline {args.root / args.name} <- {args.run_dir} (commit {provenance.git_commit or 'unknown'})")
+    if provenance.missing_files:
+        print(f"not in the run folder: {', '.join(provenance.missing_files)}")
+    return EXIT_OK
+
+
+def _metric_names(values: list[str]) -> list[str]:
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
+
+
+def _tolerances(items: list[str], baseline, new) -> dict[str, float]:
+    known = set(PERF_METRICS)
+    for data in (baseline, new):
+        for metrics in (data.evals or {}).values():
+            known.update(metrics)
+    tolerances = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        try:
+            percent = float(value)
+        except ValueError:
+            percent = math.nan
+        if not sep or math.isnan(percent) or percent < 0:
+            raise SettingsError(f"--max-regression {item!r}: expected METRIC=PERCENT, e.g. ttft_p99=15")
+        if name not in known:
+            raise SettingsError(f"--max-regression {item!r}: unknown metric {name!r}; valid: {', '.join(sorted(known))}")
+        tolerances[name] = percent / 100.0
+    return tolerances
+
+
+# --- formatting (no computation beyond rounding) -----------------------------------------------------------
+
+
+def _value(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.4g}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def _delta(row: MetricComparison, value: float | None) -> str:
+    if value is None or row.spec is None:
+        return "n/a"
+    if row.spec.scale == "points":
+        return f"{100 * value:+.2f} pp"
+    return f"{100 * value:+.1f}%"
+
+
+def _row_cells(row: MetricComparison) -> dict:
+    spec = row.spec
+    ci = f"[{_delta(row, row.ci_low)}, {_delta(row, row.ci_high)}]" if row.ci_low is not None else "n/a"
+    tolerance = "" if spec is None else (f"{100 * spec.tolerance:.2f} pp" if spec.scale == "points" else f"{100 * spec.tolerance:.1f}%")
+    verdict = row.verdict.value.upper() if row.verdict.value == "regression" else row.verdict.value
+    return {
+        "setting": row.setting, "kv_dtype": row.kv_dtype, "metric": row.metric,
+        "better": "" if spec is None else spec.better, "baseline": _value(row.baseline), "new": _value(row.new),
+        "delta": _delta(row, row.delta), "CI": ci, "tolerance": tolerance, "verdict": verdict, "note": row.note,
+    }
+
+
+def comparison_markdown(comparison: Comparison) -> str:
+    options = comparison.options
+    level = f"{100 * options.confidence:g}%"
+    regressions, improvements = comparison.regressions, comparison.improvements
+    headline = f"**{len(regressions)} regression{'s' if len(regressions) != 1 else ''}**" if regressions else "no regression"
+    lines = [
+        f"# kvbench compare: `{comparison.baseline_dir}` -> `{comparison.new_dir}`",
+        "",
+        f"Result: {headline}, {len(improvements)} improvement{'s' if len(improvements) != 1 else ''}"
+        + (", **the folders do not measure the same thing** (see Mismatches)" if comparison.mismatched else "") + ".",
+        "",
+        f"A regression needs both: the {level} bootstrap CI of the delta lies wholly on the bad side of 0 "
+        f"({options.resamples} resamples of requests, repetitions resampled too, seed {options.seed}) AND the "
+        "delta exceeds the tolerance. Deltas are relative (%) or, for rates, in percentage points (pp). "
+        "Values are the mean over repetitions; percentiles use linear interpolation.",
+        "",
+    ]
+    perf = [row for row in comparison.rows if row.kind == "perf"]
+    quality = [row for row in comparison.rows if row.kind == "quality"]
+    if regressions:
+        lines += ["## Regressions", "", _table(regressions), ""]
+    if perf:
+        lines += ["## Serving metrics", "", _table(perf), ""]
+    if quality:
+        lines += ["## Quality (eval.json)", "", _table(quality, with_ci=False), ""]
+    if comparison.mismatches:
+        lines += ["## Mismatches", "", *[f"- {text}" for text in comparison.mismatches], ""]
+    if comparison.notes:
+        lines += ["## Notes", "", *[f"- {text}" for text in comparison.notes], ""]
+    return "\n".join(lines)
+
+
+def _table(rows: list[MetricComparison] | tuple[MetricComparison, ...], with_ci: bool = True) -> str:
+    frame = pd.DataFrame([_row_cells(row) for row in rows])
+    if not with_ci:
+        frame = frame.drop(columns=["CI", "kv_dtype"])
+    return frame.to_markdown(index=False)
+
+
+def comparison_csv(comparison: Comparison) -> str:
+    records = []
+    for row in comparison.rows:
+        spec = row.spec
+        records.append({
+            "kind": row.kind, "setting": row.setting, "kv_dtype": row.kv_dtype, "metric": row.metric,
+            "better": spec.better if spec else None, "scale": spec.scale if spec else None,
+            "baseline": row.baseline, "new": row.new, "delta": row.delta, "ci_low": row.ci_low,
+            "ci_high": row.ci_high, "tolerance": spec.tolerance if spec else None, "verdict": row.verdict.value,
+            "note": row.note,
+        })
+    records += [{"kind": "mismatch", "note": text} for text in comparison.mismatches]
+    records += [{"kind": "note", "note": text} for text in comparison.notes]
+    buffer = io.StringIO()
+    pd.DataFrame(records, columns=CSV_COLUMNS).to_csv(buffer, index=False)
+    return buffer.getvalue()

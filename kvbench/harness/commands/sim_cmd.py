@@ -1,0 +1,145 @@
+"""`kvbench capacity` (KV sizes, sessions per tier, restore times) and `kvbench simulate` (the DES)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.settings import SettingsError
+
+console = Console()
+GIB, TIB = 2**30, 2**40
+
+
+def register(commands, formatter) -> None:
+    from kvbench.sim.geometry import known_models
+    from kvbench.sim.presets import PRESETS
+
+    cap = commands.add_parser(
+        "capacity", help="KV bytes per token/session, sessions that fit per tier, restore times",
+        description="Capacity plan for a model's KV cache on a hardware profile: bytes per token and session, "
+        "device KV budget after weights, sessions that fit in device/host/disk, and the time to restore one "
+        "session's KV from each tier.", formatter_class=formatter,
+    )
+    cap.add_argument("--model", required=True, help=f"shipped model ({', '.join(known_models())}) or config.json")
+    cap.add_argument("--kv-dtype", default="fp16", help="fp16, bf16, fp8, fp8_e4m3, fp8_e5m2")
+    cap.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
+    cap.add_argument("--context", type=int, required=True, help="tokens per session, e.g. 131072")
+    cap.add_argument("--sessions", type=int, required=True, help="concurrent sessions")
+    cap.add_argument("--gpus", type=int, default=None, help="devices (default: the hardware profile's)")
+    cap.add_argument("--hardware", default="8xh200", help="hardware profile: 8xh200, h200, cpu, NxPROFILE, or .json")
+    cap.add_argument("--json", action="store_true", help="print one JSON object")
+    cap.set_defaults(handler=handle_capacity)
+
+    sim = commands.add_parser(
+        "simulate", help="simulate a workload on modeled hardware (virtual time, same records and tables)",
+        description="Replay a workload through the KV core on a virtual clock with a roofline cost model. Writes "
+        "the same run folder as `kvbench run` (requests.jsonl with virtual-time ns, summary.{md,csv,json}).",
+        formatter_class=formatter,
+    )
+    sim.add_argument("--model", default="qwen2.5-72b", help=f"shipped model ({', '.join(known_models())}) or config.json")
+    sim.add_argument("--hardware", default="8xh200", help="hardware profile")
+    sim.add_argument("--workload", default="rag-chat", help="profile name or trace/param file")
+    sim.add_argument("--num-sessions", type=int, help="sessions to generate (or trace rows to keep)")
+    sim.add_argument("--preset", action="append", default=[], metavar="NAME",
+                     help=f"policy preset, repeatable ({', '.join(PRESETS)}; default: all)")
+    sim.add_argument("--kv-dtype", action="append", default=[], metavar="D", help="KV dtype, repeatable (default fp8)")
+    sim.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
+    sim.add_argument("--device-kv-tokens", type=int, help="override the device KV budget (tokens per node)")
+    load = sim.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="open loop: new sessions per second")
+    load.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    sim.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival gaps and think times")
+    sim.add_argument("--num-requests", type=int, help="stop after this many requests")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--out", type=Path, help="results folder (default runs/sim-<workload>-<time>)")
+    sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    sim.set_defaults(handler=handle_simulate)
+
+
+def handle_capacity(args: argparse.Namespace) -> int:
+    from kvbench.sim.capacity import capacity_report
+    from kvbench.sim.geometry import load_geometry
+    from kvbench.sim.hardware import load_hardware
+
+    try:
+        geometry = load_geometry(args.model)
+        hardware = load_hardware(args.hardware)
+        if args.gpus is not None:
+            hardware = hardware.with_devices(args.gpus)
+        report = capacity_report(geometry, hardware, args.kv_dtype, args.context, args.sessions, args.weight_dtype)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+        return 0
+    table = Table(title=f"KV capacity: {report.model}, {report.kv_dtype} KV, {report.weight_dtype} weights, "
+                  f"{report.devices} x {hardware.device.name}", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("KV bytes per token", f"{report.kv_bytes_per_token:,.0f} B ({report.kv_bytes_per_token / 1024:.1f} KiB)"),
+        ("KV per session", f"{report.kv_bytes_per_session / GIB:,.2f} GiB ({report.context_tokens:,} tokens)"),
+        ("KV for all sessions", f"{report.kv_bytes_total / TIB:,.2f} TiB ({report.sessions:,} sessions)"),
+        ("weights", f"{report.weight_bytes / GIB:,.1f} GiB"),
+        (f"devices for all on device", f"{report.devices_needed}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    tiers = Table(title="per tier")
+    for column in ("tier", "KV capacity", "sessions that fit", "restore one session"):
+        tiers.add_column(column, justify="right")
+    for tier in report.tiers:
+        size = "unbounded" if tier.bytes == float("inf") else f"{tier.bytes / TIB:,.2f} TiB"
+        restore = "-" if tier.restore_s is None else f"{tier.restore_s * 1e3:,.0f} ms"
+        fits = f"{tier.sessions:,}" + (" (all)" if tier.tier == "remote" else "")
+        tiers.add_row(tier.tier, size, fits, restore)
+    console.print(tiers)
+    return 0
+
+
+def handle_simulate(args: argparse.Namespace) -> int:
+    from kvbench.harness.commands.run_cmd import print_summary
+    from kvbench.harness.schedule import LoadSpec
+    from kvbench.sim.engine import SimConfig, simulate
+    from kvbench.sim.geometry import load_geometry
+    from kvbench.sim.hardware import load_hardware
+    from kvbench.sim.presets import PRESETS, get_preset
+    from kvbench.sim.run_folder import sim_entry, write_sim_run
+    from kvbench.workloads.profiles import load_workload
+
+    try:
+        geometry = load_geometry(args.model)
+        hardware = load_hardware(args.hardware)
+        presets = [get_preset(name) for name in (args.preset or list(PRESETS))]
+        load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    workload = load_workload(args.workload, seed=args.seed, num_sessions=args.num_sessions,
+                             time_scale=args.time_scale, vocab_size=min(geometry.vocab_size, 32000))
+    run_dir = args.out or Path("runs") / f"sim-{Path(workload.name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    results = []
+    for preset in presets:
+        for kv_dtype in args.kv_dtype or ["fp8"]:
+            config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens)
+            try:
+                result = simulate(workload, load, config, seed=args.seed)
+            except ValueError as error:
+                raise SettingsError(str(error)) from None
+            console.print(f"{preset.name} {kv_dtype}: {len(result.records)} requests, "
+                          f"{result.virtual_s:,.0f} s virtual in {result.wall_s:.1f} s")
+            results.append((result, sim_entry(result, workload, load, config)))
+    doc = {"simulate": {"model": geometry.name, "hardware": hardware.name, "workload": args.workload,
+                        "num_sessions": args.num_sessions, "presets": [p.name for p in presets],
+                        "kv_dtypes": args.kv_dtype or ["fp8"], "load": load.label, "seed": args.seed,
+                        "time_scale": args.time_scale, "device_kv_tokens": args.device_kv_tokens}}
+    write_sim_run(run_dir, results, doc, plots=not args.no_plots)
+    print_summary(run_dir)
+    console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
+    return 0

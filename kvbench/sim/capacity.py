@@ -1,0 +1,94 @@
+"""Capacity planning: how much KV a workload needs, how many sessions fit per tier, how long restores take.
+
+Pure arithmetic on a ModelGeometry and a Hardware; `kvbench capacity` prints it. The article's claims it
+checks (see tests/sim/test_capacity.py): a dense 70B (80 layers x 8 KV heads x 128) at 128K tokens x 256
+sessions needs 10 TiB of FP16 KV, not ~1 TB; MLA (DeepSeek-V3) stores ~79% less per token than that 70B.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from kvbench.engines.kvengine.core.tiers import Tier
+from kvbench.sim.cost import CostModel
+from kvbench.sim.geometry import ModelGeometry
+from kvbench.sim.hardware import Hardware
+
+TIB = 2**40
+
+
+@dataclass(frozen=True, slots=True)
+class TierCapacity:
+    tier: str
+    bytes: float  # KV bytes this tier can hold
+    sessions: int  # whole sessions of `context` tokens that fit
+    restore_s: float | None  # one session's KV back to the device; None for the device itself
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityReport:
+    model: str
+    kv_dtype: str
+    weight_dtype: str
+    context_tokens: int
+    sessions: int
+    devices: int
+    kv_bytes_per_token: float
+    kv_bytes_per_session: float
+    kv_bytes_total: float
+    weight_bytes: float
+    usable_bytes_per_device: float  # memory_fraction of a device, less the activation reserve
+    tiers: tuple[TierCapacity, ...]
+
+    @property
+    def device(self) -> TierCapacity:
+        return self.tiers[0]
+
+    @property
+    def fits_on_device(self) -> bool:
+        return self.device.sessions >= self.sessions
+
+    @property
+    def devices_needed(self) -> int:
+        """Devices of this kind that would hold the weights and every session's KV on device."""
+        return max(self.devices, math.ceil((self.kv_bytes_total + self.weight_bytes) / self.usable_bytes_per_device))
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["fits_on_device"] = self.fits_on_device
+        out["devices_needed"] = self.devices_needed
+        return out
+
+
+def capacity_report(geometry: ModelGeometry, hardware: Hardware, kv_dtype: str, context_tokens: int,
+                    sessions: int, weight_dtype: str | None = None) -> CapacityReport:
+    """KV sizes for `sessions` sessions of `context_tokens` each on `hardware` (all its devices together)."""
+    if context_tokens < 1 or sessions < 1:
+        raise ValueError(f"context={context_tokens}, sessions={sessions}: both must be >= 1")
+    cost = CostModel(geometry, hardware, kv_dtype, weight_dtype)
+    per_token = geometry.kv_bytes_per_token(kv_dtype)
+    per_session = per_token * context_tokens
+    weights = geometry.weight_bytes(cost.weights)
+    device_bytes = max(hardware.kv_budget_bytes(weights), 0.0)
+
+    def fit(nbytes: float) -> int:
+        return int(nbytes // per_session)
+
+    tiers = (
+        TierCapacity("device", device_bytes, fit(device_bytes), None),
+        TierCapacity("host", hardware.host_memory_bytes, fit(hardware.host_memory_bytes),
+                     cost.transfer_seconds(Tier.HOST, context_tokens)),
+        TierCapacity("disk", hardware.disk_bytes, fit(hardware.disk_bytes),
+                     cost.transfer_seconds(Tier.DISK, context_tokens)),
+        TierCapacity("remote", math.inf, sessions, cost.transfer_seconds(Tier.REMOTE, context_tokens)),
+    )
+    return CapacityReport(geometry.name, kv_dtype, cost.weights, context_tokens, sessions, hardware.num_devices,
+                          per_token, per_session, per_session * sessions, weights,
+                          hardware.device.memory_bytes * hardware.memory_fraction - hardware.activation_reserve_bytes,
+                          tiers)
+
+
+def kv_reduction(smaller: ModelGeometry, larger: ModelGeometry, kv_dtype: str = "fp16") -> float:
+    """How much less KV per token `smaller` stores than `larger` (0.79 = 79% less)."""
+    return 1 - smaller.kv_bytes_per_token(kv_dtype) / larger.kv_bytes_per_token(kv_dtype)

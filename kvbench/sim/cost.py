@@ -1,0 +1,128 @@
+"""Cost model: seconds for an engine step, for a KV transfer between tiers, and for a pipelined restore.
+
+A step is roofline-timed on the tensor-parallel group: the larger of compute time (FLOPs over effective
+FLOP/s) and memory time (bytes over effective bandwidth), plus the all-reduces tensor parallelism adds
+(two per layer) and a fixed per-step overhead:
+
+    step = max(flops / (tp * flops_eff), bytes / (tp * bw_eff)) + 2 * layers * allreduce(tokens) + overhead
+    flops = tokens * 2 * active params + sum over tokens of attention over their context
+    bytes = weights read once (MoE: only the experts some token routed to) + KV read + KV written
+
+A restore moves pages from lower tiers to the device through the host, as a pipeline of chunks (disk or
+remote -> host, host -> device) whose stages overlap: its time is the slowest stage plus one chunk of each
+other stage (the pipeline's fill), plus each stage's latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from kvbench.engines.kvengine.core.tiers import Tier
+from kvbench.sim.geometry import ModelGeometry
+from kvbench.sim.hardware import Hardware, Link
+
+ACTIVATION_BYTES = 2  # bf16 activations in all-reduces
+RESTORE_CHUNK_TOKENS = 256  # LMCache's default chunk size
+
+
+@dataclass(frozen=True, slots=True)
+class SeqWork:
+    """One sequence's share of a step: it computes tokens [start, end) attending to everything before."""
+
+    start: int
+    end: int
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    seconds: float
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    comm_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    geometry: ModelGeometry
+    hardware: Hardware
+    kv_dtype: str = "fp16"
+    weight_dtype: str | None = None  # None: the checkpoint's own
+
+    @property
+    def weights(self) -> str:
+        return self.weight_dtype or self.geometry.weight_dtype
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.geometry.kv_bytes_per_token(self.kv_dtype)
+
+    def step(self, work: Iterable[SeqWork]) -> StepCost:
+        """The time of one engine step computing `work` (prefill chunks and decodes together)."""
+        g, hw = self.geometry, self.hardware
+        tokens = attn_ctx = kv_read = 0.0
+        for w in work:
+            n = w.tokens
+            tokens += n
+            attn_ctx += n * (w.start + w.end + 1) / 2  # sum of (p + 1) for p in [start, end)
+            kv_read += w.end
+        if tokens == 0:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        flops = tokens * g.linear_flops_per_token() + g.attention_flops_per_token(1.0) * attn_ctx
+        nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self.kv_bytes_per_token
+        tp = hw.num_devices
+        compute = flops / (tp * hw.device.flops(self.weights))
+        memory = nbytes / (tp * hw.device.effective_bw)
+        comm = 0.0
+        if tp > 1:
+            per = 2 * (tp - 1) / tp * tokens * g.hidden_size * ACTIVATION_BYTES / hw.device.interconnect_bw
+            comm = 2 * g.num_layers * (per + hw.device.interconnect_latency_s)
+        return StepCost(max(compute, memory) + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
+
+    def _weight_bytes_touched(self, tokens: float) -> float:
+        g = self.geometry
+        total = g.weight_bytes(self.weights)
+        if g.moe is None:
+            return total
+        m = g.moe
+        # Expected distinct experts per MoE layer when `tokens` tokens each pick top_k of num_experts.
+        touched = m.num_experts * (1 - (1 - m.top_k / m.num_experts) ** tokens)
+        per_expert = g.expert_weight_bytes_per_layer(self.weights)
+        return total - m.num_layers * (m.num_experts - touched) * per_expert
+
+    # ---- tiers -------------------------------------------------------------------------------------------
+    def link(self, tier: Tier) -> Link:
+        hw = self.hardware
+        if tier == Tier.HOST:
+            return Link("host", hw.host_bw, hw.host_link.latency_s)
+        if tier == Tier.DISK:
+            return hw.disk
+        if tier == Tier.REMOTE:
+            return hw.network
+        raise ValueError(f"tier {tier!r}: the device tier has no transfer link")
+
+    def transfer_seconds(self, tier: Tier, tokens: int) -> float:
+        """Seconds to move `tokens` tokens of KV between the device and `tier` (through the host)."""
+        return self.restore_seconds({tier: tokens})
+
+    def restore_seconds(self, tokens_by_tier: Mapping[Tier, int]) -> float:
+        """A pipelined restore of KV held in lower tiers: every byte crosses host -> device; bytes on disk or
+        remote first cross their own link to the host. Stages overlap chunk by chunk."""
+        kvb = self.kv_bytes_per_token
+        to_device = sum(k for t, k in tokens_by_tier.items() if t != Tier.DEVICE)
+        if to_device <= 0:
+            return 0.0
+        stages = [(self.link(Tier.HOST), to_device)]
+        stages += [(self.link(t), k) for t, k in tokens_by_tier.items() if t in (Tier.DISK, Tier.REMOTE) and k > 0]
+        times = [k * kvb / link.bandwidth for link, k in stages]
+        chunk = [min(k, RESTORE_CHUNK_TOKENS) * kvb / link.bandwidth for link, k in stages]
+        slowest = max(range(len(times)), key=times.__getitem__)
+        fill = sum(c for i, c in enumerate(chunk) if i != slowest)
+        return times[slowest] + fill + sum(link.latency_s for link, _ in stages)
+

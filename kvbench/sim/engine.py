@@ -1,0 +1,275 @@
+"""The discrete-event simulator: a workload replayed against simulated nodes on a virtual clock.
+
+The client side mirrors the load generator (`harness/loadgen.py`) event for event: sessions start at
+`session_offsets(load, ...)`; turn k+1 is queued when turn k is done plus its think time (closed loop: when a
+slot frees up); prompts carry the previous answers as token ids; `reusable_tokens` comes from the same
+PrefixOracle. The server side is one or more `SimNode`s (the core's scheduler + a cost model). Records are
+the harness's RequestRecords with virtual nanoseconds, so `summarize_run` and the reports apply unchanged.
+
+Events, in virtual seconds, processed in (time, sequence) order so that runs are deterministic:
+
+    TURN     a session's next turn is due: build the prompt, pick a node, plan its restore
+    ARRIVE   the restore (if any) is done: the request joins the node's queue
+    STEP     a node's step ends: postprocess, stream tokens, finish requests, start the next step
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.pages import PagePool
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.scheduler import Request, RequestId, Scheduler, SchedulerConfig
+from kvbench.engines.kvengine.core.tiers import Tier
+from kvbench.harness.loadgen import placeholder_tokens
+from kvbench.harness.records import ANSWER_TOKEN_IDS, RequestRecord
+from kvbench.harness.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
+from kvbench.sim.cost import CostModel
+from kvbench.sim.geometry import ModelGeometry
+from kvbench.sim.hardware import Hardware
+from kvbench.sim.lower_tiers import LowerTier
+from kvbench.sim.node import SimNode
+from kvbench.sim.presets import ROUTE_SESSION, Preset
+from kvbench.workloads.oracle import PrefixOracle
+from kvbench.workloads.spec import Workload
+
+NS = 1_000_000_000
+ERR_TOO_LONG = "too_long: the prompt never fit in the device KV cache"
+_TURN, _ARRIVE, _STEP = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What is simulated. `device_kv_tokens` overrides the KV budget derived from the hardware (tests, sweeps)."""
+
+    geometry: ModelGeometry
+    hardware: Hardware
+    preset: Preset
+    kv_dtype: str = "fp16"
+    weight_dtype: str | None = None
+    device_kv_tokens: int | None = None
+    strict_isolation: bool = True
+
+    @property
+    def cost(self) -> CostModel:
+        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype)
+
+    def device_pages(self) -> int:
+        """Device KV pages per node: the hardware's KV budget (or the override) over the page's bytes."""
+        ps = self.preset.page_size
+        if self.device_kv_tokens is not None:
+            return self.device_kv_tokens // ps
+        cost = self.cost
+        budget = self.hardware.kv_budget_bytes(self.geometry.weight_bytes(cost.weights))
+        if budget <= 0:
+            raise ValueError(f"{self.geometry.name} weights ({cost.weights}) do not fit on {self.hardware.name}: "
+                             "use more devices or fp8 weights")
+        return int(budget // (cost.kv_bytes_per_token * ps))
+
+    def tier_pages(self, nbytes: float) -> int:
+        return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    records: tuple[RequestRecord, ...]
+    device_pages: int
+    nodes: tuple[dict, ...]  # per-node stats
+    virtual_s: float
+    wall_s: float
+
+
+@dataclass(slots=True)
+class _Live:
+    record: RequestRecord
+    session: int
+    turn: int
+    prompt: np.ndarray
+    answer: np.ndarray
+    node: int
+    restored: dict[str, int]
+
+
+@dataclass(slots=True)
+class _Sim:
+    config: SimConfig
+    workload: Workload
+    load: LoadSpec
+    run_id: str
+    nodes: list[SimNode]
+    seed: int = 0
+    oracle: PrefixOracle = field(default_factory=PrefixOracle)
+    events: list = field(default_factory=list)
+    seq: int = 0
+    sent: int = 0
+    live: dict = field(default_factory=dict)
+    records: list = field(default_factory=list)
+    history: dict = field(default_factory=dict)
+    slots_free: int = 0
+    slot_waiters: deque = field(default_factory=deque)
+    plans: dict = field(default_factory=dict)
+
+    def push(self, t: float, kind: int, payload) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    # ---- client ------------------------------------------------------------------------------------------
+    def may_send(self, now: float) -> bool:
+        if self.load.num_requests is not None and self.sent >= self.load.num_requests:
+            return False
+        return self.load.duration_s is None or now < self.load.duration_s
+
+    def turn_due(self, now: float, session_index: int, turn: int) -> None:
+        if self.load.mode == MODE_CONCURRENCY:
+            if self.slots_free == 0:
+                self.slot_waiters.append((session_index, turn))
+                return
+            self.slots_free -= 1
+        if not self.may_send(now):
+            self.release_slot(now)
+            return
+        session = self.workload.sessions[session_index]
+        parts = self.history.setdefault(session_index, [session.context])
+        spec = session.turns[turn]
+        parts.append(spec.user_tokens)
+        prompt = np.concatenate(parts).astype(np.int32, copy=False)
+        rid = f"{session.session_id}/{turn}"
+        t_ns = int(round(now * NS))
+        record = RequestRecord(run_id=self.run_id, request_id=rid, session_id=session.session_id,
+                               tenant=session.tenant, turn=turn, queued_ns=t_ns, sent_ns=t_ns,
+                               prompt_len_sent=int(prompt.size), warmup=self.sent < self.load.warmup_requests)
+        namespace = session.tenant if self.config.strict_isolation else "*"
+        record.reusable_tokens = self.oracle.observe(namespace, prompt)
+        self.sent += 1
+        answer = placeholder_tokens(session.session_id, turn, spec.max_tokens, self.workload.vocab_size)
+        node = self.route(session_index)
+        request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(session.tenant))
+        restore = self.nodes[node].plan_restore(request, now)
+        self.live[rid] = _Live(record, session_index, turn, prompt, answer, node,
+                               {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
+        self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
+
+    def route(self, session_index: int) -> int:
+        if len(self.nodes) == 1:
+            return 0
+        if self.config.preset.route == ROUTE_SESSION:
+            return session_index % len(self.nodes)
+        return min(range(len(self.nodes)), key=lambda i: (self.nodes[i].load, i))
+
+    def release_slot(self, now: float) -> None:
+        if self.load.mode != MODE_CONCURRENCY:
+            return
+        self.slots_free += 1
+        if self.slot_waiters:
+            session_index, turn = self.slot_waiters.popleft()
+            self.push(now, _TURN, (session_index, turn))
+
+    def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
+        record = live.record
+        record.done_ns = int(round(now * NS))
+        record.prompt_tokens = int(live.prompt.size)
+        record.output_tokens = len(output)
+        record.cached_tokens = cached
+        record.cached_tokens_by_tier = dict(live.restored)
+        restored = sum(live.restored.values())
+        record.cached_tokens_by_tier["device"] = max(cached - restored, 0)
+        record.answer_source = ANSWER_TOKEN_IDS
+        record.http_status = 200
+        record.finish_reason = reason
+        self.records.append(record)
+        session = self.workload.sessions[live.session]
+        parts = self.history[live.session]
+        parts.append(live.answer)
+        namespace = session.tenant if self.config.strict_isolation else "*"
+        self.oracle.observe(namespace, np.concatenate([live.prompt, live.answer[:-1]]))
+        self.release_slot(now)
+        nxt = live.turn + 1
+        if nxt < len(session.turns):
+            self.push(now + session.turns[nxt].think_time_s, _TURN, (live.session, nxt))
+
+    # ---- server ------------------------------------------------------------------------------------------
+    def kick(self, node_index: int, now: float) -> None:
+        node = self.nodes[node_index]
+        if node.busy or not node.has_work():
+            return
+        started = node.begin_step(now)
+        if started is None:
+            return  # nothing fits now; a finishing request or a new arrival will kick again
+        plan, seconds = started
+        self.push(now + seconds, _STEP, (node_index, plan))
+
+    def step_done(self, node_index: int, plan, now: float) -> None:
+        node = self.nodes[node_index]
+        t_ns = int(round(now * NS))
+        for rid in node.sampled_ids(plan):
+            record = self.live[rid].record
+            if record.first_token_ns is None:
+                record.first_token_ns = t_ns
+            record.chunks.append([t_ns, 1])
+        for f in node.end_step(plan, now):
+            self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
+        self.kick(node_index, now)
+
+    def run(self) -> None:
+        sessions = self.workload.sessions
+        offsets = session_offsets(self.load, [s.arrival_s for s in sessions], self.seed)
+        if self.load.mode == MODE_CONCURRENCY:
+            self.slots_free = self.load.concurrency or 1
+        for index in sorted(range(len(sessions)), key=lambda i: offsets[i]):
+            self.push(offsets[index], _TURN, (index, 0))
+        while self.events:
+            now, _, kind, payload = heapq.heappop(self.events)
+            if kind == _TURN:
+                self.turn_due(now, *payload)
+            elif kind == _ARRIVE:
+                node_index, request, answer, restore = payload
+                self.nodes[node_index].admit(request, answer, restore, now)
+                self.kick(node_index, now)
+            else:
+                self.step_done(payload[0], payload[1], now)
+        for rid, live in sorted(self.live.items()):  # never fit: report as errors, not silently dropped
+            live.record.error = ERR_TOO_LONG
+            self.records.append(live.record)
+
+
+def build_nodes(config: SimConfig) -> list[SimNode]:
+    preset, hw = config.preset, config.hardware
+    remote = None
+    if preset.remote_bytes > 0:
+        remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
+    sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
+                                   strict_isolation=config.strict_isolation)
+    nodes = []
+    for i in range(preset.num_nodes):
+        lower = []
+        if preset.host_fraction > 0:
+            lower.append(LowerTier.create(Tier.HOST, config.tier_pages(hw.host_memory_bytes * preset.host_fraction),
+                                          preset.page_size))
+        if preset.disk_fraction > 0:
+            lower.append(LowerTier.create(Tier.DISK, config.tier_pages(hw.disk_bytes * preset.disk_fraction),
+                                          preset.page_size))
+        if remote is not None:
+            lower.append(remote)
+        pool = PagePool(1 + config.device_pages(), preset.page_size)
+        nodes.append(SimNode(i, Scheduler(PrefixIndex(pool), sched_config), config.cost, tuple(lower),
+                             preset.admission))
+    return nodes
+
+
+def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str = "sim", seed: int = 0) -> SimResult:
+    """Replay `workload` at `load` on the simulated system. Deterministic: same inputs, same records."""
+    started = time.perf_counter()
+    nodes = build_nodes(config)
+    sim = _Sim(config, workload, load, run_id, nodes, seed)
+    sim.run()
+    end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
+    stats = tuple({"node": n.node_id, "steps": n.stats.steps, "busy_s": n.stats.busy_s,
+                   "preempted": n.stats.preempted, "restored_tokens": dict(n.stats.restored_tokens),
+                   "restore_link_s": n.stats.restore_s} for n in nodes)
+    records = tuple(sorted(sim.records, key=lambda r: (r.queued_ns, r.request_id)))
+    return SimResult(records, nodes[0].scheduler.index.pool.capacity, stats, end, time.perf_counter() - started)

@@ -1,0 +1,218 @@
+"""Hardware profiles as data: accelerators, the links between KV tiers, and a calibration hook.
+
+A `Hardware` is one serving node: `num_devices` accelerators running one tensor-parallel engine, the host
+memory and NVMe behind them, and a network link to a shared (remote) KV tier. Datasheet peaks are kept as
+published; what the simulator actually uses is peak * efficiency, and the efficiencies are what calibration
+fits (see `calibrate`).
+
+Sources of the defaults (H200 SXM datasheet; the article for PCIe and NVMe):
+    H200        141 GB HBM3e at 4.8 TB/s, dense BF16 ~989 TFLOP/s, dense FP8 ~1979 TFLOP/s, NVLink 900 GB/s
+    PCIe host   ~40 GB/s per device (the article's number; Gen5 x16 is 64 GB/s raw)
+    NVMe        ~12 GB/s (one Gen5 drive, the article's number)
+    network     25 GB/s (a 200 Gb/s NIC) to the shared tier
+Efficiencies: 0.5 of peak FLOP/s and 0.8 of peak bandwidth are typical of large-batch serving kernels; the
+device machine measured bf16 matmuls at ~790 TFLOP/s (0.8 of peak), but whole prefill steps (attention,
+norms, all-reduce) land nearer 0.5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Protocol, Sequence
+
+GB = 1e9
+
+
+class HardwareError(ValueError):
+    """A hardware name or profile file that cannot be used; the message names the field and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str
+    memory_bytes: float
+    memory_bw: float  # bytes/s
+    flops_bf16: float  # dense FLOP/s
+    flops_fp8: float
+    flops_efficiency: float = 0.5
+    bw_efficiency: float = 0.8
+    interconnect_bw: float = 900 * GB  # per device, for tensor-parallel all-reduce
+    interconnect_latency_s: float = 8e-6  # per all-reduce
+
+    def flops(self, weight_dtype: str) -> float:
+        """Effective FLOP/s for matmuls whose weights are `weight_dtype` (fp8 weights run fp8 matmuls)."""
+        peak = self.flops_fp8 if weight_dtype.startswith("fp8") else self.flops_bf16
+        return peak * self.flops_efficiency
+
+    @property
+    def effective_bw(self) -> float:
+        return self.memory_bw * self.bw_efficiency
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A transfer path: `bandwidth` bytes/s after a fixed `latency_s` per transfer."""
+
+    name: str
+    bandwidth: float
+    latency_s: float = 0.0
+
+    def seconds(self, num_bytes: float) -> float:
+        return 0.0 if num_bytes <= 0 else self.latency_s + num_bytes / self.bandwidth
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """One node: `num_devices` x `device` in one tensor-parallel group, plus the KV tiers' links and sizes.
+
+    `host_link` is per device (devices copy their own KV shard in parallel); `disk` and `network` are per
+    node. `memory_fraction` of device memory is the engine's (vLLM's gpu_memory_utilization); of that,
+    weights come first and `activation_reserve_bytes` per device is kept for activations and graphs.
+    """
+
+    name: str
+    device: Device
+    num_devices: int
+    host_link: Link
+    disk: Link
+    network: Link
+    host_memory_bytes: float
+    disk_bytes: float
+    memory_fraction: float = 0.9
+    activation_reserve_bytes: float = 6 * GB
+    step_overhead_s: float = 0.002  # scheduler + launch per engine step (CPU side), not overlapped
+
+    def __post_init__(self) -> None:
+        if self.num_devices < 1:
+            raise HardwareError(f"{self.name}: num_devices must be >= 1")
+        if not 0 < self.memory_fraction <= 1:
+            raise HardwareError(f"{self.name}: memory_fraction must be in (0, 1], e.g. 0.9")
+
+    def with_devices(self, num_devices: int) -> Hardware:
+        return dataclasses.replace(self, name=f"{num_devices}x{self.device.name}", num_devices=num_devices)
+
+    @property
+    def host_bw(self) -> float:
+        """Aggregate host <-> device bandwidth (each device moves its own shard)."""
+        return self.host_link.bandwidth * self.num_devices
+
+    def kv_budget_bytes(self, weight_bytes: float) -> float:
+        """Device bytes left for KV after weights and activations; negative when the weights do not fit."""
+        usable = self.device.memory_bytes * self.memory_fraction - self.activation_reserve_bytes
+        return usable * self.num_devices - weight_bytes
+
+
+H200 = Device("h200", memory_bytes=141 * GB, memory_bw=4.8e12, flops_bf16=989e12, flops_fp8=1979e12)
+PCIE = Link("pcie", bandwidth=40 * GB, latency_s=20e-6)
+NVME = Link("nvme", bandwidth=12 * GB, latency_s=100e-6)
+NETWORK = Link("network", bandwidth=25 * GB, latency_s=50e-6)
+
+# An 8xH200 node: 2 TB of host memory and 30 TB of NVMe are typical of such servers.
+_H200_NODE = Hardware("8xh200", H200, 8, PCIE, NVME, NETWORK, host_memory_bytes=2000 * GB, disk_bytes=30000 * GB)
+
+# This machine's CPU running our engine: a placeholder until `calibrate` fits it (numbers are rough guesses
+# for 2 AVX2 cores in fp32; the lead wires the real engine as the probe).
+CPU = Device("cpu", memory_bytes=24 * GB, memory_bw=10 * GB, flops_bf16=50e9, flops_fp8=50e9,
+             flops_efficiency=0.5, bw_efficiency=0.5, interconnect_bw=10 * GB, interconnect_latency_s=0.0)
+_CPU_NODE = Hardware("cpu", CPU, 1, Link("memcpy", 10 * GB), Link("disk", 1 * GB, 1e-4), Link("redis", 1 * GB, 1e-4),
+                     host_memory_bytes=8 * GB, disk_bytes=50 * GB, memory_fraction=0.5, activation_reserve_bytes=1 * GB,
+                     step_overhead_s=0.005)
+
+PROFILES: Mapping[str, Hardware] = {
+    "h200": _H200_NODE.with_devices(1),
+    "8xh200": _H200_NODE,
+    "cpu": _CPU_NODE,
+}
+
+
+def load_hardware(name_or_path: str) -> Hardware:
+    """A profile by name (`8xh200`, `h200`, `cpu`, or `NxPROFILE`) or a JSON file written by `save_hardware`."""
+    key = name_or_path.lower()
+    if key in PROFILES:
+        return PROFILES[key]
+    count, sep, base = key.partition("x")
+    if sep and count.isdigit() and base in PROFILES:
+        return PROFILES[base].with_devices(int(count))
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        return hardware_from_dict(json.loads(path.read_text()))
+    raise HardwareError(f"hardware {name_or_path!r}: use one of {', '.join(PROFILES)}, NxPROFILE (e.g. 4xh200) "
+                        "or a profile .json")
+
+
+def hardware_to_dict(hardware: Hardware) -> dict:
+    return dataclasses.asdict(hardware)
+
+
+def hardware_from_dict(data: Mapping) -> Hardware:
+    try:
+        fields = dict(data)
+        fields["device"] = Device(**fields["device"])
+        for key in ("host_link", "disk", "network"):
+            fields[key] = Link(**fields[key])
+        return Hardware(**fields)
+    except (KeyError, TypeError) as error:
+        raise HardwareError(f"hardware profile: {error}; write it with kvbench.sim.hardware.save_hardware") from None
+
+
+def save_hardware(hardware: Hardware, path: Path) -> None:
+    path.write_text(json.dumps(hardware_to_dict(hardware), indent=2))
+
+
+# ---- calibration hook ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured engine step: what it computed and how long it took (wall seconds)."""
+
+    prefill_tokens: int
+    decode_seqs: int
+    context_tokens: int  # KV tokens read by the step (sum over sequences)
+    seconds: float
+
+
+class StepProbe(Protocol):
+    """Runs real engine steps of given shapes and times them. The lead wires our engine here (the runtime's
+    step loop on a fixed prompt set); tests pass a fake. Each call returns one sample per shape."""
+
+    def measure(self, shapes: Sequence[tuple[int, int, int]]) -> Sequence[StepSample]: ...
+
+
+# Shapes that separate the compute-bound (long prefill) from the bandwidth-bound (many short decodes) regime.
+CALIBRATION_SHAPES: tuple[tuple[int, int, int], ...] = (
+    (512, 0, 512), (256, 0, 256), (0, 8, 2048), (0, 1, 256), (128, 4, 1024),
+)
+
+
+def calibrate(hardware: Hardware, probe: StepProbe, predict: Callable[[Hardware, StepSample], float],
+              shapes: Sequence[tuple[int, int, int]] = CALIBRATION_SHAPES) -> Hardware:
+    """Fit the device's two efficiencies so that `predict(hardware, sample)` (the cost model's step time)
+    matches the probe's measurements: FLOP efficiency from prefill-heavy samples, bandwidth efficiency from
+    decode-only ones. A multiplicative fit per regime (the model is linear in 1/efficiency)."""
+    samples = list(probe.measure(shapes))
+    if not samples:
+        raise HardwareError("calibrate: the probe returned no samples")
+    device = hardware.device
+
+    def ratio(subset: list[StepSample], current: Hardware) -> float | None:
+        if not subset:
+            return None
+        predicted = sum(predict(current, s) for s in subset)
+        measured = sum(s.seconds for s in subset)
+        return predicted / measured if measured > 0 else None
+
+    prefill = [s for s in samples if s.prefill_tokens > 0]
+    decode = [s for s in samples if s.prefill_tokens == 0]
+    fitted = hardware
+    for _ in range(20):  # a fixed-point iteration: the fixed overhead and the overlap of regimes need rounds
+        r = ratio(prefill, fitted)
+        if r:
+            device = dataclasses.replace(device, flops_efficiency=min(device.flops_efficiency * r, 1.0))
+        fitted = dataclasses.replace(fitted, device=device)
+        r = ratio(decode, fitted)
+        if r:
+            device = dataclasses.replace(device, bw_efficiency=min(device.bw_efficiency * r, 1.0))
+        fitted = dataclasses.replace(fitted, device=device)
+    return fitted

@@ -1,0 +1,185 @@
+"""One simulated serving node: the core's scheduler driven like the engine's step loop, timed by a cost model.
+
+This is the only module that drives the KV core; it mirrors the engine runtime's loop
+
+    plan = scheduler.schedule(now)                    # begin_step
+    seconds = cost(plan)                              #   (the real engine runs the model here)
+    finished = scheduler.postprocess(plan, sampled, now + seconds)   # end_step
+
+so a later validation can compare the two step by step. Around it, the node does what an LMCache-style
+connector does: on arrival it looks the prompt up in the lower tiers and restores the part the device lacks
+(pipelined, on the node's one restore link, in FIFO order), and on completion it writes the computed pages
+through to every lower tier. "Sampling" returns the workload's planned answer tokens, so the next turn's
+prompt is exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.prefix_index import namespace_for
+from kvbench.engines.kvengine.core.scheduler import FinishedRequest, Request, RequestId, Scheduler, StepPlan
+from kvbench.engines.kvengine.core.tiers import Tier
+from kvbench.sim.cost import CostModel, SeqWork
+from kvbench.sim.lower_tiers import LowerTier
+from kvbench.sim.presets import ADMIT_LPM
+
+ADMIT_WINDOW = 8  # requests waiting in the scheduler's own FIFO at most (see `_feed`)
+
+
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """Tokens of a prompt to bring back from lower tiers before admission, and when that is done."""
+
+    tokens_by_tier: dict[Tier, int]
+    pages: int  # the prompt's full pages cached after the restore (device + restored)
+    ready_at: float
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.tokens_by_tier.values())
+
+
+@dataclass(slots=True)
+class NodeStats:
+    steps: int = 0
+    busy_s: float = 0.0
+    preempted: int = 0
+    restored_tokens: dict[str, int] = field(default_factory=dict)
+    restore_s: float = 0.0
+
+
+@dataclass(slots=True)
+class SimNode:
+    node_id: int
+    scheduler: Scheduler
+    cost: CostModel
+    lower: tuple[LowerTier, ...] = ()  # fastest first; a shared remote tier is the same object on every node
+    admission: str = "fcfs"
+    stats: NodeStats = field(default_factory=NodeStats)
+    busy: bool = False
+    _pending: list = field(default_factory=list)
+    _live: dict = field(default_factory=dict)  # request id -> (Request, answer tokens to sample)
+    _produced: dict = field(default_factory=dict)
+    _link_free_at: float = 0.0
+
+    @property
+    def page_size(self) -> int:
+        return self.scheduler.index.page_size
+
+    @property
+    def load(self) -> int:
+        return len(self._live)
+
+    def _namespace(self, request: Request):
+        return namespace_for(request.tenant, shareable=request.shareable,
+                             strict=self.scheduler.config.strict_isolation)
+
+    # ---- arrival -----------------------------------------------------------------------------------------
+    def plan_restore(self, request: Request, now: float) -> Restore:
+        """What the lower tiers add beyond the device's cached prefix, and when it can be on the device."""
+        ns, prompt = self._namespace(request), request.prompt
+        limit = (len(prompt) - 1) // self.page_size  # the scheduler always computes the last token
+        have = min(self.scheduler.index.match(ns, prompt).num_pages, limit)
+        by_tier: dict[Tier, int] = {}
+        for tier in self.lower:
+            n = min(tier.match_pages(ns, prompt), limit)
+            if n > have:
+                by_tier[tier.tier] = (n - have) * self.page_size
+                tier.touch(ns, prompt[: n * self.page_size], now)
+                have = n
+        if not by_tier:
+            return Restore({}, have, now)
+        start = max(now, self._link_free_at)
+        self._link_free_at = start + self.cost.restore_seconds(by_tier)
+        self.stats.restore_s += self._link_free_at - start
+        return Restore(by_tier, have, self._link_free_at)
+
+    def admit(self, request: Request, answer: np.ndarray, restore: Restore, now: float) -> None:
+        """Queue a request whose restore is done (`answer`: the tokens it will sample)."""
+        self._live[request.request_id] = (request, answer)
+        self._produced[request.request_id] = 0
+        self._pending.append((request, restore))
+
+    def _install(self, request: Request, pages: int, now: float) -> None:
+        index, pool = self.scheduler.index, self.scheduler.index.pool
+        ns, tokens = self._namespace(request), request.prompt[: pages * self.page_size]
+        match = index.match(ns, tokens)
+        need = pages - match.num_pages
+        if need <= 0:
+            return
+        index.lock(match, now)  # keep the device's part while room is made for the rest
+        if self.scheduler.can_allocate(need, request.tenant, now):
+            new = pool.allocate(need)
+            index.insert(ns, tokens, list(match.pages) + new, request.tenant, now)
+            pool.release(new)  # the index holds its own references
+        index.unlock(match)
+
+    # ---- the step loop -----------------------------------------------------------------------------------
+    def _feed(self, now: float) -> None:
+        """Hand pending requests to the scheduler's FIFO, a few at a time (first come first, or longest cached
+        prefix first), installing each one's restored pages into the device cache as it is handed over.
+
+        Why a window: the core has no admission hook, so restored pages wait in the device cache as ordinary
+        evictable pages; installing them just before the scheduler can admit keeps them from being evicted
+        by the requests queued ahead."""
+        index = self.scheduler.index
+        while self._pending and self.scheduler.num_waiting < ADMIT_WINDOW:
+            pick = 0
+            if self.admission == ADMIT_LPM:
+                pick = max(range(len(self._pending)),
+                           key=lambda i: index.match(self._namespace(self._pending[i][0]),
+                                                     self._pending[i][0].prompt).num_pages)
+            request, restore = self._pending.pop(pick)
+            if restore.tokens:
+                self._install(request, restore.pages, now)
+                for tier, k in restore.tokens_by_tier.items():
+                    name = tier.name.lower()
+                    self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
+            self.scheduler.add(request)
+
+    def has_work(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_work()
+
+    def begin_step(self, now: float) -> tuple[StepPlan, float] | None:
+        """Schedule one step at `now`; returns the plan and its duration, or None when nothing can run."""
+        self._feed(now)
+        plan = self.scheduler.schedule(now)
+        if not plan.seqs and not plan.swap_in and not plan.swap_out:
+            return None
+        seconds = self.cost.step(SeqWork(s.start, s.end) for s in plan.seqs).seconds
+        swapped = sum(len(s.pages) for s in plan.swap_out) + sum(len(s.pages) for s in plan.swap_in)
+        if swapped:
+            seconds += self.cost.transfer_seconds(Tier.HOST, swapped * self.page_size)
+        self.stats.steps += 1
+        self.stats.busy_s += seconds
+        self.stats.preempted += len(plan.preempted)
+        self.busy = True
+        return plan, seconds
+
+    def end_step(self, plan: StepPlan, now: float) -> tuple[FinishedRequest, ...]:
+        """Commit `plan` at `now` (its end); write finished requests through to the lower tiers."""
+        sampled: dict[RequestId, int] = {}
+        for s in plan.seqs:
+            if s.samples:
+                k = self._produced[s.request_id]
+                sampled[s.request_id] = int(self._live[s.request_id][1][k])
+                self._produced[s.request_id] = k + 1
+        finished = self.scheduler.postprocess(plan, sampled, now)
+        self.busy = False
+        for f in finished:
+            request, _ = self._live.pop(f.request_id)
+            del self._produced[f.request_id]
+            if self.lower:
+                # The engine computed KV for the prompt and every output token but the last.
+                tokens = np.concatenate([request.prompt, np.asarray(f.output[:-1], np.int32)])
+                for tier in self.lower:
+                    tier.store(self._namespace(request), tokens, request.tenant, now)
+        return finished
+
+    @staticmethod
+    def sampled_ids(plan: StepPlan) -> list[RequestId]:
+        """Requests that receive a token at the end of `plan`."""
+        return [s.request_id for s in plan.seqs if s.samples]

@@ -1,0 +1,76 @@
+"""Policy presets: the serving systems the article compares, as settings of the one simulated engine.
+
+Every preset runs the same core (page pool, radix prefix index with LRU eviction, scheduler); they differ
+only where the systems differ in how KV is kept and found:
+
+    vllm-prefix     vLLM automatic prefix caching: hash-chained 16-token blocks, freed blocks evicted LRU
+                    (tail block first), device only, first-come-first-served admission
+    sglang-radix    SGLang RadixAttention: radix tree, LRU over leaves, device only, and its default
+                    cache-aware admission (longest prefix match first among waiting requests)
+    lmcache-local   vLLM + LMCache with local CPU memory and local NVMe: write-through copies, lookup by
+                    prefix at admission, restores pipelined NVMe -> CPU -> GPU
+    lmcache-shared  vLLM + LMCache with a shared remote store (NVMe behind the network) used by several
+                    nodes; requests go to the least-loaded node, so a session's next turn may land anywhere
+
+On the same core, vLLM's block LRU (free-queue order, a request's tail block first) and SGLang's leaf LRU
+(deepest page of the least recent leaf first) evict the same pages; the core has one policy for both, and
+the admission order is what separates the two presets here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+ADMIT_FCFS = "fcfs"
+ADMIT_LPM = "lpm"
+ROUTE_SESSION = "session"  # a session's turns stay on one node
+ROUTE_LEAST_LOADED = "least-loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    name: str
+    description: str
+    host_fraction: float = 0.0  # share of the node's host memory given to the KV host tier (0: no tier)
+    disk_fraction: float = 0.0  # share of the node's NVMe given to the KV disk tier
+    remote_bytes: float = 0.0  # size of the shared remote tier (0: none)
+    num_nodes: int = 1
+    route: str = ROUTE_SESSION
+    admission: str = ADMIT_FCFS
+    page_size: int = 16
+    max_num_seqs: int = 256
+    max_step_tokens: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.admission not in (ADMIT_FCFS, ADMIT_LPM):
+            raise ValueError(f"preset {self.name}: admission {self.admission!r}; use fcfs or lpm")
+        if self.route not in (ROUTE_SESSION, ROUTE_LEAST_LOADED):
+            raise ValueError(f"preset {self.name}: route {self.route!r}; use session or least-loaded")
+        if self.num_nodes < 1:
+            raise ValueError(f"preset {self.name}: num_nodes must be >= 1")
+
+    @property
+    def has_lower_tiers(self) -> bool:
+        return self.host_fraction > 0 or self.disk_fraction > 0 or self.remote_bytes > 0
+
+
+PRESETS: Mapping[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("vllm-prefix", "vLLM prefix caching only (hash-block LRU, device only)"),
+        Preset("sglang-radix", "SGLang RadixAttention (leaf LRU, device only, longest-prefix-first admission)",
+               admission=ADMIT_LPM),
+        Preset("lmcache-local", "vLLM + LMCache, local CPU + NVMe (write-through, pipelined restore)",
+               host_fraction=0.5, disk_fraction=0.5),
+        Preset("lmcache-shared", "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",
+               remote_bytes=100e12, num_nodes=2, route=ROUTE_LEAST_LOADED),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"preset {name!r}: use one of {', '.join(PRESETS)}") from None
