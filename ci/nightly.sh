@@ -3,11 +3,12 @@
 #
 #   ci/nightly.sh nightly-cpu        # or nightly-gpu
 #
-# Writes runs/nightly-CONFIG_NAME-YYYYMMDD[-HHMMSS]/ (the run folder, with compare.md in it) and exits with
+# Writes runs/nightly-CONFIG_NAME-YYYYMMDD[-N]/ (the run folder, with compare.md in it) and exits with
 # kvbench compare's code: 0 no regression, 1 regression or mismatch, 2 bad input (no baseline, no results).
 # When compare passes but the run itself reported failures (an engine setting did not start), it exits with the
 # run's code, so a crashed setting cannot pass silently.
-# Environment: KVBENCH (command, default `kvbench`), NIGHTLY_RUNS (parent folder, default `runs`).
+# Environment: KVBENCH (command, default `kvbench`), NIGHTLY_RUNS (parent folder, default `runs`),
+# KVBENCH_ROOT (where ci/ and results/ are, default this checkout).
 set -uo pipefail
 
 name="${1:-}"
@@ -15,15 +16,18 @@ if [[ -z "$name" ]]; then
     echo "usage: ci/nightly.sh CONFIG_NAME   (runs ci/CONFIG_NAME.yaml, compares with results/baselines/CONFIG_NAME)" >&2
     exit 2
 fi
-cd "$(dirname "$0")/.."
+# KVBENCH_ROOT: the folder holding ci/ and results/ (default: this checkout).
+cd "${KVBENCH_ROOT:-$(dirname "$0")/..}"
 kvbench="${KVBENCH:-kvbench}"
 config="ci/${name}.yaml"
 baseline="results/baselines/${name}"
 run_dir="${NIGHTLY_RUNS:-runs}/nightly-${name}-$(date -u +%Y%m%d)"
 # A second run on the same day gets its own folder: kvbench run appends to an existing requests.jsonl.
-if [[ -e "$run_dir" ]]; then
-    run_dir="${run_dir}-$(date -u +%H%M%S)"
-fi
+first="$run_dir"
+for ((n = 2; ; n++)); do
+    [[ -e "$run_dir" ]] || break
+    run_dir="${first}-${n}"
+done
 if [[ -n "${GITHUB_OUTPUT:-}" ]]; then
     echo "run_dir=${run_dir}" >> "$GITHUB_OUTPUT"
 fi

@@ -1,6 +1,5 @@
-"""Shared test setup: one torch thread (two run slower than one on this 2-core CPU)."""
+"""Shared test setup: OpenMP waits passively (two busy-waiting torch threads run slower than one here)."""
 
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -142,13 +142,16 @@ def weighted_percentile(sorted_values: np.ndarray, weights: np.ndarray, q: float
         return out
     block = max(1, 4_000_000 // sorted_values.size)
     for start in range(0, rows, block):
-        cumulative = np.cumsum(weights[start : start + block], axis=1)
+        # int32 halves the memory traffic of the dominant step; a row's total is at most requests x gaps.
+        cumulative = np.cumsum(weights[start : start + block], axis=1, dtype=np.int32)
         total = cumulative[:, -1]
         position = q / 100.0 * np.maximum(total - 1, 0)
         low = np.floor(position)
         # The element of rank r (0-based) is the first whose cumulative count exceeds r.
-        low_index = (cumulative <= low[:, None]).sum(axis=1)
-        high_index = (cumulative <= np.minimum(low + 1, np.maximum(total - 1, 0))[:, None]).sum(axis=1)
+        low_rank = low.astype(np.int32)
+        high_rank = np.minimum(low_rank + 1, np.maximum(total - 1, 0)).astype(np.int32)
+        low_index = (cumulative <= low_rank[:, None]).sum(axis=1)
+        high_index = (cumulative <= high_rank[:, None]).sum(axis=1)
         last = sorted_values.size - 1
         low_value = sorted_values[np.minimum(low_index, last)]
         high_value = sorted_values[np.minimum(high_index, last)]
@@ -474,7 +477,9 @@ def compare(baseline: RunData, new: RunData, options: CompareOptions = CompareOp
         new_counts = _resample_counts(new_reps, options, (1, index))
         for name in options.metrics:
             rows.append(_compare_metric(key, PERF_METRICS[name], options, base_reps, new_reps, base_counts, new_counts, index))
-    rows += _compare_evals(baseline.evals, new.evals, options, mismatches)
+    eval_rows, eval_mismatches = _compare_evals(baseline.evals, new.evals, options)
+    rows += eval_rows
+    mismatches += eval_mismatches
     return Comparison(str(baseline.path), str(new.path), options, tuple(rows), tuple(mismatches), tuple(notes))
 
 
@@ -493,7 +498,7 @@ def _resample_counts(reps: Sequence[Repetition], options: CompareOptions, stream
             counts.append(None)
             continue
         n = rep.samples.size
-        counts.append(rng.multinomial(n, np.full(n, 1.0 / n), size=options.resamples))
+        counts.append(rng.multinomial(n, np.full(n, 1.0 / n), size=options.resamples).astype(np.int32))
     return counts
 
 
@@ -554,12 +559,12 @@ def _interval(spec: MetricSpec, base_boot: np.ndarray, new_boot: np.ndarray, con
     return (float(low), float(high)), ""
 
 
-def _compare_evals(baseline, new, options: CompareOptions, mismatches: list[str]) -> list[MetricComparison]:
+def _compare_evals(baseline, new, options: CompareOptions) -> tuple[list[MetricComparison], list[str]]:
+    """Rows for every eval setting and metric, and a mismatch when only one folder has an eval.json."""
     if baseline is None and new is None:
-        return []
+        return [], []
     if baseline is None or new is None:
-        mismatches.append(f"{EVAL_JSON} only in the {'baseline' if new is None else 'new run'}: quality not compared")
-        return []
+        return [], [f"{EVAL_JSON} only in the {'baseline' if new is None else 'new run'}: quality not compared"]
     rows = []
     for setting in list(baseline) + [name for name in new if name not in baseline]:
         base_metrics, new_metrics = baseline.get(setting), new.get(setting)
@@ -579,7 +584,7 @@ def _compare_evals(baseline, new, options: CompareOptions, mismatches: list[str]
             delta = delta_of(spec, base, value)
             rows.append(MetricComparison("quality", setting, setting, name, spec, base, value, delta, None, None,
                                          judge(spec, delta, None), "deterministic eval: judged by the tolerance"))
-    return rows
+    return rows, []
 
 
 def _differences(base: Mapping, new: Mapping, prefix: str = "") -> list[str]:

@@ -58,7 +58,16 @@ class RunOutcome:
     failures: list[str] = field(default_factory=list)
 
 
+def validate_experiment(config: ExperimentConfig) -> None:
+    """Fail on bad names before anything starts: every engine adapter and every workload must resolve."""
+    for engine in config.engines:
+        engine_factory(engine.engine)
+    for spec in config.workloads:
+        load_workload(spec.name, seed=config.seed, num_sessions=1, overrides=spec.overrides, time_scale=spec.time_scale)
+
+
 def run_experiment(config: ExperimentConfig, run_dir: Path, progress: Progress = Progress()) -> RunOutcome:
+    validate_experiment(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     (run_dir / "env.json").write_text(json.dumps(collect_env(), indent=2))

@@ -1,7 +1,5 @@
 """The discrete-event simulator on tiny workloads: sane records, determinism, tiers under pressure."""
 
-import dataclasses
-
 import pytest
 
 from kvbench.harness.metrics import summarize_run

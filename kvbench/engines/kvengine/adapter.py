@@ -14,6 +14,8 @@ from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import build
 
+TINY_VOCAB = 512  # kvbench.engines.kvengine.model.tiny.TINY_CONFIG (not imported here: the adapter needs no torch)
+
 
 @dataclass(frozen=True)
 class KVEngineSettings:
@@ -67,6 +69,11 @@ class KVEngineAdapter:
         if s.threads is not None:
             command += ["--threads", str(s.threads)]
         return command + list(s.extra_args)
+
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids the workload may use, when the model's vocabulary is smaller than workloads assume."""
+        return TINY_VOCAB if self.settings.model == "tiny-random" else None
 
     @property
     def base_url(self) -> str:

@@ -1,5 +1,14 @@
 """One module per `kvbench` subcommand; each has `register(subparsers, formatter)`."""
 
-from kvbench.harness.commands import bench_cmd, report_cmd, run_cmd, serve_cmd, trace_cmd, workload_cmd
+from kvbench.harness.commands import (
+    bench_cmd,
+    compare_cmd,
+    report_cmd,
+    run_cmd,
+    serve_cmd,
+    sim_cmd,
+    trace_cmd,
+    workload_cmd,
+)
 
-ALL = (run_cmd, serve_cmd, report_cmd, workload_cmd, trace_cmd, bench_cmd)
+ALL = (run_cmd, serve_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, bench_cmd)

@@ -16,6 +16,7 @@ from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.settings import SettingsError
 
 console = Console()
+error_console = Console(stderr=True)
 
 # What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
 DEFAULT_ENGINE = "kvengine"
@@ -162,7 +163,7 @@ def handle(args: argparse.Namespace) -> int:
                 config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=bar.console.print)
             )
         except UnreachableEngine as exc:
-            console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+            error_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
             return 2
     summary_md = (run_dir / "summary.md")
     if summary_md.exists():

@@ -87,7 +87,7 @@ def handle_capacity(args: argparse.Namespace) -> int:
         ("KV per session", f"{report.kv_bytes_per_session / GIB:,.2f} GiB ({report.context_tokens:,} tokens)"),
         ("KV for all sessions", f"{report.kv_bytes_total / TIB:,.2f} TiB ({report.sessions:,} sessions)"),
         ("weights", f"{report.weight_bytes / GIB:,.1f} GiB"),
-        (f"devices for all on device", f"{report.devices_needed}"),
+        ("devices for all on device", f"{report.devices_needed}"),
     ]
     for key, value in rows:
         table.add_row(key, value)

@@ -35,7 +35,9 @@ from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest, LiveRequest, StepOutput, TokenLogprob
+from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
+TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -80,7 +82,7 @@ class Engine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         dtype = COMPUTE_DTYPES[config.compute_dtype]
-        self.loaded = loaded or load_model(config.model, device=config.device, dtype=dtype)
+        self.loaded = loaded or _load(config, dtype)
         self.model = self.loaded.model
         model_config = self.loaded.config
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings
@@ -287,6 +289,12 @@ class Engine:
             waiting=self.scheduler.num_waiting,
             bytes_per_token=self.bytes_per_token,
         )
+
+
+def _load(config: EngineConfig, dtype: torch.dtype) -> LoadedModel:
+    if config.model == TINY_RANDOM:
+        return tiny_loaded_model()
+    return load_model(config.model, device=config.device, dtype=dtype)
 
 
 def _token_logprob(result, row: int, top_k: int | None) -> TokenLogprob:

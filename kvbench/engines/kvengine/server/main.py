@@ -13,7 +13,7 @@ DEFAULT_PORT = 8000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a .gguf file or a safetensors folder")
+    parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M-Instruct), a .gguf file, a safetensors folder, or 'tiny-random' (tests)")
     parser.add_argument("--kv-dtype", default="fp32", choices=KV_DTYPES, help="KV cache storage dtype")
     parser.add_argument("--kv-scale", default="tensor", choices=SCALE_MODES, help="fp8 scales: per tensor, or per channel + per-token shift")
     parser.add_argument("--kv-capacity", type=int, default=32768, help="device KV tier in tokens")
