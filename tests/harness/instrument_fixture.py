@@ -20,7 +20,7 @@ def free_port() -> int:
 @contextlib.asynccontextmanager
 async def serving(behaviour) -> AsyncIterator[tuple[str, InstrumentLog]]:
     log = InstrumentLog()
-    runner = web.AppRunner(make_app(behaviour, log), access_log=None)
+    runner = web.AppRunner(make_app(behaviour, log), access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
