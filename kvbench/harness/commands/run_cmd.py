@@ -20,6 +20,7 @@ error_console = Console(stderr=True)
 
 # What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
 DEFAULT_ENGINE = "kvengine"
+SIM_ENGINE = "sim"  # not an adapter: the discrete-event simulator, in virtual time
 DEFAULT_WORKLOAD = "rag-chat-mini"
 DEFAULT_CONCURRENCY = 4
 DEFAULT_NUM_REQUESTS = 40
@@ -61,6 +62,11 @@ def register(commands, formatter) -> None:
     parser.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT")
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>)")
+    sim = parser.add_argument_group("simulated engine (--engine sim; see `kvbench simulate --help`)")
+    sim.add_argument("--sim-model", default="qwen2.5-72b", help="model geometry to simulate")
+    sim.add_argument("--sim-hardware", default="8xh200", help="hardware profile to simulate")
+    sim.add_argument("--sim-preset", action="append", default=[], help="policy preset, repeatable (default: all)")
+    sim.add_argument("--sim-kv-dtype", action="append", default=[], help="KV dtype, repeatable (default fp8)")
     parser.set_defaults(handler=handle)
 
 
@@ -130,6 +136,8 @@ def _load_point(args: argparse.Namespace) -> dict:
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.engine == SIM_ENGINE:
+        return _simulate(args)
     config = config_from_args(args)
     run_dir = args.out or Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
@@ -174,20 +182,28 @@ def handle(args: argparse.Namespace) -> int:
     return 1 if outcome.failures or not outcome.entries else 0
 
 
+SUMMARY_COLUMNS = {
+    "engine": "engine", "kv_dtype": "kv", "workload": "workload", "load": "load", "tenant": "tenant",
+    "requests": "req", "errors": "err", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
+    "itl_p50_ms": "ITL p50 ms", "output_tok_s": "out tok/s", "cache_hit_rate": "hit",
+    "oracle_hit_rate": "oracle", "prefill_recompute_rate": "recompute",
+}
+
+
 def print_summary(run_dir: Path) -> None:
     from kvbench.harness.report import read_entries, summary_frame
 
     frame = summary_frame(read_entries(run_dir))
-    console.print(frame_table(frame, ["engine", "workload", "load", "tenant", "requests", "errors", "ttft_p50_ms",
-                                      "ttft_p99_ms", "itl_p50_ms", "output_tok_s", "cache_hit_rate",
-                                      "oracle_hit_rate", "prefill_recompute_rate"]))
+    # Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell.
+    wide = console if console.is_terminal else Console(width=200)
+    wide.print(frame_table(frame, SUMMARY_COLUMNS))
 
 
-def frame_table(frame, columns) -> Table:
+def frame_table(frame, columns: dict[str, str]) -> Table:
     table = Table(show_lines=False)
-    for column in columns:
-        table.add_column(column, justify="right" if frame[column].dtype.kind in "fi" else "left")
-    for _, row in frame[columns].iterrows():
+    for column, title in columns.items():
+        table.add_column(title, justify="right" if frame[column].dtype.kind in "fi" else "left")
+    for _, row in frame[list(columns)].iterrows():
         table.add_row(*[_fmt(column, row[column]) for column in columns])
     return table
 
@@ -202,3 +218,17 @@ def _fmt(column: str, value) -> str:
     if isinstance(value, float):
         return f"{value:.1f}"
     return str(value)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    """`kvbench run --engine sim ...` is `kvbench simulate` with the run flags."""
+    from kvbench.harness.commands.sim_cmd import handle_simulate
+
+    if args.config is not None or args.url or args.duration is not None:
+        raise SettingsError("--engine sim: give flags (not CONFIG.yaml, --url or --duration); see kvbench simulate --help")
+    return handle_simulate(argparse.Namespace(
+        model=args.sim_model, hardware=args.sim_hardware, workload=args.workload or "rag-chat",
+        num_sessions=args.num_sessions, preset=args.sim_preset, kv_dtype=args.sim_kv_dtype, weight_dtype=None,
+        device_kv_tokens=None, rate=args.rate, concurrency=args.concurrency, time_scale=1.0,
+        num_requests=args.num_requests, seed=args.seed or 0, out=args.out, no_plots=False,
+    ))
