@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kvbench.harness.distribution import PERCENTILE_METHOD
+from kvbench.distribution import PERCENTILE_METHOD
 from kvbench.harness.metrics import NS_PER_S, e2e_ms, itl_ms, output_token_count, tpot_ms, ttft_ms
 from kvbench.harness.records import RequestRecord, read_records
 from kvbench.harness.report import REQUESTS_JSONL, SUMMARY_JSON

@@ -31,7 +31,7 @@ from kvbench.harness.client import (
     stream_request,
 )
 from kvbench.harness.clock import sleep_until
-from kvbench.harness.distribution import Distribution
+from kvbench.distribution import Distribution
 from kvbench.harness.records import (
     ANSWER_PLACEHOLDER,
     ANSWER_RETOKENIZED,

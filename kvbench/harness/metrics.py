@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from kvbench.harness.distribution import Distribution
+from kvbench.distribution import Distribution
 from kvbench.harness.records import RequestRecord
 
 NS_PER_MS = 1e6

@@ -14,27 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.distribution import Distribution
 from kvbench.workloads.oracle import PrefixOracle
 from kvbench.workloads.spec import TOKEN_DTYPE, Session, Workload
 from kvbench.workloads.tokens import keyed_tokens, safe_token_range, stable_key
-
-
-@dataclass(frozen=True)
-class TokenCounts:
-    """Summary of a per-request token count; percentiles by linear interpolation (numpy's default)."""
-
-    mean: float
-    p50: float
-    p90: float
-    max: int
-
-    @classmethod
-    def of(cls, values: list[int]) -> TokenCounts | None:
-        if not values:
-            return None  # missing, not zero
-        array = np.asarray(values, dtype=np.float64)
-        return cls(float(array.mean()), float(np.percentile(array, 50)), float(np.percentile(array, 90)),
-                   int(array.max()))
 
 
 @dataclass(frozen=True)
@@ -58,8 +41,8 @@ class WorkloadStats:
     sessions: int
     requests: int
     tenants: int
-    prompt_tokens: TokenCounts | None
-    output_tokens: TokenCounts | None
+    prompt_tokens: Distribution | None
+    output_tokens: Distribution | None
     prompt_tokens_total: int
     reusable_tokens_total: int
     oracle_hit_rate: float | None
@@ -105,7 +88,7 @@ def workload_stats(workload: Workload, *, oracle_block_tokens: int = 64) -> Work
         for tenant in sorted(prompt_by_tenant))
     prompt_total, reusable_total = sum(prompt_by_tenant.values()), sum(reusable_by_tenant.values())
     return WorkloadStats(workload.name, len(workload.sessions), len(prompt_lengths), len(per_tenant),
-                         TokenCounts.of(prompt_lengths), TokenCounts.of(output_lengths), prompt_total,
+                         Distribution.of(prompt_lengths), Distribution.of(output_lengths), prompt_total,
                          reusable_total, _rate(reusable_total, prompt_total), last_send, per_tenant)
 
 

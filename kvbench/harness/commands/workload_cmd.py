@@ -45,7 +45,7 @@ def handle(args: argparse.Namespace) -> int:
     table.add_row("duration of arrivals (s)", f"{stats.duration_s:.1f}")
     for label, counts in (("prompt tokens", stats.prompt_tokens), ("output tokens", stats.output_tokens)):
         if counts is not None:
-            table.add_row(label, f"mean {counts.mean:.0f}  p50 {counts.p50:.0f}  p90 {counts.p90:.0f}  max {counts.max}")
+            table.add_row(label, f"mean {counts.mean:.0f}  p50 {counts.p50:.0f}  p90 {counts.p90:.0f}  max {counts.max:.0f}")
     table.add_row("prompt tokens, total", str(stats.prompt_tokens_total))
     table.add_row("reusable tokens (unbounded cache)", str(stats.reusable_tokens_total))
     rate = stats.oracle_hit_rate

