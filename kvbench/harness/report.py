@@ -7,6 +7,7 @@ being the total.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -148,43 +149,44 @@ def read_entries(run_dir: Path) -> list[dict]:
 
 def write_plots(run_dir: Path, entries: Sequence[Mapping], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
     """TTFT CDF per engine setting, and throughput vs TTFT p99 across load points. Returns the files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
     written = []
     if ttft_by_setting:
-        figure, axis = plt.subplots(figsize=(7, 4.5))
-        for label, values in ttft_by_setting.items():
-            if len(values):
-                ordered = np.sort(np.asarray(values))
-                axis.plot(ordered, np.arange(1, ordered.size + 1) / ordered.size, label=label)
-        axis.set_xlabel("TTFT (ms)")
-        axis.set_ylabel("fraction of requests")
-        axis.set_title("TTFT CDF per engine setting")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
-        path = run_dir / "ttft_cdf.png"
-        figure.tight_layout()
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        written.append(path)
+        with _figure(run_dir / "ttft_cdf.png", "TTFT (ms)", "fraction of requests", "TTFT CDF per engine setting") as axis:
+            for label, values in ttft_by_setting.items():
+                if len(values):
+                    ordered = np.sort(np.asarray(values))
+                    axis.plot(ordered, np.arange(1, ordered.size + 1) / ordered.size, label=label)
+        written.append(run_dir / "ttft_cdf.png")
     frame = summary_frame(entries)
     overall = frame[frame["tenant"] == "all"]
     if not overall.empty:
-        figure, axis = plt.subplots(figsize=(7, 4.5))
-        for (engine, workload), group in overall.groupby(["engine", "workload"]):
-            axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
-        axis.set_xlabel("output tokens/s")
-        axis.set_ylabel("TTFT p99 (ms)")
-        axis.set_title("Throughput vs TTFT p99 across load points")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
         path = run_dir / "throughput_vs_ttft_p99.png"
-        figure.tight_layout()
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
+        with _figure(path, "output tokens/s", "TTFT p99 (ms)", "Throughput vs TTFT p99 across load points") as axis:
+            for (engine, workload), group in overall.groupby(["engine", "workload"]):
+                axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
         written.append(path)
     return written
+
+
+@contextlib.contextmanager
+def _figure(path: Path, xlabel: str, ylabel: str, title: str):
+    """A labelled matplotlib axis, saved to `path` as PNG when the block ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    try:
+        yield axis
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel(ylabel)
+        axis.set_title(title)
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)

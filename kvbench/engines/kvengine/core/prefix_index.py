@@ -18,17 +18,31 @@ Contracts (what changes state, when a result is safe to use):
   page it adopts. The caller keeps its references and releases them when done (all of them: the tree holds
   its own). `InsertResult.num_cached` pages of the caller were duplicates and are not adopted.
 - `evict` drops the tail pages of the least recently used unlocked leaves, releasing the index's references.
+  `evict_idle` drops, leaf by leaf, every unlocked page unused for longer than its tenant's device TTL.
+
+Content keys: every cached page has a content key (`content_keys`: a hash chain of its namespace, the
+index's `key_salt` and the token ids up to it). The `journal` hears of every page stored and dropped, with
+its key, so that an offload executor can copy dropped pages to a lower tier before their ids are reused.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Collection, NewType, Sequence
+from typing import Callable, Collection, NewType, Sequence
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.events import EventKind, EventSink, NullEventLog
+from kvbench.engines.kvengine.core.content_keys import PageKey, chain_keys, root_key
+from kvbench.engines.kvengine.core.events import (
+    EventKind,
+    EventSink,
+    NullEventLog,
+    NullPageJournal,
+    PageChange,
+    PageRecord,
+    PageSink,
+)
 from kvbench.engines.kvengine.core.pages import IntegrityError, PageId, PagePool
 
 Namespace = NewType("Namespace", str)
@@ -55,6 +69,7 @@ class _Node:
     key: bytes  # int32 token ids of this edge, whole pages
     pages: list[PageId]
     tenant: TenantId
+    keys: list[PageKey]  # content key per page; a root holds one: its namespace's chain root
     children: dict[bytes, _Node] = field(default_factory=dict)
     lock_ref: int = 0
     tick: int = 0  # LRU recency: larger = used more recently
@@ -116,6 +131,8 @@ class PrefixIndex:
 
     pool: PagePool
     events: EventSink = field(default_factory=NullEventLog)
+    key_salt: str = ""  # names the model and KV layout in every content key
+    journal: PageSink = field(default_factory=NullPageJournal)
     _roots: dict[Namespace, _Node] = field(default_factory=dict, repr=False)
     # Per-tenant LRU heaps of leaf candidates (tick, node_id, node); stale entries are skipped on pop.
     _heaps: dict[TenantId, list] = field(default_factory=dict, repr=False)
@@ -230,7 +247,7 @@ class PrefixIndex:
         self._tick += 1
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = _Node(0, None, b"", [], tenant)
+            root = self._roots[namespace] = _Node(0, None, b"", [], tenant, [root_key(self.key_salt, namespace)])
         node, pos = root, 0
         while pos < n:
             child = node.children.get(kb[pos * pb : (pos + 1) * pb])
@@ -247,8 +264,11 @@ class PrefixIndex:
         if pos < n:
             new_pages = list(pages[pos:n])
             self.pool.share(new_pages)
-            leaf = _Node(self._next_id, node, kb[pos * pb : n * pb], new_pages, tenant, tick=self._tick,
+            keys = chain_keys(node.keys[-1], kb[pos * pb : n * pb], pb)
+            leaf = _Node(self._next_id, node, kb[pos * pb : n * pb], new_pages, tenant, keys, tick=self._tick,
                          last_access=now)
+            for key, page in zip(keys, new_pages):
+                self.journal.record_page(PageRecord(PageChange.STORED, key, page, tenant, now))
             self._next_id += 1
             self._num_nodes += 1
             node.children[leaf.key[:pb]] = leaf
@@ -267,13 +287,14 @@ class PrefixIndex:
         pb = 4 * self.page_size
         parent = child.parent
         assert parent is not None
-        upper = _Node(self._next_id, parent, child.key[: m * pb], child.pages[:m], child.tenant,
+        upper = _Node(self._next_id, parent, child.key[: m * pb], child.pages[:m], child.tenant, child.keys[:m],
                       lock_ref=child.lock_ref, tick=child.tick, last_access=child.last_access)
         self._next_id += 1
         self._num_nodes += 1
         parent.children[upper.key[:pb]] = upper
         child.key = child.key[m * pb :]
         child.pages = child.pages[m:]
+        child.keys = child.keys[m:]
         child.parent = upper
         upper.children[child.key[:pb]] = child
         return upper
@@ -300,6 +321,8 @@ class PrefixIndex:
             leaf: _Node = best[0][2]
             k = min(num_pages - dropped, len(leaf.pages))
             tail = leaf.pages[len(leaf.pages) - k :]
+            for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
+                self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
             if k == len(leaf.pages):
                 heapq.heappop(best)
                 parent = leaf.parent
@@ -307,10 +330,12 @@ class PrefixIndex:
                 del parent.children[leaf.key[:pb]]
                 leaf.parent = None
                 leaf.pages = []
+                leaf.keys = []
                 self._num_nodes -= 1
                 self._push_if_leaf(parent)
             else:
                 leaf.pages = leaf.pages[: len(leaf.pages) - k]
+                leaf.keys = leaf.keys[: len(leaf.keys) - k]
                 leaf.key = leaf.key[: len(leaf.key) - k * pb]
             freed += self.pool.release(tail)
             dropped += k
@@ -321,6 +346,26 @@ class PrefixIndex:
             self._pages_by_tenant[t] -= k
         for t, k in by_tenant.items():
             self.events.record(EventKind.EVICTED, t, DEVICE_TIER, k, now)
+        return EvictResult(num_pages=dropped, num_freed=freed, by_tenant=by_tenant)
+
+    def evict_idle(self, now: float, ttl_of: Callable[[TenantId], float]) -> EvictResult:
+        """Drop every unlocked page whose node was last used `ttl_of(its tenant)` seconds ago or earlier.
+
+        A node is never used later than its parent, so idle pages form whole subtrees: leaves go first and
+        their parents follow once they become leaves themselves."""
+        dropped = freed = 0
+        by_tenant: dict[TenantId, int] = {}
+        progress = True
+        while progress:
+            progress = False
+            for tenant, heap in self._heaps.items():
+                while heap and not self._valid(heap[0]):
+                    heapq.heappop(heap)
+                if heap and now - heap[0][2].last_access >= ttl_of(tenant):
+                    result = self.evict(len(heap[0][2].pages), now, tenants=(tenant,))
+                    dropped, freed = dropped + result.num_pages, freed + result.num_freed
+                    by_tenant[tenant] = by_tenant.get(tenant, 0) + result.num_pages
+                    progress = True
         return EvictResult(num_pages=dropped, num_freed=freed, by_tenant=by_tenant)
 
     @staticmethod
@@ -353,7 +398,7 @@ class PrefixIndex:
         pages_t: dict[TenantId, int] = {}
         for _, node in self._walk():
             nodes += 1
-            if not node.pages or len(node.key) != len(node.pages) * pb:
+            if not node.pages or len(node.key) != len(node.pages) * pb or len(node.keys) != len(node.pages):
                 raise IntegrityError(f"node {node.node_id}: {len(node.pages)} pages for {len(node.key)} bytes")
             if node.parent is None or node.parent.children.get(node.key[:pb]) is not node:
                 raise IntegrityError(f"node {node.node_id} is not its parent's child under its first page")
