@@ -8,7 +8,6 @@ Two measurements:
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.engines.http import request
+from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.harness.metrics import ttft_ms
@@ -60,7 +60,7 @@ def single_turn_workload(count: int, prompt_tokens: int = 32, max_tokens: int = 
 def measure_rate(url: str, rate: float, seconds: float) -> RateResult:
     count = max(int(rate * seconds), 10)
     generator = LoadGenerator(EndpointConfig(url, "instrument"), LoadSpec(rate=rate), run_id=f"rate={rate:g}")
-    result = asyncio.run(generator.run(single_turn_workload(count)))
+    result = eventloop.run(generator.run(single_turn_workload(count)))
     lag = result.client.schedule_lag_ms
     sent = [record.sent_ns for record in result.records if record.sent_ns]
     span = (max(sent) - min(sent)) / 1e9 if len(sent) > 1 else float("nan")
@@ -70,7 +70,7 @@ def measure_rate(url: str, rate: float, seconds: float) -> RateResult:
 
 def measure_streams(url: str, streams: int) -> StreamsResult:
     generator = LoadGenerator(EndpointConfig(url, "instrument"), LoadSpec(concurrency=streams), run_id=f"conc={streams}")
-    result = asyncio.run(generator.run(single_turn_workload(streams, max_tokens=8)))
+    result = eventloop.run(generator.run(single_turn_workload(streams, max_tokens=8)))
     errors = np.array([ttft_ms(r) - FIRST_TOKEN_MS for r in result.records if r.ok and ttft_ms(r) is not None])
     return StreamsResult(streams, len(result.records), sum(not r.ok for r in result.records),
                          float(np.percentile(errors, 50)), float(np.percentile(errors, 99)))

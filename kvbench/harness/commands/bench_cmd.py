@@ -28,6 +28,9 @@ def handle_loadgen(args: argparse.Namespace) -> int:
 
     rates = [float(value) for value in args.rates.split(",") if value]
     streams = [int(value) for value in args.streams.split(",") if value]
+    from kvbench.harness.eventloop import loop_name
+
+    console.print(f"client event loop: {loop_name()}")
     rate_results, stream_results = run_benchmark(rates, streams, args.seconds)
     table = Table(title="open-loop schedule keeping (target: lag p99 < 1 ms)")
     for column in ("rate req/s", "achieved req/s", "requests", "errors", "lag p50 ms", "lag p99 ms", "kept"):

@@ -358,7 +358,7 @@ class PrefixIndex:
         progress = True
         while progress:
             progress = False
-            for tenant, heap in self._heaps.items():
+            for tenant, heap in list(self._heaps.items()):  # evicting may add a parent's tenant
                 while heap and not self._valid(heap[0]):
                     heapq.heappop(heap)
                 if heap and now - heap[0][2].last_access >= ttl_of(tenant):

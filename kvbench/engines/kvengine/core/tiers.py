@@ -8,6 +8,11 @@ comes from the caller.
 Rule: an entry used within its tenant's device TTL belongs on device, within the host TTL on host, older on
 the slowest tier (disk, or remote when there is no disk). A tier over capacity pushes its least recently
 used entries one tier down; the slowest tier drops them.
+
+In the engine the device tier is the prefix index's (it evicts by LRU, the tenant ledger and `evict_idle`
+with `device_ttl`); a page leaving it enters the policy at `tier_for_evicted`, and the policy then places it
+among the lower tiers. Give the device tier capacity 0 there so that nothing is promoted back to device by
+`plan`: restores to device happen on demand, at admission (`restore_plan`).
 """
 
 from __future__ import annotations
@@ -98,6 +103,31 @@ class TierPolicy:
 
     def forget(self, key: Hashable) -> None:
         self._entries.pop(key, None)
+
+    def device_ttl(self, tenant: TenantId) -> float:
+        """Seconds a tenant's unused page stays on device (for `PrefixIndex.evict_idle`); infinite when there
+        is no lower tier (an idle page is then kept until pressure evicts it, rather than lost)."""
+        if len(self.config.tiers) == 1:
+            return float("inf")
+        return self.config.tenant_ttls.get(tenant, self.config.default_ttl).device_s
+
+    def keys(self) -> list[Hashable]:
+        """Every tracked key."""
+        return list(self._entries)
+
+    def tier_for_evicted(self, tenant: TenantId, last_access: float, now: float) -> Tier | None:
+        """The lower tier a page dropped from device goes to (its TTL tier, at least host); None: none.
+
+        Changes nothing: `track(key, tenant, last_access, tier)` once the page is written there."""
+        want = self._target(_Entry(tenant, Tier.DEVICE, last_access), now)
+        return next((t for t in self.config.tiers if t > Tier.DEVICE and t >= want), None)
+
+    def usage_by_tenant(self) -> dict[tuple[TenantId, Tier], int]:
+        """Entries per (tenant, tier)."""
+        out: dict[tuple[TenantId, Tier], int] = {}
+        for e in self._entries.values():
+            out[(e.tenant, e.tier)] = out.get((e.tenant, e.tier), 0) + 1
+        return out
 
     def tier_of(self, key: Hashable) -> Tier | None:
         e = self._entries.get(key)

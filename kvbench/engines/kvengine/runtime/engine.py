@@ -4,21 +4,29 @@
     logits = model(ForwardBatch(plan), kv_cache)   # K/V written into those pages, attention read from them
     finished = scheduler.postprocess(plan, sampled, now)
 
+Lower KV tiers (host, disk, a shared Redis) belong to the `OffloadExecutor`, which the step calls before
+scheduling (finished restores join the scheduler; idle pages move down) and after (evicted pages are copied
+down before their ids are reused; new pages are published to the shared tier). Time comes from `clock`
+(default `time.monotonic`), so tests can run TTLs of minutes in an instant.
+
 The engine is synchronous and single-threaded; `AsyncEngine` runs it on a thread of its own so that the
 HTTP event loop never waits on model compute.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.core.events import EventLog
+from kvbench.engines.kvengine.core.events import EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.scheduler import (
     FinishedRequest,
     Request,
@@ -33,12 +41,17 @@ from kvbench.engines.kvengine.model.fp8 import KVFormat
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
+from kvbench.engines.kvengine.core.tiers import Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
+from kvbench.engines.kvengine.runtime.offload import Admission, OffloadExecutor
+from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
+from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest, LiveRequest, StepOutput, TokenLogprob
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
 TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ISOLATION_MODES = ("strict", "shared-prefix")
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,17 @@ class EngineConfig:
     compute_dtype: str = "float32"
     max_model_len: int | None = None
     served_model_name: str | None = None
+    # Lower tiers (0 / None: not used). Capacities in tokens, like kv_capacity_tokens.
+    host_capacity_tokens: int = 0
+    disk_capacity_tokens: int = 0
+    disk_dir: str | None = None
+    remote_url: str | None = None  # redis://host:port/db, shared by every engine of the same model and KV dtype
+    device_ttl_s: float = 30.0  # idle pages leave device after this (default for tenants without their own)
+    host_ttl_s: float = 600.0  # ... and host after this
+    tier_interval_s: float = 1.0  # how often (engine time) idle pages and tier capacities are acted on
+    # Tenants: API keys, quotas, reservations and TTLs from a file; isolation across tenants.
+    tenants_file: str | None = None
+    isolation: str = "strict"  # or "shared-prefix": identical prompt content is shared across tenants
 
     def __post_init__(self) -> None:
         self.kv_format  # raises with the valid choices
@@ -68,6 +92,14 @@ class EngineConfig:
             raise ValueError(f"kv_capacity_tokens must hold at least one page of {self.page_size} tokens")
         if self.kv_capacity_bytes is not None and self.kv_capacity_bytes <= 0:
             raise ValueError("kv_capacity_bytes must be > 0")
+        if self.isolation not in ISOLATION_MODES:
+            raise ValueError(f"isolation: unknown {self.isolation!r}; use one of {', '.join(ISOLATION_MODES)}")
+        if self.host_capacity_tokens < 0 or self.disk_capacity_tokens < 0:
+            raise ValueError("host_capacity_tokens and disk_capacity_tokens must be >= 0 (0: tier not used)")
+        if self.disk_capacity_tokens and not self.disk_dir:
+            raise ValueError("disk_capacity_tokens > 0 needs disk_dir, a directory for the disk tier's page files")
+        if not 0 <= self.device_ttl_s <= self.host_ttl_s:
+            raise ValueError(f"device_ttl_s ({self.device_ttl_s}) must be >= 0 and <= host_ttl_s ({self.host_ttl_s})")
 
     @property
     def kv_format(self) -> KVFormat:
@@ -79,8 +111,11 @@ class EngineConfig:
 class Engine:
     """A model, its paged KV cache and the core's scheduler. Not thread-safe: one caller at a time."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.config = config
+        self.clock = clock
         dtype = COMPUTE_DTYPES[config.compute_dtype]
         self.loaded = loaded or _load(config, dtype)
         self.model = self.loaded.model
@@ -105,20 +140,42 @@ class Engine:
         )
         self.events = EventLog()
         self.pool = PagePool(num_pages, config.page_size)
-        self.index = PrefixIndex(self.pool, events=self.events)
+        self.key_salt = f"{self.model_name}:{_model_digest(self.loaded)}:{self.kv_cache.layout_fingerprint}"
+        journal = PageJournal()
+        self.index = PrefixIndex(self.pool, events=self.events, key_salt=self.key_salt, journal=journal)
+        self.tenants = load_tenants(config.tenants_file) if config.tenants_file else TenantsConfig()
         self.scheduler = Scheduler(
             self.index,
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_step_tokens=config.max_step_tokens,
-                strict_isolation=True,
+                strict_isolation=config.isolation == "strict",
                 prefix_caching=config.prefix_caching,
             ),
+            ledger=self.tenants.ledger(self.pool.capacity) if self.tenants.tenants else None,
         )
-        self.metrics = EngineMetrics(self.model_name)
+        self.offload = self._offload(journal)
+        self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
         self._live: dict[str, LiveRequest] = {}
         self._swapped: dict[str, torch.Tensor] = {}
         self._update_gauges()
+
+    def _offload(self, journal: PageJournal) -> OffloadExecutor:
+        c, ps = self.config, self.config.page_size
+        capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
+        host = disk = remote = None
+        if c.host_capacity_tokens >= ps:
+            capacities[Tier.HOST] = c.host_capacity_tokens // ps
+            host = HostStore(pin=torch.cuda.is_available() and self.kv_cache.device.type == "cuda")
+        if c.disk_capacity_tokens >= ps:
+            capacities[Tier.DISK] = c.disk_capacity_tokens // ps
+            disk = DiskStore(Path(c.disk_dir), self.kv_cache.layout_fingerprint)
+        if c.remote_url:
+            remote = RedisStore(c.remote_url, self.kv_cache.layout_fingerprint)
+        default_ttl = TierTTL(c.device_ttl_s, c.host_ttl_s)
+        policy = TierPolicy(TierConfig(capacities, default_ttl, self.tenants.ttls(default_ttl)), events=self.events)
+        return OffloadExecutor(self.kv_cache, self.scheduler, policy, journal, self.events, self.key_salt,
+                               host, disk, remote, maintenance_interval_s=c.tier_interval_s)
 
     # --- requests -------------------------------------------------------------------------------------------
 
@@ -150,43 +207,62 @@ class Engine:
         if request.request_id in self._live:
             raise ValueError(f"request_id {request.request_id!r} is already running")
         stops = frozenset() if request.ignore_eos else frozenset(request.stop_token_ids) | self.loaded.eos_token_ids
-        self.scheduler.add(
-            Request(
-                RequestId(request.request_id),
-                np.asarray(request.prompt_ids, dtype=np.int32),
-                request.max_tokens,
-                tenant=TenantId(request.tenant),
-                shareable=request.shareable,
-                stop_token_ids=stops,
-                use_cached_prefix=request.prompt_logprobs is None,
-            )
+        core_request = Request(
+            RequestId(request.request_id),
+            np.asarray(request.prompt_ids, dtype=np.int32),
+            request.max_tokens,
+            tenant=TenantId(request.tenant),
+            shareable=request.shareable or self.config.isolation == "shared-prefix",
+            stop_token_ids=stops,
+            use_cached_prefix=request.prompt_logprobs is None,
         )
         self._live[request.request_id] = LiveRequest(
             request, request.sampling.generator(self.config.device), list(request.prompt_ids)
         )
+        admission = self.offload.submit(core_request, self.clock())
+        if admission is not None:  # None: a restore from a lower tier runs first
+            self._admit(admission)
+
+    def _admit(self, admission: Admission) -> None:
+        self._live[admission.request.request_id].page_tiers = admission.page_tiers
+        self.scheduler.add(admission.request)
 
     def abort(self, request_id: str, reason: str = "abort") -> StepOutput | None:
         """End a request between steps (a stop string, or the client left); its computed pages stay cached."""
-        finished = self.scheduler.finish(RequestId(request_id), time.monotonic(), reason)
+        now = self.clock()
+        restoring = self.offload.holds(request_id)
+        if restoring is not None:
+            self.offload.cancel(restoring)
+            finished = FinishedRequest(restoring.request_id, len(restoring.prompt), 0, (), reason)
+        else:
+            finished = self.scheduler.finish(RequestId(request_id), now, reason)
         self._swapped.pop(request_id, None)
         if finished is None:
             return None
         return self._finish(finished)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.offload.num_restoring > 0
 
     def reset_prefix_cache(self) -> int:
-        """Drop every cached page no running request holds; returns how many pages were freed."""
-        result = self.index.evict(self.index.evictable_pages, time.monotonic())
+        """Drop every cached page no running request holds, in every tier (the shared remote tier too);
+        returns how many device pages were freed."""
+        result = self.index.evict(self.index.evictable_pages, self.clock())
+        self.offload.clear()
         self._update_gauges()
         return result.num_freed
 
     # --- the step -----------------------------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        now = time.monotonic()
+        """One step; with no work it only keeps the tiers in order (idle pages move down by TTL)."""
+        now = self.clock()
+        # Only restores in flight: wait a moment for one instead of spinning.
+        wait_s = 0.05 if not self.scheduler.has_work() else 0.0
+        for admission in self.offload.begin_step(now, wait_s):
+            self._admit(admission)
         plan = self.scheduler.schedule(now)
+        self.offload.sync_pages(now)  # pages evicted by the schedule leave before this step overwrites them
         for swap in plan.swap_out:  # first: these pages may be reused by this very plan
             self._swapped[swap.request_id] = self.kv_cache.read_pages(list(swap.pages)).clone()
         for swap in plan.swap_in:
@@ -194,9 +270,11 @@ class Engine:
         outputs: list[StepOutput] = []
         if plan.seqs:
             sampled, outputs = self._run(plan.seqs)
-            for finished in self.scheduler.postprocess(plan, sampled, time.monotonic()):
+            for finished in self.scheduler.postprocess(plan, sampled, self.clock()):
                 outputs.append(self._finish(finished))
+        self.offload.sync_pages(now)  # pages just cached go to the shared tier
         self.metrics.events(self.events.take_events())
+        self.metrics.tier_failures(self.offload.failures())
         self._update_gauges()
         return outputs
 
@@ -205,6 +283,8 @@ class Engine:
         for item, request in zip(seqs, live):
             if request.cached_tokens is None:
                 request.cached_tokens = item.num_cached_tokens
+                request.cached_tokens_by_tier = _by_tier(request.page_tiers, item.num_cached_tokens,
+                                                         self.config.page_size)
         need_all = any(
             request.request.prompt_logprobs is not None and item.start < len(request.request.prompt_ids)
             for item, request in zip(seqs, live)
@@ -244,6 +324,7 @@ class Engine:
                     logprob=_token_logprob(logprobs, row, request.request.logprobs) if logprobs else None,
                     prompt_tokens=len(request.request.prompt_ids),
                     cached_tokens=request.cached_tokens or 0,
+                    cached_tokens_by_tier=request.cached_tokens_by_tier,
                     prompt_logprobs=self._take_prompt_logprobs(request),
                 )
             )
@@ -272,13 +353,19 @@ class Engine:
 
     def _finish(self, finished: FinishedRequest) -> StepOutput:
         request = self._live.pop(finished.request_id, None)
-        self.metrics.finished(finished.finish_reason, finished.prompt_tokens, finished.num_cached_tokens)
+        by_tier = request.cached_tokens_by_tier if request is not None else None
+        if by_tier is None:
+            by_tier = {DEVICE_TIER: finished.num_cached_tokens} if finished.num_cached_tokens else {}
+        tenant = request.request.tenant if request is not None else "default"
+        self.metrics.finished(finished.finish_reason, finished.prompt_tokens, finished.num_cached_tokens,
+                              tenant, by_tier)
         return StepOutput(
             request_id=finished.request_id,
             token_id=None,
             finish_reason=finished.finish_reason,
             prompt_tokens=finished.prompt_tokens,
             cached_tokens=finished.num_cached_tokens,
+            cached_tokens_by_tier=by_tier,
         )
 
     def _update_gauges(self) -> None:
@@ -289,12 +376,37 @@ class Engine:
             waiting=self.scheduler.num_waiting,
             bytes_per_token=self.bytes_per_token,
         )
+        pages = {(t, DEVICE_TIER): n for t, n in self.index.pages_by_tenant().items()}
+        pages.update(self.offload.pages_by_tenant())
+        self.metrics.tenant_pages(pages)
+
+    def close(self) -> None:
+        """Stop the offload executor's workers (restores in flight are dropped)."""
+        self.offload.close()
 
 
 def _load(config: EngineConfig, dtype: torch.dtype) -> LoadedModel:
     if config.model == TINY_RANDOM:
         return tiny_loaded_model()
     return load_model(config.model, device=config.device, dtype=dtype)
+
+
+def _model_digest(loaded: LoadedModel) -> str:
+    """A short digest of the model's identity (config and a sample of its weights) for content keys."""
+    h = hashlib.blake2b(repr(loaded.config).encode(), digest_size=8)
+    first = next(loaded.model.parameters(), None)
+    if first is not None:
+        h.update(first.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _by_tier(page_tiers: tuple[str, ...], cached_tokens: int, page_size: int) -> dict[str, int]:
+    """Cached tokens per source tier: the first cached pages in prompt order, by where each came from."""
+    out: dict[str, int] = {}
+    for i in range(cached_tokens // page_size):
+        tier = page_tiers[i] if i < len(page_tiers) else DEVICE_TIER
+        out[tier] = out.get(tier, 0) + page_size
+    return out
 
 
 def _token_logprob(result, row: int, top_k: int | None) -> TokenLogprob:

@@ -50,6 +50,7 @@ class StepOutput:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_by_tier: dict[str, int] | None = None  # where the cached tokens came from (device, host, ...)
     prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     error: str | None = None
 
@@ -68,3 +69,5 @@ class LiveRequest:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs_sent: bool = False
     cached_tokens: int | None = None
+    cached_tokens_by_tier: dict[str, int] | None = None
+    page_tiers: tuple[str, ...] = ()  # tier each cached prompt page came from at admission

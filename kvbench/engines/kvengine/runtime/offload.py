@@ -1,0 +1,269 @@
+"""The offload executor: carries out the pure core's tier decisions on real bytes, beside the step loop.
+
+The step loop calls it at fixed points (nothing else moves KV between tiers):
+
+    ready = offload.begin_step(now)   # restores whose stage 1 finished: written to device, requests admitted;
+                                      # idle device pages (TTL) demoted; the tier policy's moves carried out
+    plan = scheduler.schedule(now)
+    offload.sync_pages(now)           # pages the schedule evicted: copied down before their ids are reused
+    ... run the model, postprocess ...
+    offload.sync_pages(now)           # pages just stored: published to the shared remote tier
+
+Decisions come from the core: which device pages are idle (`PrefixIndex.evict_idle` with the policy's
+per-tenant device TTL), where an evicted page goes (`TierPolicy.tier_for_evicted`), host/disk placement and
+capacity (`TierPolicy.plan`), what to restore (`TierPolicy.restore_plan`, then the remote tier for the rest).
+
+A restore is a two-stage pipeline: stage 1 (disk / Redis -> host) runs on a worker thread while the engine
+computes other requests; stage 2 (host -> device) runs on the step thread in `begin_step`, which then hands
+the request to the scheduler, whose admission finds the restored pages in the prefix index. Pages move
+up (exclusive tiers): a restored page leaves host/disk; the remote tier is shared and keeps its copy.
+A page that cannot be read or verified ends the restore there: the rest of the prompt is recomputed.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kvbench.engines.kvengine.core.content_keys import PageKey, page_keys
+from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, namespace_for
+from kvbench.engines.kvengine.core.scheduler import Request, Scheduler
+from kvbench.engines.kvengine.core.tiers import Move, MoveKind, Tier, TierPolicy
+from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
+
+REMOTE_TIER = "remote"
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request ready for the scheduler; `page_tiers[i]` names the tier prompt page i came from (device
+    for pages already there), for the per-tier cached-token counts of its usage."""
+
+    request: Request
+    page_tiers: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Restore:
+    request: Request
+    keys: list[PageKey]  # the pages to restore, in prompt order, after the device match
+    start: int  # device-matched pages when the restore began
+    sources: list[str]  # tier name per key (remote ones appended by stage 1)
+    rows: Future  # stage 1: list of host rows (uint8 tensors), cut at the first miss
+
+
+@dataclass(slots=True)
+class OffloadExecutor:
+    kv_cache: PagedKVCache
+    scheduler: Scheduler
+    policy: TierPolicy
+    journal: PageJournal
+    events: EventLog
+    key_salt: str
+    host: HostStore | None = None
+    disk: DiskStore | None = None
+    remote: RedisStore | None = None
+    maintenance_interval_s: float = 1.0
+    _restores: list[_Restore] = field(default_factory=list)
+    _workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, "kvengine-restore"))
+    _last_maintenance: float | None = None
+
+    @property
+    def index(self) -> PrefixIndex:
+        return self.scheduler.index
+
+    @property
+    def num_restoring(self) -> int:
+        return len(self._restores)
+
+    def _store(self, tier: Tier):
+        return {Tier.HOST: self.host, Tier.DISK: self.disk}[tier]
+
+    def failures(self) -> list[StoreFailure]:
+        """Tier failures since the last call (full disk, Redis down, corrupt pages), drained."""
+        out: list[StoreFailure] = []
+        for store in (self.host, self.disk, self.remote):
+            if store is not None:
+                out.extend(store.failures)
+                store.failures.clear()
+        return out
+
+    # ---- admission: start a restore ----------------------------------------------------------------------
+    def submit(self, request: Request, now: float) -> Admission | None:
+        """An Admission if nothing below device can extend the request's cached prefix; else None, and
+        stage 1 of a restore starts (the request comes back from `begin_step` once its pages are on device)."""
+        if not (request.use_cached_prefix and self.scheduler.config.prefix_caching):
+            return Admission(request)
+        ns = namespace_for(request.tenant, shareable=request.shareable,
+                           strict=self.scheduler.config.strict_isolation)
+        ps = self.index.page_size
+        limit = (len(request.prompt) - 1) // ps  # the scheduler always computes the last prompt token
+        start = self.index.match(ns, request.prompt).num_pages
+        if start >= limit:
+            return Admission(request, (DEVICE_TIER,) * start)
+        keys = page_keys(self.key_salt, ns, request.prompt, ps)[start:limit]
+        plan = self.policy.restore_plan(keys)
+        sources = [self.policy.tier_of(k).name.lower() for k in plan.keys]
+        if not plan.keys and self.remote is None:
+            return Admission(request, (DEVICE_TIER,) * start)
+        host_rows = {k: self.host.get_tensor(k) for k in plan.keys if self.host is not None and
+                     self.policy.tier_of(k) == Tier.HOST}
+        rows = self._workers.submit(self._stage1, keys, sources, host_rows)
+        self._restores.append(_Restore(request, keys, start, sources, rows))
+        return None
+
+    def _stage1(self, keys: list[PageKey], sources: list[str], host_rows: dict) -> list[torch.Tensor]:
+        """Worker thread: bring every page to host, in prompt order, up to the first miss."""
+        rows: list[torch.Tensor] = []
+        for key, source in zip(keys, sources):
+            if source == "host":
+                row = host_rows.get(key)
+            else:
+                payload = self.disk.get(key) if self.disk is not None else None
+                row = None if payload is None else _row(payload)
+            if row is None:
+                return rows
+            rows.append(row)
+        rest = keys[len(sources):]
+        if self.remote is not None and rest:
+            for payload in self.remote.get_many(list(rest)):
+                if payload is None:
+                    break
+                rows.append(_row(payload))
+                sources.append(REMOTE_TIER)
+        return rows
+
+    # ---- the step's fixed points -------------------------------------------------------------------------
+    def begin_step(self, now: float, wait_s: float = 0.0) -> list[Admission]:
+        """Finish restores whose stage 1 is done (waiting up to `wait_s` for one when asked), then keep the
+        tiers in order. Returns the requests to hand to the scheduler."""
+        if wait_s and self._restores and not any(r.rows.done() for r in self._restores):
+            self._restores[0].rows.exception(timeout=wait_s)
+        ready = [r for r in self._restores if r.rows.done()]
+        self._restores = [r for r in self._restores if not r.rows.done()]
+        admitted = [self._stage2(r, now) for r in ready]
+        self._maintain(now)
+        return admitted
+
+    def _stage2(self, job: _Restore, now: float) -> Admission:
+        request = job.request
+        rows = job.rows.result()
+        num_read = len(rows)
+        ns = namespace_for(request.tenant, shareable=request.shareable,
+                           strict=self.scheduler.config.strict_isolation)
+        match = self.index.match(ns, request.prompt)
+        skip = match.num_pages - job.start  # pages that reached device meanwhile (another request's)
+        tiers = (DEVICE_TIER,) * match.num_pages
+        if skip < 0 or skip >= len(rows):
+            self._forget_failed(job, num_read)
+            return Admission(request, tiers)
+        rows, sources = rows[skip:], job.sources[skip:len(rows)]
+        self.index.lock(match, now)
+        if not self.scheduler.can_allocate(len(rows), request.tenant, now):
+            self.index.unlock(match)
+            return Admission(request, tiers)
+        self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
+        pages = self.index.pool.allocate(len(rows))
+        self.kv_cache.write_pages(pages, torch.stack(rows))
+        end = (match.num_pages + len(pages)) * self.index.page_size
+        self.index.insert(ns, request.prompt[:end], list(match.pages) + pages, request.tenant, now)
+        self.index.pool.release(pages)
+        self.index.unlock(match)
+        for key in job.keys[skip:num_read]:  # moved up: exclusive local tiers drop their copy
+            self._forget(key)
+        self._forget_failed(job, num_read)
+        return Admission(request, tiers + tuple(sources))
+
+    def _forget(self, key: PageKey) -> None:
+        tier = self.policy.tier_of(key)
+        if tier is not None:
+            self.policy.forget(key)
+            self._store(tier).delete(key)
+
+    def _forget_failed(self, job: _Restore, num_read: int) -> None:
+        """The page after the last one read failed to read or verify: forget it, so it is recomputed."""
+        if num_read < len(job.sources):
+            self._forget(job.keys[num_read])
+
+    def cancel(self, request: Request) -> bool:
+        """Drop a request whose restore is in flight (the client left). True if it was here."""
+        before = len(self._restores)
+        self._restores = [r for r in self._restores if r.request.request_id != request.request_id]
+        return len(self._restores) < before
+
+    def holds(self, request_id: str) -> Request | None:
+        return next((r.request for r in self._restores if r.request.request_id == request_id), None)
+
+    def sync_pages(self, now: float) -> None:
+        """Copy pages the prefix index dropped to their lower tier; publish stored pages to the remote tier."""
+        records = self.journal.take_pages()
+        dropped = [(r, t) for r in records if r.change == PageChange.DROPPED
+                   and (t := self.policy.tier_for_evicted(r.tenant, r.last_access, now)) is not None]
+        stored = [r for r in records if r.change == PageChange.STORED] if self.remote is not None else []
+        if not dropped and not stored:
+            return
+        data = self.kv_cache.read_pages([r.page for r, _ in dropped] + [r.page for r in stored]).cpu()
+        for i, (record, tier) in enumerate(dropped):
+            self._demote_from_device(record, tier, data[i], now)
+        for i, record in enumerate(stored, start=len(dropped)):
+            self.remote.put(record.key, data[i].numpy().tobytes())
+
+    def _demote_from_device(self, record: PageRecord, tier: Tier, row: torch.Tensor, now: float) -> None:
+        store = self._store(tier)
+        ok = store.put_tensor(record.key, row) if tier == Tier.HOST else store.put(record.key, row.numpy().tobytes())
+        if ok:
+            self.policy.track(record.key, record.tenant, record.last_access, tier)
+            self.events.record(EventKind.MOVED, record.tenant, tier.name.lower(), 1, now)
+        else:
+            self.events.record(EventKind.EVICTED, record.tenant, tier.name.lower(), 1, now)
+
+    def _maintain(self, now: float) -> None:
+        """Demote idle device pages (per-tenant device TTL) and carry out the policy's moves among the lower
+        tiers, at most once per `maintenance_interval_s` of engine time."""
+        if self._last_maintenance is not None and now - self._last_maintenance < self.maintenance_interval_s:
+            return
+        self._last_maintenance = now
+        self.index.evict_idle(now, self.policy.device_ttl)
+        self.sync_pages(now)
+        for move in self.policy.plan(now):
+            self._carry_out(move, now)
+
+    def _carry_out(self, move: Move, now: float) -> None:
+        src = self._store(move.src)
+        if move.kind != MoveKind.DROP:
+            payload = src.get(move.key)
+            dst = self._store(move.dst)
+            if payload is not None and dst.put(move.key, payload):
+                self.policy.apply(move, now)
+                src.delete(move.key)
+                return
+            move = Move(move.key, MoveKind.DROP, move.src, None)  # unreadable, or the lower tier refused
+        self.policy.apply(move, now)
+        src.delete(move.key)
+
+    # ---- whole-cache operations --------------------------------------------------------------------------
+    def clear(self) -> None:
+        """Forget every lower-tier page (a prefix cache reset); waits for restores in flight."""
+        for job in self._restores:
+            job.rows.exception()
+        self.journal.take_pages()
+        for key in self.policy.keys():
+            self._forget(key)
+        if self.remote is not None:
+            self.remote.clear()
+
+    def pages_by_tenant(self) -> dict[tuple[str, str], int]:
+        """Pages per (tenant, tier name) in the local lower tiers."""
+        return {(t, tier.name.lower()): n for (t, tier), n in self.policy.usage_by_tenant().items()}
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True, cancel_futures=True)
+
+
+def _row(payload: bytes) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(payload, dtype=np.uint8).copy())

@@ -1,0 +1,236 @@
+"""Byte stores of the lower KV tiers: host memory, disk files and a shared Redis, keyed by page content key.
+
+Each store keeps whole page records: a header (magic, the KV layout fingerprint, the payload's length and
+BLAKE2b checksum) and the page's bytes as `PagedKVCache.read_pages` exports them. `get` returns the payload
+only when the record is whole and was written for the same layout; anything else (a truncated or corrupted
+file, another model's or dtype's page, a tier that is down) is a miss, never wrong KV. A store that fails
+(a full disk, a stopped Redis) answers False / None and says why in `StoreFailure`s its caller counts; the
+engine keeps serving without that tier.
+
+Which pages go where and when is the pure core's decision (`core.tiers`); these classes only move bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+_MAGIC = b"KVP1"
+_HEADER = struct.Struct("<4s16sQ16s")  # magic, layout fingerprint, payload length, payload checksum
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFailure:
+    tier: str
+    reason: str  # "full", "unavailable", "corrupt"
+
+
+def encode_record(fingerprint: str, payload: bytes) -> bytes:
+    digest = hashlib.blake2b(payload, digest_size=16).digest()
+    return _HEADER.pack(_MAGIC, fingerprint.encode()[:16].ljust(16, b"\0"), len(payload), digest) + payload
+
+
+def decode_record(fingerprint: str, record: bytes) -> bytes | None:
+    """The payload of a whole, intact record written for `fingerprint`; None otherwise."""
+    if len(record) < _HEADER.size:
+        return None
+    magic, fp, length, digest = _HEADER.unpack_from(record)
+    payload = record[_HEADER.size :]
+    if magic != _MAGIC or fp != fingerprint.encode()[:16].ljust(16, b"\0") or length != len(payload):
+        return None
+    if hashlib.blake2b(payload, digest_size=16).digest() != digest:
+        return None
+    return payload
+
+
+class PageStore(Protocol):
+    """A lower tier's bytes. `put` returns False when the tier refused or failed (see `failures`)."""
+
+    name: str
+    failures: list[StoreFailure]
+
+    def put(self, key: str, payload: bytes) -> bool: ...
+    def get(self, key: str) -> bytes | None: ...
+    def delete(self, key: str) -> None: ...
+    def contains(self, key: str) -> bool: ...
+
+
+@dataclass(slots=True)
+class HostStore:
+    """Pages in host memory, one uint8 tensor each (pinned when a GPU exists, for fast async copies)."""
+
+    pin: bool = False
+    name: str = "host"
+    failures: list[StoreFailure] = field(default_factory=list)
+    _pages: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def put(self, key: str, payload: bytes) -> bool:
+        return self.put_tensor(key, torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+
+    def put_tensor(self, key: str, row: torch.Tensor) -> bool:
+        """Keep a copy of one page row (uint8 [page_bytes]) from any device."""
+        buf = torch.empty(row.shape, dtype=torch.uint8, pin_memory=self.pin)
+        buf.copy_(row)
+        self._pages[key] = buf
+        return True
+
+    def get(self, key: str) -> bytes | None:
+        row = self._pages.get(key)
+        return None if row is None else row.numpy().tobytes()
+
+    def get_tensor(self, key: str) -> torch.Tensor | None:
+        return self._pages.get(key)
+
+    def delete(self, key: str) -> None:
+        self._pages.pop(key, None)
+
+    def contains(self, key: str) -> bool:
+        return key in self._pages
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+
+@dataclass(slots=True)
+class DiskStore:
+    """One file per page under `root/<2 hex>/<key>.kvp`, written to a temporary name and renamed into place
+    (a reader never sees half a file from this writer; a torn or corrupted file fails its checksum)."""
+
+    root: Path
+    fingerprint: str
+    name: str = "disk"
+    failures: list[StoreFailure] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.kvp"
+
+    def put(self, key: str, payload: bytes) -> bool:
+        path = self.path(key)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            path.parent.mkdir(exist_ok=True)
+            self._write_file(tmp, encode_record(self.fingerprint, payload))
+            os.replace(tmp, path)
+            return True
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self.failures.append(StoreFailure(self.name, "full" if exc.errno == 28 else "unavailable"))
+            return False
+
+    @staticmethod
+    def _write_file(path: Path, data: bytes) -> None:
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            record = self.path(key).read_bytes()
+        except OSError:
+            return None
+        payload = decode_record(self.fingerprint, record)
+        if payload is None:
+            self.failures.append(StoreFailure(self.name, "corrupt"))
+        return payload
+
+    def delete(self, key: str) -> None:
+        self.path(key).unlink(missing_ok=True)
+
+    def contains(self, key: str) -> bool:
+        return self.path(key).exists()
+
+
+@dataclass(slots=True)
+class RedisStore:
+    """Pages in a Redis shared by several engines: `SET key record NX` (the first writer wins; content keys
+    make every writer's bytes the same). Redis's own memory limit and eviction policy bound the tier."""
+
+    url: str
+    fingerprint: str
+    prefix: str = "kvbench:page:"
+    timeout_s: float = 0.5
+    name: str = "remote"
+    failures: list[StoreFailure] = field(default_factory=list)
+    _client: object = None
+
+    def __post_init__(self) -> None:
+        import redis
+
+        self._client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
+                                            socket_connect_timeout=self.timeout_s)
+
+    def _call(self, fn, *args, **kwargs) -> tuple[bool, object]:
+        """(reached Redis, its answer); a failure is counted, never raised."""
+        import redis
+
+        try:
+            return True, fn(*args, **kwargs)
+        except (redis.RedisError, OSError):
+            self.failures.append(StoreFailure(self.name, "unavailable"))
+            return False, None
+
+    def put(self, key: str, payload: bytes) -> bool:
+        ok, _ = self._call(self._client.set, self.prefix + key, encode_record(self.fingerprint, payload), nx=True)
+        return ok
+
+    def get(self, key: str) -> bytes | None:
+        _, record = self._call(self._client.get, self.prefix + key)
+        if record is None:
+            return None
+        payload = decode_record(self.fingerprint, record)
+        if payload is None:
+            self.failures.append(StoreFailure(self.name, "corrupt"))
+        return payload
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        _, records = self._call(self._client.mget, [self.prefix + k for k in keys])
+        if records is None:
+            return [None] * len(keys)
+        out = [None if r is None else decode_record(self.fingerprint, r) for r in records]
+        self.failures.extend(StoreFailure(self.name, "corrupt") for r, p in zip(records, out) if r is not None and p is None)
+        return out
+
+    def delete(self, key: str) -> None:
+        self._call(self._client.delete, self.prefix + key)
+
+    def contains(self, key: str) -> bool:
+        return bool(self._call(self._client.exists, self.prefix + key)[1])
+
+    def clear(self) -> None:
+        """Delete every page under this store's prefix (a cache reset; other engines lose them too)."""
+        def delete_all():
+            for batch in _batches(self._client.scan_iter(match=self.prefix + "*", count=1000), 1000):
+                self._client.delete(*batch)
+        self._call(delete_all)
+
+    def count_present(self, keys: list[str]) -> int:
+        """How many of `keys`, in order, are present before the first absent one (one round trip)."""
+        if not keys:
+            return 0
+        pipe = self._client.pipeline(transaction=False)
+        for k in keys:
+            pipe.exists(self.prefix + k)
+        _, flags = self._call(pipe.execute)
+        if flags is None:
+            return 0
+        return next((i for i, f in enumerate(flags) if not f), len(keys))
+
+
+def _batches(items, size: int):
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

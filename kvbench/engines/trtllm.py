@@ -1,0 +1,181 @@
+"""`trtllm`: TensorRT-LLM's OpenAI server, `trtllm-serve MODEL ... --extra_llm_api_options options.yaml`.
+
+The options YAML (written to the adapter's folder) carries the `kv_cache_config` (a `KvCacheConfig`: `dtype`,
+`enable_block_reuse`, `host_cache_size` in bytes, `free_gpu_memory_fraction`, `tokens_per_block`) and turns on
+the statistics its Prometheus endpoint (/prometheus/metrics) needs: `return_perf_metrics` feeds the per-request
+counters (`trtllm_prompt_tokens_total`, `trtllm_prompt_cached_tokens_total`), `enable_iter_perf_stats` the
+`trtllm_kv_cache_hit_rate` gauge.
+
+Written against TensorRT-LLM 1.x's `trtllm-serve` click options and `tensorrt_llm.llmapi.KvCacheConfig`
+(nvidia.github.io/TensorRT-LLM, llm-api/reference/KvCacheConfig; tensorrt_llm/metrics/collector.py); there is
+no reference --help in shared/reference, so `SERVE_FLAGS` lists the flags this adapter may emit and the launch
+checks them against the installed `trtllm-serve --help`. TensorRT-LLM has no HTTP cache reset: a cold cache
+between runs needs `restart_to_reset: true` (stop and start the server before each run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kvbench.engines.base import Capabilities, Endpoint
+from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.engines.vllm import resolve_model, settings_values
+from kvbench.settings import build
+
+WRITTEN_AGAINST = "tensorrt-llm 1.x trtllm-serve (click options) and llmapi.KvCacheConfig"
+OPTIONS_FILE = "trtllm-options.yaml"
+KV_DTYPES = ("auto", "fp8", "nvfp4")
+# trtllm-serve's options as of TensorRT-LLM 1.x (tensorrt_llm/commands/serve.py), the ones this adapter emits.
+SERVE_FLAGS = frozenset({
+    "--host", "--port", "--backend", "--tp_size", "--pp_size", "--ep_size", "--max_batch_size", "--max_num_tokens",
+    "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options", "--trust_remote_code",
+    "--log_level",
+})
+
+
+@dataclass(frozen=True)
+class TRTLLMSettings:
+    """One TensorRT-LLM configuration. `kv_dtype` is KvCacheConfig.dtype; `host_cache_gib` the host (CPU) tier for
+    offloaded reusable blocks; `None` leaves TensorRT-LLM's default."""
+
+    model: str = "default"
+    executable: str = "trtllm-serve"
+    backend: str = "pytorch"
+    kv_dtype: str = "auto"
+    block_reuse: bool = True
+    host_cache_gib: float | None = None
+    free_gpu_memory_fraction: float | None = None
+    tokens_per_block: int | None = None
+    tp_size: int = 1
+    max_batch_size: int | None = None
+    max_num_tokens: int | None = None
+    max_seq_len: int | None = None
+    restart_to_reset: bool = False
+    health_timeout_s: float = 1800.0  # for restart_to_reset: a 72B model loads in minutes
+    vocab_size: int | None = None
+    port: int | None = None
+    check_flags: bool = True
+    verify_cold: bool = True
+    env: Mapping[str, str] | None = None
+    extra_options: Mapping[str, object] | None = None  # more LLM-API options, merged into the YAML
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+        if self.host_cache_gib is not None and self.host_cache_gib < 0:
+            raise ValueError(f"host_cache_gib must be >= 0, got {self.host_cache_gib}")
+        if isinstance(self.extra_args, str):
+            raise ValueError("extra_args must be a list of arguments, not one string")
+        object.__setattr__(self, "extra_args", tuple(str(arg) for arg in self.extra_args))
+
+    def options(self) -> dict[str, object]:
+        """The --extra_llm_api_options YAML as a mapping."""
+        kv: dict[str, object] = {"dtype": self.kv_dtype, "enable_block_reuse": self.block_reuse}
+        if self.host_cache_gib is not None:
+            kv["host_cache_size"] = int(self.host_cache_gib * 2**30)
+        if self.free_gpu_memory_fraction is not None:
+            kv["free_gpu_memory_fraction"] = self.free_gpu_memory_fraction
+        if self.tokens_per_block is not None:
+            kv["tokens_per_block"] = self.tokens_per_block
+        options: dict[str, object] = {"kv_cache_config": kv, "return_perf_metrics": True, "enable_iter_perf_stats": True}
+        for key, value in dict(self.extra_options or {}).items():
+            if key == "kv_cache_config" and isinstance(value, Mapping):
+                kv.update(value)
+            else:
+                options[key] = value
+        return options
+
+
+def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) -> LaunchPlan:
+    s = settings
+    command = [
+        s.executable, model, "--host", "127.0.0.1", "--port", str(port), "--backend", s.backend,
+        "--tp_size", str(s.tp_size), "--extra_llm_api_options", str((workdir / OPTIONS_FILE).resolve()),
+    ]
+    for flag, value in {"--max_batch_size": s.max_batch_size, "--max_num_tokens": s.max_num_tokens,
+                        "--max_seq_len": s.max_seq_len}.items():
+        if value is not None:
+            command += [flag, str(value)]
+    return LaunchPlan(
+        command=(*command, *s.extra_args),
+        env=dict(s.env or {}),
+        files={OPTIONS_FILE: yaml.safe_dump(s.options(), sort_keys=False)},
+        help_command=(s.executable, "--help"),
+        metrics_path="/prometheus/metrics",
+    )
+
+
+class TRTLLMAdapter:
+    name = "trtllm"
+
+    def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
+        values = settings_values(settings)
+        if isinstance(values.get("extra_options"), Mapping):
+            values["extra_options"] = dict(values["extra_options"])
+        self.settings = build(TRTLLMSettings, values, "engine.trtllm")
+        self.port = self.settings.port or free_port()
+        self.model = resolve_model(self.settings.model)
+        plan = trtllm_plan(self.settings, self.model, self.port, workdir)
+        self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
+        self._version: str | None = None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.settings.vocab_size
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.server.base_url, self.model)  # trtllm-serve names the model by its path
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=False,
+                            cache_reset=self.settings.restart_to_reset)
+
+    def describe(self) -> Mapping[str, object]:
+        s = self.settings
+        return {
+            "kv_dtype": s.kv_dtype, "model": s.model, "block_reuse": s.block_reuse, "host_cache_gib": s.host_cache_gib,
+            "tp_size": s.tp_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
+        }
+
+    def start(self) -> None:
+        self._version = installed_version(_python_of(self.settings.executable), ("tensorrt_llm", "tensorrt-llm"))
+        self.server.start()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        self.server.wait_healthy(timeout_s)
+
+    def reset_cache(self) -> bool:
+        """No reset endpoint: with restart_to_reset the server is restarted (minutes), else False."""
+        if not self.settings.restart_to_reset:
+            return False
+        self.server.stop()
+        self.server.start()
+        self.server.wait_healthy(self.settings.health_timeout_s)
+        if self.settings.verify_cold:
+            self.server.verify_cold(self.model, probe_for(self.settings.max_seq_len, self.settings.vocab_size))
+        return True
+
+    def scrape_metrics(self) -> Mapping[str, float] | None:
+        return self.server.scrape()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def _python_of(executable: str) -> str:
+    """The interpreter next to a console script (its venv's python), else `python3`."""
+    import shutil
+
+    found = shutil.which(executable)
+    if found:
+        sibling = Path(found).parent / "python"
+        if sibling.exists():
+            return str(sibling)
+    return "python3"

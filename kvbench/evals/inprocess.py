@@ -1,0 +1,128 @@
+"""Our engine's model run in this process, so that divergence uses the full next-token distribution.
+
+Windows of a corpus go through `LlamaForCausalLM` over a `PagedKVCache` in the KV setting's format, with the
+static scales the engine itself installs (`calibrate_kv_scales` on the engine's fixed calibration text, same
+margin) unless a `Calibration` says otherwise (the calibration study). Each window is one forward: its tokens
+write K/V into the pages and read them back, as the engine does, so every position attends to quantized K/V.
+Greedy generations go through the real `Engine` (scheduler, chunked prefill, decode steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kvbench.engines.kvengine.model import fp8
+from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
+from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
+from kvbench.engines.kvengine.model.loader import LoadedModel
+from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+from kvbench.evals.divergence import EMPTY, DivergenceStats, compare_logits
+from kvbench.evals.kv_settings import KVSetting
+
+PAGE_SIZE = 16
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Where static FP8 scales come from: "engine" (the engine's fixed text) or "window" (the scored window
+    itself, an oracle no server can have), and the headroom margin over the calibrated amax."""
+
+    source: str = "engine"
+    margin: float = fp8.DEFAULT_MARGIN
+
+    def __post_init__(self) -> None:
+        if self.source not in ("engine", "window"):
+            raise ValueError(f"calibration source {self.source!r}: use 'engine' or 'window'")
+        fp8.scale_from_amax(torch.ones(()), torch.float8_e4m3fn, self.margin)  # validates the margin
+
+
+ENGINE_CALIBRATION = Calibration()
+
+
+def window_logits(loaded: LoadedModel, setting: KVSetting, ids: Sequence[int],
+                  calibration: Calibration = ENGINE_CALIBRATION) -> torch.Tensor:
+    """Logits `[len(ids), vocab]` (fp32) of one window run from an empty cache in `setting`'s KV format."""
+    model = loaded.model
+    calib_ids = calibration_token_ids(loaded.tokenizer) if calibration.source == "engine" else list(ids)
+    scales: KVScales = calibrate_kv_scales(model, calib_ids, setting.kv_dtype, setting.kv_scale if setting.quantized else None,
+                                           margin=calibration.margin)
+    num_pages = -(-len(ids) // PAGE_SIZE)
+    device = model.lm_head.weight.device
+    cache = PagedKVCache(loaded.config, num_pages, PAGE_SIZE, setting.kv_dtype,
+                         setting.kv_scale if setting.quantized else None, device,
+                         scales=scales, compute_dtype=model.lm_head.weight.dtype)
+    batch = ForwardBatch.build([SequenceChunk(list(ids), 0, range(num_pages))], PAGE_SIZE, all_logits=True, device=device)
+    return model(batch, cache)
+
+
+def windows(ids: Sequence[int], window: int, max_tokens: int | None) -> list[list[int]]:
+    """Consecutive, non-overlapping windows of `window` tokens over the first `max_tokens` ids (last may be short,
+    but at least 2 tokens so that it scores a position)."""
+    ids = list(ids[:max_tokens] if max_tokens else ids)
+    return [ids[start : start + window] for start in range(0, len(ids), window) if len(ids[start : start + window]) > 1]
+
+
+def divergence_pass(
+    loaded: LoadedModel,
+    baseline: KVSetting,
+    settings: Sequence[KVSetting],
+    token_windows: Sequence[Sequence[int]],
+    calibration: Calibration = ENGINE_CALIBRATION,
+    on_window: Callable[[int, int], None] | None = None,
+) -> dict[str, DivergenceStats]:
+    """Exact divergence of every setting against `baseline`, summed over windows (keyed by setting label).
+
+    Every setting is recomputed, the baseline too: its row then checks that the pipeline is deterministic
+    (KL 0, top-1 agreement 100%). Only one window's baseline logits are held at a time.
+    """
+    totals = {setting.label: EMPTY for setting in settings}
+    for index, ids in enumerate(token_windows):
+        base = window_logits(loaded, baseline, ids, calibration)[:-1]
+        targets = torch.tensor(ids[1:])
+        for setting in settings:
+            new = window_logits(loaded, setting, ids, calibration)[:-1]
+            totals[setting.label] = totals[setting.label] + compare_logits(base, new, targets)
+        if on_window is not None:
+            on_window(index + 1, len(token_windows))
+    return totals
+
+
+def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
+                       prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy (temperature 0) outputs of `prompts` from a fresh `Engine` in `setting`, exactly `max_tokens` each."""
+    longest = max(len(prompt) for prompt in prompts) + max_tokens
+    engine = Engine(
+        EngineConfig(model=model_name, kv_dtype=setting.kv_dtype, kv_scale=setting.kv_scale,
+                     kv_capacity_tokens=max(longest * len(prompts), 1024), prefix_caching=False,
+                     max_model_len=max(longest, 64)),
+        loaded=loaded,
+    )
+    outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
+        engine.add(GenerationRequest(str(i), tuple(int(t) for t in prompt), max_tokens, ignore_eos=True))
+    while engine.has_work():
+        for output in engine.step():
+            if output.error:
+                raise RuntimeError(f"generation {output.request_id} failed: {output.error}")
+            if output.token_id is not None:
+                outputs[output.request_id].append(output.token_id)
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+def rag_chat_prompts(vocab_size: int, count: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    """First-turn prompts (system + documents + user turn) of `rag-chat-mini` sessions, keeping the last
+    `max_prompt_tokens` tokens of each (the user turn and the documents closest to it)."""
+    from kvbench.workloads.profiles import load_workload
+
+    workload = load_workload("rag-chat-mini", seed=seed, num_sessions=count, vocab_size=vocab_size)
+    prompts = []
+    for session in workload.sessions[:count]:
+        ids = np.concatenate([session.context, session.turns[0].user_tokens]).tolist()
+        prompts.append(ids[-max_prompt_tokens:])
+    return prompts

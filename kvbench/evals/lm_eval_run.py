@@ -1,0 +1,88 @@
+"""lm-eval through `local-completions` against an OpenAI-compatible URL, offline, on the shipped tasks.
+
+Loglikelihood tasks need the engine's prompt logprobs (`echo: true, logprobs: 1`) and a local tokenizer to
+split context from continuation: we send token ids (`tokenized_requests=True`) tokenized with the engine's own
+tokenizer folder, so the engine scores exactly the tokens lm-eval counted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.evals.tasks import render_tasks
+
+OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """One metric of one task; `stderr` is None where lm-eval gives none (e.g. a single document)."""
+
+    task: str
+    metric: str
+    value: float
+    stderr: float | None
+    samples: int
+
+
+@dataclass(frozen=True)
+class LMEvalOptions:
+    """How lm-eval talks to the engine. `limit`: documents per task (None: all)."""
+
+    tokenizer: Path
+    model_name: str = "kvengine"
+    limit: int | None = None
+    num_concurrent: int = 2
+    max_length: int = 2048
+    bootstrap_iters: int = 1000  # perplexity stderr comes from a bootstrap; lm-eval's default 100k is slow
+
+
+def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, work_dir: Path) -> list[TaskScore]:
+    """Run `tasks` against `base_url` (no /v1); returns every numeric metric with its standard error."""
+    os.environ.update(OFFLINE_ENV)  # before lm_eval imports datasets: every task reads local files only
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    task_dir = render_tasks(tasks, work_dir / "lm_eval_tasks")
+    results = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={
+            "base_url": f"{base_url.rstrip('/')}/v1/completions",
+            "model": options.model_name,
+            "tokenizer": str(options.tokenizer),
+            "tokenizer_backend": "huggingface",
+            "tokenized_requests": True,
+            "num_concurrent": options.num_concurrent,
+            "max_length": options.max_length,
+            "max_retries": 1,
+        },
+        tasks=list(tasks),
+        limit=options.limit,
+        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+        bootstrap_iters=options.bootstrap_iters,
+        log_samples=False,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
+    return scores_from_results(results)
+
+
+def scores_from_results(results: Mapping) -> list[TaskScore]:
+    """lm-eval's {"results": {task: {"metric,filter": v, "metric_stderr,filter": se}}} as TaskScores."""
+    out = []
+    for task, values in results["results"].items():
+        samples = int(results.get("n-samples", {}).get(task, {}).get("effective", 0))
+        for key, value in values.items():
+            metric, _, filter_name = key.partition(",")
+            if metric.endswith("_stderr") or metric == "sample_len" or not isinstance(value, (int, float)):
+                continue
+            stderr = values.get(f"{metric}_stderr,{filter_name}")
+            stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
+            out.append(TaskScore(task, metric, float(value), stderr, samples))
+    return out

