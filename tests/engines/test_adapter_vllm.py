@@ -33,7 +33,7 @@ def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
     adapter = _adapter(
         tmp_path, kv_cache_dtype="fp8_e4m3", prefix_caching=False, tensor_parallel_size=8, max_model_len=16384,
         chunked_prefill=True, max_num_batched_tokens=8192, max_num_seqs=64, dtype="bfloat16", quantization="fp8",
-        enforce_eager=True, gpu_memory_utilization=0.9, block_size=16, extra_args=["--seed", "1"],
+        enforce_eager=True, gpu_memory_utilization=0.9, block_size=16, kv_cache_memory_bytes=2**30, extra_args=["--seed", "1"],
     )
     command = adapter.server.plan.command
     assert command[:3] == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server")

@@ -34,6 +34,16 @@ class KVEngineSettings:
     compute_dtype: str = "float32"
     max_model_len: int | None = None
     threads: int | None = None
+    host_capacity: int = 0  # tokens; 0: no host tier
+    disk_capacity: int = 0  # tokens; 0: no disk tier
+    disk_dir: str | None = None  # default: <run workdir>/kv-disk when disk_capacity > 0
+    remote_url: str | None = None  # shared Redis tier, e.g. redis://127.0.0.1:6379/0
+    device_ttl_s: float = 30.0
+    host_ttl_s: float = 600.0
+    tier_interval_s: float = 1.0
+    tenants_file: str | None = None
+    isolation: str = "strict"  # or "shared-prefix"
+    api_key: str | None = None  # the key the load generator sends (a key of the tenants file, or --api-key)
     port: int | None = None  # None: a free port
     extra_args: tuple[str, ...] = ()
 
@@ -68,6 +78,19 @@ class KVEngineAdapter:
             command += ["--max-model-len", str(s.max_model_len)]
         if s.threads is not None:
             command += ["--threads", str(s.threads)]
+        command += ["--isolation", s.isolation, "--device-ttl", str(s.device_ttl_s), "--host-ttl", str(s.host_ttl_s),
+                    "--tier-interval", str(s.tier_interval_s)]
+        if s.host_capacity:
+            command += ["--host-capacity", str(s.host_capacity)]
+        if s.disk_capacity:
+            command += ["--disk-capacity", str(s.disk_capacity),
+                        "--disk-dir", s.disk_dir or str(self.workdir / "kv-disk")]
+        if s.remote_url:
+            command += ["--remote-url", s.remote_url]
+        if s.tenants_file:
+            command += ["--tenants-file", s.tenants_file]
+        elif s.api_key:
+            command += ["--api-key", s.api_key]
         return command + list(s.extra_args)
 
     @property
@@ -81,7 +104,7 @@ class KVEngineAdapter:
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.base_url, "kvengine")
+        return Endpoint(self.base_url, "kvengine", self.settings.api_key)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -90,7 +113,9 @@ class KVEngineAdapter:
     def describe(self) -> Mapping[str, object]:
         s = self.settings
         kv = s.kv_dtype if not s.kv_dtype.startswith("fp8") else f"{s.kv_dtype}/{s.kv_scale}"
-        return {"kv_dtype": kv, "model": s.model, "kv_capacity": s.kv_capacity, "prefix_caching": s.prefix_caching}
+        return {"kv_dtype": kv, "model": s.model, "kv_capacity": s.kv_capacity, "prefix_caching": s.prefix_caching,
+                "host_capacity": s.host_capacity, "disk_capacity": s.disk_capacity, "remote": bool(s.remote_url),
+                "isolation": s.isolation, "device_ttl_s": s.device_ttl_s, "host_ttl_s": s.host_ttl_s}
 
     def start(self) -> None:
         self._process.start()
@@ -99,13 +124,13 @@ class KVEngineAdapter:
         self._process.wait_healthy(self.base_url + "/health", timeout_s)
 
     def reset_cache(self) -> bool:
-        reply = request("POST", self.base_url + "/reset_prefix_cache", timeout_s=30)
+        reply = request("POST", self.base_url + "/reset_prefix_cache", timeout_s=30, api_key=self.settings.api_key)
         if not reply.ok:
             raise EngineError(f"kvengine cache reset failed: {reply.error or reply.status}")
         return True
 
     def scrape_metrics(self) -> Mapping[str, float] | None:
-        reply = request("GET", self.base_url + "/metrics")
+        reply = request("GET", self.base_url + "/metrics", api_key=self.settings.api_key)
         return parse_samples(reply.body) if reply.ok else None
 
     def stop(self) -> None:

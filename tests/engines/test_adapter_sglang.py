@@ -1,0 +1,64 @@
+"""The SGLang adapter offline: commands checked against sglang 0.5.23's --help, counters against its /metrics.
+SGLang needs a GPU for the real run (ci/gpu-smoke.sh)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from kvbench.engines.launch import command_problems
+from kvbench.engines.prometheus import parse_samples, sum_samples
+from kvbench.engines.sglang import SGLangAdapter
+from kvbench.harness.reconcile import reconcile
+from kvbench.harness.records import RequestRecord
+from kvbench.settings import SettingsError
+
+REFERENCE = Path(os.environ.get("KVBENCH_REFERENCE_DIR", "/work/shared/reference"))
+SGLANG_HELP = REFERENCE / "sglang-0.5.23-launch-server-help.txt"
+SGLANG_METRICS = REFERENCE / "sglang-0.5.23-cpu-metrics.txt"
+
+
+def _adapter(tmp_path: Path, **settings) -> SGLangAdapter:
+    return SGLangAdapter({"model": "/models/any", "python": "/venv/bin/python", "port": 8125, **settings}, tmp_path)
+
+
+@pytest.mark.parametrize("settings", [
+    {},
+    {"kv_cache_dtype": "fp8_e4m3", "radix_cache": False, "tp_size": 8, "context_length": 32768},
+    {"kv_cache_dtype": "fp8_e5m2", "hierarchical_cache": True, "hicache_ratio": 2.0, "hicache_write_policy": "write_through",
+     "hicache_storage_backend": "file", "chunked_prefill_size": 4096, "mem_fraction_static": 0.85, "page_size": 16},
+    {"hierarchical_cache": True, "hicache_size": 200, "max_prefill_tokens": 16384, "quantization": "fp8"},
+])
+def test_every_flag_and_choice_is_in_the_reference_help(tmp_path, settings):
+    command = _adapter(tmp_path, **settings).server.plan.command
+    assert command[:3] == ("/venv/bin/python", "-m", "sglang.launch_server")
+    assert command_problems(command, SGLANG_HELP.read_text()) == []
+    assert "--enable-metrics" in command and "--enable-cache-report" in command
+
+
+def test_settings_map_to_their_flags(tmp_path):
+    text = " ".join(_adapter(tmp_path, kv_cache_dtype="fp8_e4m3", radix_cache=False, tp_size=8).server.plan.command)
+    assert "--kv-cache-dtype fp8_e4m3" in text and "--disable-radix-cache" in text and "--tp-size 8" in text
+    text = " ".join(_adapter(tmp_path, hierarchical_cache=True, hicache_ratio=2.0).server.plan.command)
+    assert "--enable-hierarchical-cache --hicache-ratio 2" in text and "--kv-cache-dtype" not in text
+
+
+def test_hicache_options_without_hierarchical_cache_are_refused(tmp_path):
+    with pytest.raises(SettingsError, match="hicache_ratio need hierarchical_cache: true"):
+        _adapter(tmp_path, hicache_ratio=2.0)
+    with pytest.raises(SettingsError, match="hierarchical_cache needs radix_cache: true"):
+        _adapter(tmp_path, hierarchical_cache=True, radix_cache=False)
+    with pytest.raises(SettingsError, match="kv_cache_dtype 'fp8' is not one of"):
+        _adapter(tmp_path, kv_cache_dtype="fp8")
+
+
+def test_reference_metrics_hold_the_counters_reconciliation_uses():
+    samples = parse_samples(SGLANG_METRICS.read_text())
+    cached = sum_samples(samples, "sglang:cached_tokens_total")
+    assert cached == 8346
+    assert sum_samples(samples, "sglang:realtime_tokens_total", mode="prefill_cache") == cached
+    assert sum_samples(samples, "sglang:realtime_tokens_total", mode="prefill_compute") == 8313
+    result = reconcile([RequestRecord("r", "1", "s", "t", 0, 0, cached_tokens=8346)], {}, samples)
+    assert (result.counter, result.agree) == ("sglang:cached_tokens_total", True)
