@@ -158,7 +158,8 @@ class LMCacheAdapter:
     def reset_cache(self) -> bool:
         self.server.post("/reset_prefix_cache?reset_external=true")
         if self.settings.verify_cold:
-            self.server.verify_cold(self.settings.served_model_name, probe_for(self.settings.max_model_len, self.settings.vocab_size))
+            probe = probe_for(self.settings.max_model_len, self.settings.vocab_size)
+            self.server.verify_cold(self.settings.served_model_name, probe)
         return True
 
     def scrape_metrics(self) -> Mapping[str, float] | None:

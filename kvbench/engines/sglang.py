@@ -155,7 +155,8 @@ class SGLangAdapter:
     def reset_cache(self) -> bool:
         self.server.post("/flush_cache")
         if self.settings.verify_cold and self.settings.radix_cache:
-            self.server.verify_cold(self.settings.served_model_name, probe_for(self.settings.context_length, self.settings.vocab_size))
+            probe = probe_for(self.settings.context_length, self.settings.vocab_size)
+            self.server.verify_cold(self.settings.served_model_name, probe)
         return True
 
     def scrape_metrics(self) -> Mapping[str, float] | None:

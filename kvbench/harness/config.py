@@ -17,7 +17,7 @@ The YAML form (every key optional except `engines`):
     loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | concurrency, optional burstiness
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
     client: {api: completions, request_timeout_s: 600, stall_timeout_s: 120, max_lag_ms: 10,
-             isolation: shared, tokenizer: null}
+             isolation: shared, tokenizer: null, tenant_api_keys: {tenant-a: key-a}}
     slo: {ttft_ms: 500, tpot_ms: 50}
 
 Unknown keys anywhere are errors that name the valid keys.
@@ -79,6 +79,7 @@ class ClientSpec:
     tokenizer: str | None = None
     ignore_eos: bool = True
     health_timeout_s: float = 600.0
+    tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> API key, for multi-tenant engines
 
     def __post_init__(self) -> None:
         if self.isolation not in ("shared", "strict"):

@@ -56,10 +56,11 @@ class InstrumentBehaviour:
 
 @dataclass(slots=True)
 class InstrumentLog:
-    """What the instrument saw: every request body, and the arrival time of each (perf_counter_ns)."""
+    """What the instrument saw: every request body, its arrival time (perf_counter_ns) and its key."""
 
     bodies: list[dict] = field(default_factory=list)
     arrivals_ns: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)  # the Authorization header of each request
 
 
 BehaviourFn = Callable[[int, dict], InstrumentBehaviour]
@@ -78,6 +79,7 @@ def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | 
         index = len(log.bodies)
         log.bodies.append(body)
         log.arrivals_ns.append(arrival)
+        log.keys.append(request.headers.get("Authorization", ""))
         chat = request.path.endswith("chat/completions")
         return await _answer(request, body, choose(index, body), arrival, chat, timer)
 

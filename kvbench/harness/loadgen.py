@@ -12,9 +12,10 @@ past the threshold is marked invalid, because its TTFTs would include the client
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -134,6 +135,7 @@ class LoadGenerator:
     max_lag_ms: float = 10.0
     abort_after_connection_errors: int = 3
     max_connections: int = 0  # 0: unlimited (aiohttp's default caps at 100, which would queue requests)
+    tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> key (multi-tenant engines)
 
     async def run(
         self,
@@ -190,6 +192,9 @@ class LoadGenerator:
 
     async def _session(self, http: aiohttp.ClientSession, session: Session, start_ns: int, state: _RunState) -> None:
         oracle, slots = state.oracle, state.slots
+        endpoint = self.endpoint
+        if session.tenant in self.tenant_api_keys:
+            endpoint = dataclasses.replace(endpoint, api_key=self.tenant_api_keys[session.tenant])
         history: list[np.ndarray] = [session.context]
         messages: list[dict] = []
         queued_ns = start_ns
@@ -220,10 +225,10 @@ class LoadGenerator:
                 state.sent += 1
                 if self.endpoint.api == API_CHAT:
                     messages = self._chat_messages(messages, session, turn_index, turn.user_tokens)
-                    body = chat_body(self.endpoint, messages, turn.max_tokens)
+                    body = chat_body(endpoint, messages, turn.max_tokens)
                 else:
-                    body = completions_body(self.endpoint, prompt.tolist(), turn.max_tokens)
-                result = await stream_request(http, self.endpoint, body, record)
+                    body = completions_body(endpoint, prompt.tolist(), turn.max_tokens)
+                result = await stream_request(http, endpoint, body, record)
             finally:
                 if slots is not None:
                     slots.release()

@@ -160,6 +160,7 @@ def _run_point(
         isolation=client.isolation,
         codec=_codec(client.tokenizer),
         max_lag_ms=client.max_lag_ms,
+        tenant_api_keys=dict(client.tenant_api_keys),
     )
     total = min(workload.num_requests, load.num_requests or workload.num_requests)
     progress.on_point_start(run_id, total)

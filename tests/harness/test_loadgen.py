@@ -153,3 +153,18 @@ def test_stop_conditions_and_warmup():
     assert len(result.records) == 7
     assert sum(rec.warmup for rec in result.records) == 2
     assert summarize(result.records).requests == 5
+
+
+def test_each_tenant_sends_its_own_api_key():
+    behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1)
+    wl = workload(sessions=4, max_tokens=2, tenants=("a", "b"))
+
+    async def go():
+        async with serving(behaviour) as (url, log):
+            generator = LoadGenerator(EndpointConfig(base_url=url, model="m", api_key="default-key"),
+                                      LoadSpec(concurrency=2), run_id="t", tenant_api_keys={"a": "key-a"})
+            await generator.run(wl)
+            return log
+
+    log = asyncio.run(go())
+    assert sorted(log.keys) == ["Bearer default-key", "Bearer default-key", "Bearer key-a", "Bearer key-a"]

@@ -6,7 +6,8 @@ counts), says whether a tenant may take more pages and from whom pages should be
 
 Victim order for a requester that needs pages (`eviction_plan`):
 1. pages beyond a tenant's quota, LRU among all over-quota tenants;
-2. under contention, the requester's own pages while it is above the cap (cap_fraction of the device tier);
+2. under contention, the requester's own pages while it is above the cap (cap_fraction of the device tier),
+   all of its excess, even beyond what the request needs, so the tenant comes back down to the cap;
 3. LRU among every tenant whose pages may be taken: a premium tenant's pages are taken by others only
    above its reserved device pages.
 """
@@ -33,10 +34,12 @@ class TenantTerms:
 
 @dataclass(frozen=True, slots=True)
 class EvictionStep:
-    """Evict up to `max_pages` from the LRU leaves charged to `tenants`."""
+    """Evict up to `max_pages` from the LRU leaves charged to `tenants`. `enforce`: evict all of them even
+    beyond what the requester needs (a tenant over the contention cap comes back down to it)."""
 
     tenants: frozenset[TenantId]
     max_pages: int
+    enforce: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,7 @@ class TenantLedger:
                 steps.append(EvictionStep(frozenset({t}), over[t]))
         own_excess = usage.get(requester, 0) + need - self.cap_pages
         if own_excess > 0 and self.contended(usage, 0, need):
-            steps.append(EvictionStep(frozenset({requester}), min(own_excess, evictable.get(requester, 0))))
+            steps.append(EvictionStep(frozenset({requester}), min(own_excess, evictable.get(requester, 0)), True))
         free_for_all, limited = [], []
         for t, k in evictable.items():
             reserved = self.terms_of(t).reserved_device_pages
@@ -115,7 +118,8 @@ def evict_for(
     for step in ledger.eviction_plan(requester, need, usage, evictable):
         if left <= 0:
             break
-        res: EvictResult = index.evict(min(left, step.max_pages), now, tenants=step.tenants)
+        res: EvictResult = index.evict(step.max_pages if step.enforce else min(left, step.max_pages), now,
+                                       tenants=step.tenants)
         left -= res.num_freed
         for t, k in res.by_tenant.items():
             taken[t] = taken.get(t, 0) + k

@@ -1,7 +1,7 @@
 """Byte stores of the lower KV tiers: host memory, disk files and a shared Redis, keyed by page content key.
 
 Each store keeps whole page records: a header (magic, the KV layout fingerprint, the payload's length and
-BLAKE2b checksum) and the page's bytes as `PagedKVCache.read_pages` exports them. `get` returns the payload
+CRC-32 checksum; CRC because it runs at memory speed, and it guards against corruption, not adversaries) and the page's bytes as `PagedKVCache.read_pages` exports them. `get` returns the payload
 only when the record is whole and was written for the same layout; anything else (a truncated or corrupted
 file, another model's or dtype's page, a tier that is down) is a miss, never wrong KV. A store that fails
 (a full disk, a stopped Redis) answers False / None and says why in `StoreFailure`s its caller counts; the
@@ -12,8 +12,8 @@ Which pages go where and when is the pure core's decision (`core.tiers`); these 
 
 from __future__ import annotations
 
-import hashlib
 import os
+import zlib
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 _MAGIC = b"KVP1"
-_HEADER = struct.Struct("<4s16sQ16s")  # magic, layout fingerprint, payload length, payload checksum
+_HEADER = struct.Struct("<4s16sQI")  # magic, layout fingerprint, payload length, payload CRC-32
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class StoreFailure:
 
 
 def encode_record(fingerprint: str, payload: bytes) -> bytes:
-    digest = hashlib.blake2b(payload, digest_size=16).digest()
+    digest = zlib.crc32(payload)
     return _HEADER.pack(_MAGIC, fingerprint.encode()[:16].ljust(16, b"\0"), len(payload), digest) + payload
 
 
@@ -44,7 +44,7 @@ def decode_record(fingerprint: str, record: bytes) -> bytes | None:
     payload = record[_HEADER.size :]
     if magic != _MAGIC or fp != fingerprint.encode()[:16].ljust(16, b"\0") or length != len(payload):
         return None
-    if hashlib.blake2b(payload, digest_size=16).digest() != digest:
+    if zlib.crc32(payload) != digest:
         return None
     return payload
 

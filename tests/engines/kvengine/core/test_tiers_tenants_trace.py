@@ -58,7 +58,7 @@ def test_ledger_victim_order_quota_cap_and_reservation():
                      EvictionStep(frozenset({P}), 10))
     # Under contention a tenant at the cap must first give up its own pages.
     steps = ledger.eviction_plan(A, need=10, usage={A: 50, B: 50}, evictable={A: 50, B: 50})
-    assert steps[0] == EvictionStep(frozenset({A}), 20) and steps[1] == EvictionStep(frozenset({A}), 10)
+    assert steps[0] == EvictionStep(frozenset({A}), 20) and steps[1] == EvictionStep(frozenset({A}), 10, enforce=True)
     assert not ledger.may_hold(A, 51, contended=True) and ledger.may_hold(A, 51, contended=False)
     with pytest.raises(ValueError, match="cap_fraction"):
         TenantLedger(10, cap_fraction=0.0)
