@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from rich.console import Console
 from rich_argparse import RichHelpFormatter
 
+from kvbench.engines.base import EngineError
 from kvbench.settings import SettingsError
 from kvbench.workloads.spec import WorkloadError
 
@@ -31,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SettingsError, WorkloadError, FileNotFoundError) as exc:
         errors.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
         return EXIT_USAGE
+    except EngineError as exc:
+        errors.print(f"[bold red]engine error:[/bold red] {exc}", highlight=False)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/yellow]: results written so far are kept")
         return EXIT_FAILED

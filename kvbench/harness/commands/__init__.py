@@ -3,6 +3,7 @@
 from kvbench.harness.commands import (
     bench_cmd,
     compare_cmd,
+    eval_cmd,
     report_cmd,
     run_cmd,
     serve_cmd,
@@ -11,4 +12,4 @@ from kvbench.harness.commands import (
     workload_cmd,
 )
 
-ALL = (run_cmd, serve_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, bench_cmd)
+ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, bench_cmd)
