@@ -40,6 +40,13 @@ echo "nightly: ${kvbench} run ${config} --out ${run_dir}"
 $kvbench run "$config" --out "$run_dir"
 run_rc=$?
 
+# The quality eval, when the config has one, writes eval.json into the same folder for compare.
+eval_config="ci/${name}-eval.yaml"
+if [[ -f "$eval_config" ]]; then
+    echo "nightly: ${kvbench} eval ${eval_config} --out ${run_dir}"
+    $kvbench eval "$eval_config" --out "$run_dir" || run_rc=$?
+fi
+
 if [[ ! -d "$baseline" ]]; then
     echo "nightly: no baseline ${baseline}; after checking the run, promote it with:" >&2
     echo "    ${kvbench} baseline update ${run_dir} --name ${name}" >&2
