@@ -1,6 +1,6 @@
 """Benchmark of the pure KV core: prefix index operations per second and a Mooncake trace replay.
 
-Run: /work/venv/bin/python benchmarks/core_bench.py [--trace PATH] [--quick]
+Run: python benchmarks/core_bench.py [--trace PATH] [--quick]
 Prints a table. Speed targets (the whole Mooncake synthetic trace at 3 capacities in < 5 s) are checked by
 reading the table, never by tests.
 """
@@ -18,7 +18,7 @@ from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.trace_replay import replay_prefix_hits
 
-TRACE = Path("/work/shared/traces/mooncake/synthetic_trace.jsonl")
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 BLOCK = 512  # Mooncake hash_ids cover 512-token blocks
 VOCAB = 32000
 

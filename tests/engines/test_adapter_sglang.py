@@ -15,7 +15,7 @@ from kvbench.harness.reconcile import reconcile
 from kvbench.harness.records import RequestRecord
 from kvbench.settings import SettingsError
 
-REFERENCE = Path(os.environ.get("KVBENCH_REFERENCE_DIR", "/work/shared/reference"))
+from tests.paths import REFERENCE  # noqa: E402
 SGLANG_HELP = REFERENCE / "sglang-0.5.23-launch-server-help.txt"
 SGLANG_METRICS = REFERENCE / "sglang-0.5.23-cpu-metrics.txt"
 

@@ -1,17 +1,16 @@
-"""Shared fixtures: the public traces under /work/shared/traces (skipped where that folder is absent)."""
+"""Shared fixtures: the public traces in ../shared/traces beside the checkout (see tests/paths.py)."""
 
 from pathlib import Path
 
 import pytest
 
 from kvbench.workloads.traces import read_azure, read_mooncake
+from tests.paths import TRACES
 
-TRACES = Path("/work/shared/traces")
 
 
 def _require(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"public trace {path} is not on this machine")
+    assert path.is_file(), f"public trace {path} is missing: ../shared must sit beside the checkout (or set KVBENCH_SHARED_DIR)"
     return path
 
 

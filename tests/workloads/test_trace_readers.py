@@ -1,4 +1,4 @@
-"""Trace readers against the facts in /work/shared/traces/README.md, and their errors on malformed rows."""
+"""Trace readers against the facts in ../shared/traces/README.md, and their errors on malformed rows."""
 
 import json
 

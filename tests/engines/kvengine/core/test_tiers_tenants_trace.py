@@ -88,10 +88,9 @@ def test_replay_matches_brute_force_and_lru_is_bounded():
         replay_prefix_hits([np.zeros((2, 2), np.int32)])
 
 
-MOONCAKE = Path("/work/shared/traces/mooncake/synthetic_trace.jsonl")
+from tests.paths import MOONCAKE  # noqa: E402
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
 def test_mooncake_head_matches_block_level_count():
     """First 300 rows: the page-level unbounded rate equals the block-level count of the hash ids when
     only full 16-token pages of a short last block can hit."""
