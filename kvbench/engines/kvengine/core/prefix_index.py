@@ -45,6 +45,8 @@ from kvbench.engines.kvengine.core.events import (
 )
 from kvbench.engines.kvengine.core.pages import IntegrityError, PageId, PagePool
 
+_UNKEYED = PageKey("")  # the content key of a page nobody below the device tier will ever look up
+
 Namespace = NewType("Namespace", str)
 TenantId = NewType("TenantId", str)
 SHARED_NAMESPACE = Namespace("shared")
@@ -234,6 +236,11 @@ class PrefixIndex:
             heapq.heappush(self._heaps.setdefault(node.tenant, []), (node.tick, node.node_id, node))
 
     # ---- insert ------------------------------------------------------------------------------------------
+    @property
+    def _journaling(self) -> bool:
+        """Whether anyone below the device tier hears about pages (then every page needs its content key)."""
+        return not isinstance(self.journal, NullPageJournal)
+
     def insert(
         self, namespace: Namespace, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float
     ) -> InsertResult:
@@ -264,11 +271,14 @@ class PrefixIndex:
         if pos < n:
             new_pages = list(pages[pos:n])
             self.pool.share(new_pages)
-            keys = chain_keys(node.keys[-1], kb[pos * pb : n * pb], pb)
+            if self._journaling:
+                keys = chain_keys(node.keys[-1], kb[pos * pb : n * pb], pb)
+                for key, page in zip(keys, new_pages):
+                    self.journal.record_page(PageRecord(PageChange.STORED, key, page, tenant, now))
+            else:
+                keys = [_UNKEYED] * (n - pos)  # no lower tier listens: skip hashing every page (hot in replays)
             leaf = _Node(self._next_id, node, kb[pos * pb : n * pb], new_pages, tenant, keys, tick=self._tick,
                          last_access=now)
-            for key, page in zip(keys, new_pages):
-                self.journal.record_page(PageRecord(PageChange.STORED, key, page, tenant, now))
             self._next_id += 1
             self._num_nodes += 1
             node.children[leaf.key[:pb]] = leaf
@@ -321,8 +331,9 @@ class PrefixIndex:
             leaf: _Node = best[0][2]
             k = min(num_pages - dropped, len(leaf.pages))
             tail = leaf.pages[len(leaf.pages) - k :]
-            for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
-                self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
+            if self._journaling:
+                for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
+                    self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
             if k == len(leaf.pages):
                 heapq.heappop(best)
                 parent = leaf.parent

@@ -142,3 +142,11 @@ def test_api_key_is_required_when_set():
         assert status == 401
         good = openai.OpenAI(base_url=base + "/v1", api_key="sekret", max_retries=0)
         assert good.completions.create(model="default", prompt="x", max_tokens=1).usage.completion_tokens == 1
+
+
+def test_serve_flag_choices_match_the_model_layer():
+    from kvbench.engines.kvengine.model import fp8
+    from kvbench.engines.kvengine.server import main
+
+    assert set(main.KV_DTYPES) == set(fp8.KV_DTYPES)
+    assert set(main.SCALE_MODES) == set(fp8.SCALE_MODES)
