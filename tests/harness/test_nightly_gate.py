@@ -1,0 +1,67 @@
+"""The nightly gate on real runs: real regressions fail `kvbench compare`, repeated identical runs do not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kvbench.engines.http import request
+from kvbench.harness.cli import main
+
+from .instrument_fixture import free_port
+
+
+def run(out, *flags):
+    assert main(["run", "--workload", "rag-chat-mini", "--num-sessions", "6", "--concurrency", "3", "--out", str(out), *flags]) == 0
+    return out
+
+
+def compare(baseline, new, *flags) -> int:
+    return main(["compare", str(baseline), str(new), "--out", str(new / "compare.md"), *flags])
+
+
+@pytest.fixture
+def instrument():
+    """Start an instrument server process with a given first-token delay; yields a starter function."""
+    processes = []
+
+    def start(first_token_ms: float) -> str:
+        port = free_port()
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port),
+             "--first-token-ms", str(first_token_ms), "--chunk-interval-ms", "2"]))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while not request("GET", url + "/health", timeout_s=1).ok:
+            assert time.monotonic() < deadline, "instrument did not start"
+            time.sleep(0.1)
+        return url
+
+    yield start
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_our_engine_without_prefix_caching_is_a_regression(tmp_path):
+    settings = ["--set", "model=tiny-random", "--set", "kv_capacity=8192"]
+    baseline = run(tmp_path / "on", *settings)
+    new = run(tmp_path / "off", *settings, "--set", "prefix_caching=false")
+    assert compare(baseline, new) == 1
+    report = (new / "compare.md").read_text()
+    assert "cache_hit_rate" in report and "regression" in report
+
+
+def test_a_20_percent_slower_first_token_is_caught_and_the_same_server_twice_is_not(tmp_path, instrument):
+    fast, slow = instrument(50.0), instrument(60.0)
+    baseline = run(tmp_path / "base", "--url", fast, "--repeat", "2")
+    slower = run(tmp_path / "slow", "--url", slow, "--repeat", "2")
+    assert compare(baseline, slower) == 1
+    assert "ttft_p50" in (slower / "compare.md").read_text()
+    # Noise: the same server and config, run again several times, must not alarm.
+    alarms = sum(compare(baseline, run(tmp_path / f"again{i}", "--url", fast, "--repeat", "2")) for i in range(4))
+    print(f"false alarms: {alarms}/4 repeated identical runs")
+    assert alarms == 0
