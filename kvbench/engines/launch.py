@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from kvbench.engines.base import EngineError
+from kvbench.engines.base import Endpoint, EngineError
 from kvbench.engines.http import request
 from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples
@@ -213,3 +213,54 @@ def installed_version(python: str, distributions: Sequence[str]) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return ", ".join(done.stdout.split("\n")).strip(", ") or None
+
+
+def kv_dtype_label(kv_cache_dtype: str, dtype: str | None) -> str:
+    """How result tables name an engine's KV dtype: the setting, or what `auto` resolves to."""
+    return kv_cache_dtype if kv_cache_dtype != "auto" else f"auto ({dtype or 'model dtype'})"
+
+
+class LaunchedAdapter:
+    """What every adapter of a launched OpenAI-compatible server shares (vLLM, LMCache, SGLang, TensorRT-LLM).
+
+    A subclass builds `self.settings` (with `vocab_size` and `verify_cold`) and `self.server` in its
+    constructor, and supplies `name`, `capabilities`, `describe()`, `reset_cache()` and `engine_version()`.
+    """
+
+    server: LaunchedServer
+    settings: object
+    _version: str | None = None
+
+    @property
+    def served_model(self) -> str:
+        return self.settings.served_model_name
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.settings.vocab_size
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return Endpoint(self.server.base_url, self.served_model)
+
+    def engine_version(self) -> str | None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._version = self.engine_version()
+        self.server.start()
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        self.server.wait_healthy(timeout_s)
+
+    def scrape_metrics(self) -> Mapping[str, float] | None:
+        return self.server.scrape()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def verify_cold(self, context_length: int | None) -> bool:
+        """After a reset: the fixed probe must find nothing cached (unless `verify_cold` is off)."""
+        if self.settings.verify_cold:
+            self.server.verify_cold(self.served_model, probe_for(context_length, self.settings.vocab_size))
+        return True

@@ -27,8 +27,15 @@ from types import MappingProxyType
 
 import yaml
 
-from kvbench.engines.base import Capabilities, Endpoint
-from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.engines.base import Capabilities
+from kvbench.engines.launch import (
+    LaunchedAdapter,
+    LaunchedServer,
+    LaunchPlan,
+    free_port,
+    installed_version,
+    kv_dtype_label,
+)
 from kvbench.engines.vllm import DISTRIBUTIONS, VLLMSettings, settings_values, resolve_model, vllm_plan, vllm_python
 from kvbench.settings import SettingsError, build
 
@@ -114,7 +121,7 @@ def lmcache_plan(lmcache: LMCacheSettings, vllm: VLLMSettings, model: str, port:
     )
 
 
-class LMCacheAdapter:
+class LMCacheAdapter(LaunchedAdapter):
     name = "lmcache"
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
@@ -123,15 +130,6 @@ class LMCacheAdapter:
         self.port = self.settings.port or free_port()
         plan = lmcache_plan(self.lmcache, self.settings, resolve_model(self.settings.model), self.port, workdir)
         self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
-        self._version: str | None = None
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.settings.vocab_size
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return Endpoint(self.server.base_url, self.settings.served_model_name)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -142,28 +140,19 @@ class LMCacheAdapter:
         tiers = ["cpu"] * self.lmcache.local_cpu + ["disk"] * ("local_disk" in self.lmcache.yaml_config(self.workdir))
         tiers += ["remote"] * bool(self.lmcache.remote_url)
         return {
-            "kv_dtype": s.kv_cache_dtype if s.kv_cache_dtype != "auto" else f"auto ({s.dtype or 'model dtype'})",
+            "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype),
             "model": s.model, "preset": self.lmcache.preset, "lmcache_tiers": "+".join(tiers) or "none",
             "chunk_size": self.lmcache.chunk_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
         }
 
+    def engine_version(self) -> str | None:
+        return installed_version(vllm_python(self.settings), (*DISTRIBUTIONS, "lmcache"))
+
     def start(self) -> None:
         (self.workdir / PROMETHEUS_DIR).mkdir(parents=True, exist_ok=True)
-        self._version = installed_version(vllm_python(self.settings), (*DISTRIBUTIONS, "lmcache"))
-        self.server.start()
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        self.server.wait_healthy(timeout_s)
+        super().start()
 
     def reset_cache(self) -> bool:
-        self.server.post("/reset_prefix_cache?reset_external=true")
-        if self.settings.verify_cold:
-            probe = probe_for(self.settings.max_model_len, self.settings.vocab_size)
-            self.server.verify_cold(self.settings.served_model_name, probe)
-        return True
+        self.server.post("/reset_prefix_cache?reset_external=true")  # LMCache's copy too
+        return self.verify_cold(self.settings.max_model_len)
 
-    def scrape_metrics(self) -> Mapping[str, float] | None:
-        return self.server.scrape()
-
-    def stop(self) -> None:
-        self.server.stop()

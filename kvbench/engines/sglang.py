@@ -17,8 +17,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.base import Capabilities, Endpoint
-from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.engines.base import Capabilities
+from kvbench.engines.launch import (
+    LaunchedAdapter,
+    LaunchedServer,
+    LaunchPlan,
+    free_port,
+    installed_version,
+    kv_dtype_label,
+)
 from kvbench.engines.vllm import resolve_model, settings_values
 from kvbench.settings import build
 
@@ -114,7 +121,7 @@ def sglang_plan(settings: SGLangSettings, model: str, port: int) -> LaunchPlan:
     )
 
 
-class SGLangAdapter:
+class SGLangAdapter(LaunchedAdapter):
     name = "sglang"
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
@@ -122,15 +129,6 @@ class SGLangAdapter:
         self.port = self.settings.port or free_port()
         plan = sglang_plan(self.settings, resolve_model(self.settings.model), self.port)
         self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
-        self._version: str | None = None
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.settings.vocab_size
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return Endpoint(self.server.base_url, self.settings.served_model_name)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -140,27 +138,16 @@ class SGLangAdapter:
     def describe(self) -> Mapping[str, object]:
         s = self.settings
         return {
-            "kv_dtype": s.kv_cache_dtype if s.kv_cache_dtype != "auto" else f"auto ({s.dtype or 'model dtype'})",
+            "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype),
             "model": s.model, "radix_cache": s.radix_cache, "hierarchical_cache": s.hierarchical_cache,
             "tp_size": s.tp_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
         }
 
-    def start(self) -> None:
-        self._version = installed_version(sglang_python(self.settings), ("sglang",))
-        self.server.start()
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        self.server.wait_healthy(timeout_s)
+    def engine_version(self) -> str | None:
+        return installed_version(sglang_python(self.settings), ("sglang",))
 
     def reset_cache(self) -> bool:
         self.server.post("/flush_cache")
-        if self.settings.verify_cold and self.settings.radix_cache:
-            probe = probe_for(self.settings.context_length, self.settings.vocab_size)
-            self.server.verify_cold(self.settings.served_model_name, probe)
-        return True
+        # Without the radix cache there is nothing to reuse, and nothing to check.
+        return self.verify_cold(self.settings.context_length) if self.settings.radix_cache else True
 
-    def scrape_metrics(self) -> Mapping[str, float] | None:
-        return self.server.scrape()
-
-    def stop(self) -> None:
-        self.server.stop()

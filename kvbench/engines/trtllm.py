@@ -21,8 +21,14 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.engines.base import Capabilities, Endpoint
-from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.engines.base import Capabilities
+from kvbench.engines.launch import (
+    LaunchedAdapter,
+    LaunchedServer,
+    LaunchPlan,
+    free_port,
+    installed_version,
+)
 from kvbench.engines.vllm import resolve_model, settings_values
 from kvbench.settings import build
 
@@ -110,7 +116,7 @@ def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) 
     )
 
 
-class TRTLLMAdapter:
+class TRTLLMAdapter(LaunchedAdapter):
     name = "trtllm"
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
@@ -122,15 +128,10 @@ class TRTLLMAdapter:
         self.model = resolve_model(self.settings.model)
         plan = trtllm_plan(self.settings, self.model, self.port, workdir)
         self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
-        self._version: str | None = None
 
     @property
-    def vocab_size(self) -> int | None:
-        return self.settings.vocab_size
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return Endpoint(self.server.base_url, self.model)  # trtllm-serve names the model by its path
+    def served_model(self) -> str:
+        return self.model  # trtllm-serve names the model by its path
 
     @property
     def capabilities(self) -> Capabilities:
@@ -144,12 +145,8 @@ class TRTLLMAdapter:
             "tp_size": s.tp_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
         }
 
-    def start(self) -> None:
-        self._version = installed_version(_python_of(self.settings.executable), ("tensorrt_llm", "tensorrt-llm"))
-        self.server.start()
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        self.server.wait_healthy(timeout_s)
+    def engine_version(self) -> str | None:
+        return installed_version(_python_of(self.settings.executable), ("tensorrt_llm", "tensorrt-llm"))
 
     def reset_cache(self) -> bool:
         """No reset endpoint: with restart_to_reset the server is restarted (minutes), else False."""
@@ -158,15 +155,7 @@ class TRTLLMAdapter:
         self.server.stop()
         self.server.start()
         self.server.wait_healthy(self.settings.health_timeout_s)
-        if self.settings.verify_cold:
-            self.server.verify_cold(self.model, probe_for(self.settings.max_seq_len, self.settings.vocab_size))
-        return True
-
-    def scrape_metrics(self) -> Mapping[str, float] | None:
-        return self.server.scrape()
-
-    def stop(self) -> None:
-        self.server.stop()
+        return self.verify_cold(self.settings.max_seq_len)
 
 
 def _python_of(executable: str) -> str:

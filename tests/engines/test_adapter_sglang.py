@@ -3,7 +3,6 @@ SGLang needs a GPU for the real run (ci/gpu-smoke.sh)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

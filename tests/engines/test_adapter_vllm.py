@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.engines import registry
 from kvbench.engines.launch import command_problems
 from kvbench.engines.prometheus import parse_samples, sum_samples
 from kvbench.engines.vllm import VLLMAdapter

@@ -9,7 +9,6 @@ import threading
 import time
 
 import pandas as pd
-import pytest
 
 from kvbench.harness.cli import main
 from kvbench.harness.records import read_records

@@ -141,7 +141,7 @@ def test_a_failed_turn_ends_its_session_and_is_written(tmp_path):
             with RecordWriter(path) as writer:
                 return await generator.run(workload(turns=4, max_tokens=2), writer)
 
-    result = asyncio.run(go())
+    asyncio.run(go())
     on_disk = list(read_records(path))
     assert [rec.turn for rec in on_disk] == [0, 1]
     assert on_disk[0].ok and on_disk[1].error.startswith("http: 500")

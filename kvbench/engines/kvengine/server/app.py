@@ -87,35 +87,30 @@ def _check_model(request: web.Request, body: Mapping) -> None:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE_KEY]
-    try:
-        _tenant(request)  # 401 before reading the body
-        body = await _body(request)
-        tenant = _tenant(request, body)
-        _check_model(request, body)
-        parsed = parse_completion(body, engine.engine.loaded.tokenizer, tenant)
-        engine.engine.validate(parsed.generation)
-    except RequestError as exc:
-        return error_response(str(exc), exc.status, exc.kind, exc.param)
-    except ValueError as exc:
-        return error_response(str(exc))
-    return await _serve(request, engine, parsed, chat=False)
+    engine = request.app[ENGINE_KEY].engine
+    return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant), chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY].engine
+    return await _handle(request, lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant), chat=True)
+
+
+async def _handle(request: web.Request, parse, chat: bool) -> web.StreamResponse:
+    """Authenticate, parse and validate (each failure an OpenAI-style error), then serve the generation."""
     engine = request.app[ENGINE_KEY]
     try:
         _tenant(request)  # 401 before reading the body
         body = await _body(request)
         tenant = _tenant(request, body)
         _check_model(request, body)
-        parsed = parse_chat(body, engine.engine.loaded.chat_prompt_ids, tenant)
+        parsed = parse(body, tenant)
         engine.engine.validate(parsed.generation)
     except RequestError as exc:
         return error_response(str(exc), exc.status, exc.kind, exc.param)
     except ValueError as exc:
         return error_response(str(exc))
-    return await _serve(request, engine, parsed, chat=True)
+    return await _serve(request, engine, parsed, chat=chat)
 
 
 class _Answer:

@@ -1,7 +1,6 @@
 """Tier policy with an explicit clock, tenant victim selection, and trace statistics."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -9,6 +9,8 @@ from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.runtime.tiny import EOS_ID, tiny_loaded_model
 
+from .tiers_fixtures import greedy, run, tokens
+
 
 @pytest.fixture(scope="module")
 def loaded():
@@ -17,29 +19,6 @@ def loaded():
 
 def engine(loaded, **settings) -> Engine:
     return Engine(EngineConfig(**{"kv_capacity_tokens": 2048, **settings}), loaded)
-
-
-def run(engine: Engine, *requests: GenerationRequest) -> dict[str, list]:
-    for request in requests:
-        engine.add(request)
-    outputs: dict[str, list] = {request.request_id: [] for request in requests}
-    steps = 0
-    while engine.has_work():
-        for output in engine.step():
-            outputs[output.request_id].append(output)
-        steps += 1
-        assert steps < 10_000, "the engine did not finish"
-    engine.pool.check_integrity()
-    engine.index.check_integrity()
-    return outputs
-
-
-def tokens(outputs) -> list[int]:
-    return [output.token_id for output in outputs if output.token_id is not None]
-
-
-def greedy(request_id, prompt, max_tokens=8, **kw) -> GenerationRequest:
-    return GenerationRequest(request_id, tuple(prompt), max_tokens, ignore_eos=True, **kw)
 
 
 PROMPT = list(range(300, 380))  # 80 tokens = 5 full pages

@@ -17,7 +17,6 @@ import pytest
 import kvbench.engines.kvengine as kvengine_package
 from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
-from kvbench.engines.prometheus import parse_samples
 
 from ..runtime.tiers_fixtures import free_port
 from .server_fixture import serving
