@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich_argparse import RichHelpFormatter
 
 from kvbench.engines.base import EngineError
@@ -30,10 +31,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except (SettingsError, WorkloadError, FileNotFoundError) as exc:
-        errors.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        errors.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
         return EXIT_USAGE
     except EngineError as exc:
-        errors.print(f"[bold red]engine error:[/bold red] {exc}", highlight=False)
+        errors.print(f"[bold red]engine error:[/bold red] {escape(str(exc))}", highlight=False)
         return EXIT_FAILED
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/yellow]: results written so far are kept")

@@ -48,7 +48,7 @@ class Progress:
     on_point_start: Callable[[str, int], None] = lambda run_id, total_requests: None
     on_record: Callable[[RequestRecord], None] = lambda record: None
     on_point_end: Callable[[dict], None] = lambda entry: None
-    on_message: Callable[[str], None] = lambda message: None
+    on_message: Callable[[str], None] = lambda message: None  # plain text (labels contain brackets)
 
 
 @dataclass(slots=True)
@@ -85,7 +85,7 @@ def run_experiment(config: ExperimentConfig, run_dir: Path, progress: Progress =
                 if engine_index == 0 and engine.engine == "endpoint":
                     raise UnreachableEngine(str(exc)) from None
                 outcome.failures.append(f"{engine.label}: {exc}")
-                progress.on_message(f"[red]{engine.label} failed to start[/red]: {str(exc).splitlines()[0]}")
+                progress.on_message(f"{engine.label} failed to start: {str(exc).splitlines()[0]}")
                 continue
             try:
                 for workload_spec in config.workloads:

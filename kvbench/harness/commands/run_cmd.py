@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -150,7 +151,7 @@ def handle(args: argparse.Namespace) -> int:
 
         def start(run_id: str, total: int) -> None:
             errors["n"] = 0
-            tasks[run_id] = bar.add_task(run_id, total=total, status="")
+            tasks[run_id] = bar.add_task(escape(run_id), total=total, status="")
 
         def record(rec) -> None:
             if rec.error:
@@ -168,16 +169,16 @@ def handle(args: argparse.Namespace) -> int:
 
         try:
             outcome = run_experiment(
-                config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=bar.console.print)
+                config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=lambda text: bar.console.print(text, markup=False, highlight=False))
             )
         except UnreachableEngine as exc:
-            error_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+            error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
     summary_md = (run_dir / "summary.md")
     if summary_md.exists():
         print_summary(run_dir)
     for failure in outcome.failures:
-        console.print(f"[bold red]failed:[/bold red] {failure}", highlight=False)
+        console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
     console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
     return 1 if outcome.failures or not outcome.entries else 0
 
@@ -217,7 +218,7 @@ def _fmt(column: str, value) -> str:
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:.1f}"
-    return str(value)
+    return escape(str(value))  # engine labels like kvengine[kv_dtype=fp8] are not markup
 
 
 def _simulate(args: argparse.Namespace) -> int:
