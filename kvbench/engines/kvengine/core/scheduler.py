@@ -129,6 +129,14 @@ class _Seq:
     num_computed: int = 0
     num_cached_tokens: int | None = None
     swapped_pages: int = 0  # > 0 while swapped out to host
+    _table: tuple[PageId, ...] | None = None  # `pages` as a tuple, rebuilt only after `pages` changes
+
+    def page_table(self) -> tuple[PageId, ...]:
+        """The page ids as an immutable tuple; cached, because a decode step adds a page only every page_size
+        tokens and copying long tables every step dominated long simulations."""
+        if self._table is None or len(self._table) != len(self.pages):  # `pages` only grows between resets
+            self._table = tuple(self.pages)
+        return self._table
 
     @property
     def length(self) -> int:
@@ -246,7 +254,7 @@ class Scheduler:
             return False
         self.index.pool.share(match.pages[:cached_pages])
         seq.match = match
-        seq.pages = list(match.pages[:cached_pages])
+        seq.pages, seq._table = list(match.pages[:cached_pages]), None
         self.allocate(seq, need)
         seq.num_computed = cached
         if seq.num_cached_tokens is None:
@@ -257,7 +265,7 @@ class Scheduler:
 
     def _item(self, seq: _Seq, n: int) -> ScheduledSeq:
         end = seq.num_computed + n
-        return ScheduledSeq(seq.request.request_id, tuple(seq.pages), seq.num_computed, end,
+        return ScheduledSeq(seq.request.request_id, seq.page_table(), seq.num_computed, end,
                             seq.num_cached_tokens or 0, samples=end == seq.length)
 
     def _release(self, seq: _Seq, now: float, cache: bool) -> None:
@@ -269,7 +277,7 @@ class Scheduler:
         self.index.pool.release(seq.pages)
         if seq.match is not None:
             self.index.unlock(seq.match)
-        seq.pages, seq.match = [], None
+        seq.pages, seq.match, seq._table = [], None, None
 
     def _preempt(self, seq: _Seq, now: float, preempted: list, swap_out: list) -> None:
         preempted.append(seq.request.request_id)
