@@ -201,9 +201,18 @@ class PrefixIndex:
 
     # ---- locks -------------------------------------------------------------------------------------------
     def lock(self, match: PrefixMatch, now: float) -> None:
-        """Protect the matched path from eviction and mark it used at `now`."""
+        """Protect the matched path from eviction and mark it used at `now`.
+
+        A match that ends partway through a node protects only its matched pages: the node is cut there
+        (when nobody else holds it) and the unmatched tail stays evictable. Otherwise a request whose prompt
+        shares part of one long cached node would pin all of it and, in a full pool, could never be admitted.
+        """
         self._tick += 1
         node = match._node
+        if node is not None and node.parent is not None and node.lock_ref == 0:
+            matched_here = match.num_pages - self._pages_above(node)
+            if 0 < matched_here < len(node.pages):
+                self._split_tail(node, matched_here)
         while node is not None and node.parent is not None:
             if node.lock_ref == 0:
                 self._move_evictable(node, -len(node.pages))
@@ -291,6 +300,30 @@ class PrefixIndex:
         elif node is not root:
             self._push_if_leaf(node)
         return InsertResult(num_pages=n, num_cached=pos)
+
+    @staticmethod
+    def _pages_above(node: _Node) -> int:
+        """Pages on the path from the root down to `node`, `node` excluded."""
+        total, parent = 0, node.parent
+        while parent is not None:
+            total += len(parent.pages)
+            parent = parent.parent
+        return total
+
+    def _split_tail(self, node: _Node, m: int) -> _Node:
+        """Cut `node` after its first m pages, keeping `node` as the head (so matches that point at it stay
+        valid); a new child takes the tail and the children. Returns the tail. `node` must be unlocked."""
+        pb = 4 * self.page_size
+        tail = _Node(self._next_id, node, node.key[m * pb :], node.pages[m:], node.tenant, node.keys[m:],
+                     children=node.children, tick=node.tick, last_access=node.last_access)
+        self._next_id += 1
+        self._num_nodes += 1
+        for child in tail.children.values():
+            child.parent = tail
+        node.key, node.pages, node.keys = node.key[: m * pb], node.pages[:m], node.keys[:m]
+        node.children = {tail.key[:pb]: tail}
+        self._push_if_leaf(tail)
+        return tail
 
     def _split(self, child: _Node, m: int) -> _Node:
         """Cut `child` after its first m pages; the new upper node takes them. Returns the upper node."""

@@ -169,6 +169,11 @@ class Scheduler:
     def add(self, request: Request) -> None:
         if request.request_id in self._seqs:
             raise ValueError(f"request_id {request.request_id!r} is already scheduled; ids must be unique")
+        need = self._pages_for(len(request.prompt) + request.max_new_tokens)
+        if need > self.index.pool.capacity:
+            # It could never be admitted and would wait forever: refuse it now.
+            raise ValueError(f"request {request.request_id}: needs {need} pages, the pool holds "
+                             f"{self.index.pool.capacity}; shorten the prompt or max_new_tokens")
         seq = _Seq(request)
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)

@@ -1,6 +1,7 @@
 """Scheduler plans on hand-checked cases, and a full request lifecycle with a fake model."""
 
 import numpy as np
+import pytest
 
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
@@ -114,3 +115,33 @@ def test_swap_preemption_lists_pages_to_copy():
     assert [s.request_id for s in plan.swap_in] == ["new"] and len(plan.swap_in[0].pages) == 3
     plan, _ = step(sched, 5.0)
     assert (plan.seqs[0].request_id, plan.seqs[0].start) == ("new", 48)
+
+
+def test_a_prompt_sharing_part_of_a_long_cached_node_is_admitted_in_a_full_pool():
+    """Regression: the lock of a match used to pin the whole last node, so in a full pool a request sharing
+    only its head could never be admitted (the engine hung at concurrency 1 with a small KV tier)."""
+    index = PrefixIndex(PagePool(11, 16))  # 10 usable pages
+    sched = Scheduler(index, SchedulerConfig(max_step_tokens=1024))
+    head = prompt(32, 1)  # 2 pages both requests share
+    first = np.concatenate([head, prompt(112, 2)])  # 144 tokens + 8 out = 152: 10 pages
+    sched.add(Request(RequestId("a"), first, max_new_tokens=8))
+    while sched.has_work():
+        plan = sched.schedule(0.0)
+        sched.postprocess(plan, {item.request_id: 5 for item in plan.seqs if item.samples}, 0.0)
+    # "a" finished: its 151 computed tokens (the last output is never fed back) leave one cached node of 9
+    # full pages; 1 page is free.
+    assert index.cached_pages == 9 and index.pool.num_free == 1
+    second = np.concatenate([head, prompt(120, 3)])  # 152 tokens + 8 out = 10 pages, 2 of them cached
+    sched.add(Request(RequestId("b"), second, max_new_tokens=8))
+    plan = sched.schedule(1.0)
+    # Admitted: the shared 2-page head is reused; the 7-page tail of "a" was evicted to make room for 8 pages.
+    assert [item.request_id for item in plan.seqs] == ["b"]
+    assert plan.seqs[0].num_cached_tokens == 32
+    index.check_integrity()
+    index.pool.check_integrity()
+
+
+def test_a_request_that_can_never_fit_is_refused_at_add():
+    sched = Scheduler(PrefixIndex(PagePool(5, 16)))
+    with pytest.raises(ValueError, match="needs 5 pages, the pool holds 4"):
+        sched.add(Request(RequestId("big"), prompt(70, 1), max_new_tokens=1))
