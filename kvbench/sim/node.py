@@ -138,7 +138,12 @@ class SimNode:
                 for tier, k in restore.tokens_by_tier.items():
                     name = tier.name.lower()
                     self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
-            self.scheduler.add(request)
+            try:
+                self.scheduler.add(request)
+            except ValueError:
+                # It can never fit in this node's device KV: it stays unfinished, and the simulator reports
+                # every unfinished request as an error when the run ends.
+                continue
 
     def has_work(self) -> bool:
         return bool(self._pending) or self.scheduler.has_work()
