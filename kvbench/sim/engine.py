@@ -19,9 +19,11 @@ import heapq
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
+from kvbench.engines.kvengine.core.events import EventSink
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, Scheduler, SchedulerConfig
@@ -113,6 +115,9 @@ class _Sim:
     slots_free: int = 0
     slot_waiters: deque = field(default_factory=deque)
     plans: dict = field(default_factory=dict)
+    send_order: tuple[str, ...] | None = None  # replay: request ids in the order a real run sent them
+    order_pos: int = 0
+    parked: dict = field(default_factory=dict)  # request id -> (session, turn): due, waiting for its turn in order
 
     def push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
@@ -124,7 +129,28 @@ class _Sim:
             return False
         return self.load.duration_s is None or now < self.load.duration_s
 
+    def in_order(self, rid: str, session_index: int, turn: int) -> bool:
+        """Replay: whether `rid` is the next request the real run sent; if not, park it until it is (or for
+        good, when the real run sent no more)."""
+        if self.send_order is None:
+            return True
+        if self.order_pos < len(self.send_order) and self.send_order[self.order_pos] == rid:
+            return True
+        self.parked[rid] = (session_index, turn)
+        return False
+
+    def sent_in_order(self, now: float) -> None:
+        if self.send_order is None:
+            return
+        self.order_pos += 1
+        if self.order_pos < len(self.send_order) and self.send_order[self.order_pos] in self.parked:
+            self.push(now, _TURN, self.parked.pop(self.send_order[self.order_pos]))
+
     def turn_due(self, now: float, session_index: int, turn: int) -> None:
+        session = self.workload.sessions[session_index]
+        rid = f"{session.session_id}/{turn}"
+        if not self.in_order(rid, session_index, turn):
+            return
         if self.load.mode == MODE_CONCURRENCY:
             if self.slots_free == 0:
                 self.slot_waiters.append((session_index, turn))
@@ -133,12 +159,11 @@ class _Sim:
         if not self.may_send(now):
             self.release_slot(now)
             return
-        session = self.workload.sessions[session_index]
+        self.sent_in_order(now)
         parts = self.history.setdefault(session_index, [session.context])
         spec = session.turns[turn]
         parts.append(spec.user_tokens)
         prompt = np.concatenate(parts).astype(np.int32, copy=False)
-        rid = f"{session.session_id}/{turn}"
         t_ns = int(round(now * NS))
         record = RequestRecord(run_id=self.run_id, request_id=rid, session_id=session.session_id,
                                tenant=session.tenant, turn=turn, queued_ns=t_ns, sent_ns=t_ns,
@@ -237,7 +262,7 @@ class _Sim:
             self.records.append(live.record)
 
 
-def build_nodes(config: SimConfig) -> list[SimNode]:
+def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     preset, hw = config.preset, config.hardware
     remote = None
     if preset.remote_bytes > 0:
@@ -256,16 +281,25 @@ def build_nodes(config: SimConfig) -> list[SimNode]:
         if remote is not None:
             lower.append(remote)
         pool = PagePool(1 + config.device_pages(), preset.page_size)
-        nodes.append(SimNode(i, Scheduler(PrefixIndex(pool), sched_config), config.cost, tuple(lower),
+        index = PrefixIndex(pool, events=events) if events is not None else PrefixIndex(pool)
+        nodes.append(SimNode(i, Scheduler(index, sched_config), config.cost, tuple(lower),
                              preset.admission))
     return nodes
 
 
-def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str = "sim", seed: int = 0) -> SimResult:
-    """Replay `workload` at `load` on the simulated system. Deterministic: same inputs, same records."""
+def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str = "sim", seed: int = 0,
+             send_order: Sequence[str] | None = None, events: EventSink | None = None) -> SimResult:
+    """Replay `workload` at `load` on the simulated system. Deterministic: same inputs, same records.
+
+    `send_order` (request ids `session_id/turn`, e.g. a real run's records sorted by send time) makes the
+    simulated client send requests in exactly that order, each when it is due and every earlier one has been
+    sent, and nothing beyond it: timing then no longer decides which waiting session goes next, so a
+    simulation of a real run makes the same cache decisions as the run did (at concurrency 1 exactly).
+    `events` receives the cache events of every node's prefix index (stored, hit, evicted pages)."""
     started = time.perf_counter()
-    nodes = build_nodes(config)
-    sim = _Sim(config, workload, load, run_id, nodes, seed)
+    nodes = build_nodes(config, events)
+    sim = _Sim(config, workload, load, run_id, nodes, seed,
+               send_order=tuple(send_order) if send_order is not None else None)
     sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "busy_s": n.stats.busy_s,

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.core.events import EventLog, PageJournal
+from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.scheduler import (
@@ -156,6 +156,9 @@ class Engine:
         )
         self.offload = self._offload(journal)
         self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
+        # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
+        # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
+        self.event_listeners: list[Callable[[list[CacheEvent]], None]] = [self.metrics.events]
         self._live: dict[str, LiveRequest] = {}
         self._swapped: dict[str, torch.Tensor] = {}
         self._update_gauges()
@@ -273,7 +276,9 @@ class Engine:
             for finished in self.scheduler.postprocess(plan, sampled, self.clock()):
                 outputs.append(self._finish(finished))
         self.offload.sync_pages(now)  # pages just cached go to the shared tier
-        self.metrics.events(self.events.take_events())
+        events = self.events.take_events()
+        for listener in self.event_listeners:
+            listener(events)
         self.metrics.tier_failures(self.offload.failures())
         self._update_gauges()
         return outputs
