@@ -12,7 +12,8 @@ Sources of the defaults (H200 SXM datasheet; the article for PCIe and NVMe):
     network     25 GB/s (a 200 Gb/s NIC) to the shared tier
 Efficiencies: 0.5 of peak FLOP/s and 0.8 of peak bandwidth are typical of large-batch serving kernels; the
 device machine measured bf16 matmuls at ~790 TFLOP/s (0.8 of peak), but whole prefill steps (attention,
-norms, all-reduce) land nearer 0.5.
+norms, all-reduce) land nearer 0.5. `sim/calibrate.py` fits them (and the per-step overhead) to measured
+steps of a real engine; `kvbench calibrate` does so for our engine on this machine and saves a profile.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Mapping
 
 GB = 1e9
 
@@ -41,6 +42,9 @@ class Device:
     bw_efficiency: float = 0.8
     interconnect_bw: float = 900 * GB  # per device, for tensor-parallel all-reduce
     interconnect_latency_s: float = 8e-6  # per all-reduce
+    # Whether a step's compute and memory traffic overlap (GPU kernels: step = the larger of the two) or
+    # follow one another (eager PyTorch on a CPU: step = their sum).
+    overlap: bool = True
 
     def flops(self, weight_dtype: str) -> float:
         """Effective FLOP/s for matmuls whose weights are `weight_dtype` (fp8 weights run fp8 matmuls)."""
@@ -113,10 +117,11 @@ NETWORK = Link("network", bandwidth=25 * GB, latency_s=50e-6)
 # An 8xH200 node: 2 TB of host memory and 30 TB of NVMe are typical of such servers.
 _H200_NODE = Hardware("8xh200", H200, 8, PCIE, NVME, NETWORK, host_memory_bytes=2000 * GB, disk_bytes=30000 * GB)
 
-# This machine's CPU running our engine: a placeholder until `calibrate` fits it (numbers are rough guesses
-# for 2 AVX2 cores in fp32; the lead wires the real engine as the probe).
-CPU = Device("cpu", memory_bytes=24 * GB, memory_bw=10 * GB, flops_bf16=50e9, flops_fp8=50e9,
-             flops_efficiency=0.5, bw_efficiency=0.5, interconnect_bw=10 * GB, interconnect_latency_s=0.0)
+# This machine's CPU running our engine in fp32: peaks are 2 cores x 32 FLOP/cycle (two 8-wide FMA units) x
+# ~3 GHz and a guessed 20 GB/s; `kvbench calibrate` fits the efficiencies and overhead to the real engine.
+CPU = Device("cpu", memory_bytes=24 * GB, memory_bw=20 * GB, flops_bf16=192e9, flops_fp8=192e9,
+             flops_efficiency=0.5, bw_efficiency=0.5, interconnect_bw=10 * GB, interconnect_latency_s=0.0,
+             overlap=False)
 _CPU_NODE = Hardware("cpu", CPU, 1, Link("memcpy", 10 * GB), Link("disk", 1 * GB, 1e-4), Link("redis", 1 * GB, 1e-4),
                      host_memory_bytes=8 * GB, disk_bytes=50 * GB, memory_fraction=0.5, activation_reserve_bytes=1 * GB,
                      step_overhead_s=0.005)
@@ -160,59 +165,3 @@ def hardware_from_dict(data: Mapping) -> Hardware:
 
 def save_hardware(hardware: Hardware, path: Path) -> None:
     path.write_text(json.dumps(hardware_to_dict(hardware), indent=2))
-
-
-# ---- calibration hook ------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class StepSample:
-    """One measured engine step: what it computed and how long it took (wall seconds)."""
-
-    prefill_tokens: int
-    decode_seqs: int
-    context_tokens: int  # KV tokens read by the step (sum over sequences)
-    seconds: float
-
-
-class StepProbe(Protocol):
-    """Runs real engine steps of given shapes and times them. The lead wires our engine here (the runtime's
-    step loop on a fixed prompt set); tests pass a fake. Each call returns one sample per shape."""
-
-    def measure(self, shapes: Sequence[tuple[int, int, int]]) -> Sequence[StepSample]: ...
-
-
-# Shapes that separate the compute-bound (long prefill) from the bandwidth-bound (many short decodes) regime.
-CALIBRATION_SHAPES: tuple[tuple[int, int, int], ...] = (
-    (512, 0, 512), (256, 0, 256), (0, 8, 2048), (0, 1, 256), (128, 4, 1024),
-)
-
-
-def calibrate(hardware: Hardware, probe: StepProbe, predict: Callable[[Hardware, StepSample], float],
-              shapes: Sequence[tuple[int, int, int]] = CALIBRATION_SHAPES) -> Hardware:
-    """Fit the device's two efficiencies so that `predict(hardware, sample)` (the cost model's step time)
-    matches the probe's measurements: FLOP efficiency from prefill-heavy samples, bandwidth efficiency from
-    decode-only ones. A multiplicative fit per regime (the model is linear in 1/efficiency)."""
-    samples = list(probe.measure(shapes))
-    if not samples:
-        raise HardwareError("calibrate: the probe returned no samples")
-    device = hardware.device
-
-    def ratio(subset: list[StepSample], current: Hardware) -> float | None:
-        if not subset:
-            return None
-        predicted = sum(predict(current, s) for s in subset)
-        measured = sum(s.seconds for s in subset)
-        return predicted / measured if measured > 0 else None
-
-    prefill = [s for s in samples if s.prefill_tokens > 0]
-    decode = [s for s in samples if s.prefill_tokens == 0]
-    fitted = hardware
-    for _ in range(20):  # a fixed-point iteration: the fixed overhead and the overlap of regimes need rounds
-        r = ratio(prefill, fitted)
-        if r:
-            device = dataclasses.replace(device, flops_efficiency=min(device.flops_efficiency * r, 1.0))
-        fitted = dataclasses.replace(fitted, device=device)
-        r = ratio(decode, fitted)
-        if r:
-            device = dataclasses.replace(device, bw_efficiency=min(device.bw_efficiency * r, 1.0))
-        fitted = dataclasses.replace(fitted, device=device)
-    return fitted

@@ -1,13 +1,11 @@
-"""The cost model's regimes, tensor parallelism, pipelined restores and the calibration hook."""
-
-import dataclasses
+"""The cost model's regimes, tensor parallelism and pipelined restores."""
 
 import pytest
 
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel, SeqWork
 from kvbench.sim.geometry import load_geometry
-from kvbench.sim.hardware import StepSample, calibrate, load_hardware
+from kvbench.sim.hardware import load_hardware
 
 QWEN = load_geometry("qwen2.5-72b")
 
@@ -51,22 +49,3 @@ def test_restore_pipeline_overlaps_its_stages():
     assert disk_only > nvme_stage  # the slow stage plus the pipeline's fill
     assert disk_only < nvme_stage + host_only  # not the sum: the stages overlap
     assert model.restore_seconds({}) == 0.0
-
-
-def test_calibrate_recovers_the_efficiencies_of_a_fake_engine():
-    truth = load_hardware("cpu")
-    truth = dataclasses.replace(truth, device=dataclasses.replace(truth.device, flops_efficiency=0.21, bw_efficiency=0.33))
-    smol = load_geometry("smollm2-135m")
-
-    def predict(hw, s: StepSample) -> float:
-        work = [SeqWork(0, s.prefill_tokens)] if s.prefill_tokens else []
-        work += [SeqWork(s.context_tokens // max(s.decode_seqs, 1), s.context_tokens // max(s.decode_seqs, 1) + 1)] * s.decode_seqs
-        return CostModel(smol, hw, "fp16").step(work).seconds
-
-    class FakeProbe:
-        def measure(self, shapes):
-            return [StepSample(p, d, c, predict(truth, StepSample(p, d, c, 0.0))) for p, d, c in shapes]
-
-    fitted = calibrate(load_hardware("cpu"), FakeProbe(), predict)
-    assert fitted.device.flops_efficiency == pytest.approx(0.21, rel=0.1)
-    assert fitted.device.bw_efficiency == pytest.approx(0.33, rel=0.1)

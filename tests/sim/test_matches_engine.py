@@ -87,3 +87,12 @@ def test_without_the_send_order_the_comparison_would_not_be_exact_by_constructio
     sim_events = EventLog()
     simulate(workload, load, config, send_order=sessionwise, events=sim_events)
     assert decisions(sim_events.take_events()) != decisions(real_events)
+
+
+def test_the_shipped_tiny_random_geometry_is_the_engine_test_model():
+    from kvbench.engines.kvengine.model.tiny import TINY_CONFIG as c
+
+    g = load_geometry("tiny-random")
+    assert (g.hidden_size, g.intermediate_size, g.num_layers, g.num_heads, g.num_kv_heads, g.head_dim, g.vocab_size,
+            g.tie_word_embeddings) == (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads,
+                                       c.head_dim, c.vocab_size, c.tie_word_embeddings)

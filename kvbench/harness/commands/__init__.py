@@ -2,6 +2,7 @@
 
 from kvbench.harness.commands import (
     bench_cmd,
+    calibrate_cmd,
     compare_cmd,
     eval_cmd,
     report_cmd,
@@ -12,4 +13,4 @@ from kvbench.harness.commands import (
     workload_cmd,
 )
 
-ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, bench_cmd)
+ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, calibrate_cmd, bench_cmd)

@@ -108,6 +108,15 @@ class EngineConfig:
         return KVFormat.parse(self.kv_dtype, self.kv_scale if quantized else None)
 
 
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    """One model step as it ran: the token range [start, end) each sequence computed, and the step's wall
+    seconds from scheduling to the last gauge update (what a cost model's step time stands for)."""
+
+    work: tuple[tuple[int, int], ...]
+    seconds: float
+
+
 class Engine:
     """A model, its paged KV cache and the core's scheduler. Not thread-safe: one caller at a time."""
 
@@ -159,6 +168,8 @@ class Engine:
         # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
         # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
         self.event_listeners: list[Callable[[list[CacheEvent]], None]] = [self.metrics.events]
+        # Who receives the timing of each step that ran the model (simulator calibration records them).
+        self.step_listeners: list[Callable[[StepTiming], None]] = []
         self._live: dict[str, LiveRequest] = {}
         self._swapped: dict[str, torch.Tensor] = {}
         self._update_gauges()
@@ -259,6 +270,7 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """One step; with no work it only keeps the tiers in order (idle pages move down by TTL)."""
+        started = time.perf_counter()
         now = self.clock()
         # Only restores in flight: wait a moment for one instead of spinning.
         wait_s = 0.05 if not self.scheduler.has_work() else 0.0
@@ -281,6 +293,10 @@ class Engine:
             listener(events)
         self.metrics.tier_failures(self.offload.failures())
         self._update_gauges()
+        if plan.seqs:
+            timing = StepTiming(tuple((s.start, s.end) for s in plan.seqs), time.perf_counter() - started)
+            for listener in self.step_listeners:
+                listener(timing)
         return outputs
 
     def _run(self, seqs: tuple[ScheduledSeq, ...]) -> tuple[dict[RequestId, int], list[StepOutput]]:

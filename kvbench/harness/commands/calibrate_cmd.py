@@ -1,0 +1,180 @@
+"""`kvbench calibrate` (fit a hardware profile to our engine's steps) and `kvbench validate-sim` (a real run
+of our engine next to its simulation)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from kvbench.settings import SettingsError
+
+console = Console()
+VALIDATION_JSON = "sim-validation.json"
+
+
+def register(commands, formatter) -> None:
+    cal = commands.add_parser(
+        "calibrate", help="fit the simulator's hardware profile to our engine's measured step times",
+        description="Run our engine in this process on a fixed set of request shapes (prefills of 64-2048 tokens, "
+        "decode batches of 1-8 sequences), time every model step, and fit the cost model's FLOP and bandwidth "
+        "efficiencies and per-step overhead to them. Writes a hardware profile JSON for `kvbench simulate "
+        "--hardware` and `kvbench validate-sim --hardware`.", formatter_class=formatter,
+    )
+    cal.add_argument("--model", default="default", help="our engine's model: default (SmolLM2-135M), tiny-random or a folder")
+    cal.add_argument("--kv-dtype", default="fp32", help="KV dtype of the engine (fp32, bf16, fp8_e4m3, fp8_e5m2)")
+    cal.add_argument("--compute-dtype", default="float32", help="the engine's compute dtype")
+    cal.add_argument("--max-step-tokens", type=int, default=512, help="the engine's step budget (as when serving)")
+    cal.add_argument("--threads", type=int, help="torch threads (default: all cores, with a passive OpenMP wait)")
+    cal.add_argument("--hardware", default="cpu", help="profile to start from (peaks, links); its efficiencies are refitted")
+    cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
+    cal.add_argument("--out", type=Path, default=Path("results/sim/cpu-calibrated.json"), help="profile JSON to write")
+    cal.set_defaults(handler=handle_calibrate)
+
+    val = commands.add_parser(
+        "validate-sim", help="simulate a real run of our engine and compare: hit rates, TTFT p50/p99",
+        description="For each run of our engine (kvengine) in RUN_DIR, simulate the same workload and load with "
+        "the same cache and batching settings, sending requests in the order the real run sent them, on a "
+        "(calibrated) hardware profile. Prints real and simulated metrics side by side and writes "
+        f"RUN_DIR/{VALIDATION_JSON}. Exit 1 when the cache hit rates differ or TTFT p50/p99 differ by more than "
+        "the tolerance.", formatter_class=formatter,
+    )
+    val.add_argument("run_dir", type=Path, help="a `kvbench run` folder with kvengine runs")
+    val.add_argument("--hardware", default="results/sim/cpu-calibrated.json",
+                     help="hardware profile (a `kvbench calibrate` JSON, or a profile name)")
+    val.add_argument("--geometry", help="simulator model geometry (default: from the run's model setting)")
+    val.add_argument("--tolerance", type=float, default=0.25, help="relative TTFT p50/p99 tolerance")
+    val.set_defaults(handler=handle_validate)
+
+
+def handle_calibrate(args: argparse.Namespace) -> int:
+    # Two torch threads spin against each other on this class of CPU unless OpenMP waits passively.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+    from kvbench.engines.kvengine.runtime.step_probe import probe_steps
+    from kvbench.sim.calibrate import fit_hardware
+    from kvbench.sim.hardware import load_hardware, save_hardware
+    from kvbench.sim.validate import WEIGHT_DTYPES, engine_geometry
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        hardware = load_hardware(args.hardware)
+        geometry = engine_geometry(args.model, args.geometry)
+        config = EngineConfig(model=args.model, kv_dtype=args.kv_dtype, compute_dtype=args.compute_dtype,
+                              max_step_tokens=args.max_step_tokens, kv_capacity_tokens=32768)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    engine = Engine(config)
+    console.print(f"probing {engine.model_name} ({args.kv_dtype} KV, {torch.get_num_threads()} threads)...")
+    steps = probe_steps(engine)
+    engine.close()
+    weight_dtype = WEIGHT_DTYPES.get(args.compute_dtype, "fp32")
+    try:
+        fit = fit_hardware(hardware, geometry, args.kv_dtype, weight_dtype, steps)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    save_hardware(fit.hardware, args.out)
+
+    table = Table(title=f"{len(steps)} measured steps of our engine vs the fitted cost model")
+    for column in ("steps", "count", "measured s", "predicted s", "predicted / measured"):
+        table.add_column(column, justify="right")
+    groups: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        computed = sum(b - a for a, b in step.work)
+        kind = "decode only" if computed == len(step.work) else "prefill only" if len(step.work) == 1 else "mixed"
+        groups.setdefault(kind, []).append(i)
+    groups["all"] = list(range(len(steps)))
+    for kind, members in groups.items():
+        measured = sum(fit.measured_s[i] for i in members)
+        predicted = sum(fit.predicted_s[i] for i in members)
+        table.add_row(kind, str(len(members)), f"{measured:.2f}", f"{predicted:.2f}", f"{predicted / measured:.3f}")
+    console.print(table)
+    device = fit.hardware.device
+    console.print(f"fitted: flops_efficiency {device.flops_efficiency:.3f} (of {device.flops_bf16 / 1e9:.0f} GFLOP/s), "
+                  f"bw_efficiency {device.bw_efficiency:.3f} (of {device.memory_bw / 1e9:.0f} GB/s), step overhead "
+                  f"{fit.hardware.step_overhead_s * 1e3:.1f} ms, overlap={device.overlap}")
+    for name in fit.at_bound():
+        console.print(f"[yellow]warning: {name} hit 1.0: the profile's peak is below what the engine achieved; "
+                      "raise it in the profile[/yellow]")
+    console.print(f"profile: {args.out}")
+    return 0
+
+
+def handle_validate(args: argparse.Namespace) -> int:
+    from kvbench.engines.kvengine.adapter import KVEngineSettings
+    from kvbench.harness.config import load_config_file
+    from kvbench.harness.records import read_records
+    from kvbench.settings import build
+    from kvbench.sim.hardware import load_hardware
+    from kvbench.sim.validate import (
+        by_run_id,
+        compare_records,
+        engine_geometry,
+        sim_config_for_engine,
+        simulate_run,
+        workload_name_matches,
+    )
+    from kvbench.workloads.profiles import load_workload
+
+    run_dir: Path = args.run_dir
+    for name in ("config.yaml", "summary.json", "requests.jsonl"):
+        if not (run_dir / name).is_file():
+            raise SettingsError(f"run_dir: {run_dir / name} is missing; give a folder written by `kvbench run`")
+    experiment = load_config_file(run_dir / "config.yaml")
+    entries = [e for e in json.loads((run_dir / "summary.json").read_text())["runs"] if e["engine_name"] == "kvengine"]
+    if not entries:
+        raise SettingsError(f"run_dir: {run_dir} has no runs of our engine (kvengine); the simulator models it only")
+    records = by_run_id(read_records(run_dir / "requests.jsonl"))
+    try:
+        hardware = load_hardware(args.hardware)
+    except ValueError as error:
+        raise SettingsError(f"--hardware: {error}; run `kvbench calibrate` first or name a profile") from None
+
+    results, all_ok = [], True
+    for entry in entries:
+        try:
+            settings = build(KVEngineSettings, dict(entry["engine_settings"]), "engine.kvengine")
+            config = sim_config_for_engine(settings, engine_geometry(settings.model, args.geometry), hardware)
+        except ValueError as error:
+            raise SettingsError(f"{entry['run_id']}: {error}") from None
+        spec = next(w for w in experiment.workloads if workload_name_matches(w.name, entry["workload"]))
+        load = next(l for l in experiment.load_specs() if l.label == entry["load"])
+        workload = load_workload(spec.name, seed=experiment.seed, num_sessions=spec.num_sessions,
+                                 overrides=spec.overrides, vocab_size=entry["workload_params"].get("vocab_size"),
+                                 time_scale=spec.time_scale)
+        real = records.get(entry["run_id"], [])
+        simulated = simulate_run(workload, load, config, real, seed=experiment.seed + entry["repeat"])
+        validation = compare_records(real, simulated.records, args.tolerance)
+        all_ok &= validation.ok
+        results.append({"run_id": entry["run_id"], "hardware": hardware.name, **validation.to_dict()})
+        _print_validation(entry["run_id"], validation)
+    (run_dir / VALIDATION_JSON).write_text(json.dumps({"hardware": args.hardware, "runs": results}, indent=2))
+    console.print(f"written: {run_dir / VALIDATION_JSON}")
+    return 0 if all_ok else 1
+
+
+def _print_validation(run_id: str, validation) -> None:
+    table = Table(title=f"{run_id}: real engine vs simulator "
+                  f"({validation.same_cached}/{validation.compared} requests with the same cached tokens)")
+    for column in ("metric", "real", "sim", "sim / real", "check"):
+        table.add_column(column, justify="right")
+    for row in validation.rows:
+        check = {True: "ok", False: "[red]off[/red]", None: ""}[row.ok]
+        if row.tolerance == 0.0 and row.ok is not None:
+            check += " (equal)"
+        elif row.tolerance and row.ok is not None:
+            check += f" (±{row.tolerance:.0%})"
+        table.add_row(row.name, _fmt(row.real), _fmt(row.sim), _fmt(row.ratio, 3), check)
+    console.print(table)
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
