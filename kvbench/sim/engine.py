@@ -28,6 +28,7 @@ from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, Scheduler, SchedulerConfig
 from kvbench.engines.kvengine.core.tiers import Tier
+from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.harness.loadgen import placeholder_tokens
 from kvbench.harness.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.harness.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
@@ -56,6 +57,7 @@ class SimConfig:
     weight_dtype: str | None = None
     device_kv_tokens: int | None = None
     strict_isolation: bool = True
+    tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
 
     @property
     def cost(self) -> CostModel:
@@ -281,8 +283,9 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
         if remote is not None:
             lower.append(remote)
         pool = PagePool(1 + config.device_pages(), preset.page_size)
+        ledger = config.tenants.ledger(pool.capacity) if config.tenants.tenants else None
         index = PrefixIndex(pool, events=events) if events is not None else PrefixIndex(pool)
-        nodes.append(SimNode(i, Scheduler(index, sched_config), config.cost, tuple(lower),
+        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, tuple(lower),
                              preset.admission))
     return nodes
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
 from kvbench.harness.metrics import Summary, summarize
 from kvbench.harness.records import RequestRecord
 from kvbench.harness.schedule import LoadSpec
@@ -57,8 +58,9 @@ def sim_config_for_engine(settings, geometry: ModelGeometry, hardware: Hardware)
     kv_tokens = settings.kv_capacity
     if settings.kv_capacity_bytes is not None:
         kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype))
+    tenants = load_tenants(settings.tenants_file) if settings.tenants_file else TenantsConfig()
     return SimConfig(geometry, hardware, preset, settings.kv_dtype, WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"),
-                     device_kv_tokens=kv_tokens, strict_isolation=settings.isolation == "strict")
+                     device_kv_tokens=kv_tokens, strict_isolation=settings.isolation == "strict", tenants=tenants)
 
 
 def simulate_run(workload: Workload, load: LoadSpec, config: SimConfig, records: Sequence[RequestRecord],

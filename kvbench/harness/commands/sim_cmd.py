@@ -51,6 +51,7 @@ def register(commands, formatter) -> None:
     sim.add_argument("--kv-dtype", action="append", default=[], metavar="D", help="KV dtype, repeatable (default fp8)")
     sim.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
     sim.add_argument("--device-kv-tokens", type=int, help="override the device KV budget (tokens per node)")
+    sim.add_argument("--tenants-file", help="tenant quotas and reservations (the format `kvbench serve` reads)")
     load = sim.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="open loop: new sessions per second")
     load.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
@@ -105,6 +106,7 @@ def handle_capacity(args: argparse.Namespace) -> int:
 
 
 def handle_simulate(args: argparse.Namespace) -> int:
+    from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
     from kvbench.harness.commands.run_cmd import print_summary
     from kvbench.harness.schedule import LoadSpec
     from kvbench.sim.engine import SimConfig, simulate
@@ -119,6 +121,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
         hardware = load_hardware(args.hardware)
         presets = [get_preset(name) for name in (args.preset or list(PRESETS))]
         load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests)
+        tenants = load_tenants(args.tenants_file) if args.tenants_file else TenantsConfig()
     except ValueError as error:
         raise SettingsError(str(error)) from None
     workload = load_workload(args.workload, seed=args.seed, num_sessions=args.num_sessions,
@@ -127,7 +130,8 @@ def handle_simulate(args: argparse.Namespace) -> int:
     results = []
     for preset in presets:
         for kv_dtype in args.kv_dtype or ["fp8"]:
-            config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens)
+            config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
+                               tenants=tenants)
             try:
                 result = simulate(workload, load, config, seed=args.seed)
             except ValueError as error:
@@ -138,7 +142,8 @@ def handle_simulate(args: argparse.Namespace) -> int:
     doc = {"simulate": {"model": geometry.name, "hardware": hardware.name, "workload": args.workload,
                         "num_sessions": args.num_sessions, "presets": [p.name for p in presets],
                         "kv_dtypes": args.kv_dtype or ["fp8"], "load": load.label, "seed": args.seed,
-                        "time_scale": args.time_scale, "device_kv_tokens": args.device_kv_tokens}}
+                        "time_scale": args.time_scale, "device_kv_tokens": args.device_kv_tokens,
+                        "tenants_file": args.tenants_file}}
     write_sim_run(run_dir, results, doc, plots=not args.no_plots)
     print_summary(run_dir)
     console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
