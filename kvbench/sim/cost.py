@@ -16,7 +16,7 @@ other stage (the pipeline's fill), plus each stage's latency.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Protocol
 
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.geometry import ModelGeometry
@@ -24,6 +24,17 @@ from kvbench.sim.hardware import Hardware, Link
 
 ACTIVATION_BYTES = 2  # bf16 activations in all-reduces
 RESTORE_CHUNK_TOKENS = 256  # LMCache's default chunk size
+
+
+class Span(Protocol):
+    """What a step needs to know of a sequence: it computes tokens [start, end). SeqWork is one; so is the
+    scheduler's ScheduledSeq, which the simulator passes as is rather than copying every sequence every step."""
+
+    @property
+    def start(self) -> int: ...
+
+    @property
+    def end(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +74,12 @@ class CostModel:
     def kv_bytes_per_token(self) -> float:
         return self.geometry.kv_bytes_per_token(self.kv_dtype)
 
-    def step(self, work: Iterable[SeqWork]) -> StepCost:
+    def step(self, work: Iterable[Span]) -> StepCost:
         """The time of one engine step computing `work` (prefill chunks and decodes together)."""
         g, hw = self.geometry, self.hardware
         tokens = attn_ctx = kv_read = 0.0
         for w in work:
-            n = w.tokens
+            n = w.end - w.start
             tokens += n
             attn_ctx += n * (w.start + w.end + 1) / 2  # sum of (p + 1) for p in [start, end)
             kv_read += w.end

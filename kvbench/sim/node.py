@@ -22,7 +22,7 @@ import numpy as np
 from kvbench.engines.kvengine.core.prefix_index import namespace_for
 from kvbench.engines.kvengine.core.scheduler import FinishedRequest, Request, RequestId, Scheduler, StepPlan
 from kvbench.engines.kvengine.core.tiers import Tier
-from kvbench.sim.cost import CostModel, SeqWork
+from kvbench.sim.cost import CostModel
 from kvbench.sim.lower_tiers import LowerTier
 from kvbench.sim.presets import ADMIT_LPM
 
@@ -61,7 +61,7 @@ class SimNode:
     stats: NodeStats = field(default_factory=NodeStats)
     busy: bool = False
     _pending: list = field(default_factory=list)
-    _live: dict = field(default_factory=dict)  # request id -> (Request, answer tokens to sample)
+    _live: dict = field(default_factory=dict)  # request id -> (Request, answer tokens to sample, as a list)
     _produced: dict = field(default_factory=dict)
     _link_free_at: float = 0.0
 
@@ -99,7 +99,7 @@ class SimNode:
 
     def admit(self, request: Request, answer: np.ndarray, restore: Restore, now: float) -> None:
         """Queue a request whose restore is done (`answer`: the tokens it will sample)."""
-        self._live[request.request_id] = (request, answer)
+        self._live[request.request_id] = (request, np.asarray(answer).tolist())  # ints: one read per decode step
         self._produced[request.request_id] = 0
         self._pending.append((request, restore))
 
@@ -154,7 +154,7 @@ class SimNode:
         plan = self.scheduler.schedule(now)
         if not plan.seqs and not plan.swap_in and not plan.swap_out:
             return None
-        seconds = self.cost.step(SeqWork(s.start, s.end) for s in plan.seqs).seconds
+        seconds = self.cost.step(plan.seqs).seconds
         swapped = sum(len(s.pages) for s in plan.swap_out) + sum(len(s.pages) for s in plan.swap_in)
         if swapped:
             seconds += self.cost.transfer_seconds(Tier.HOST, swapped * self.page_size)
@@ -170,7 +170,7 @@ class SimNode:
         for s in plan.seqs:
             if s.samples:
                 k = self._produced[s.request_id]
-                sampled[s.request_id] = int(self._live[s.request_id][1][k])
+                sampled[s.request_id] = self._live[s.request_id][1][k]
                 self._produced[s.request_id] = k + 1
         finished = self.scheduler.postprocess(plan, sampled, now)
         self.busy = False

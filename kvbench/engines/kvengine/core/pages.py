@@ -13,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NewType, Sequence
 
-import numpy as np
-
 PageId = NewType("PageId", int)
 NULL_PAGE = PageId(0)
 DEFAULT_PAGE_SIZE = 16
@@ -34,11 +32,15 @@ class PagePool:
 
     Free pages are handed out lowest id first on a fresh pool; a released page is the next one reused (LIFO),
     so tests can predict page ids exactly.
+
+    Reference counts are a plain list of ints: the pool is touched a few pages at a time (a decode step's new
+    page, one evicted page), where numpy's per-call overhead cost more than the work, and a per-page Python
+    loop stays faster than converting a page list to an array even for a whole long prompt.
     """
 
     num_pages: int
     page_size: int = DEFAULT_PAGE_SIZE
-    _ref: np.ndarray = field(init=False, repr=False)
+    _ref: list[int] = field(init=False, repr=False)
     # A stack: the next page handed out is _free[-1].
     _free: list[int] = field(init=False, repr=False)
 
@@ -47,7 +49,7 @@ class PagePool:
             raise ValueError(f"num_pages={self.num_pages}: need at least 2 (page 0 is the reserved null page)")
         if self.page_size < 1:
             raise ValueError(f"page_size={self.page_size}: must be a positive number of tokens, e.g. 16")
-        self._ref = np.zeros(self.num_pages, dtype=np.int32)
+        self._ref = [0] * self.num_pages
         self._ref[NULL_PAGE] = 1  # held forever, so it is never free and never handed out
         self._free = list(range(self.num_pages - 1, 0, -1))
 
@@ -78,60 +80,65 @@ class PagePool:
         out = self._free[-n:]
         del self._free[-n:]
         out.reverse()
-        self._ref[out] = 1
+        ref = self._ref
+        for page in out:
+            ref[page] = 1
         return out  # type: ignore[return-value]
 
     def share(self, pages: Sequence[PageId]) -> None:
         """Add one reference to each page (which must be in use): a second holder of the same KV."""
-        if not pages:
-            return
-        idx = np.asarray(pages, dtype=np.int64)
-        if (self._ref[idx] <= 0).any() or (idx == NULL_PAGE).any():
-            raise IntegrityError(f"share() of a free or null page among {list(pages)[:8]}...")
-        np.add.at(self._ref, idx, 1)
+        ref = self._ref
+        for done, page in enumerate(pages):
+            if page == NULL_PAGE or ref[page] <= 0:
+                for undo in pages[:done]:  # all or nothing
+                    ref[undo] -= 1
+                raise IntegrityError(f"share() of a free or null page among {list(pages)[:8]}...")
+            ref[page] += 1
 
     def release(self, pages: Sequence[PageId]) -> int:
         """Drop one reference from each page; pages reaching 0 become free. Returns how many became free."""
         if not pages:
             return 0
-        idx = np.asarray(pages, dtype=np.int64)
-        if (idx == NULL_PAGE).any():
+        if NULL_PAGE in pages:
             raise IntegrityError("release() of the null page")
-        np.subtract.at(self._ref, idx, 1)
-        after = self._ref[idx]
-        if (after < 0).any():
-            np.add.at(self._ref, idx, 1)
-            raise IntegrityError(f"release() would make a reference count negative among {list(pages)[:8]}")
-        zero = idx[after == 0]
-        if len(zero):
-            # A page listed twice reaches 0 once; keep the caller's order for predictable reuse.
-            freed = list(dict.fromkeys(zero.tolist()))
-            self._free.extend(reversed(freed))
-            return len(freed)
-        return 0
+        ref, free = self._ref, self._free
+        before = len(free)
+        # Backwards, so that freed pages are pushed in reverse caller order and the caller's first page is
+        # the next one reused; a page listed twice reaches 0 once, at its first listing.
+        for done, page in enumerate(reversed(pages)):
+            count = ref[page] - 1
+            if count < 0:
+                for undo in pages[len(pages) - done :]:  # all or nothing
+                    ref[undo] += 1
+                del free[before:]
+                raise IntegrityError(f"release() would make a reference count negative among {list(pages)[:8]}")
+            ref[page] = count
+            if count == 0:
+                free.append(page)
+        return len(free) - before
 
     def grow(self, extra: int) -> None:
         """Add `extra` free pages (an unbounded cache in trace statistics; a tier that was resized)."""
         if extra < 0:
             raise ValueError(f"extra={extra}: a pool can only grow")
-        self._ref = np.concatenate([self._ref, np.zeros(extra, dtype=np.int32)])
+        self._ref.extend([0] * extra)
         self._free[:0] = range(self.num_pages + extra - 1, self.num_pages - 1, -1)
         self.num_pages += extra
 
     def ref_count(self, page: PageId) -> int:
-        return int(self._ref[page])
+        return self._ref[page]
 
     def check_integrity(self) -> None:
         """Raise IntegrityError unless: free pages have count 0 and appear once, all others count >= 1."""
-        free = np.asarray(self._free, dtype=np.int64)
-        if len(set(self._free)) != len(self._free):
+        free, ref = self._free, self._ref
+        if len(set(free)) != len(free):
             raise IntegrityError("a page is on the free list twice")
-        if (free == NULL_PAGE).any():
+        if NULL_PAGE in free:
             raise IntegrityError("the null page is on the free list")
-        if len(free) and (self._ref[free] != 0).any():
+        if any(ref[page] != 0 for page in free):
             raise IntegrityError("a page is both free and referenced")
-        if (self._ref < 0).any():
+        if any(count < 0 for count in ref):
             raise IntegrityError("a negative reference count")
-        used = np.count_nonzero(self._ref[1:] > 0)
+        used = sum(1 for count in ref[1:] if count > 0)
         if used + len(free) != self.capacity:
             raise IntegrityError(f"leak: {used} used + {len(free)} free != {self.capacity} pages")

@@ -68,7 +68,9 @@ def namespace_for(tenant: TenantId, *, shareable: bool, strict: bool) -> Namespa
 class _Node:
     node_id: int
     parent: _Node | None
-    key: bytes  # int32 token ids of this edge, whole pages
+    # int32 token ids of this edge, whole pages. A bytearray so that eviction trims a long leaf's tail in place
+    # (one page at a time in a full pool); its parent holds it under bytes(key[:page bytes]).
+    key: bytearray
     pages: list[PageId]
     tenant: TenantId
     keys: list[PageKey]  # content key per page; a root holds one: its namespace's chain root
@@ -263,7 +265,8 @@ class PrefixIndex:
         self._tick += 1
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = _Node(0, None, b"", [], tenant, [root_key(self.key_salt, namespace)])
+            root = self._roots[namespace] = _Node(0, None, bytearray(), [], tenant,
+                                                  [root_key(self.key_salt, namespace)])
         node, pos = root, 0
         while pos < n:
             child = node.children.get(kb[pos * pb : (pos + 1) * pb])
@@ -286,11 +289,11 @@ class PrefixIndex:
                     self.journal.record_page(PageRecord(PageChange.STORED, key, page, tenant, now))
             else:
                 keys = [_UNKEYED] * (n - pos)  # no lower tier listens: skip hashing every page (hot in replays)
-            leaf = _Node(self._next_id, node, kb[pos * pb : n * pb], new_pages, tenant, keys, tick=self._tick,
-                         last_access=now)
+            leaf = _Node(self._next_id, node, bytearray(kb[pos * pb : n * pb]), new_pages, tenant, keys,
+                         tick=self._tick, last_access=now)
             self._next_id += 1
             self._num_nodes += 1
-            node.children[leaf.key[:pb]] = leaf
+            node.children[kb[pos * pb : (pos + 1) * pb]] = leaf
             k = n - pos
             self._evictable += k
             self._evictable_by_tenant[tenant] = self._evictable_by_tenant.get(tenant, 0) + k
@@ -321,7 +324,7 @@ class PrefixIndex:
         for child in tail.children.values():
             child.parent = tail
         node.key, node.pages, node.keys = node.key[: m * pb], node.pages[:m], node.keys[:m]
-        node.children = {tail.key[:pb]: tail}
+        node.children = {bytes(tail.key[:pb]): tail}
         self._push_if_leaf(tail)
         return tail
 
@@ -334,12 +337,12 @@ class PrefixIndex:
                       lock_ref=child.lock_ref, tick=child.tick, last_access=child.last_access)
         self._next_id += 1
         self._num_nodes += 1
-        parent.children[upper.key[:pb]] = upper
+        parent.children[bytes(upper.key[:pb])] = upper
         child.key = child.key[m * pb :]
         child.pages = child.pages[m:]
         child.keys = child.keys[m:]
         child.parent = upper
-        upper.children[child.key[:pb]] = child
+        upper.children[bytes(child.key[:pb])] = child
         return upper
 
     # ---- evict -------------------------------------------------------------------------------------------
@@ -371,16 +374,16 @@ class PrefixIndex:
                 heapq.heappop(best)
                 parent = leaf.parent
                 assert parent is not None
-                del parent.children[leaf.key[:pb]]
+                del parent.children[bytes(leaf.key[:pb])]
                 leaf.parent = None
                 leaf.pages = []
                 leaf.keys = []
                 self._num_nodes -= 1
                 self._push_if_leaf(parent)
-            else:
-                leaf.pages = leaf.pages[: len(leaf.pages) - k]
-                leaf.keys = leaf.keys[: len(leaf.keys) - k]
-                leaf.key = leaf.key[: len(leaf.key) - k * pb]
+            else:  # in place: copying a long leaf to drop one page made every decode step in a full pool O(leaf)
+                del leaf.pages[len(leaf.pages) - k :]
+                del leaf.keys[len(leaf.keys) - k :]
+                del leaf.key[len(leaf.key) - k * pb :]
             freed += self.pool.release(tail)
             dropped += k
             t = leaf.tenant
@@ -444,7 +447,7 @@ class PrefixIndex:
             nodes += 1
             if not node.pages or len(node.key) != len(node.pages) * pb or len(node.keys) != len(node.pages):
                 raise IntegrityError(f"node {node.node_id}: {len(node.pages)} pages for {len(node.key)} bytes")
-            if node.parent is None or node.parent.children.get(node.key[:pb]) is not node:
+            if node.parent is None or node.parent.children.get(bytes(node.key[:pb])) is not node:
                 raise IntegrityError(f"node {node.node_id} is not its parent's child under its first page")
             if node.lock_ref < 0 or (node.parent.parent is not None and node.parent.lock_ref < node.lock_ref):
                 raise IntegrityError(f"node {node.node_id}: lock_ref {node.lock_ref} exceeds its parent's")

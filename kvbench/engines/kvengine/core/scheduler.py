@@ -216,12 +216,13 @@ class Scheduler:
             seq = self._running[i]
             n = min(seq.length - seq.num_computed, budget)
             need = self._pages_for(seq.num_computed + n) - len(seq.pages)
-            while not self.can_allocate(need, seq.request.tenant, now) and self._running[-1] is not seq:
-                self._preempt(self._running.pop(), now, preempted, swap_out)
-            if not self.can_allocate(need, seq.request.tenant, now):
-                self._preempt(self._running.pop(i), now, preempted, swap_out)
-                continue
-            self.allocate(seq, need)
+            if need > 0:  # most decode steps stay inside their last page: nothing to allocate or preempt
+                while not self.can_allocate(need, seq.request.tenant, now) and self._running[-1] is not seq:
+                    self._preempt(self._running.pop(), now, preempted, swap_out)
+                if not self.can_allocate(need, seq.request.tenant, now):
+                    self._preempt(self._running.pop(i), now, preempted, swap_out)
+                    continue
+                self.allocate(seq, need)
             items.append(self._item(seq, n))
             budget -= n
             i += 1
