@@ -4,9 +4,10 @@ The cost model times a step as `busy(compute_s / flops_eff, memory_s / bw_eff) +
 compute_s and memory_s are the step's FLOPs and bytes at the device's peak rates and `busy` is `max` when
 the device overlaps compute with memory traffic (GPU kernels) and `+` when it does not (see
 `Device.overlap`). Given steps measured on a real engine (each step's token ranges and wall seconds), the
-fit picks the two efficiencies and the overhead that minimize the time-weighted squared log error, by a
-coarse grid and then a fine one around the best point (three parameters, a few hundred samples: exact
-enough, no optimizer needed).
+fit picks the two efficiencies (at most 1) and the overhead (at least 0) by least squares on
+(predicted - measured)^2 / measured, which weighs long steps more than short ones but every step's
+relative error alike. With `+` the model is linear in (1/flops_eff, 1/bw_eff, overhead); with `max` it is
+linear once each step is known to be compute- or memory-bound, so the fit alternates the two.
 
 The measured steps come from anything with `work` ((start, end) per sequence) and `seconds`: our engine's
 `runtime.step_probe.probe_steps` produces them; this module does not import the engine.
@@ -15,6 +16,7 @@ The measured steps come from anything with `work` ((start, end) per sequence) an
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,11 +53,7 @@ class Calibration:
         """Fitted values pinned at a bound of the search: the profile's peak numbers are then off."""
         device = self.hardware.device
         return [name for name, value in (("flops_efficiency", device.flops_efficiency),
-                                         ("bw_efficiency", device.bw_efficiency)) if value >= _MAX_EFFICIENCY]
-
-
-_MAX_EFFICIENCY = 1.0
-_MIN_EFFICIENCY = 1e-4
+                                         ("bw_efficiency", device.bw_efficiency)) if value >= 1.0 - 1e-9]
 
 
 def fit_hardware(hardware: Hardware, geometry: ModelGeometry, kv_dtype: str, weight_dtype: str | None,
@@ -69,37 +67,47 @@ def fit_hardware(hardware: Hardware, geometry: ModelGeometry, kv_dtype: str, wei
     costs = [model.step(SeqWork(a, b) for a, b in s.work) for s in steps]
     compute = np.array([c.compute_s for c in costs])
     memory = np.array([c.memory_s for c in costs])
-    comm = np.array([c.comm_s for c in costs])
-    measured = np.array([s.seconds for s in steps])
-    weights = measured / measured.sum()
-    overlap = hardware.device.overlap
-
-    def search(fe: np.ndarray, be: np.ndarray, overheads: np.ndarray) -> tuple[float, float, float, float]:
-        best = (np.inf, 1.0, 1.0, 0.0)
-        c = compute[None, None, :] / fe[:, None, None]
-        m = memory[None, None, :] / be[None, :, None]
-        busy = np.maximum(c, m) if overlap else c + m
-        for o in overheads:
-            predicted = busy + comm + o
-            error = (weights * np.log(predicted / measured) ** 2).sum(axis=2)
-            i, j = np.unravel_index(np.argmin(error), error.shape)
-            if error[i, j] < best[0]:
-                best = (float(error[i, j]), float(fe[i]), float(be[j]), float(o))
-        return best
-
-    coarse = search(np.geomspace(_MIN_EFFICIENCY, _MAX_EFFICIENCY, 81), np.geomspace(_MIN_EFFICIENCY, _MAX_EFFICIENCY, 81),
-                    np.linspace(0.0, 0.95 * measured.min(), 39))
-    _, fe, be, o = coarse
-    step_o = 0.95 * measured.min() / 38
-    fine = search(np.clip(np.geomspace(fe / 1.2, fe * 1.2, 41), _MIN_EFFICIENCY, _MAX_EFFICIENCY),
-                  np.clip(np.geomspace(be / 1.2, be * 1.2, 41), _MIN_EFFICIENCY, _MAX_EFFICIENCY),
-                  np.clip(np.linspace(o - step_o, o + step_o, 21), 0.0, None))
-    _, fe, be, o = min(coarse, fine)
+    measured = np.array([s.seconds for s in steps]) - np.array([c.comm_s for c in costs])
+    if hardware.device.overlap:
+        # max(c/fe, m/be) is linear once each step is known to be compute- or memory-bound: alternate.
+        bound = compute >= memory * (hardware.device.flops_efficiency / hardware.device.bw_efficiency)
+        for _ in range(20):
+            x, y, o = _least_squares(np.where(bound, compute, 0.0), np.where(bound, 0.0, memory), measured)
+            new_bound = compute * x >= memory * y
+            if (new_bound == bound).all():
+                break
+            bound = new_bound
+    else:
+        x, y, o = _least_squares(compute, memory, measured)
+    fe, be = 1.0 / x, 1.0 / y
     device = dataclasses.replace(hardware.device, flops_efficiency=fe, bw_efficiency=be)
     fitted = dataclasses.replace(hardware, device=device, step_overhead_s=o)
     final = CostModel(geometry, fitted, kv_dtype, weight_dtype)
     predicted = tuple(final.step(SeqWork(a, b) for a, b in s.work).seconds for s in steps)
-    return Calibration(fitted, tuple(float(x) for x in measured), predicted)
+    return Calibration(fitted, tuple(float(s.seconds) for s in steps), predicted)
+
+
+def _least_squares(compute: np.ndarray, memory: np.ndarray, measured: np.ndarray) -> tuple[float, float, float]:
+    """(x, y, o) minimizing sum((compute*x + memory*y + o - t)^2 / t) with x, y >= 1 (efficiency <= 1) and
+    o >= 0: every way of pinning parameters at their bound is solved, the best feasible one kept (3
+    parameters: 8 small solves)."""
+    lower = np.array([1.0, 1.0, 0.0])
+    columns = np.stack([compute, memory, np.ones_like(measured)], axis=1)
+    scale = 1.0 / np.sqrt(measured)
+    best, best_error = lower, np.inf
+    for pinned in itertools.product((False, True), repeat=3):
+        free = [i for i in range(3) if not pinned[i]]
+        params = lower.copy()
+        rest = measured - columns[:, list(np.flatnonzero(pinned))] @ lower[list(np.flatnonzero(pinned))]
+        if free:
+            solution, *_ = np.linalg.lstsq(columns[:, free] * scale[:, None], rest * scale, rcond=None)
+            params[free] = solution
+        if (params < lower - 1e-12).any() or not np.isfinite(params).all():
+            continue
+        error = float((((columns @ params) - measured) ** 2 / measured).sum())
+        if error < best_error:
+            best, best_error = params, error
+    return float(best[0]), float(best[1]), float(best[2])
 
 
 def _unit(hardware: Hardware) -> Hardware:

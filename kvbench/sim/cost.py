@@ -5,6 +5,8 @@ FLOP/s) and memory time (bytes over effective bandwidth), plus the all-reduces t
 (two per layer) and a fixed per-step overhead:
 
     step = max(flops / (tp * flops_eff), bytes / (tp * bw_eff)) + 2 * layers * allreduce(tokens) + overhead
+
+(the sum instead of the max on a device that does not overlap the two: `Device.overlap`, false for a CPU)
     flops = tokens * 2 * active params + sum over tokens of attention over their context
     bytes = weights read once (MoE: only the experts some token routed to) + KV read + KV written
 
@@ -94,7 +96,8 @@ class CostModel:
         if tp > 1:
             per = 2 * (tp - 1) / tp * tokens * g.hidden_size * ACTIVATION_BYTES / hw.device.interconnect_bw
             comm = 2 * g.num_layers * (per + hw.device.interconnect_latency_s)
-        return StepCost(max(compute, memory) + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
+        busy = max(compute, memory) if hw.device.overlap else compute + memory
+        return StepCost(busy + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
 
     def _weight_bytes_touched(self, tokens: float) -> float:
         g = self.geometry
