@@ -26,6 +26,7 @@ from kvbench.sim.hardware import Hardware, Link
 
 ACTIVATION_BYTES = 2  # bf16 activations in all-reduces
 RESTORE_CHUNK_TOKENS = 256  # LMCache's default chunk size
+PADDED_PAGE_TOKENS = 16  # padded attention reads whole pages (our engine's page size)
 
 
 class Span(Protocol):
@@ -67,6 +68,9 @@ class CostModel:
     hardware: Hardware
     kv_dtype: str = "fp16"
     weight_dtype: str | None = None  # None: the checkpoint's own
+    # True for an engine whose attention pads every sequence of a step to the longest query and the longest
+    # page-rounded context and computes the full (masked) score matrix: our engine's BatchedAttention.
+    padded_attention: bool = False
 
     @property
     def weights(self) -> str:
@@ -80,13 +84,20 @@ class CostModel:
         """The time of one engine step computing `work` (prefill chunks and decodes together)."""
         g, hw = self.geometry, self.hardware
         tokens = attn_ctx = kv_read = 0.0
+        seqs = longest_query = longest_context = 0
         for w in work:
             n = w.end - w.start
             tokens += n
             attn_ctx += n * (w.start + w.end + 1) / 2  # sum of (p + 1) for p in [start, end)
             kv_read += w.end
+            seqs += 1
+            longest_query, longest_context = max(longest_query, n), max(longest_context, w.end)
         if tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+        if self.padded_attention:
+            page = PADDED_PAGE_TOKENS
+            context = -(-longest_context // page) * page
+            attn_ctx, kv_read = seqs * longest_query * context, seqs * context
         flops = tokens * g.linear_flops_per_token() + g.attention_flops_per_token(1.0) * attn_ctx
         nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self.kv_bytes_per_token
         tp = hw.num_devices

@@ -41,6 +41,7 @@ class Preset:
     page_size: int = 16
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
+    padded_attention: bool = False  # the engine pads a step's sequences to the longest (see CostModel)
 
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):

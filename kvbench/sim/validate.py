@@ -54,7 +54,8 @@ def sim_config_for_engine(settings, geometry: ModelGeometry, hardware: Hardware)
         raise ValueError("engine settings: the run used host/disk/remote tiers; validation covers the device "
                          "cache only (rerun without host_capacity, disk_capacity and remote_url)")
     preset = dataclasses.replace(get_preset("vllm-prefix"), name="kvengine", page_size=settings.page_size,
-                                 max_num_seqs=settings.max_num_seqs, max_step_tokens=settings.max_step_tokens)
+                                 max_num_seqs=settings.max_num_seqs, max_step_tokens=settings.max_step_tokens,
+                                 padded_attention=True)
     kv_tokens = settings.kv_capacity
     if settings.kv_capacity_bytes is not None:
         kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype))

@@ -49,3 +49,17 @@ def test_restore_pipeline_overlaps_its_stages():
     assert disk_only > nvme_stage  # the slow stage plus the pipeline's fill
     assert disk_only < nvme_stage + host_only  # not the sum: the stages overlap
     assert model.restore_seconds({}) == 0.0
+
+
+def test_padded_attention_charges_every_sequence_the_longest_query_and_context():
+    smol = load_geometry("smollm2-135m")
+    hw = load_hardware("cpu")
+    exact, padded = CostModel(smol, hw, "fp32", "fp32"), CostModel(smol, hw, "fp32", "fp32", padded_attention=True)
+    per_pair = smol.attention_flops_per_token(1.0)
+    linear = smol.linear_flops_per_token()
+    # One 512-token prefill next to seven decodes at context 520: eight padded rows of 512 queries x 528 keys.
+    work = [SeqWork(0, 512)] + [SeqWork(519, 520)] * 7
+    assert padded.step(work).flops == pytest.approx(519 * linear + 8 * 512 * 528 * per_pair)
+    assert exact.step(work).flops == pytest.approx(519 * linear + (512 * 513 / 2 + 7 * 520) * per_pair)
+    # Alone, a decode pays only for its page-rounded context.
+    assert padded.step([SeqWork(519, 520)]).flops == pytest.approx(linear + 528 * per_pair)
