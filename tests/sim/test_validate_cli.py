@@ -3,14 +3,21 @@
 import json
 
 from kvbench.harness.cli import main
+from kvbench.sim.hardware import load_hardware
 
 
 def test_validate_sim_reproduces_the_cache_hit_rate_of_a_real_run(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=1280", "--num-sessions", "4",
                  "--concurrency", "1", "--out", str(run)]) == 0
+    # The engine logged its steps; the profile is fitted to them.
+    steps = run / "engines" / "kvengine" / "steps.jsonl"
+    profile = tmp_path / "cpu-fitted.json"
+    assert main(["calibrate", "--model", "tiny-random", "--steps", str(steps), "--out", str(profile)]) == 0
+    fitted = load_hardware(str(profile))
+    assert fitted.device.flops_efficiency != load_hardware("cpu").device.flops_efficiency
     # A huge TTFT tolerance: this test is about cache decisions, not this machine's speed.
-    code = main(["validate-sim", str(run), "--hardware", "cpu", "--tolerance", "1e9"])
+    code = main(["validate-sim", str(run), "--hardware", str(profile), "--tolerance", "1e9"])
     assert code == 0
     result = json.loads((run / "sim-validation.json").read_text())["runs"][0]
     rows = {row["name"]: row for row in result["metrics"]}

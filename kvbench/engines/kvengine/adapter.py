@@ -14,6 +14,7 @@ from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import build
 
+STEP_LOG = "steps.jsonl"
 TINY_VOCAB = 512  # kvbench.engines.kvengine.model.tiny.TINY_CONFIG (not imported here: the adapter needs no torch)
 
 
@@ -69,6 +70,7 @@ class KVEngineAdapter:
             "--max-num-seqs", str(s.max_num_seqs), "--max-step-tokens", str(s.max_step_tokens),
             "--device", s.device, "--compute-dtype", s.compute_dtype,
             "--served-model-name", "kvengine", "--port", str(self.port),
+            "--step-log", str(self.workdir / STEP_LOG),  # the engine's own step times, for `kvbench calibrate`
         ]
         if s.kv_capacity_bytes is not None:
             command += ["--kv-capacity-bytes", str(s.kv_capacity_bytes)]

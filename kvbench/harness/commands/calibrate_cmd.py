@@ -20,11 +20,15 @@ VALIDATION_JSON = "sim-validation.json"
 def register(commands, formatter) -> None:
     cal = commands.add_parser(
         "calibrate", help="fit the simulator's hardware profile to our engine's measured step times",
-        description="Run our engine in this process on a fixed set of request shapes (prefills of 64-2048 tokens, "
-        "decode batches of 1-8 sequences), time every model step, and fit the cost model's FLOP and bandwidth "
-        "efficiencies and per-step overhead to them. Writes a hardware profile JSON for `kvbench simulate "
-        "--hardware` and `kvbench validate-sim --hardware`.", formatter_class=formatter,
+        description="Fit the cost model's FLOP and bandwidth efficiencies and per-step overhead to our engine's "
+        "measured steps, and write a hardware profile JSON for `kvbench simulate --hardware` and `kvbench "
+        "validate-sim --hardware`. The steps come from the engine serving a real run (--steps: the "
+        "engines/<label>/steps.jsonl every `kvbench run` of kvengine writes; this includes the load generator's "
+        "share of the CPU) or, without --steps, from running the engine in this process on a fixed set of request "
+        "shapes (prefills of 64-2048 tokens, decode batches of 1-8 sequences).", formatter_class=formatter,
     )
+    cal.add_argument("--steps", type=Path, action="append", default=[], metavar="FILE",
+                     help="a steps.jsonl logged by our engine during a run (repeatable); --model etc. must match it")
     cal.add_argument("--model", default="default", help="our engine's model: default (SmolLM2-135M), tiny-random or a folder")
     cal.add_argument("--kv-dtype", default="fp32", help="KV dtype of the engine (fp32, bf16, fp8_e4m3, fp8_e5m2)")
     cal.add_argument("--compute-dtype", default="float32", help="the engine's compute dtype")
@@ -57,7 +61,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
-    from kvbench.engines.kvengine.runtime.step_probe import probe_steps
+    from kvbench.engines.kvengine.runtime.step_probe import probe_steps, read_step_log
     from kvbench.sim.calibrate import fit_hardware
     from kvbench.sim.hardware import load_hardware, save_hardware
     from kvbench.sim.validate import WEIGHT_DTYPES, engine_geometry
@@ -69,12 +73,14 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         geometry = engine_geometry(args.model, args.geometry)
         config = EngineConfig(model=args.model, kv_dtype=args.kv_dtype, compute_dtype=args.compute_dtype,
                               max_step_tokens=args.max_step_tokens, kv_capacity_tokens=32768)
-    except ValueError as error:
-        raise SettingsError(str(error)) from None
-    engine = Engine(config)
-    console.print(f"probing {engine.model_name} ({args.kv_dtype} KV, {torch.get_num_threads()} threads)...")
-    steps = probe_steps(engine)
-    engine.close()
+        steps = [step for path in args.steps for step in read_step_log(path)]
+    except (ValueError, OSError) as error:
+        raise SettingsError(f"{error}") from None
+    if not args.steps:
+        engine = Engine(config)
+        console.print(f"probing {engine.model_name} ({args.kv_dtype} KV, {torch.get_num_threads()} threads)...")
+        steps = probe_steps(engine)
+        engine.close()
     weight_dtype = WEIGHT_DTYPES.get(args.compute_dtype, "fp32")
     try:
         fit = fit_hardware(hardware, geometry, args.kv_dtype, weight_dtype, steps, padded_attention=True)

@@ -1,4 +1,5 @@
-"""Timed steps of our engine on a fixed set of request shapes, for fitting the simulator's hardware profile.
+"""Timed steps of our engine, for fitting the simulator's hardware profile: on a fixed set of request shapes
+in this process (`probe_steps`), or as the engine serves (`StepLog`, read back by `read_step_log`).
 
 Each case submits `batch` requests of `prompt_tokens` fresh random tokens (no cache hits) that generate
 `max_tokens` tokens each, and steps the engine until they finish. Every step that ran the model is
@@ -9,8 +10,10 @@ prefill over a cached context, and decode batches of 1-8 sequences at short and 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -64,3 +67,31 @@ def probe_steps(engine: Engine, cases: Sequence[ProbeCase] = DEFAULT_CASES, seed
 
 def _discard(_: StepTiming) -> None:
     return None
+
+
+@dataclass(slots=True)
+class StepLog:
+    """A step listener that appends each step as a JSON line: {"work": [[start, end], ...], "seconds": s}.
+    Flushed per line, so the log survives the server being stopped."""
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, timing: StepTiming) -> None:
+        with self.path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({"work": timing.work, "seconds": timing.seconds}, separators=(",", ":")) + "\n")
+
+
+def read_step_log(path: Path) -> list[StepTiming]:
+    """The steps a `StepLog` wrote; a line that is not a step names the file and line."""
+    steps = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            data = json.loads(line)
+            steps.append(StepTiming(tuple((int(a), int(b)) for a, b in data["work"]), float(data["seconds"])))
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(f"{path}:{number}: not a step line ({line[:60]!r}); expected "
+                             '{"work": [[start, end], ...], "seconds": s}') from None
+    return steps

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+from pathlib import Path
 
 DEFAULT_PORT = 8000
 # The names of kvbench.engines.kvengine.model.fp8.KV_DTYPES / SCALE_MODES, spelled out so that building the CLI
@@ -39,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenants-file", help="YAML/JSON: API keys -> tenants, quotas, reservations, TTLs")
     parser.add_argument("--isolation", default="strict", choices=("strict", "shared-prefix"),
                         help="strict: no page shared across tenants; shared-prefix: identical content is shared")
+    parser.add_argument("--step-log", help="append every model step's token ranges and seconds to this JSONL file "
+                        "(for `kvbench calibrate --steps`)")
     parser.add_argument("--api-key", help="require this Bearer key")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -81,6 +84,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
     from kvbench.engines.kvengine.runtime.engine import Engine
+    from kvbench.engines.kvengine.runtime.step_probe import StepLog
     from kvbench.engines.kvengine.server.app import make_app
 
     if args.threads:
@@ -89,7 +93,10 @@ def serve(args: argparse.Namespace) -> int:
     log = logging.getLogger("kvbench.serve")
     config = engine_config(args)
     log.info("loading %s (kv %s/%s, %d tokens of device KV)", config.model, config.kv_dtype, config.kv_scale, config.kv_capacity_tokens)
-    engine = AsyncEngine(Engine(config))
+    core = Engine(config)
+    if args.step_log:
+        core.step_listeners.append(StepLog(Path(args.step_log)))
+    engine = AsyncEngine(core)
     engine.start()
     log.info("serving %s on http://%s:%d (%d KV bytes per token)", engine.engine.model_name, args.host, args.port, engine.engine.bytes_per_token)
     app = make_app(engine, api_key=args.api_key)
