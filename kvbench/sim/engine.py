@@ -23,11 +23,11 @@ from typing import Sequence
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.events import EventSink
+from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, Scheduler, SchedulerConfig
-from kvbench.engines.kvengine.core.tiers import Tier
+from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.harness.loadgen import placeholder_tokens
 from kvbench.harness.records import ANSWER_TOKEN_IDS, RequestRecord
@@ -35,9 +35,10 @@ from kvbench.harness.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.cost import CostModel
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware
-from kvbench.sim.lower_tiers import LowerTier
+from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
-from kvbench.sim.presets import ROUTE_SESSION, Preset
+from kvbench.sim.presets import ROUTE_SESSION, TIERS_TTL, Preset
+from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.oracle import PrefixOracle
 from kvbench.workloads.spec import Workload
 
@@ -58,6 +59,8 @@ class SimConfig:
     device_kv_tokens: int | None = None
     strict_isolation: bool = True
     tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
+    host_kv_tokens: int | None = None  # override the host tier (default: the preset's share of host memory)
+    disk_kv_tokens: int | None = None  # ... and the disk tier
 
     @property
     def cost(self) -> CostModel:
@@ -77,6 +80,16 @@ class SimConfig:
 
     def tier_pages(self, nbytes: float) -> int:
         return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))
+
+    def host_pages(self) -> int:
+        if self.host_kv_tokens is not None:
+            return self.host_kv_tokens // self.preset.page_size
+        return self.tier_pages(self.hardware.host_memory_bytes * self.preset.host_fraction)
+
+    def disk_pages(self) -> int:
+        if self.disk_kv_tokens is not None:
+            return self.disk_kv_tokens // self.preset.page_size
+        return self.tier_pages(self.hardware.disk_bytes * self.preset.disk_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,28 +278,34 @@ class _Sim:
 
 
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
-    preset, hw = config.preset, config.hardware
+    preset = config.preset
     remote = None
-    if preset.remote_bytes > 0:
+    if preset.remote_bytes > 0:  # one object: every node shares it
         remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
     sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
                                    strict_isolation=config.strict_isolation)
     nodes = []
     for i in range(preset.num_nodes):
-        lower = []
-        if preset.host_fraction > 0:
-            lower.append(LowerTier.create(Tier.HOST, config.tier_pages(hw.host_memory_bytes * preset.host_fraction),
-                                          preset.page_size))
-        if preset.disk_fraction > 0:
-            lower.append(LowerTier.create(Tier.DISK, config.tier_pages(hw.disk_bytes * preset.disk_fraction),
-                                          preset.page_size))
-        if remote is not None:
-            lower.append(remote)
         pool = PagePool(1 + config.device_pages(), preset.page_size)
         ledger = config.tenants.ledger(pool.capacity) if config.tenants.tenants else None
-        index = PrefixIndex(pool, events=events) if events is not None else PrefixIndex(pool)
-        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, tuple(lower),
-                             preset.admission))
+        sink = events if events is not None else NullEventLog()
+        if preset.tier_policy == TIERS_TTL and (config.host_pages() > 0 or config.disk_pages() > 0):
+            below = TtlTiers.create(config.host_pages(), config.disk_pages(),
+                                    TierTTL(preset.device_ttl_s, preset.host_ttl_s),
+                                    config.tenants.ttls(TierTTL(preset.device_ttl_s, preset.host_ttl_s)),
+                                    preset.tier_interval_s, sink)
+            index = PrefixIndex(pool, events=sink, journal=below.journal, key_salt=below.key_salt)
+        else:
+            tiers = []
+            if config.host_pages() > 0:
+                tiers.append(LowerTier.create(Tier.HOST, config.host_pages(), preset.page_size))
+            if config.disk_pages() > 0:
+                tiers.append(LowerTier.create(Tier.DISK, config.disk_pages(), preset.page_size))
+            if remote is not None:
+                tiers.append(remote)
+            below = WriteThroughTiers(tuple(tiers))
+            index = PrefixIndex(pool, events=sink)
+        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission))
     return nodes
 
 

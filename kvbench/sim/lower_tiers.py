@@ -1,5 +1,8 @@
 """Lower KV tiers of the simulator (host memory, local disk, a shared remote store) as LMCache keeps them.
 
+`BelowDevice` is the seam a simulated node drives at fixed points (arrival, install, each step, finish);
+`WriteThroughTiers` (here: LMCache) and `TtlTiers` (ttl_tiers.py: our engine's TierPolicy) implement it.
+
 Each tier is the core's own PagePool + PrefixIndex (radix tree, LRU over unlocked leaves), sized to the
 tier's capacity in pages. LMCache-style policy: write-through (a finished request's computed pages are
 stored in every lower tier, independently of the device cache) and lookup by longest prefix at admission.
@@ -13,6 +16,8 @@ appears here: the scheduler's prefix index is the device cache.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -21,6 +26,43 @@ from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, T
 from kvbench.engines.kvengine.core.tiers import Tier
 
 _INITIAL_PAGES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What the tiers below device add to a prompt's cached prefix: tokens per tier, the device's own full
+    pages at lookup (`start`), the full pages cached once restored (`pages`), and content keys (TTL tiers)."""
+
+    tokens_by_tier: dict[Tier, int]
+    start: int
+    pages: int
+    keys: tuple = ()
+
+
+class BelowDevice(Protocol):
+    """The tiers under the device cache, as a node drives them (every `now` is the node's virtual time)."""
+
+    def lookup(self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int,
+               now: float) -> Lookup | None:
+        """At arrival: pages of the prompt's first `limit` pages beyond the device match held below, or None."""
+
+    def install_upto(self, lookup: Lookup, device_pages: int) -> int:
+        """At install (the device now holds `device_pages` of the prompt): full pages to have cached after it
+        (0: restore nothing)."""
+
+    def installed(self, lookup: Lookup, device_pages: int) -> None:
+        """The restore reached device (the device held `device_pages` of the prompt just before)."""
+
+    def maintain(self, index: PrefixIndex, now: float) -> None:
+        """Before each step: placement by age (TTL tiers)."""
+
+    def sync(self, now: float) -> None:
+        """After anything that may evict device pages: where the dropped pages go."""
+
+    def store(self, namespace: Namespace, prompt: np.ndarray, output: Sequence[int], tenant: TenantId,
+              now: float) -> None:
+        """A request finished (write-through tiers copy its KV: the prompt and every output token but the
+        last, which the engine sampled but never computed KV for)."""
 
 
 @dataclass(slots=True)
@@ -67,3 +109,46 @@ class LowerTier:
             pool.release(pages)
             self.stored_pages += take
         index.unlock(match)
+
+
+@dataclass(slots=True)
+class WriteThroughTiers:
+    """LMCache's way: every finished request's pages are written to each tier (copies, independent of the
+    device cache); an arriving prompt restores its longest prefix from the fastest tier that has it. With no
+    tiers, a device-only system (every method does nothing)."""
+
+    tiers: tuple[LowerTier, ...] = ()  # fastest first; a shared remote tier is the same object on every node
+
+    def lookup(self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int,
+               now: float) -> Lookup | None:
+        if not self.tiers:
+            return None
+        start = have = min(index.match(namespace, prompt).num_pages, limit)
+        by_tier: dict[Tier, int] = {}
+        for tier in self.tiers:
+            n = min(tier.match_pages(namespace, prompt), limit)
+            if n > have:
+                by_tier[tier.tier] = (n - have) * index.page_size
+                tier.touch(namespace, prompt[: n * index.page_size], now)
+                have = n
+        return Lookup(by_tier, start, have) if by_tier else None
+
+    def install_upto(self, lookup: Lookup, device_pages: int) -> int:
+        return lookup.pages  # copies below stay: pages the device lost meanwhile come back too
+
+    def installed(self, lookup: Lookup, device_pages: int) -> None:
+        return None
+
+    def maintain(self, index: PrefixIndex, now: float) -> None:
+        return None
+
+    def sync(self, now: float) -> None:
+        return None
+
+    def store(self, namespace: Namespace, prompt: np.ndarray, output: Sequence[int], tenant: TenantId,
+              now: float) -> None:
+        if not self.tiers:
+            return
+        tokens = np.concatenate([prompt, np.asarray(output[:-1], np.int32)])
+        for tier in self.tiers:
+            tier.store(namespace, tokens, tenant, now)

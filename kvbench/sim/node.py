@@ -6,11 +6,12 @@ This is the only module that drives the KV core; it mirrors the engine runtime's
     seconds = cost(plan)                              #   (the real engine runs the model here)
     finished = scheduler.postprocess(plan, sampled, now + seconds)   # end_step
 
-so a later validation can compare the two step by step. Around it, the node does what an LMCache-style
-connector does: on arrival it looks the prompt up in the lower tiers and restores the part the device lacks
-(pipelined, on the node's one restore link, in FIFO order), and on completion it writes the computed pages
-through to every lower tier. "Sampling" returns the workload's planned answer tokens, so the next turn's
-prompt is exact.
+so `sim/validate.py` can compare the two. Around it, the tiers below device (`below`: LMCache-style
+write-through copies, or our engine's TTL tier policy) are driven at the engine's fixed points: on arrival
+the prompt is looked up below and the part the device lacks is restored (pipelined, on the node's one
+restore link, in FIFO order); before each step the tiers keep their placement; after anything that may evict,
+dropped pages go down; on completion computed pages may be written through. "Sampling" returns the
+workload's planned answer tokens, so the next turn's prompt is exact.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from kvbench.engines.kvengine.core.prefix_index import namespace_for
 from kvbench.engines.kvengine.core.scheduler import FinishedRequest, Request, RequestId, Scheduler, StepPlan
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel
-from kvbench.sim.lower_tiers import LowerTier
+from kvbench.sim.lower_tiers import BelowDevice, Lookup, WriteThroughTiers
 from kvbench.sim.presets import ADMIT_LPM
 
 ADMIT_WINDOW = 8  # requests waiting in the scheduler's own FIFO at most (see `_feed`)
@@ -31,15 +32,15 @@ ADMIT_WINDOW = 8  # requests waiting in the scheduler's own FIFO at most (see `_
 
 @dataclass(frozen=True, slots=True)
 class Restore:
-    """Tokens of a prompt to bring back from lower tiers before admission, and when that is done."""
+    """What a prompt brings back from the tiers below device before admission (None: nothing), and when
+    that is done."""
 
-    tokens_by_tier: dict[Tier, int]
-    pages: int  # the prompt's full pages cached after the restore (device + restored)
+    lookup: Lookup | None
     ready_at: float
 
     @property
-    def tokens(self) -> int:
-        return sum(self.tokens_by_tier.values())
+    def tokens_by_tier(self) -> dict[Tier, int]:
+        return self.lookup.tokens_by_tier if self.lookup is not None else {}
 
 
 @dataclass(slots=True)
@@ -56,7 +57,7 @@ class SimNode:
     node_id: int
     scheduler: Scheduler
     cost: CostModel
-    lower: tuple[LowerTier, ...] = ()  # fastest first; a shared remote tier is the same object on every node
+    below: BelowDevice = field(default_factory=WriteThroughTiers)  # default: device only
     admission: str = "fcfs"
     stats: NodeStats = field(default_factory=NodeStats)
     busy: bool = False
@@ -79,23 +80,15 @@ class SimNode:
 
     # ---- arrival -----------------------------------------------------------------------------------------
     def plan_restore(self, request: Request, now: float) -> Restore:
-        """What the lower tiers add beyond the device's cached prefix, and when it can be on the device."""
-        ns, prompt = self._namespace(request), request.prompt
-        limit = (len(prompt) - 1) // self.page_size  # the scheduler always computes the last token
-        have = min(self.scheduler.index.match(ns, prompt).num_pages, limit)
-        by_tier: dict[Tier, int] = {}
-        for tier in self.lower:
-            n = min(tier.match_pages(ns, prompt), limit)
-            if n > have:
-                by_tier[tier.tier] = (n - have) * self.page_size
-                tier.touch(ns, prompt[: n * self.page_size], now)
-                have = n
-        if not by_tier:
-            return Restore({}, have, now)
+        """What the tiers below add beyond the device's cached prefix, and when it can be on the device."""
+        limit = (len(request.prompt) - 1) // self.page_size  # the scheduler always computes the last token
+        lookup = self.below.lookup(self.scheduler.index, self._namespace(request), request.prompt, limit, now)
+        if lookup is None:
+            return Restore(None, now)
         start = max(now, self._link_free_at)
-        self._link_free_at = start + self.cost.restore_seconds(by_tier)
+        self._link_free_at = start + self.cost.restore_seconds(lookup.tokens_by_tier)
         self.stats.restore_s += self._link_free_at - start
-        return Restore(by_tier, have, self._link_free_at)
+        return Restore(lookup, self._link_free_at)
 
     def admit(self, request: Request, answer: np.ndarray, restore: Restore, now: float) -> None:
         """Queue a request whose restore is done (`answer`: the tokens it will sample)."""
@@ -103,18 +96,21 @@ class SimNode:
         self._produced[request.request_id] = 0
         self._pending.append((request, restore))
 
-    def _install(self, request: Request, pages: int, now: float) -> None:
+    def _install(self, request: Request, lookup: Lookup, now: float) -> None:
         index, pool = self.scheduler.index, self.scheduler.index.pool
-        ns, tokens = self._namespace(request), request.prompt[: pages * self.page_size]
-        match = index.match(ns, tokens)
+        ns = self._namespace(request)
+        match = index.match(ns, request.prompt[: lookup.pages * self.page_size])
+        pages = self.below.install_upto(lookup, match.num_pages)
         need = pages - match.num_pages
         if need <= 0:
             return
+        tokens = request.prompt[: pages * self.page_size]
         index.lock(match, now)  # keep the device's part while room is made for the rest
         if self.scheduler.can_allocate(need, request.tenant, now):
             new = pool.allocate(need)
             index.insert(ns, tokens, list(match.pages) + new, request.tenant, now)
             pool.release(new)  # the index holds its own references
+            self.below.installed(lookup, match.num_pages)
         index.unlock(match)
 
     # ---- the step loop -----------------------------------------------------------------------------------
@@ -133,8 +129,8 @@ class SimNode:
                            key=lambda i: index.match(self._namespace(self._pending[i][0]),
                                                      self._pending[i][0].prompt).num_pages)
             request, restore = self._pending.pop(pick)
-            if restore.tokens:
-                self._install(request, restore.pages, now)
+            if restore.lookup is not None:
+                self._install(request, restore.lookup, now)
                 for tier, k in restore.tokens_by_tier.items():
                     name = tier.name.lower()
                     self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
@@ -150,8 +146,10 @@ class SimNode:
 
     def begin_step(self, now: float) -> tuple[StepPlan, float] | None:
         """Schedule one step at `now`; returns the plan and its duration, or None when nothing can run."""
+        self.below.maintain(self.scheduler.index, now)
         self._feed(now)
         plan = self.scheduler.schedule(now)
+        self.below.sync(now)  # pages evicted by the installs and the schedule
         if not plan.seqs and not plan.swap_in and not plan.swap_out:
             return None
         seconds = self.cost.step(plan.seqs).seconds
@@ -177,11 +175,7 @@ class SimNode:
         for f in finished:
             request, _ = self._live.pop(f.request_id)
             del self._produced[f.request_id]
-            if self.lower:
-                # The engine computed KV for the prompt and every output token but the last.
-                tokens = np.concatenate([request.prompt, np.asarray(f.output[:-1], np.int32)])
-                for tier in self.lower:
-                    tier.store(self._namespace(request), tokens, request.tenant, now)
+            self.below.store(self._namespace(request), request.prompt, f.output, request.tenant, now)
         return finished
 
     @staticmethod

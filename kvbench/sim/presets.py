@@ -11,6 +11,8 @@ only where the systems differ in how KV is kept and found:
                     prefix at admission, restores pipelined NVMe -> CPU -> GPU
     lmcache-shared  vLLM + LMCache with a shared remote store (NVMe behind the network) used by several
                     nodes; requests go to the least-loaded node, so a session's next turn may land anywhere
+    kvengine-tiers  our engine's own tiers: the core's TierPolicy moves idle pages device -> host -> disk by
+                    per-tenant TTL (exclusive tiers, one copy), restored on demand at admission
 
 On the same core, vLLM's block LRU (free-queue order, a request's tail block first) and SGLang's leaf LRU
 (deepest page of the least recent leaf first) evict the same pages; the core has one policy for both, and
@@ -26,6 +28,8 @@ ADMIT_FCFS = "fcfs"
 ADMIT_LPM = "lpm"
 ROUTE_SESSION = "session"  # a session's turns stay on one node
 ROUTE_LEAST_LOADED = "least-loaded"
+TIERS_WRITE_THROUGH = "write-through"  # LMCache: copies in every lower tier, written when a request finishes
+TIERS_TTL = "ttl"  # our engine: one copy, placed by the core's TierPolicy (idle time, capacity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +46,10 @@ class Preset:
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
     padded_attention: bool = False  # the engine pads a step's sequences to the longest (see CostModel)
+    tier_policy: str = TIERS_WRITE_THROUGH
+    device_ttl_s: float = 30.0  # TIERS_TTL: idle seconds before a page leaves device, then host
+    host_ttl_s: float = 600.0
+    tier_interval_s: float = 1.0  # TIERS_TTL: how often placement by age runs
 
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):
@@ -50,6 +58,11 @@ class Preset:
             raise ValueError(f"preset {self.name}: route {self.route!r}; use session or least-loaded")
         if self.num_nodes < 1:
             raise ValueError(f"preset {self.name}: num_nodes must be >= 1")
+        if self.tier_policy not in (TIERS_WRITE_THROUGH, TIERS_TTL):
+            raise ValueError(f"preset {self.name}: tier_policy {self.tier_policy!r}; use write-through or ttl")
+        if self.tier_policy == TIERS_TTL and self.remote_bytes > 0:
+            raise ValueError(f"preset {self.name}: the ttl tier policy has no shared remote tier; "
+                             "use write-through for remote_bytes > 0")
 
     @property
     def has_lower_tiers(self) -> bool:
@@ -66,6 +79,8 @@ PRESETS: Mapping[str, Preset] = {
                host_fraction=0.5, disk_fraction=0.5),
         Preset("lmcache-shared", "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",
                remote_bytes=100e12, num_nodes=2, route=ROUTE_LEAST_LOADED),
+        Preset("kvengine-tiers", "kvbench's engine: TTL tier policy device -> host -> disk, restore on demand",
+               host_fraction=0.5, disk_fraction=0.5, tier_policy=TIERS_TTL),
     )
 }
 

@@ -46,22 +46,25 @@ def engine_geometry(model: str, override: str | None = None) -> ModelGeometry:
 
 
 def sim_config_for_engine(settings, geometry: ModelGeometry, hardware: Hardware) -> SimConfig:
-    """A SimConfig with our engine's cache and batching settings (`settings`: the adapter's
-    KVEngineSettings). Lower tiers are not modelled this way: the engine's TTL tiers are not a preset."""
+    """A SimConfig with our engine's cache, tier and batching settings (`settings`: the adapter's
+    KVEngineSettings): the kvengine-tiers preset (the core's TierPolicy) with the run's host/disk capacities
+    and TTLs. The shared Redis tier is not simulated."""
     if not settings.prefix_caching:
         raise ValueError("engine settings: prefix_caching is off; the simulator always caches prefixes")
-    if settings.host_capacity or settings.disk_capacity or settings.remote_url:
-        raise ValueError("engine settings: the run used host/disk/remote tiers; validation covers the device "
-                         "cache only (rerun without host_capacity, disk_capacity and remote_url)")
-    preset = dataclasses.replace(get_preset("vllm-prefix"), name="kvengine", page_size=settings.page_size,
+    if settings.remote_url:
+        raise ValueError("engine settings: the run used the shared Redis tier (remote_url), which the simulator "
+                         "does not model for our engine; validate a run without it")
+    preset = dataclasses.replace(get_preset("kvengine-tiers"), name="kvengine", page_size=settings.page_size,
                                  max_num_seqs=settings.max_num_seqs, max_step_tokens=settings.max_step_tokens,
-                                 padded_attention=True)
+                                 padded_attention=True, device_ttl_s=settings.device_ttl_s,
+                                 host_ttl_s=settings.host_ttl_s, tier_interval_s=settings.tier_interval_s)
     kv_tokens = settings.kv_capacity
     if settings.kv_capacity_bytes is not None:
         kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype))
     tenants = load_tenants(settings.tenants_file) if settings.tenants_file else TenantsConfig()
     return SimConfig(geometry, hardware, preset, settings.kv_dtype, WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"),
-                     device_kv_tokens=kv_tokens, strict_isolation=settings.isolation == "strict", tenants=tenants)
+                     device_kv_tokens=kv_tokens, strict_isolation=settings.isolation == "strict", tenants=tenants,
+                     host_kv_tokens=settings.host_capacity, disk_kv_tokens=settings.disk_capacity)
 
 
 def simulate_run(workload: Workload, load: LoadSpec, config: SimConfig, records: Sequence[RequestRecord],
