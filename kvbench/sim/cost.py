@@ -17,8 +17,9 @@ other stage (the pipeline's fill), plus each stage's latency.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol
+from typing import Protocol
 
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.geometry import ModelGeometry

@@ -18,15 +18,20 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
-from kvbench.engines.kvengine.core.scheduler import Request, RequestId, Scheduler, SchedulerConfig
+from kvbench.engines.kvengine.core.scheduler import (
+    Request,
+    RequestId,
+    Scheduler,
+    SchedulerConfig,
+)
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.harness.loadgen import placeholder_tokens

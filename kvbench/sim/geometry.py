@@ -20,9 +20,10 @@ Norms, biases, rotary and routers' softmax are ignored (well under 1% of each co
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 MODELS_DIR = Path(__file__).with_name("models")
 

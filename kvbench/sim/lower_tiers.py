@@ -15,8 +15,8 @@ appears here: the scheduler's prefix index is the device cache.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np

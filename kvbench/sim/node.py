@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.engines.kvengine.core.prefix_index import namespace_for
-from kvbench.engines.kvengine.core.scheduler import FinishedRequest, Request, RequestId, Scheduler, StepPlan
+from kvbench.engines.kvengine.core.scheduler import (
+    FinishedRequest,
+    Request,
+    RequestId,
+    Scheduler,
+    StepPlan,
+)
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel
 from kvbench.sim.lower_tiers import BelowDevice, Lookup, WriteThroughTiers

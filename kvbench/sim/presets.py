@@ -21,8 +21,8 @@ the admission order is what separates the two presets here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 ADMIT_FCFS = "fcfs"
 ADMIT_LPM = "lpm"

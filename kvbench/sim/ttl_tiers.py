@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.engines.kvengine.core.content_keys import page_keys
-from kvbench.engines.kvengine.core.events import EventKind, EventSink, NullEventLog, PageChange, PageJournal
+from kvbench.engines.kvengine.core.events import (
+    EventKind,
+    EventSink,
+    NullEventLog,
+    PageChange,
+    PageJournal,
+)
 from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
 from kvbench.engines.kvengine.core.tiers import Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.sim.lower_tiers import Lookup

@@ -4,7 +4,15 @@ import pytest
 
 from kvbench.sim.capacity import TIB, capacity_report, kv_reduction
 from kvbench.sim.geometry import ModelConfigError, geometry_from_config, load_geometry
-from kvbench.sim.hardware import GB, NVME, PCIE, NETWORK, Device, Hardware, load_hardware
+from kvbench.sim.hardware import (
+    GB,
+    NETWORK,
+    NVME,
+    PCIE,
+    Device,
+    Hardware,
+    load_hardware,
+)
 
 
 def test_dense_70b_at_128k_by_256_sessions_needs_10_tib_of_fp16_kv():
