@@ -48,8 +48,9 @@ def register(commands, formatter) -> None:
         "the tolerance.", formatter_class=formatter,
     )
     val.add_argument("run_dir", type=Path, help="a `kvbench run` folder with kvengine runs")
-    val.add_argument("--hardware", default="results/sim/cpu-calibrated.json",
-                     help="hardware profile (a `kvbench calibrate` JSON, or a profile name)")
+    val.add_argument("--hardware", default="cpu",
+                     help="hardware profile: a `kvbench calibrate` JSON (fit it on your machine), or a profile name "
+                     "(default: cpu, fitted on kvbench's development machine)")
     val.add_argument("--geometry", help="simulator model geometry (default: from the run's model setting)")
     val.add_argument("--tolerance", type=float, default=0.25, help="relative TTFT p50/p99 tolerance")
     val.set_defaults(handler=handle_validate)
