@@ -53,14 +53,16 @@ class TierConfig:
     capacities: Mapping[Tier, int]
     default_ttl: TierTTL = TierTTL()
     tenant_ttls: Mapping[TenantId, TierTTL] = field(default_factory=dict)
+    _tiers: tuple[Tier, ...] = field(init=False, repr=False, compare=False, default=())  # sorted, fixed at init
 
     def __post_init__(self) -> None:
         if Tier.DEVICE not in self.capacities:
             raise ValueError("capacities: the device tier is required, e.g. {Tier.DEVICE: 1024, Tier.HOST: 8192}")
+        object.__setattr__(self, "_tiers", tuple(sorted(self.capacities)))
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
-        return tuple(sorted(self.capacities))
+        return self._tiers
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,27 +149,51 @@ class TierPolicy:
         # The fastest configured tier at least as slow as wanted (a missing host tier means disk).
         return next((t for t in tiers if t >= want), tiers[-1])
 
+    def _targets(self, now: float) -> dict[Hashable, Tier]:
+        """`_target` of every entry at `now`, with the per-tenant TTLs and tier choices looked up once."""
+        tiers = self.config.tiers
+        on_device = next(t for t in tiers if t >= Tier.DEVICE)
+        on_host = next((t for t in tiers if t >= Tier.HOST), tiers[-1])
+        slowest = tiers[-1]
+        ttls: dict[TenantId, TierTTL] = {}
+        targets: dict[Hashable, Tier] = {}
+        for k, e in self._entries.items():
+            ttl = ttls.get(e.tenant)
+            if ttl is None:
+                ttl = ttls[e.tenant] = self.config.tenant_ttls.get(e.tenant, self.config.default_ttl)
+            age = now - e.last_access
+            targets[k] = on_device if age < ttl.device_s else on_host if age < ttl.host_s else slowest
+        return targets
+
     def plan(self, now: float) -> tuple[Move, ...]:
         """Moves that bring every entry to its TTL tier, then relieve tiers over capacity (LRU first).
 
         Promotions happen only into free room. Changes nothing: call `apply` for each move carried out."""
         tiers = self.config.tiers
+        targets = self._targets(now)
         place = {k: e.tier for k, e in self._entries.items()}
         load = {t: 0 for t in tiers}
         for t in place.values():
             load[t] += 1
+        # The common case, settled tiers: nobody is due elsewhere, no room calls anyone up, nothing overflows.
+        # Checked in one pass so that the full pass (which sorts every entry) runs only when something moves.
+        if all(load[t] <= self.config.capacities[t] for t in tiers) and not any(
+            want > place[k] or (want < place[k] and load[want] < self.config.capacities[want])
+            for k, want in targets.items()
+        ):
+            return ()
         moves: list[Move] = []
         # LRU order first so that, under pressure, the oldest go down first and the newest come up first.
         order = sorted(self._entries.items(), key=lambda kv: kv[1].last_access)
         for k, e in order:
-            want = self._target(e, now)
+            want = targets[k]
             if want > e.tier:
                 moves.append(Move(k, MoveKind.DEMOTE, e.tier, want))
                 load[e.tier] -= 1
                 load[want] += 1
                 place[k] = want
         for k, e in reversed(order):
-            want = self._target(e, now)
+            want = targets[k]
             if want < place[k] and load[want] < self.config.capacities[want]:
                 moves.append(Move(k, MoveKind.PROMOTE, place[k], want))
                 load[place[k]] -= 1
