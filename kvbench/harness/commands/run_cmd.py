@@ -231,5 +231,5 @@ def _simulate(args: argparse.Namespace) -> int:
         model=args.sim_model, hardware=args.sim_hardware, workload=args.workload or "rag-chat",
         num_sessions=args.num_sessions, preset=args.sim_preset, kv_dtype=args.sim_kv_dtype, weight_dtype=None,
         device_kv_tokens=None, rate=args.rate, concurrency=args.concurrency, time_scale=1.0,
-        num_requests=args.num_requests, seed=args.seed or 0, out=args.out, no_plots=False,
+        num_requests=args.num_requests, seed=args.seed or 0, out=args.out, no_plots=False, tenants_file=None,
     ))
