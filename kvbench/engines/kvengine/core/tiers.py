@@ -17,6 +17,7 @@ among the lower tiers. Give the device tier capacity 0 there so that nothing is 
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Hashable, Iterable, Mapping
@@ -92,19 +93,55 @@ class _Entry:
 
 @dataclass(slots=True)
 class TierPolicy:
+    """Where tracked pages should be. Besides the entries it keeps what lets `plan` answer "nothing to do"
+    without visiting every entry: entries per tier, a heap of the times entries become due one tier down
+    (stale items are skipped when popped), and the entries that may sit below their target tier."""
+
     config: TierConfig
     events: EventSink = field(default_factory=NullEventLog)
     _entries: dict[Hashable, _Entry] = field(default_factory=dict)
+    _load: dict[Tier, int] = field(default_factory=dict)
+    _due: list[tuple[float, int, Hashable]] = field(default_factory=list)
+    _below_target: set[Hashable] = field(default_factory=set)
+    _pushed: int = 0  # heap tie-breaker: keys need not be comparable
+
+    def __post_init__(self) -> None:
+        self._load = {t: 0 for t in self.config.tiers}
 
     def track(self, key: Hashable, tenant: TenantId, now: float, tier: Tier = Tier.DEVICE) -> None:
         """Start tracking a cached page (newly stored, normally on device)."""
-        self._entries[key] = _Entry(tenant, tier, now)
+        self.forget(key)
+        self._entries[key] = e = _Entry(tenant, tier, now)
+        self._load[tier] += 1
+        self._note(key, e)
 
     def touch(self, key: Hashable, now: float) -> None:
-        self._entries[key].last_access = now
+        e = self._entries[key]
+        e.last_access = now
+        self._note(key, e)
 
     def forget(self, key: Hashable) -> None:
-        self._entries.pop(key, None)
+        e = self._entries.pop(key, None)
+        if e is not None:
+            self._load[e.tier] -= 1
+
+    def _note(self, key: Hashable, e: _Entry) -> None:
+        """Book `e` (new, touched or moved) for `plan`'s quick answer."""
+        due = self._due_time(e)
+        if due != float("inf"):
+            self._pushed += 1
+            heapq.heappush(self._due, (due, self._pushed, key))
+        if e.tier > self.config.tiers[0]:  # a young page may want a faster tier than its own
+            self._below_target.add(key)
+
+    def _due_time(self, e: _Entry) -> float:
+        """When `e`'s target becomes slower than its tier (inf: never). Targets only slow down with age."""
+        tiers = self.config.tiers
+        on_host = next((t for t in tiers if t >= Tier.HOST), tiers[-1])
+        ttl = self.config.tenant_ttls.get(e.tenant, self.config.default_ttl)
+        if on_host > e.tier:
+            return e.last_access + ttl.device_s
+        return e.last_access + ttl.host_s if tiers[-1] > e.tier else float("inf")
 
     def device_ttl(self, tenant: TenantId) -> float:
         """Seconds a tenant's unused page stays on device (for `PrefixIndex.evict_idle`); infinite when there
@@ -165,23 +202,43 @@ class TierPolicy:
             targets[k] = on_device if age < ttl.device_s else on_host if age < ttl.host_s else slowest
         return targets
 
+    def _settled(self, now: float) -> bool:
+        """True only if `plan(now)` has no move: no tier over capacity, no entry due one tier down, no entry
+        below its target tier where that tier has room. Conservative: False sends `plan` the full way."""
+        capacities = self.config.capacities
+        if any(n > capacities[t] for t, n in self._load.items()):
+            return False
+        while self._due:
+            due, _, key = self._due[0]
+            e = self._entries.get(key)
+            if e is not None and self._due_time(e) == due:
+                if due <= now + 1e-9 * max(1.0, abs(now)):  # rounding: let the full pass decide at the edge
+                    return False
+                break
+            heapq.heappop(self._due)  # stale: the entry moved, was touched or forgotten since
+        for key in list(self._below_target):
+            e = self._entries.get(key)
+            want = None if e is None else self._target(e, now)
+            if want is None or want >= e.tier:
+                self._below_target.discard(key)  # gone, or at or above its target for good (targets only slow)
+            elif self._load[want] < capacities[want]:
+                return False
+        return True
+
     def plan(self, now: float) -> tuple[Move, ...]:
         """Moves that bring every entry to its TTL tier, then relieve tiers over capacity (LRU first).
 
         Promotions happen only into free room. Changes nothing: call `apply` for each move carried out."""
+        return () if self._settled(now) else self._full_plan(now)
+
+    def _full_plan(self, now: float) -> tuple[Move, ...]:
+        """`plan` the long way: every entry's target, in LRU order (the reference for the quick answer)."""
         tiers = self.config.tiers
         targets = self._targets(now)
         place = {k: e.tier for k, e in self._entries.items()}
         load = {t: 0 for t in tiers}
         for t in place.values():
             load[t] += 1
-        # The common case, settled tiers: nobody is due elsewhere, no room calls anyone up, nothing overflows.
-        # Checked in one pass so that the full pass (which sorts every entry) runs only when something moves.
-        if all(load[t] <= self.config.capacities[t] for t in tiers) and not any(
-            want > place[k] or (want < place[k] and load[want] < self.config.capacities[want])
-            for k, want in targets.items()
-        ):
-            return ()
         moves: list[Move] = []
         # LRU order first so that, under pressure, the oldest go down first and the newest come up first.
         order = sorted(self._entries.items(), key=lambda kv: kv[1].last_access)
@@ -221,10 +278,13 @@ class TierPolicy:
         if e is None or e.tier != move.src:
             raise ValueError(f"move {move}: entry is not on {move.src.name}; plan again")
         if move.dst is None:
-            del self._entries[move.key]
+            self.forget(move.key)
             self.events.record(EventKind.EVICTED, e.tenant, move.src.name.lower(), 1, now)
         else:
+            self._load[e.tier] -= 1
             e.tier = move.dst
+            self._load[e.tier] += 1
+            self._note(move.key, e)
             self.events.record(EventKind.MOVED, e.tenant, move.dst.name.lower(), 1, now)
 
     def restore_plan(self, keys: Iterable[Hashable]) -> RestorePlan:

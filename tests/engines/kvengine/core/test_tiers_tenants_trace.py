@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
 from kvbench.engines.kvengine.core.prefix_index import TenantId
@@ -45,6 +47,39 @@ def test_ttl_demotion_pressure_and_restore_plan():
     assert moved[0] == (EventKind.MOVED, "b", "host") and len(moved) == 4
     with pytest.raises(ValueError, match="plan again"):
         pol.apply(Move("n0", MoveKind.DEMOTE, Tier.DEVICE, Tier.HOST), now=705.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["track", "touch", "forget", "plan", "apply_some"]),
+                          st.integers(0, 11), st.sampled_from([Tier.DEVICE, Tier.HOST, Tier.DISK]),
+                          st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0]), st.integers(0, 3)), max_size=60),
+       st.sampled_from([{Tier.DEVICE: 0, Tier.HOST: 3, Tier.DISK: 5}, {Tier.DEVICE: 2, Tier.HOST: 2, Tier.DISK: 4},
+                        {Tier.DEVICE: 0, Tier.DISK: 4}]))
+def test_plan_quick_answer_agrees_with_the_full_pass(ops, capacities):
+    """`plan` answers "nothing to do" from its bookkeeping when it can; that answer must always be the full
+    pass's. Random tracks, touches, forgets and partly applied plans, on a clock that only moves forward in
+    steps that land on the TTL boundaries."""
+    cfg = TierConfig(capacities, TierTTL(5.0, 20.0), {B: TierTTL(2.0, 8.0)})
+    pol = TierPolicy(cfg)
+    now = 0.0
+    for op, k, tier, dt, n in ops:
+        now += dt
+        key, tenant = f"k{k}", (A, B)[k % 2]
+        if tier not in capacities:
+            tier = Tier.DISK
+        if op == "track":
+            pol.track(key, tenant, now - dt / 2, tier)
+        elif op == "touch" and pol.tier_of(key) is not None:
+            pol.touch(key, now)
+        elif op == "forget":
+            pol.forget(key)
+        quick = pol.plan(now)
+        full = pol._full_plan(now)  # the reference: every entry visited
+        assert quick == full
+        if op == "apply_some":
+            for move in full[:n]:
+                pol.apply(move, now)
+        assert pol.usage() == {t: sum(1 for key in pol.keys() if pol.tier_of(key) == t) for t in cfg.tiers}
 
 
 def test_ledger_victim_order_quota_cap_and_reservation():
