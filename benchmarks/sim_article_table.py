@@ -7,8 +7,9 @@ turns, ~6 turns, 256-token mean answers). The article leaves free: the session a
 sessions, the think time between turns and the corpus size. Defaults here: 600 sessions, 2 sessions/s,
 think time median 30 s (lognormal, sigma 1.5, up to 30 min). `--rates` sweeps the arrival rate to show how
 the ranking moves as the working set grows past the device's KV capacity. lmcache-shared runs 2 nodes with
-least-loaded routing, so its throughput is printed per node. kvengine-tiers (our engine's TTL tiers) is
-printed too, without article numbers.
+least-loaded routing, so its throughput is printed per node. `--presets` adds others, e.g. kvengine-tiers
+(our engine's TTL tiers; no article numbers; slower to simulate: its tier policy revisits every lower-tier
+page whenever one falls due, once per virtual second).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=30.0, help="median think time between turns, seconds")
     parser.add_argument("--corpus", type=int, default=1000, help="documents in the corpus")
     parser.add_argument("--kv-dtype", default="fp8")
+    parser.add_argument("--presets", default=",".join(ARTICLE), help="presets to simulate, comma-separated")
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware("8xh200")
     console = Console()
@@ -53,7 +55,8 @@ def main() -> None:
         for column in ("system", "out tok/s per node", "TTFT p50 ms", "TTFT p99 ms", "recompute", "hit rate",
                        "oracle hit", "preempted", "restored tokens", "sim wall s"):
             table.add_column(column, justify="right")
-        for name, preset in PRESETS.items():
+        for name in args.presets.split(","):
+            preset = PRESETS[name]
             config = SimConfig(geometry, hardware, preset, args.kv_dtype, "fp8")
             result = simulate(workload, LoadSpec(), config)
             s = summarize_run(result.records).overall
