@@ -37,20 +37,29 @@ def decisions(events) -> list[tuple[str, int]]:
     return [(event.kind.value, event.num_pages) for event in events]
 
 
-@pytest.fixture(scope="module")
-def real_run(tmp_path_factory):
+def serve_workload(tmp_dir, **engine_settings):
+    """Our engine (tiny random weights, small device cache, `engine_settings` on top) behind its HTTP server,
+    serving a 5-session RAG workload through the real load generator at concurrency 1. Returns the workload,
+    the load, the records and every cache event the engine emitted, in order."""
     workload = load_workload("rag-chat-mini", num_sessions=5, seed=11, vocab_size=512)
     engine = Engine(EngineConfig(model="tiny-random", kv_capacity_tokens=KV_TOKENS, max_num_seqs=MAX_SEQS,
-                                 max_step_tokens=STEP_TOKENS))
+                                 max_step_tokens=STEP_TOKENS, **engine_settings))
     stream = []
     engine.event_listeners.append(stream.extend)
     load = LoadSpec(concurrency=1)
-    path = tmp_path_factory.mktemp("real") / "requests.jsonl"
-    with serving(engine) as url, RecordWriter(path) as writer:
-        generator = LoadGenerator(endpoint=EndpointConfig(base_url=url, model="tiny-random"), load=load,
-                                  run_id="real")
-        result = eventloop.run(generator.run(workload, writer))
+    try:
+        with serving(engine) as url, RecordWriter(tmp_dir / "requests.jsonl") as writer:
+            generator = LoadGenerator(endpoint=EndpointConfig(base_url=url, model="tiny-random"), load=load,
+                                      run_id="real")
+            result = eventloop.run(generator.run(workload, writer))
+    finally:
+        engine.close()
     return workload, load, result.records, stream
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    return serve_workload(tmp_path_factory.mktemp("real"))
 
 
 def test_simulator_replays_the_engine_cache_decisions_exactly(real_run):
@@ -103,23 +112,9 @@ HOST_TOKENS = 4096
 
 @pytest.fixture(scope="module")
 def tiered_run(tmp_path_factory):
-    """Our engine with a host tier under the same small device cache: evicted pages go to host (TTL policy)
-    and come back when a later turn needs them."""
-    workload = load_workload("rag-chat-mini", num_sessions=5, seed=11, vocab_size=512)
-    engine = Engine(EngineConfig(model="tiny-random", kv_capacity_tokens=KV_TOKENS, max_num_seqs=MAX_SEQS,
-                                 max_step_tokens=STEP_TOKENS, host_capacity_tokens=HOST_TOKENS))
-    stream = []
-    engine.event_listeners.append(stream.extend)
-    load = LoadSpec(concurrency=1)
-    path = tmp_path_factory.mktemp("tiered") / "requests.jsonl"
-    try:
-        with serving(engine) as url, RecordWriter(path) as writer:
-            generator = LoadGenerator(endpoint=EndpointConfig(base_url=url, model="tiny-random"), load=load,
-                                      run_id="real")
-            result = eventloop.run(generator.run(workload, writer))
-    finally:
-        engine.close()
-    return workload, load, result.records, stream
+    """A host tier under the same small device cache: evicted pages go to host (TTL policy) and come back
+    when a later turn needs them."""
+    return serve_workload(tmp_path_factory.mktemp("tiered"), host_capacity_tokens=HOST_TOKENS)
 
 
 def by_tier(record) -> dict[str, int]:
