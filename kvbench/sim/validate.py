@@ -2,12 +2,14 @@
 
 A real run's records fix what the simulator must reproduce: which requests were sent, in which order
 (`send_order`). Replayed in that order with the same cache size, page size and step budget, the simulator
-runs the same core on the same prompts, so its cache decisions match the engine's (exactly at concurrency
-1; at higher concurrency the batches the two form can differ). Its timings come from the cost model, whose
-hardware profile `kvbench calibrate` fits to the engine's measured steps.
+runs the same core on the same prompts, so its cache decisions match the engine's: exactly at concurrency 1
+(tests/sim/test_matches_engine.py); with more in flight, or in open loop, the batches the two form and the
+order of finishes and arrivals follow each one's timing and can differ. Its timings come from the cost model,
+whose hardware profile `kvbench calibrate` fits to the engine's measured steps.
 
-`simulate_entry` rebuilds one run-folder entry of our engine as a simulation; `compare_records` puts the two
-side by side: cache hit rate (must be equal), TTFT p50/p99 (within a tolerance), and the rest for reference.
+`sim_config_for_engine` and `simulate_run` rebuild one run of our engine as a simulation; `compare_records`
+puts the two side by side: cache hit rate (must be equal), TTFT p50/p99 (within a tolerance), and the rest for
+reference.
 """
 
 from __future__ import annotations
