@@ -15,8 +15,10 @@ Token regions of a sequence (tokens = prompt + generated so far) in one step:
 A ScheduledSeq with `samples=True` ends at len(tokens): the model returns one sampled token for it. Its
 `page_table` covers tokens [0, end) and stays valid until the next `schedule`. Pages are allocated per
 chunk, asking first (`can_allocate`), then evicting cached pages (LRU, or the tenant ledger's order), then
-preempting the most recently admitted running sequences. A preempted sequence either recomputes (its
-computed full pages go to the prefix index first, so recompute is mostly prefix hits) or, with
+preempting the most recently admitted running sequences. Computed full pages enter the prefix index after
+every step (locked by their sequence while it runs), so a request arriving meanwhile with the same prefix
+reuses them. A preempted sequence either recomputes (its computed full pages are in the prefix index, so
+recompute is mostly prefix hits) or, with
 `allow_swap`, is swapped to host: `StepPlan.swap_out` lists its device pages, which the executor must copy
 before anything else in the step (they may be reused by this very plan); `swap_in` gives the new pages to
 copy them back into.
@@ -128,6 +130,7 @@ class _Seq:
     match: PrefixMatch | None = None
     num_computed: int = 0
     num_cached_tokens: int | None = None
+    indexed_pages: int = 0  # leading full pages already in the prefix index (and locked through `match`)
     swapped_pages: int = 0  # > 0 while swapped out to host
     _table: tuple[PageId, ...] | None = None  # `pages` as a tuple, rebuilt only after `pages` changes
 
@@ -274,6 +277,23 @@ class Scheduler:
         return ScheduledSeq(seq.request.request_id, seq.page_table(), seq.num_computed, end,
                             seq.num_cached_tokens or 0, samples=end == seq.length)
 
+    def _index_computed(self, seq: _Seq, now: float) -> None:
+        """Put the sequence's newly computed full pages in the prefix index now, not only when it finishes, so
+        that a request arriving meanwhile with the same prefix finds them (as vLLM and SGLang do); the
+        sequence's lock moves to the longer path, so they stay unevictable while it runs."""
+        full = seq.num_computed // self.index.page_size
+        if full <= seq.indexed_pages or not self.config.prefix_caching:
+            return
+        req = seq.request
+        ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
+        tokens = seq.tokens()[: full * self.index.page_size]
+        self.index.insert(ns, tokens, seq.pages[:full], req.tenant, now)
+        match = self.index.match(ns, tokens)
+        self.index.lock(match, now)
+        if seq.match is not None:
+            self.index.unlock(seq.match)
+        seq.match, seq.indexed_pages = match, full
+
     def _release(self, seq: _Seq, now: float, cache: bool) -> None:
         """Return a sequence's pages; with `cache`, its computed full pages go to the prefix index first."""
         req = seq.request
@@ -283,7 +303,7 @@ class Scheduler:
         self.index.pool.release(seq.pages)
         if seq.match is not None:
             self.index.unlock(seq.match)
-        seq.pages, seq.match, seq._table = [], None, None
+        seq.pages, seq.match, seq._table, seq.indexed_pages = [], None, None, 0
 
     def _preempt(self, seq: _Seq, now: float, preempted: list, swap_out: list) -> None:
         preempted.append(seq.request.request_id)
@@ -321,6 +341,7 @@ class Scheduler:
         for item in plan.seqs:
             seq = self._seqs[item.request_id]
             seq.num_computed = item.end
+            self._index_computed(seq, now)
             if not item.samples:
                 continue
             if item.request_id not in sampled:

@@ -80,6 +80,28 @@ def test_lifecycle_prefix_reuse_and_eviction_under_pressure():
     pool.check_integrity()
 
 
+def test_a_running_request_shares_its_computed_prefix_before_it_finishes():
+    """Pages enter the cache as they are computed: a request arriving while another with the same prefix is
+    still decoding reuses that prefix's full pages (and chunk by chunk, a long prefill's first chunks)."""
+    pool = PagePool(41, PS)
+    index = PrefixIndex(pool)
+    sched = Scheduler(index, SchedulerConfig(max_step_tokens=64))
+    shared = prompt(56, 1)  # 3 full pages + 8 tokens
+    sched.add(Request(RequestId("a"), shared, max_new_tokens=20))
+    step(sched, 0.0)  # a prefilled (56 tokens), first token sampled
+    step(sched, 1.0)  # a decodes
+    sched.add(Request(RequestId("b"), np.concatenate([shared[:48], prompt(30, 2)]), max_new_tokens=2))
+    plan, _ = step(sched, 2.0)
+    b = next(s for s in plan.seqs if s.request_id == "b")
+    assert b.num_cached_tokens == 48 and b.start == 48  # a's 3 full pages, while a is still running
+    a = next(s for s in plan.seqs if s.request_id == "a")
+    assert a.page_table[:3] == b.page_table[:3]
+    # The pages a computed are locked by a while it runs: a full pool evicts none of them.
+    assert index.evict(100, 3.0).num_freed == 0
+    index.check_integrity()
+    pool.check_integrity()
+
+
 def test_preemption_takes_the_latest_admitted_and_recompute_reuses_its_pages():
     pool = PagePool(7, PS)  # 6 usable pages
     index = PrefixIndex(pool)
@@ -92,9 +114,10 @@ def test_preemption_takes_the_latest_admitted_and_recompute_reuses_its_pages():
     assert plan.preempted == ()
     plan, _ = step(sched, 2.0)  # position 48 needs a 4th page for "old": "new" is preempted
     assert plan.preempted == ("new",) and [s.request_id for s in plan.seqs] == ["old"]
-    # "new" had 48 computed tokens = 3 full pages; they went to the cache, then its last page was evicted
-    # to give "old" its 4th page. On readmission "new" reuses the 2 pages left.
-    assert index.cached_pages == 2 and pool.num_free == 0
+    # Each had 48 computed tokens = 3 full pages, in the cache as soon as computed. "old" keeps its 3 locked;
+    # "new"'s were unlocked by the preemption, and its last one was evicted to give "old" its 4th page. On
+    # readmission "new" reuses the 2 pages left.
+    assert index.cached_pages == 3 + 2 and pool.num_free == 0
     assert sched.num_waiting == 1
     index.check_integrity()
     pool.check_integrity()
