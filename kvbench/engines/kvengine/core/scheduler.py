@@ -15,9 +15,9 @@ Token regions of a sequence (tokens = prompt + generated so far) in one step:
 A ScheduledSeq with `samples=True` ends at len(tokens): the model returns one sampled token for it. Its
 `page_table` covers tokens [0, end) and stays valid until the next `schedule`. Pages are allocated per
 chunk, asking first (`can_allocate`), then evicting cached pages (LRU, or the tenant ledger's order), then
-preempting the most recently admitted running sequences. Computed full pages enter the prefix index after
-every step (locked by their sequence while it runs), so a request arriving meanwhile with the same prefix
-reuses them. A preempted sequence either recomputes (its computed full pages are in the prefix index, so
+preempting the most recently admitted running sequences. Computed full prompt pages enter the prefix index
+after every step (locked by their sequence while it runs), so a request arriving meanwhile with the same
+prefix reuses them; generated pages enter when the request finishes. A preempted sequence either recomputes (its computed full pages are in the prefix index, so
 recompute is mostly prefix hits) or, with
 `allow_swap`, is swapped to host: `StepPlan.swap_out` lists its device pages, which the executor must copy
 before anything else in the step (they may be reused by this very plan); `swap_in` gives the new pages to
@@ -278,10 +278,12 @@ class Scheduler:
                             seq.num_cached_tokens or 0, samples=end == seq.length)
 
     def _index_computed(self, seq: _Seq, now: float) -> None:
-        """Put the sequence's newly computed full pages in the prefix index now, not only when it finishes, so
-        that a request arriving meanwhile with the same prefix finds them (as vLLM and SGLang do); the
-        sequence's lock moves to the longer path, so they stay unevictable while it runs."""
-        full = seq.num_computed // self.index.page_size
+        """Put the sequence's newly computed full prompt pages in the prefix index now, not only when it
+        finishes, so that a request arriving meanwhile with the same prefix finds them (as vLLM and SGLang
+        do); the sequence's lock moves to the longer path, so they stay unevictable while it runs. Generated
+        pages wait for the finish: nobody else can share them sooner, and indexing every decode page as it
+        fills doubled the cost of long simulations."""
+        full = min(seq.num_computed, len(seq.request.prompt)) // self.index.page_size
         if full <= seq.indexed_pages or not self.config.prefix_caching:
             return
         req = seq.request

@@ -81,8 +81,9 @@ def test_lifecycle_prefix_reuse_and_eviction_under_pressure():
 
 
 def test_a_running_request_shares_its_computed_prefix_before_it_finishes():
-    """Pages enter the cache as they are computed: a request arriving while another with the same prefix is
-    still decoding reuses that prefix's full pages (and chunk by chunk, a long prefill's first chunks)."""
+    """Prompt pages enter the cache as they are computed: a request arriving while another with the same
+    prefix is still decoding reuses that prefix's full pages (and chunk by chunk, a long prefill's first
+    chunks)."""
     pool = PagePool(41, PS)
     index = PrefixIndex(pool)
     sched = Scheduler(index, SchedulerConfig(max_step_tokens=64))
@@ -114,10 +115,11 @@ def test_preemption_takes_the_latest_admitted_and_recompute_reuses_its_pages():
     assert plan.preempted == ()
     plan, _ = step(sched, 2.0)  # position 48 needs a 4th page for "old": "new" is preempted
     assert plan.preempted == ("new",) and [s.request_id for s in plan.seqs] == ["old"]
-    # Each had 48 computed tokens = 3 full pages, in the cache as soon as computed. "old" keeps its 3 locked;
-    # "new"'s were unlocked by the preemption, and its last one was evicted to give "old" its 4th page. On
-    # readmission "new" reuses the 2 pages left.
-    assert index.cached_pages == 3 + 2 and pool.num_free == 0
+    # Each had 48 computed tokens = 3 full pages, of which the first 2 are full prompt pages (47-token
+    # prompts), in the cache as soon as computed: "old" keeps its 2 locked. "new" was preempted: its 3 pages
+    # went to the cache unlocked, and its last one was evicted to give "old" its 4th page. On readmission
+    # "new" reuses the 2 pages left.
+    assert index.cached_pages == 2 + 2 and pool.num_free == 0
     assert sched.num_waiting == 1
     index.check_integrity()
     pool.check_integrity()
