@@ -121,7 +121,7 @@ _H200_NODE = Hardware("8xh200", H200, 8, PCIE, NVME, NETWORK, host_memory_bytes=
 # ~3 GHz and a guessed 20 GB/s. The efficiencies are those `kvbench calibrate --steps` fitted to our engine
 # serving SmolLM2-135M here (results/sim/validation/cpu-calibrated.json; the fitted step overhead was 0).
 CPU = Device("cpu", memory_bytes=24 * GB, memory_bw=20 * GB, flops_bf16=192e9, flops_fp8=192e9,
-             flops_efficiency=0.83, bw_efficiency=0.28, interconnect_bw=10 * GB, interconnect_latency_s=0.0,
+             flops_efficiency=0.86, bw_efficiency=0.30, interconnect_bw=10 * GB, interconnect_latency_s=0.0,
              overlap=False)
 _CPU_NODE = Hardware("cpu", CPU, 1, Link("memcpy", 10 * GB), Link("disk", 1 * GB, 1e-4), Link("redis", 1 * GB, 1e-4),
                      host_memory_bytes=8 * GB, disk_bytes=50 * GB, memory_fraction=0.5, activation_reserve_bytes=1 * GB,
