@@ -289,23 +289,23 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
         remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
     sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
                                    strict_isolation=config.strict_isolation)
+    host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
+    ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
+    sink = events if events is not None else NullEventLog()
     nodes = []
     for i in range(preset.num_nodes):
-        pool = PagePool(1 + config.device_pages(), preset.page_size)
+        pool = PagePool(1 + device_pages, preset.page_size)
         ledger = config.tenants.ledger(pool.capacity) if config.tenants.tenants else None
-        sink = events if events is not None else NullEventLog()
-        if preset.tier_policy == TIERS_TTL and (config.host_pages() > 0 or config.disk_pages() > 0):
-            below = TtlTiers.create(config.host_pages(), config.disk_pages(),
-                                    TierTTL(preset.device_ttl_s, preset.host_ttl_s),
-                                    config.tenants.ttls(TierTTL(preset.device_ttl_s, preset.host_ttl_s)),
-                                    preset.tier_interval_s, sink)
+        if preset.tier_policy == TIERS_TTL and (host_pages > 0 or disk_pages > 0):
+            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(ttl), preset.tier_interval_s,
+                                    sink)
             index = PrefixIndex(pool, events=sink, journal=below.journal, key_salt=below.key_salt)
         else:
             tiers = []
-            if config.host_pages() > 0:
-                tiers.append(LowerTier.create(Tier.HOST, config.host_pages(), preset.page_size))
-            if config.disk_pages() > 0:
-                tiers.append(LowerTier.create(Tier.DISK, config.disk_pages(), preset.page_size))
+            if host_pages > 0:
+                tiers.append(LowerTier.create(Tier.HOST, host_pages, preset.page_size))
+            if disk_pages > 0:
+                tiers.append(LowerTier.create(Tier.DISK, disk_pages, preset.page_size))
             if remote is not None:
                 tiers.append(remote)
             below = WriteThroughTiers(tuple(tiers))

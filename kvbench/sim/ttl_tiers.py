@@ -43,7 +43,6 @@ class TtlTiers:
     interval_s: float = 1.0
     key_salt: str = SIM_KEY_SALT
     _last_maintenance: float | None = None
-    moved_pages: dict[str, int] = field(default_factory=dict)  # pages demoted into each tier (traffic)
 
     @classmethod
     def create(cls, host_pages: int, disk_pages: int, ttl: TierTTL, tenant_ttls=None, interval_s: float = 1.0,
@@ -99,9 +98,7 @@ class TtlTiers:
             tier = self.policy.tier_for_evicted(record.tenant, record.last_access, now)
             if tier is not None:
                 self.policy.track(record.key, record.tenant, record.last_access, tier)
-                name = tier.name.lower()
-                self.events.record(EventKind.MOVED, record.tenant, name, 1, now)
-                self.moved_pages[name] = self.moved_pages.get(name, 0) + 1
+                self.events.record(EventKind.MOVED, record.tenant, tier.name.lower(), 1, now)
 
     def maintain(self, index: PrefixIndex, now: float) -> None:
         """At most once per `interval_s`: idle device pages leave by TTL, then host/disk placement moves."""

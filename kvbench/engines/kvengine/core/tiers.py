@@ -55,15 +55,23 @@ class TierConfig:
     default_ttl: TierTTL = TierTTL()
     tenant_ttls: Mapping[TenantId, TierTTL] = field(default_factory=dict)
     _tiers: tuple[Tier, ...] = field(init=False, repr=False, compare=False, default=())  # sorted, fixed at init
+    _on_host: Tier = field(init=False, repr=False, compare=False, default=Tier.HOST)
 
     def __post_init__(self) -> None:
         if Tier.DEVICE not in self.capacities:
             raise ValueError("capacities: the device tier is required, e.g. {Tier.DEVICE: 1024, Tier.HOST: 8192}")
-        object.__setattr__(self, "_tiers", tuple(sorted(self.capacities)))
+        tiers = tuple(sorted(self.capacities))
+        object.__setattr__(self, "_tiers", tiers)
+        # Where a page whose age wants host goes: the fastest configured tier at least as slow (no host: disk).
+        object.__setattr__(self, "_on_host", next((t for t in tiers if t >= Tier.HOST), tiers[-1]))
 
     @property
     def tiers(self) -> tuple[Tier, ...]:
         return self._tiers
+
+    @property
+    def on_host(self) -> Tier:
+        return self._on_host
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +144,10 @@ class TierPolicy:
 
     def _due_time(self, e: _Entry) -> float:
         """When `e`'s target becomes slower than its tier (inf: never). Targets only slow down with age."""
-        tiers = self.config.tiers
-        on_host = next((t for t in tiers if t >= Tier.HOST), tiers[-1])
         ttl = self.config.tenant_ttls.get(e.tenant, self.config.default_ttl)
-        if on_host > e.tier:
+        if self.config.on_host > e.tier:
             return e.last_access + ttl.device_s
-        return e.last_access + ttl.host_s if tiers[-1] > e.tier else float("inf")
+        return e.last_access + ttl.host_s if self.config.tiers[-1] > e.tier else float("inf")
 
     def device_ttl(self, tenant: TenantId) -> float:
         """Seconds a tenant's unused page stays on device (for `PrefixIndex.evict_idle`); infinite when there
@@ -179,28 +185,10 @@ class TierPolicy:
         return out
 
     def _target(self, e: _Entry, now: float) -> Tier:
+        """The configured tier `e`'s age asks for: device, host (or the next slower tier without one), slowest."""
         ttl = self.config.tenant_ttls.get(e.tenant, self.config.default_ttl)
         age = now - e.last_access
-        tiers = self.config.tiers
-        want = Tier.DEVICE if age < ttl.device_s else Tier.HOST if age < ttl.host_s else tiers[-1]
-        # The fastest configured tier at least as slow as wanted (a missing host tier means disk).
-        return next((t for t in tiers if t >= want), tiers[-1])
-
-    def _targets(self, now: float) -> dict[Hashable, Tier]:
-        """`_target` of every entry at `now`, with the per-tenant TTLs and tier choices looked up once."""
-        tiers = self.config.tiers
-        on_device = next(t for t in tiers if t >= Tier.DEVICE)
-        on_host = next((t for t in tiers if t >= Tier.HOST), tiers[-1])
-        slowest = tiers[-1]
-        ttls: dict[TenantId, TierTTL] = {}
-        targets: dict[Hashable, Tier] = {}
-        for k, e in self._entries.items():
-            ttl = ttls.get(e.tenant)
-            if ttl is None:
-                ttl = ttls[e.tenant] = self.config.tenant_ttls.get(e.tenant, self.config.default_ttl)
-            age = now - e.last_access
-            targets[k] = on_device if age < ttl.device_s else on_host if age < ttl.host_s else slowest
-        return targets
+        return Tier.DEVICE if age < ttl.device_s else self.config.on_host if age < ttl.host_s else self.config.tiers[-1]
 
     def _settled(self, now: float) -> bool:
         """True only if `plan(now)` has no move: no tier over capacity, no entry due one tier down, no entry
@@ -234,7 +222,7 @@ class TierPolicy:
     def _full_plan(self, now: float) -> tuple[Move, ...]:
         """`plan` the long way: every entry's target, in LRU order (the reference for the quick answer)."""
         tiers = self.config.tiers
-        targets = self._targets(now)
+        targets = {k: self._target(e, now) for k, e in self._entries.items()}
         place = {k: e.tier for k, e in self._entries.items()}
         load = {t: 0 for t in tiers}
         for t in place.values():
