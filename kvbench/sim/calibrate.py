@@ -57,13 +57,13 @@ class Calibration:
 
 
 def fit_hardware(hardware: Hardware, geometry: ModelGeometry, kv_dtype: str, weight_dtype: str | None,
-                 steps: Sequence[TimedStep], padded_attention: bool = False) -> Calibration:
+                 steps: Sequence[TimedStep], padded_attention: bool = False, page_size: int = 16) -> Calibration:
     """The profile whose cost model best predicts `steps` (see the module docstring)."""
     steps = [s for s in steps if s.work and s.seconds > 0]
     if len(steps) < 3:
         raise HardwareError(f"calibration needs at least 3 timed model steps, got {len(steps)}")
     unit = _unit(hardware)
-    model = CostModel(geometry, unit, kv_dtype, weight_dtype, padded_attention)
+    model = CostModel(geometry, unit, kv_dtype, weight_dtype, padded_attention, page_size)
     costs = [model.step(SeqWork(a, b) for a, b in s.work) for s in steps]
     compute = np.array([c.compute_s for c in costs])
     memory = np.array([c.memory_s for c in costs])
@@ -82,7 +82,7 @@ def fit_hardware(hardware: Hardware, geometry: ModelGeometry, kv_dtype: str, wei
     fe, be = 1.0 / x, 1.0 / y
     device = dataclasses.replace(hardware.device, flops_efficiency=fe, bw_efficiency=be)
     fitted = dataclasses.replace(hardware, device=device, step_overhead_s=o)
-    final = CostModel(geometry, fitted, kv_dtype, weight_dtype, padded_attention)
+    final = CostModel(geometry, fitted, kv_dtype, weight_dtype, padded_attention, page_size)
     predicted = tuple(final.step(SeqWork(a, b) for a, b in s.work).seconds for s in steps)
     return Calibration(fitted, tuple(float(s.seconds) for s in steps), predicted)
 

@@ -27,7 +27,6 @@ from kvbench.sim.hardware import Hardware, Link
 
 ACTIVATION_BYTES = 2  # bf16 activations in all-reduces
 RESTORE_CHUNK_TOKENS = 256  # LMCache's default chunk size
-PADDED_PAGE_TOKENS = 16  # padded attention reads whole pages (our engine's page size)
 
 
 class Span(Protocol):
@@ -72,6 +71,7 @@ class CostModel:
     # True for an engine whose attention pads every sequence of a step to the longest query and the longest
     # page-rounded context and computes the full (masked) score matrix: our engine's BatchedAttention.
     padded_attention: bool = False
+    page_size: int = 16  # padded attention reads whole pages
 
     @property
     def weights(self) -> str:
@@ -96,8 +96,7 @@ class CostModel:
         if tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         if self.padded_attention:
-            page = PADDED_PAGE_TOKENS
-            context = -(-longest_context // page) * page
+            context = -(-longest_context // self.page_size) * self.page_size
             attn_ctx, kv_read = seqs * longest_query * context, seqs * context
         flops = tokens * g.linear_flops_per_token() + g.attention_flops_per_token(1.0) * attn_ctx
         nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self.kv_bytes_per_token

@@ -69,7 +69,8 @@ class SimConfig:
 
     @property
     def cost(self) -> CostModel:
-        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention)
+        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
+                         self.preset.page_size)
 
     def device_pages(self) -> int:
         """Device KV pages per node: the hardware's KV budget (or the override) over the page's bytes."""

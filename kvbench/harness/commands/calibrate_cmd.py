@@ -84,7 +84,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         engine.close()
     weight_dtype = WEIGHT_DTYPES.get(args.compute_dtype, "fp32")
     try:
-        fit = fit_hardware(hardware, geometry, args.kv_dtype, weight_dtype, steps, padded_attention=True)
+        fit = fit_hardware(hardware, geometry, args.kv_dtype, weight_dtype, steps, padded_attention=True,
+                           page_size=config.page_size)
     except ValueError as error:
         raise SettingsError(str(error)) from None
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -54,19 +54,16 @@ def probe_steps(engine: Engine, cases: Sequence[ProbeCase] = DEFAULT_CASES, seed
         for i in range(case.batch):
             prompt = tuple(int(t) for t in rng.integers(0, vocab, case.prompt_tokens))
             engine.add(GenerationRequest(f"probe-{number}-{i}", prompt, case.max_tokens, ignore_eos=True))
-        is_warmup = warmup and number == 0
-        listener = _discard if is_warmup else timings.append
-        engine.step_listeners.append(listener)
+        steps: list[StepTiming] = []
+        engine.step_listeners.append(steps.append)
         try:
             while engine.has_work():
                 engine.step()
         finally:
-            engine.step_listeners.remove(listener)
+            engine.step_listeners.remove(steps.append)
+        if not (warmup and number == 0):
+            timings.extend(steps)
     return timings
-
-
-def _discard(_: StepTiming) -> None:
-    return None
 
 
 @dataclass(slots=True)
