@@ -10,7 +10,8 @@ relative error alike. With `+` the model is linear in (1/flops_eff, 1/bw_eff, ov
 linear once each step is known to be compute- or memory-bound, so the fit alternates the two.
 
 The measured steps come from anything with `work` ((start, end) per sequence) and `seconds`: our engine's
-`runtime.step_probe.probe_steps` produces them; this module does not import the engine.
+`runtime.step_probe` produces them (probed in-process, or logged while serving); this module does not import
+the engine.
 """
 
 from __future__ import annotations
@@ -43,11 +44,6 @@ class Calibration:
     hardware: Hardware  # the input profile with the fitted efficiencies and step overhead
     measured_s: tuple[float, ...]
     predicted_s: tuple[float, ...]  # by the fitted profile, in the input's order
-
-    @property
-    def total_error(self) -> float:
-        """Predicted over measured total step time, minus one (0.0: the totals agree)."""
-        return sum(self.predicted_s) / sum(self.measured_s) - 1.0
 
     def at_bound(self) -> list[str]:
         """Fitted values pinned at a bound of the search: the profile's peak numbers are then off."""

@@ -17,8 +17,8 @@ A ScheduledSeq with `samples=True` ends at len(tokens): the model returns one sa
 chunk, asking first (`can_allocate`), then evicting cached pages (LRU, or the tenant ledger's order), then
 preempting the most recently admitted running sequences. Computed full prompt pages enter the prefix index
 after every step (locked by their sequence while it runs), so a request arriving meanwhile with the same
-prefix reuses them; generated pages enter when the request finishes. A preempted sequence either recomputes (its computed full pages are in the prefix index, so
-recompute is mostly prefix hits) or, with
+prefix reuses them; generated pages enter when the request finishes. A preempted sequence either
+recomputes (its computed full pages go to the prefix index, so recompute is mostly prefix hits) or, with
 `allow_swap`, is swapped to host: `StepPlan.swap_out` lists its device pages, which the executor must copy
 before anything else in the step (they may be reused by this very plan); `swap_in` gives the new pages to
 copy them back into.
@@ -288,7 +288,7 @@ class Scheduler:
             return
         req = seq.request
         ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
-        tokens = seq.tokens()[: full * self.index.page_size]
+        tokens = req.prompt[: full * self.index.page_size]
         self.index.insert(ns, tokens, seq.pages[:full], req.tenant, now)
         match = self.index.match(ns, tokens)
         self.index.lock(match, now)
