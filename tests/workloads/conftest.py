@@ -1,4 +1,4 @@
-"""Shared fixtures: the public traces in ../shared/traces beside the checkout (see tests/paths.py)."""
+"""Shared fixtures: the public traces, copied into tests/data/shared/traces (see tests/paths.py)."""
 
 from pathlib import Path
 
@@ -10,7 +10,7 @@ from tests.paths import TRACES
 
 
 def _require(path: Path) -> Path:
-    assert path.is_file(), f"public trace {path} is missing: ../shared must sit beside the checkout (or set KVBENCH_SHARED_DIR)"
+    assert path.is_file(), f"public trace {path} is missing: tests/data/shared/ holds the copies (or set KVBENCH_SHARED_DIR)"
     return path
 
 

@@ -1,4 +1,5 @@
-"""Trace readers against the facts in ../shared/traces/README.md, and their errors on malformed rows."""
+"""Trace readers against the facts in the public traces' README (tests/data/shared/traces/README.md), and
+their errors on malformed rows."""
 
 import json
 
