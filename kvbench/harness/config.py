@@ -16,7 +16,8 @@ The YAML form (every key optional except `engines`):
         overrides: {turns_mean: 4}
     loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | concurrency, optional burstiness
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
-    client: {api: completions, request_timeout_s: 600, stall_timeout_s: 120, max_lag_ms: 10,
+    client: {api: completions, request_timeout_s: 600, header_timeout_s: 60, first_byte_timeout_s: 300,
+             stall_timeout_s: 120, max_lag_ms: 10, max_error_rate: 0.1,
              isolation: shared, tokenizer: null, tenant_api_keys: {tenant-a: key-a}}
     slo: {ttft_ms: 500, tpot_ms: 50}
 
@@ -31,11 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kvbench.harness.metrics import SLO
 from kvbench.harness.schedule import LoadSpec
-from kvbench.settings import SettingsError, build
+from kvbench.settings import SettingsError, bounded, build, read_yaml
 
 
 @dataclass(frozen=True)
@@ -50,40 +49,47 @@ class EngineSpec:
 @dataclass(frozen=True)
 class WorkloadSpec:
     name: str
-    num_sessions: int | None = None
+    num_sessions: int | None = bounded(None, ge=1)
     overrides: Mapping[str, Any] = field(default_factory=dict)
-    time_scale: float = 1.0
+    time_scale: float = bounded(1.0, gt=0)
 
 
 @dataclass(frozen=True)
 class LoadPoint:
-    rate: float | None = None
-    concurrency: int | None = None
-    burstiness: float = 1.0
+    rate: float | None = bounded(None, gt=0, unit="sessions/s")
+    concurrency: int | None = bounded(None, ge=1)
+    burstiness: float = bounded(1.0, gt=0)
 
 
 @dataclass(frozen=True)
 class StopSpec:
-    num_requests: int | None = None
-    duration_s: float | None = None
-    warmup_requests: int = 0
+    num_requests: int | None = bounded(None, ge=1)
+    duration_s: float | None = bounded(None, gt=0, unit="s")
+    warmup_requests: int = bounded(0, ge=0)
 
 
 @dataclass(frozen=True)
 class ClientSpec:
     api: str = "completions"
-    request_timeout_s: float = 600.0
-    stall_timeout_s: float = 120.0
-    max_lag_ms: float = 10.0
+    request_timeout_s: float = bounded(600.0, gt=0, unit="s")
+    stall_timeout_s: float = bounded(120.0, gt=0, unit="s")
+    # Servers send response headers before they schedule the prompt: a minute without them is a hung server.
+    header_timeout_s: float = bounded(60.0, gt=0, unit="s")
+    # Headers to the first body byte: queueing plus prefill, which for a long prompt on a loaded server takes minutes.
+    first_byte_timeout_s: float = bounded(300.0, gt=0, unit="s")
+    max_lag_ms: float = bounded(10.0, gt=0, unit="ms")
+    max_error_rate: float = bounded(0.1, ge=0, le=1)  # a point with a larger share of failed requests (or all) is invalid
     isolation: str = "shared"
     tokenizer: str | None = None
     ignore_eos: bool = True
-    health_timeout_s: float = 600.0
+    health_timeout_s: float = bounded(600.0, gt=0, unit="s")
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> API key, for multi-tenant engines
 
     def __post_init__(self) -> None:
         if self.isolation not in ("shared", "strict"):
             raise ValueError(f"isolation: unknown {self.isolation!r}; use shared or strict")
+        if self.api not in ("completions", "chat"):
+            raise ValueError(f"api: unknown {self.api!r}; use completions or chat")
 
 
 @dataclass(frozen=True)
@@ -116,55 +122,64 @@ class ExperimentConfig:
 
 
 _TOP_KEYS = ("name", "seed", "repeat", "engines", "workloads", "loads", "stop", "client", "slo")
+
+
+@dataclass(frozen=True)
+class _TopScalars:
+    """The scalar top-level keys, checked like every other section."""
+
+    name: str = "run"
+    seed: int = bounded(0, ge=0)
+    repeat: int = bounded(1, ge=1)
 _ENGINE_KEYS = ("engine", "label", "settings", "sweep")
 
 
 def parse_config(data: Mapping[str, Any], where: str = "config") -> ExperimentConfig:
-    """Validate a config mapping (from YAML) and expand engine sweeps."""
+    """Validate a config mapping (from YAML) and expand engine sweeps; errors read `WHERE: field.path: ...`."""
+    try:
+        return _parse(data)
+    except SettingsError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+
+
+def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     if not isinstance(data, Mapping):
-        raise SettingsError(f"{where}: expected a mapping at the top level, got {type(data).__name__}")
+        raise SettingsError(f"expected a mapping at the top level, got {type(data).__name__}")
     for key in data:
         if key not in _TOP_KEYS:
-            raise SettingsError(f"{where}: unknown key {key!r}; valid keys: {', '.join(_TOP_KEYS)}")
-    engines = tuple(spec for index, raw in enumerate(_list(data, "engines", where)) for spec in _engines(raw, f"{where}.engines[{index}]"))
+            raise SettingsError(f"unknown key {key!r}; valid keys: {', '.join(_TOP_KEYS)}")
+    scalars = build(_TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
+    engines = tuple(spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]"))
     if not engines:
-        raise SettingsError(f"{where}.engines: give at least one engine, e.g. engines: [{{engine: kvengine}}]")
+        raise SettingsError("engines: give at least one engine, e.g. engines: [{engine: kvengine}]")
     workloads = tuple(
-        build(WorkloadSpec, raw if isinstance(raw, Mapping) else {"name": raw}, f"{where}.workloads[{index}]")
-        for index, raw in enumerate(_list(data, "workloads", where) or ["rag-chat-mini"])
+        build(WorkloadSpec, raw if isinstance(raw, Mapping) else {"name": raw}, f"workloads[{index}]")
+        for index, raw in enumerate(_list(data, "workloads") or ["rag-chat-mini"])
     )
     loads = tuple(
-        build(LoadPoint, raw, f"{where}.loads[{index}]") for index, raw in enumerate(_list(data, "loads", where) or [{"concurrency": 1}])
+        build(LoadPoint, raw, f"loads[{index}]") for index, raw in enumerate(_list(data, "loads") or [{"concurrency": 1}])
     )
     config = ExperimentConfig(
         engines=engines,
         workloads=workloads,
         loads=loads,
-        stop=build(StopSpec, data.get("stop"), f"{where}.stop"),
-        client=build(ClientSpec, data.get("client"), f"{where}.client"),
-        slo=build(SLO, data.get("slo"), f"{where}.slo"),
-        seed=int(data.get("seed", 0)),
-        repeat=int(data.get("repeat", 1)),
-        name=str(data.get("name", "run")),
+        stop=build(StopSpec, data.get("stop"), "stop"),
+        client=build(ClientSpec, data.get("client"), "client"),
+        slo=build(SLO, data.get("slo"), "slo"),
+        seed=scalars.seed,
+        repeat=scalars.repeat,
+        name=scalars.name,
     )
-    if config.repeat < 1:
-        raise SettingsError(f"{where}.repeat: must be >= 1, got {config.repeat}")
     for index, load in enumerate(config.loads):
         try:
             LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness)
         except ValueError as exc:
-            raise SettingsError(f"{where}.loads[{index}]: {exc}") from None
+            raise SettingsError(f"loads[{index}]: {exc}") from None
     return config
 
 
 def load_config_file(path: Path) -> ExperimentConfig:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise SettingsError(f"config: cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise SettingsError(f"config: {path} is not valid YAML: {exc}") from None
-    return parse_config(data or {}, where=str(path))
+    return parse_config(read_yaml(path, "config") or {}, where=str(path))
 
 
 def _engines(raw: Any, where: str) -> list[EngineSpec]:
@@ -177,8 +192,8 @@ def _engines(raw: Any, where: str) -> list[EngineSpec]:
             raise SettingsError(f"{where}: unknown key {key!r}; valid keys: {', '.join(_ENGINE_KEYS)}")
     if "engine" not in raw:
         raise SettingsError(f"{where}: missing 'engine' (the adapter name, e.g. kvengine or endpoint)")
-    settings = dict(raw.get("settings") or {})
-    sweep = dict(raw.get("sweep") or {})
+    settings = _mapping(raw, "settings", where)
+    sweep = _mapping(raw, "sweep", where)
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise SettingsError(f"{where}.sweep.{key}: expected a non-empty list of values")
@@ -192,12 +207,21 @@ def _engines(raw: Any, where: str) -> list[EngineSpec]:
     return specs
 
 
-def _list(data: Mapping[str, Any], key: str, where: str) -> list:
+def _mapping(data: Mapping[str, Any], key: str, where: str) -> dict:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise SettingsError(f"{where}.{key}: expected a mapping (key: value), got {value!r:.80}")
+    return dict(value)
+
+
+def _list(data: Mapping[str, Any], key: str) -> list:
     value = data.get(key)
     if value is None:
         return []
     if not isinstance(value, list):
-        raise SettingsError(f"{where}.{key}: expected a list")
+        raise SettingsError(f"{key}: expected a list, got {value!r:.80}")
     return value
 
 

@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
-
+from kvbench.settings import read_yaml
 from kvbench.workloads.ragchat import RagChatParams, generate_rag_chat
 from kvbench.workloads.spec import Session, TenantSpec, Turn, Workload, WorkloadError
 from kvbench.workloads.traces import TRACE_READERS, sniff_trace_format
@@ -88,10 +87,7 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
 
 def _params_from_yaml(path: Path) -> tuple[RagChatParams, str]:
     _require_file(path)
-    try:
-        document = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise WorkloadError(f"{path}: not valid YAML ({error})") from None
+    document = read_yaml(path, "workload parameters")
     if not isinstance(document, dict):
         raise WorkloadError(f"{path}: expected a mapping of rag-chat parameters, got {type(document).__name__}")
     base = document.pop("profile", "rag-chat")

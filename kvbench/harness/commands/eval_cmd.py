@@ -8,6 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from kvbench.harness.commands.flag_types import at_least
+
 console = Console()
 
 
@@ -28,7 +30,7 @@ def register(commands, formatter) -> None:
                         "(default fp32,fp16,fp8_e4m3,fp8_e5m2)")
     parser.add_argument("--kv-scale", help="comma list of fp8 scale modes (default tensor,channel)")
     parser.add_argument("--tasks", help="comma list of shipped lm-eval tasks (default all)")
-    parser.add_argument("--limit", type=int, help="documents per lm-eval task (default 3; --full: 12)")
+    parser.add_argument("--limit", type=at_least(1), help="documents per lm-eval task (default 3; --full: 12)")
     parser.add_argument("--full", action="store_true", help="the documented full run (12 documents per task, 2k corpus tokens, 3 prompts; ~15 min on 2 CPU cores)")
     parser.add_argument("--no-lm-eval", action="store_true", help="direct divergence only")
     parser.add_argument("--no-divergence", action="store_true", help="lm-eval only")
@@ -37,14 +39,12 @@ def register(commands, formatter) -> None:
 
 
 def config_values(args: argparse.Namespace) -> dict:
-    import yaml
+    from kvbench.settings import SettingsError, read_yaml
 
     values: dict = {}
     if args.config is not None:
-        values = yaml.safe_load(args.config.read_text()) or {}
+        values = read_yaml(args.config, "eval config") or {}
         if not isinstance(values, dict):
-            from kvbench.settings import SettingsError
-
             raise SettingsError(f"{args.config}: expected a mapping of EvalConfig keys")
     if args.full:
         from kvbench.evals.runner import FULL_RUN
