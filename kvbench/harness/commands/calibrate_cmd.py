@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.harness.commands.flag_types import at_least, number_above
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -32,8 +33,8 @@ def register(commands, formatter) -> None:
     cal.add_argument("--model", default="default", help="our engine's model: default (SmolLM2-135M), tiny-random or a folder")
     cal.add_argument("--kv-dtype", default="fp32", help="KV dtype of the engine (fp32, bf16, fp8_e4m3, fp8_e5m2)")
     cal.add_argument("--compute-dtype", default="float32", help="the engine's compute dtype")
-    cal.add_argument("--max-step-tokens", type=int, default=512, help="the engine's step budget (as when serving)")
-    cal.add_argument("--threads", type=int, help="torch threads (default: all cores, with a passive OpenMP wait)")
+    cal.add_argument("--max-step-tokens", type=at_least(1), default=512, help="the engine's step budget (as when serving)")
+    cal.add_argument("--threads", type=at_least(1), help="torch threads (default: all cores, with a passive OpenMP wait)")
     cal.add_argument("--hardware", default="cpu", help="profile to start from (peaks, links); its efficiencies are refitted")
     cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
     cal.add_argument("--out", type=Path, default=Path("results/sim/cpu-calibrated.json"), help="profile JSON to write")
@@ -52,7 +53,7 @@ def register(commands, formatter) -> None:
                      help="hardware profile: a `kvbench calibrate` JSON (fit it on your machine), or a profile name "
                      "(default: cpu, fitted on kvbench's development machine)")
     val.add_argument("--geometry", help="simulator model geometry (default: from the run's model setting)")
-    val.add_argument("--tolerance", type=float, default=0.25, help="relative TTFT p50/p99 tolerance")
+    val.add_argument("--tolerance", type=number_above(0), default=0.25, help="relative TTFT p50/p99 tolerance")
     val.set_defaults(handler=handle_validate)
 
 

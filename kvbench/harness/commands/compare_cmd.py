@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
+from kvbench.harness.commands.flag_types import at_least, number_between
 from kvbench.harness.baseline import DEFAULT_ROOT, BaselineError, promote
 from kvbench.harness.compare import (
     DEFAULT_METRICS, PERF_METRICS, CompareOptions, Comparison, MetricComparison, RunFolderError, compare,
@@ -25,7 +26,7 @@ EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
 CSV_COLUMNS = ["kind", "setting", "kv_dtype", "metric", "better", "scale", "baseline", "new", "delta", "ci_low",
                "ci_high", "tolerance", "verdict", "note"]
 
-errors = Console(stderr=True)
+errors = Console(stderr=True, soft_wrap=True)
 
 
 def register(commands, formatter) -> None:
@@ -44,9 +45,9 @@ def register(commands, formatter) -> None:
                         help=f"metrics to compare (default {' '.join(DEFAULT_METRICS)}; valid: {', '.join(PERF_METRICS)})")
     parser.add_argument("--max-regression", action="append", default=[], metavar="METRIC=PCT",
                         help="tolerance of a metric in percent (rates: percentage points), e.g. ttft_p99=15; repeatable")
-    parser.add_argument("--confidence", type=float, default=0.99, help="confidence level of the intervals (default 0.99)")
-    parser.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
-    parser.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    parser.add_argument("--confidence", type=number_between(0, 1), default=0.99, help="confidence level of the intervals (default 0.99)")
+    parser.add_argument("--resamples", type=at_least(1), default=1000, help="bootstrap resamples (default 1000)")
+    parser.add_argument("--seed", type=at_least(0), default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--strict", action="store_true", help="also exit 1 when the folders do not measure the same thing")
     parser.add_argument("--format", choices=("md", "csv"), default="md")
     parser.add_argument("--out", type=Path, help="also write the table to this file")

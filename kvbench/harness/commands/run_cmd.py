@@ -11,13 +11,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from kvbench.harness.commands.flag_types import at_least, number_above
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import Progress as RunProgress
 from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.settings import SettingsError
 
 console = Console()
-error_console = Console(stderr=True)
+error_console = Console(stderr=True, soft_wrap=True)
 
 # What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
 DEFAULT_ENGINE = "kvengine"
@@ -46,22 +47,22 @@ def register(commands, formatter) -> None:
         help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML",
     )
     parser.add_argument("--workload", default=None, help=f"profile name or trace/param file (default {DEFAULT_WORKLOAD})")
-    parser.add_argument("--num-sessions", type=int, help="sessions to generate (or trace rows to keep)")
+    parser.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, help="open loop: new sessions per second (Poisson)")
-    load.add_argument("--concurrency", type=int, help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
+    load.add_argument("--rate", type=number_above(0), help="open loop: new sessions per second (Poisson)")
+    load.add_argument("--concurrency", type=at_least(1), help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
     load.add_argument("--trace-times", action="store_true", help="replay the workload's own arrival times")
-    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape for --rate (1.0 = Poisson)")
+    parser.add_argument("--burstiness", type=number_above(0), default=1.0, help="gamma shape for --rate (1.0 = Poisson)")
     stop = parser.add_mutually_exclusive_group()
-    stop.add_argument("--num-requests", type=int, help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS})")
-    stop.add_argument("--duration", type=float, help="stop sending after this many seconds")
-    parser.add_argument("--warmup", type=int, default=None, help="requests excluded from metrics at the start")
-    parser.add_argument("--repeat", type=int, default=None, help="repetitions of every load point")
+    stop.add_argument("--num-requests", type=at_least(1), help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS})")
+    stop.add_argument("--duration", type=number_above(0), help="stop sending after this many seconds")
+    parser.add_argument("--warmup", type=at_least(0), default=None, help="requests excluded from metrics at the start")
+    parser.add_argument("--repeat", type=at_least(1), default=None, help="repetitions of every load point")
     parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
     parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
-    parser.add_argument("--seed", type=int, default=None, help="workload and arrival seed (default 0)")
-    parser.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT")
-    parser.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT")
+    parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
+    parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
+    parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>)")
     sim = parser.add_argument_group("simulated engine (--engine sim; see `kvbench simulate --help`)")
     sim.add_argument("--sim-model", default="qwen2.5-72b", help="model geometry to simulate")
@@ -133,7 +134,7 @@ def _load_point(args: argparse.Namespace) -> dict:
         return {"rate": args.rate, "burstiness": args.burstiness}
     if args.trace_times:
         return {}
-    return {"concurrency": args.concurrency or DEFAULT_CONCURRENCY}
+    return {"concurrency": DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency}
 
 
 def handle(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.harness.commands.flag_types import at_least, number_above
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -29,9 +30,9 @@ def register(commands, formatter) -> None:
     cap.add_argument("--model", required=True, help=f"shipped model ({', '.join(known_models())}) or config.json")
     cap.add_argument("--kv-dtype", default="fp16", help="fp16, bf16, fp8, fp8_e4m3, fp8_e5m2")
     cap.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
-    cap.add_argument("--context", type=int, required=True, help="tokens per session, e.g. 131072")
-    cap.add_argument("--sessions", type=int, required=True, help="concurrent sessions")
-    cap.add_argument("--gpus", type=int, default=None, help="devices (default: the hardware profile's)")
+    cap.add_argument("--context", type=at_least(1), required=True, help="tokens per session, e.g. 131072")
+    cap.add_argument("--sessions", type=at_least(1), required=True, help="concurrent sessions")
+    cap.add_argument("--gpus", type=at_least(1), default=None, help="devices (default: the hardware profile's)")
     cap.add_argument("--hardware", default="8xh200", help="hardware profile: 8xh200, h200, cpu, NxPROFILE, or .json")
     cap.add_argument("--json", action="store_true", help="print one JSON object")
     cap.set_defaults(handler=handle_capacity)
@@ -45,19 +46,19 @@ def register(commands, formatter) -> None:
     sim.add_argument("--model", default="qwen2.5-72b", help=f"shipped model ({', '.join(known_models())}) or config.json")
     sim.add_argument("--hardware", default="8xh200", help="hardware profile")
     sim.add_argument("--workload", default="rag-chat", help="profile name or trace/param file")
-    sim.add_argument("--num-sessions", type=int, help="sessions to generate (or trace rows to keep)")
+    sim.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
     sim.add_argument("--preset", action="append", default=[], metavar="NAME",
                      help=f"policy preset, repeatable ({', '.join(PRESETS)}; default: all)")
     sim.add_argument("--kv-dtype", action="append", default=[], metavar="D", help="KV dtype, repeatable (default fp8)")
     sim.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
-    sim.add_argument("--device-kv-tokens", type=int, help="override the device KV budget (tokens per node)")
+    sim.add_argument("--device-kv-tokens", type=at_least(1), help="override the device KV budget (tokens per node)")
     sim.add_argument("--tenants-file", help="tenant quotas and reservations (the format `kvbench serve` reads)")
     load = sim.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, help="open loop: new sessions per second")
-    load.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
-    sim.add_argument("--time-scale", type=float, default=1.0, help="multiply arrival gaps and think times")
-    sim.add_argument("--num-requests", type=int, help="stop after this many requests")
-    sim.add_argument("--seed", type=int, default=0)
+    load.add_argument("--rate", type=number_above(0), help="open loop: new sessions per second")
+    load.add_argument("--concurrency", type=at_least(1), help="closed loop: requests in flight")
+    sim.add_argument("--time-scale", type=number_above(0), default=1.0, help="multiply arrival gaps and think times")
+    sim.add_argument("--num-requests", type=at_least(1), help="stop after this many requests")
+    sim.add_argument("--seed", type=at_least(0), default=0)
     sim.add_argument("--out", type=Path, help="results folder (default runs/sim-<workload>-<time>)")
     sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     sim.set_defaults(handler=handle_simulate)

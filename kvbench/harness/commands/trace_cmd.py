@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.settings import SettingsError
+from kvbench.harness.commands.flag_types import at_least
 from kvbench.workloads.profiles import load_workload
 
 console = Console()
@@ -25,8 +25,9 @@ def register(commands, formatter) -> None:
         "capacity.", formatter_class=formatter,
     )
     stats.add_argument("file", help="trace file (Mooncake JSONL, Azure CSV, kvbench JSONL)")
-    stats.add_argument("--cache-tokens", default="", help="comma-separated LRU capacities in tokens, e.g. 1000000,4000000")
-    stats.add_argument("--page-size", type=int, default=16)
+    stats.add_argument("--cache-tokens", type=_capacities, default=(),
+                       help="comma-separated LRU capacities in tokens, e.g. 1000000,4000000")
+    stats.add_argument("--page-size", type=at_least(1), default=16)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.set_defaults(handler=handle_stats)
 
@@ -34,14 +35,10 @@ def register(commands, formatter) -> None:
 def handle_stats(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.core.trace_replay import replay_prefix_hits
 
-    try:
-        capacities = [int(float(part)) for part in args.cache_tokens.split(",") if part.strip()]
-    except ValueError:
-        raise SettingsError(f"--cache-tokens {args.cache_tokens!r}: expected comma-separated token counts") from None
     started = time.perf_counter()
     workload = load_workload(args.file)
     prompts = (session.context if not session.turns[0].user_tokens.size else _prompt(session) for session in workload.sessions)
-    stats = replay_prefix_hits(prompts, page_size=args.page_size, capacities_tokens=capacities)
+    stats = replay_prefix_hits(prompts, page_size=args.page_size, capacities_tokens=list(args.cache_tokens))
     elapsed = time.perf_counter() - started
     if args.json:
         print(json.dumps(stats.to_json()))
@@ -56,6 +53,20 @@ def handle_stats(args: argparse.Namespace) -> int:
         table.add_row(f"LRU hit rate, {capacity:,} tokens", _pct(rate))
     console.print(table)
     return 0
+
+
+def _capacities(text: str) -> tuple[int, ...]:
+    """`1000000,4e6` -> (1000000, 4000000): each a token count >= 1."""
+    counts = []
+    for part in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            value = float(part)
+        except ValueError:
+            value = 0.0
+        if not (value >= 1 and value.is_integer()):
+            raise argparse.ArgumentTypeError(f"expected comma-separated token counts >= 1, got {part!r}")
+        counts.append(int(value))
+    return tuple(counts)
 
 
 def _prompt(session):

@@ -8,6 +8,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from kvbench.harness.commands.flag_types import at_least
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.stats import workload_stats
 
@@ -22,9 +23,9 @@ def register(commands, formatter) -> None:
     )
     parser.add_argument("workload", metavar="NAME|PATH", help="profile name, trace file or parameter YAML")
     parser.add_argument("--stats", action="store_true", help="print statistics (the default action)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-sessions", type=int)
-    parser.add_argument("--vocab-size", type=int)
+    parser.add_argument("--seed", type=at_least(0), default=0)
+    parser.add_argument("--num-sessions", type=at_least(1))
+    parser.add_argument("--vocab-size", type=at_least(2))
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=handle)
 
