@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.workloads.spec import TOKEN_DTYPE, Session, TenantSpec, Turn, Workload, WorkloadError, token_array
-from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, TokenRange, safe_token_range, stable_key
+from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, MAX_TOKENS_PER_FIELD, TokenRange, safe_token_range, stable_key
 
 # Stream tags: the first words of every SeedSequence, so that streams of different kinds never coincide.
 _SYSTEM_STREAM = 1
@@ -30,6 +30,12 @@ _SESSION_STREAM = 3
 
 ARRIVAL_PROCESSES = ("poisson", "gamma")
 TIERS = ("premium", "basic")
+
+
+# Sizes past which a generated workload would not fit this machine's memory or finish generating in minutes.
+MAX_SESSIONS = 1_000_000
+MAX_TURNS = 1024
+MAX_CORPUS_TOKENS = 1 << 28
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,13 @@ class RagChatParams:
         for name in ("system_tokens", "corpus_docs", "doc_tokens", "turns_max", "user_tokens_min",
                      "output_tokens_min"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
+        _check(self.num_sessions <= MAX_SESSIONS, "num_sessions", self.num_sessions, f"at most {MAX_SESSIONS:,}")
+        _check(self.turns_max <= MAX_TURNS, "turns_max", self.turns_max, f"at most {MAX_TURNS}")
+        for name in ("system_tokens", "doc_tokens", "user_tokens_max", "output_tokens_max"):
+            _check(getattr(self, name) <= MAX_TOKENS_PER_FIELD, name, getattr(self, name),
+                   f"at most {MAX_TOKENS_PER_FIELD:,} tokens (past any context window)")
+        _check(self.corpus_docs * self.doc_tokens <= MAX_CORPUS_TOKENS, "corpus_docs", self.corpus_docs,
+               f"at most {MAX_CORPUS_TOKENS:,} corpus tokens in all (corpus_docs x doc_tokens)")
         _check(self.docs_per_session >= 0, "docs_per_session", self.docs_per_session, "an int >= 0")
         _check(self.docs_per_session <= self.corpus_docs, "docs_per_session", self.docs_per_session,
                f"at most corpus_docs ({self.corpus_docs})")

@@ -19,6 +19,9 @@ import numpy as np
 from kvbench.workloads.spec import TOKEN_DTYPE, WorkloadError
 
 DEFAULT_VOCAB_SIZE = 32000
+# The most tokens any one length of a workload or trace may ask for (a prompt part, an output, a document):
+# past any model's context window, and a typo such as 3000000000 would otherwise allocate gigabytes of ids.
+MAX_TOKENS_PER_FIELD = 1 << 24
 # Byte-level and sentencepiece vocabularies keep special/control/byte tokens at the lowest ids (Llama-2,
 # Mistral, SmolLM) or the highest ones (Llama-3 reserves 256, Qwen about 300 past its BPE merges), so both
 # ends are avoided; with the default vocabulary of 32000 the ids are valid for any model of >= 32K vocab.

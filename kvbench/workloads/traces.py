@@ -39,6 +39,7 @@ import csv
 import json
 import math
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,7 +49,7 @@ import numpy as np
 
 from kvbench.workloads.spec import (TOKEN_DTYPE, Session, TenantSpec, Turn, Workload, WorkloadError,
                                     token_array)
-from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, keyed_tokens, safe_token_range, stable_key
+from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, MAX_TOKENS_PER_FIELD, keyed_tokens, safe_token_range, stable_key
 
 MOONCAKE_BLOCK_TOKENS = 512
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -94,7 +95,7 @@ def read_azure(path: str | Path, *, seed: int = 0, time_scale: float = 1.0, limi
     token_range = safe_token_range(vocab_size)
     rows = []
     first_ns = None
-    with open(path, newline="") as file:
+    with open(path, newline="", encoding="utf-8") as file, _text_errors(path):
         reader = csv.reader(file)
         header = next(reader, None)
         if header is None or tuple(h.strip() for h in header) != AZURE_HEADER:
@@ -268,7 +269,7 @@ def _with_arrival(session: Session, arrival_s: float) -> Session:
 def _json_lines(path: str | Path, limit: int | None) -> Iterator[tuple[str, dict]]:
     """(`file:line`, object) for each non-blank line, up to `limit` objects."""
     count = 0
-    with open(path) as file:
+    with open(path, encoding="utf-8") as file, _text_errors(path):
         for number, line in enumerate(file, start=1):
             if limit is not None and count >= limit:
                 return
@@ -285,11 +286,24 @@ def _json_lines(path: str | Path, limit: int | None) -> Iterator[tuple[str, dict
             yield where, row
 
 
+@contextmanager
+def _text_errors(path: str | Path) -> Iterator[None]:
+    """A binary or non-UTF-8 file, or a CSV with NUL bytes, as a TraceFormatError naming the file."""
+    try:
+        yield
+    except UnicodeDecodeError as error:
+        raise TraceFormatError(f"{path}: not a UTF-8 text trace (byte {error.start}: {error.reason}); "
+                               "expected Mooncake/kvbench JSONL or Azure CSV") from None
+    except csv.Error as error:
+        raise TraceFormatError(f"{path}: not a CSV trace ({error})") from None
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _integer(row: dict, name: str, where: str, minimum: int, parse: bool = False) -> int:
+    """An integer field in [minimum, MAX_TOKENS_PER_FIELD]."""
     if name not in row:
         raise TraceFormatError(f"{where}: field '{name}' is missing")
     value = row[name]
@@ -297,9 +311,10 @@ def _integer(row: dict, name: str, where: str, minimum: int, parse: bool = False
         try:
             value = int(value)
         except ValueError:
-            raise TraceFormatError(f"{where}: field '{name}' must be an integer, got {row[name]!r}") from None
-    if not _is_int(value) or value < minimum:
-        raise TraceFormatError(f"{where}: field '{name}' must be an integer >= {minimum}, got {row[name]!r}")
+            raise TraceFormatError(f"{where}: field '{name}' must be an integer, got {row[name]!r:.40}") from None
+    if not _is_int(value) or not minimum <= value <= MAX_TOKENS_PER_FIELD:
+        raise TraceFormatError(f"{where}: field '{name}' must be an integer from {minimum} to {MAX_TOKENS_PER_FIELD:,} "
+                               f"(trace lengths are capped there), got {row[name]!r:.40}")
     return value
 
 
