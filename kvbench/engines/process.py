@@ -1,18 +1,27 @@
-"""An engine server run as a child process: launch, health wait with log tail, stop by process group."""
+"""An engine server run as a child process: launch, health wait with log tail, stop by process group.
+
+The engine never outlives the driver: `stop()` ends its whole process group, and on Linux the kernel sends
+it SIGTERM when the driver dies, even by SIGKILL (`PR_SET_PDEATHSIG`), so no engine is left holding its port
+and memory under PID 1.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kvbench.engines.base import EngineError
 from kvbench.engines.http import request
 
 LOG_TAIL_LINES = 40
+PID_LINE = "[kvbench] engine pid"  # the log line after the command line: `[kvbench] engine pid 1234`
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class ManagedProcess:
@@ -39,11 +48,17 @@ class ManagedProcess:
                 env={**os.environ, **self.env},
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group, so stop() reaches its children too
+                preexec_fn=_dies_with_this_thread(),
             )
+            log.write(f"{PID_LINE} {self._process.pid}\n".encode())
         except OSError as exc:
             raise EngineError(f"could not launch {self.command[0]!r}: {exc}") from None
         finally:
             log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
 
     @property
     def running(self) -> bool:
@@ -84,6 +99,25 @@ class ManagedProcess:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
         return process.returncode
+
+
+def _dies_with_this_thread() -> Callable[[], None] | None:
+    """A `preexec_fn` asking Linux to SIGTERM the child when its parent dies; None elsewhere.
+
+    The kernel watches the thread that forks, so engines are launched from the driver's main thread.
+    `prctl` is looked up here, before the fork: the child only calls it.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return die_with_parent
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -3,8 +3,10 @@ stand-in server (a real process: start, health, reset, cold-cache probe, /metric
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -138,3 +140,39 @@ def test_a_process_that_dies_reports_its_log_tail(tmp_path):
     server.start()
     with pytest.raises(EngineError, match=r"(?s)exited with code 3.*boom: no GPU found"):
         server.wait_healthy(20)
+
+
+# A driver that launches a long-sleeping "engine", prints the engine's pid from its log, and waits to be killed.
+DRIVER = textwrap.dedent("""\
+    import sys, time
+    from pathlib import Path
+    from kvbench.engines.process import PID_LINE, ManagedProcess
+    engine = ManagedProcess([sys.executable, "-c", "import time; time.sleep(600)"], {}, Path(sys.argv[1]))
+    engine.start()
+    line = next(l for l in Path(sys.argv[1]).read_text().splitlines() if l.startswith(PID_LINE))
+    print(line.split()[-1], flush=True)
+    time.sleep(600)
+""")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_engine_dies_with_its_driver_even_by_sigkill(tmp_path):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / "engine.log")], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(driver.stdout.readline())
+        assert _alive(pid)
+        driver.kill()
+        driver.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the engine outlived its SIGKILLed driver"
+    finally:
+        driver.kill()
