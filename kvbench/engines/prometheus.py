@@ -14,12 +14,23 @@ def sample_key(name: str, labels: Mapping[str, str]) -> str:
     return f"{name}{{{inner}}}"
 
 
+class NotPrometheusText(ValueError):
+    """A /metrics body that is not the Prometheus text format (a proxy's HTML page, `{}`, ...)."""
+
+
 def parse_samples(text: str) -> dict[str, float]:
-    """Every sample of an exposition as {'name{labels}': value} (counters keep their `_total` suffix)."""
+    """Every sample of an exposition as {'name{labels}': value} (counters keep their `_total` suffix).
+
+    Raises NotPrometheusText, naming how the body starts, when it is not Prometheus text.
+    """
     samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample_key(sample.name, sample.labels)] = float(sample.value)
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples[sample_key(sample.name, sample.labels)] = float(sample.value)
+    except ValueError as exc:
+        detail = f" ({exc})" if str(exc) else ""
+        raise NotPrometheusText(f"not Prometheus text{detail}; the body starts {text[:60]!r}") from None
     return samples
 
 

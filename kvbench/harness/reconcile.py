@@ -41,7 +41,7 @@ def reconcile(
     reported = [record.cached_tokens for record in records if record.cached_tokens is not None]
     client = sum(reported) if reported else None
     if before is None or after is None:
-        return Reconciliation(None, None, client, None, "the engine exposes no /metrics")
+        return Reconciliation(None, None, client, None, "engine counters not available (no /metrics, or not Prometheus text)")
     for name in CACHED_TOKEN_COUNTERS:
         end = sum_samples(after, name)
         if end is None:
