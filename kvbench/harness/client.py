@@ -4,6 +4,14 @@
 Both stream with `stream_options.include_usage`, so token counts come from the server's `usage`. Every
 failure mode (HTTP error, malformed SSE, stall, timeout, lost connection) becomes an error on the record,
 never an exception out of here and never a hang.
+
+A request is watched in three phases, each with its own limit, inside `request_timeout_s` for the whole:
+
+    sent ──header_timeout_s──> headers ──first_byte_timeout_s──> first byte ──stall_timeout_s──> ... [DONE]
+                                                                  (and between every two reads after it)
+
+OpenAI-compatible servers (vLLM, SGLang, ours) send headers before they schedule the prompt, so a server that
+sends none is hung; the first byte waits for queueing and prefill, which is why its limit is the long one.
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ ERR_SERVER = "server_error"
 class EndpointConfig:
     """Where and how to send. `extra_body` is merged into every request body (engine-specific fields).
 
-    `request_timeout_s` bounds a whole request; `stall_timeout_s` bounds the silence between two reads.
+    `request_timeout_s` bounds a whole request; `header_timeout_s` the wait for response headers,
+    `first_byte_timeout_s` the silence from the headers to the first body byte, and `stall_timeout_s` the silence
+    between two reads after that.
     `ignore_eos` asks vLLM/SGLang-style servers to generate exactly `max_tokens`, so output lengths follow
     the workload rather than the model.
     """
@@ -47,6 +57,8 @@ class EndpointConfig:
     api: str = API_COMPLETIONS
     api_key: str | None = None
     request_timeout_s: float = 600.0
+    header_timeout_s: float = 60.0
+    first_byte_timeout_s: float = 300.0
     stall_timeout_s: float = 120.0
     ignore_eos: bool = True
     return_token_ids: bool = True
@@ -131,41 +143,69 @@ async def _stream(
     result: StreamResult,
 ) -> None:
     record.sent_ns = time.perf_counter_ns()
-    async with session.post(config.url, json=body, headers=config.headers()) as response:
+    try:
+        response = await asyncio.wait_for(
+            session.post(config.url, json=body, headers=config.headers()), timeout=config.header_timeout_s
+        )
+    except asyncio.TimeoutError:
+        record.error = f"{ERR_TIMEOUT}: no response headers within {config.header_timeout_s:g} s"
+        return
+    async with response:
         record.http_status = response.status
         if response.status >= 400:
-            text = (await response.text())[:300]
-            record.error = f"{ERR_HTTP}: {response.status} {text}"
+            record.error = f"{ERR_HTTP}: {response.status} {_error_message(await response.text())}"
             record.done_ns = time.perf_counter_ns()
             return
-        parser = SSEParser()
-        finished = False
-        chunks = response.content.iter_any()
-        while True:
-            try:
-                data = await asyncio.wait_for(chunks.__anext__(), timeout=config.stall_timeout_s)
-            except StopAsyncIteration:
-                break
-            except asyncio.TimeoutError:
-                record.error = f"{ERR_STALL}: no bytes for {config.stall_timeout_s:g} s"
-                return
-            arrival = time.perf_counter_ns()
-            payloads = parser.feed(data)
-            for payload in payloads:
-                if payload.strip() == "[DONE]":
-                    finished = True
-                    continue
-                if not _consume(payload, arrival, record, result, config.api):
-                    return
-        for payload in parser.close():
+        await _read_events(response, config, record, result)
+
+
+async def _read_events(
+    response: aiohttp.ClientResponse, config: EndpointConfig, record: RequestRecord, result: StreamResult
+) -> None:
+    """Parse the SSE body into `record` and `result`; the first read waits `first_byte_timeout_s`, later ones
+    `stall_timeout_s`."""
+    parser = SSEParser()
+    finished = False
+    chunks = response.content.iter_any()
+    first = True
+    while True:
+        timeout = config.first_byte_timeout_s if first else config.stall_timeout_s
+        try:
+            data = await asyncio.wait_for(chunks.__anext__(), timeout=timeout)
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            if first:
+                record.error = f"{ERR_TIMEOUT}: no first byte within {timeout:g} s of the response headers"
+            else:
+                record.error = f"{ERR_STALL}: no bytes for {timeout:g} s"
+            return
+        first = False
+        arrival = time.perf_counter_ns()
+        for payload in parser.feed(data):
             if payload.strip() == "[DONE]":
                 finished = True
-            elif not _consume(payload, time.perf_counter_ns(), record, result, config.api):
+            elif not _consume(payload, arrival, record, result, config.api):
                 return
-        if not finished:
-            record.error = f"{ERR_INCOMPLETE}: the stream ended before [DONE]"
+    for payload in parser.close():
+        if payload.strip() == "[DONE]":
+            finished = True
+        elif not _consume(payload, time.perf_counter_ns(), record, result, config.api):
             return
-        record.done_ns = time.perf_counter_ns()
+    if not finished:
+        record.error = f"{ERR_INCOMPLETE}: the stream ended before [DONE]"
+        return
+    record.done_ns = time.perf_counter_ns()
+
+
+def _error_message(text: str) -> str:
+    """An error body's `error.message` (OpenAI's shape) when it has one, else its first 300 characters."""
+    try:
+        error = json.loads(text).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return str(message)[:300] if message else text[:300]
 
 
 def _consume(payload: str, arrival_ns: int, record: RequestRecord, result: StreamResult, api: str) -> bool:

@@ -7,6 +7,9 @@ error record. It also serves as the target of `kvbench bench loadgen`.
 Each request is answered with `max_tokens` tokens (ids `first_token_id + i`) in chunks of `tokens_per_chunk`,
 the first chunk `first_token_ms` after the request arrived and one chunk every `chunk_interval_ms` after
 that, all on an absolute schedule so that server-side jitter does not accumulate.
+
+Server-wide, it can serve only one model name (others get a 404, as vLLM answers an unknown model) and a
+/metrics body given as is (none: /metrics is a 404), e.g. a proxy's HTML page, to check how scraping copes.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ FAULT_HTTP_500 = "http_500"
 FAULT_MALFORMED = "malformed"
 FAULT_STALL = "stall"
 FAULT_DROP = "drop"
-FAULTS = (FAULT_NONE, FAULT_HTTP_500, FAULT_MALFORMED, FAULT_STALL, FAULT_DROP)
+FAULT_NO_HEADERS = "no_headers"
+FAULTS = (FAULT_NONE, FAULT_HTTP_500, FAULT_MALFORMED, FAULT_STALL, FAULT_DROP, FAULT_NO_HEADERS)
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class InstrumentBehaviour:
     """What the instrument does for one request.
 
     `cached_tokens` is reported as told (None: the field is left out of usage). `fault` applies after
-    `fault_after_chunks` chunks (0: before the first). `stall` keeps the connection open and silent.
+    `fault_after_chunks` chunks (0: before the first). `stall` keeps the connection open and silent;
+    `no_headers` does so before even the response headers (a hung server), whatever `fault_after_chunks` says.
     """
 
     first_token_ms: float = 20.0
@@ -67,8 +72,17 @@ BehaviourFn = Callable[[int, dict], InstrumentBehaviour]
 LOG_KEY = web.AppKey("log", InstrumentLog)
 
 
-def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | None = None) -> web.Application:
-    """An aiohttp app; `behaviour` is fixed, or a function of (request index, body) for per-request faults."""
+def make_app(
+    behaviour: InstrumentBehaviour | BehaviourFn,
+    log: InstrumentLog | None = None,
+    served_model: str | None = None,
+    metrics_body: str | None = None,
+) -> web.Application:
+    """An aiohttp app; `behaviour` is fixed, or a function of (request index, body) for per-request faults.
+
+    `served_model`: the one model name answered (None: any); `metrics_body`: what GET /metrics returns
+    (None: no /metrics route).
+    """
     log = log if log is not None else InstrumentLog()
     timer = PreciseTimer()  # one spinner for every stream's chunk deadlines
     choose: BehaviourFn = behaviour if callable(behaviour) else (lambda index, body: behaviour)
@@ -80,8 +94,14 @@ def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | 
         log.bodies.append(body)
         log.arrivals_ns.append(arrival)
         log.keys.append(request.headers.get("Authorization", ""))
+        if served_model is not None and body.get("model") != served_model:
+            message = f"The model `{body.get('model')}` does not exist."  # vLLM's words
+            return web.json_response({"error": {"message": message, "type": "NotFoundError", "code": 404}}, status=404)
         chat = request.path.endswith("chat/completions")
         return await _answer(request, body, choose(index, body), arrival, chat, timer)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=metrics_body, content_type="text/plain")
 
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -94,6 +114,8 @@ def make_app(behaviour: InstrumentBehaviour | BehaviourFn, log: InstrumentLog | 
     app.router.add_post("/v1/chat/completions", completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    if metrics_body is not None:
+        app.router.add_get("/metrics", metrics)
     app[LOG_KEY] = log
     return app
 
@@ -103,6 +125,8 @@ async def _answer(
 ) -> web.StreamResponse:
     if behaviour.fault == FAULT_HTTP_500 and behaviour.fault_after_chunks == 0:
         return web.json_response({"error": {"message": "injected failure", "type": "server_error"}}, status=500)
+    if behaviour.fault == FAULT_NO_HEADERS:
+        await asyncio.sleep(3600)
     max_tokens = int(body.get("max_tokens") or 16)
     prompt = body.get("prompt")
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(json.dumps(body.get("messages", prompt))) // 4
@@ -166,14 +190,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-token-ms", type=float, default=20.0)
     parser.add_argument("--chunk-interval-ms", type=float, default=5.0)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    parser.add_argument("--fault", choices=FAULTS, default=FAULT_NONE, help="injected into every request")
+    parser.add_argument("--fault-after-chunks", type=int, default=0)
+    parser.add_argument("--served-model", help="answer only this model name (others: 404)")
+    parser.add_argument("--metrics-body", help="what GET /metrics returns (default: no /metrics, a 404)")
     args = parser.parse_args(argv)
     behaviour = replace(
         InstrumentBehaviour(),
         first_token_ms=args.first_token_ms,
         chunk_interval_ms=args.chunk_interval_ms,
         tokens_per_chunk=args.tokens_per_chunk,
+        fault=args.fault,
+        fault_after_chunks=args.fault_after_chunks,
     )
-    web.run_app(make_app(behaviour), host=args.host, port=args.port, print=None, access_log=None)
+    app = make_app(behaviour, served_model=args.served_model, metrics_body=args.metrics_body)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,14 @@ is queued when turn k completes plus its think time, and its prompt carries turn
 ids: from the server when it returns them, else the answer text re-tokenized, else placeholder tokens of the
 reported length (each record says which). Records are written and flushed as each request finishes.
 
+A run that resumes an interrupted one is given the records it finished (`finished`): a turn with a finished
+record is not sent again; its record and recorded answer are replayed into the conversation and the oracle,
+so the turns sent after it carry the same prompts they would have carried without the interruption.
+
+Requests that get no answer at all (connection errors, timeouts, stalls) `abort_after_unanswered` times in
+a row mean the engine is gone or hung: the run stops sending, cancels what is in flight (those requests
+get no record: nothing was measured) and says why in `LoadResult.aborted`.
+
 The client checks itself: schedule lag (sent - queued) and event-loop lag are measured; a run whose lag is
 past the threshold is marked invalid, because its TTFTs would include the client's own delays.
 """
@@ -25,6 +33,8 @@ import numpy as np
 from kvbench.harness.client import (
     API_CHAT,
     ERR_CONNECTION,
+    ERR_STALL,
+    ERR_TIMEOUT,
     EndpointConfig,
     StreamResult,
     chat_body,
@@ -49,6 +59,8 @@ ISOLATION_SHARED = "shared"
 ISOLATION_STRICT = "strict"
 _LOOP_PROBE_S = 0.01
 _PREOPENED_CONNECTIONS = 64
+# Error kinds that mean the server did not answer at all (as opposed to answering with an error).
+UNANSWERED_KINDS = (ERR_CONNECTION, ERR_TIMEOUT, ERR_STALL)
 
 
 class TextCodec(Protocol):
@@ -81,12 +93,17 @@ class ClientCheck:
 
 @dataclass(frozen=True)
 class LoadResult:
-    """How the load generator ended. `aborted` names why it stopped early (e.g. the engine went away)."""
+    """How the load generator ended. `aborted` names why it stopped early (e.g. the engine went away).
+
+    `records` are the requests sent by this run; `replayed` the finished records of an interrupted run that it
+    reused instead of sending them again (the point's records are both together).
+    """
 
     records: tuple[RequestRecord, ...]
     client: ClientCheck
     aborted: str | None
     answer_sources: dict[str, int]
+    replayed: tuple[RequestRecord, ...] = ()
 
 
 @dataclass(slots=True)
@@ -101,13 +118,21 @@ class _RunState:
     slots: asyncio.Semaphore | None
     writer: RecordWriter | None
     on_record: Callable[[RequestRecord], None] | None
+    finished: Mapping[tuple[str, int], RequestRecord]  # (session, turn) -> record of the interrupted run
     timer: PreciseTimer = field(default_factory=PreciseTimer)
     sent: int = 0
-    consecutive_connection_errors: int = 0
+    unanswered_in_a_row: int = 0
     aborted: str | None = None
+    cancel: Callable[[], object] = lambda: None  # stops the sessions in flight; set once they start
     records: list[RequestRecord] = field(default_factory=list)
+    replayed: list[RequestRecord] = field(default_factory=list)
     schedule_lag_ms: list[float] = field(default_factory=list)
     answer_sources: dict[str, int] = field(default_factory=dict)
+
+    def abort(self, reason: str) -> None:
+        if self.aborted is None:
+            self.aborted = reason
+            self.cancel()
 
     def may_send(self) -> bool:
         if self.aborted is not None:
@@ -122,8 +147,9 @@ class LoadGenerator:
     """Replays one workload at one load point against one endpoint.
 
     `isolation` tells the oracle which earlier prompts the engine may reuse: `shared` (any tenant's) or
-    `strict` (the same tenant's only). `abort_after_connection_errors` consecutive connection failures end
-    the run early (the engine is gone), keeping every finished record.
+    `strict` (the same tenant's only). `abort_after_unanswered` requests in a row without an answer
+    (connection error, timeout, stall) end the run early (the engine is gone or hung), keeping every finished
+    record.
     """
 
     endpoint: EndpointConfig
@@ -133,7 +159,7 @@ class LoadGenerator:
     isolation: str = ISOLATION_SHARED
     codec: TextCodec | None = None
     max_lag_ms: float = 10.0
-    abort_after_connection_errors: int = 3
+    abort_after_unanswered: int = 3
     max_connections: int = 0  # 0: unlimited (aiohttp's default caps at 100, which would queue requests)
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> key (multi-tenant engines)
 
@@ -142,7 +168,9 @@ class LoadGenerator:
         workload: Workload,
         writer: RecordWriter | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
+        finished: Sequence[RequestRecord] = (),
     ) -> LoadResult:
+        """Play `workload`; `finished` are this point's records from an interrupted run, replayed, not sent."""
         if self.endpoint.api == API_CHAT and self.codec is None:
             raise ValueError("api=chat needs a tokenizer to turn the workload's token ids into text: give --tokenizer")
         offsets = session_offsets(self.load, [session.arrival_s for session in workload.sessions], self.seed)
@@ -155,6 +183,7 @@ class LoadGenerator:
             slots=asyncio.Semaphore(self.load.concurrency) if self.load.mode == MODE_CONCURRENCY else None,
             writer=writer,
             on_record=on_record,
+            finished={(record.session_id, record.turn): record for record in finished},
         )
         loop_lags: list[float] = []
         connector = aiohttp.TCPConnector(limit=self.max_connections, force_close=False)
@@ -162,25 +191,13 @@ class LoadGenerator:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             await self._open_connections(http, len(workload.sessions))
             # A few ms to set everything up before the first arrival.
-            state.t0_ns = t0 = time.perf_counter_ns() + 5_000_000
+            state.t0_ns = time.perf_counter_ns() + 5_000_000
             if self.load.duration_s:
-                state.deadline_ns = t0 + int(self.load.duration_s * 1e9)
+                state.deadline_ns = state.t0_ns + int(self.load.duration_s * 1e9)
             probe = asyncio.create_task(_probe_loop(loop_lags))
-            order = sorted(range(len(workload.sessions)), key=lambda index: offsets[index])
-            tasks: list[asyncio.Task] = []
             try:
-                for index in order:
-                    start_ns = t0 + int(offsets[index] * 1e9)
-                    await state.timer.sleep_until(start_ns)
-                    if not state.may_send():
-                        break
-                    session = workload.sessions[index]
-                    tasks.append(asyncio.create_task(self._session(http, session, start_ns, state)))
-                if tasks:
-                    await asyncio.gather(*tasks)
+                await self._play(http, workload, offsets, state)
             finally:
-                for task in tasks:
-                    task.cancel()
                 probe.cancel()
                 state.timer.close()
         return LoadResult(
@@ -188,63 +205,110 @@ class LoadGenerator:
             client=self._check(state.schedule_lag_ms, loop_lags),
             aborted=state.aborted,
             answer_sources=dict(state.answer_sources),
+            replayed=tuple(state.replayed),
         )
 
+    async def _play(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
+        """Start every session on its schedule and wait for all; an abort cancels them (and ends this quietly)."""
+        arrivals = asyncio.create_task(self._arrivals(http, workload, offsets, state))
+        state.cancel = arrivals.cancel
+        try:
+            await arrivals
+        except asyncio.CancelledError:
+            if state.aborted is None:
+                raise  # cancelled from outside (Ctrl-C): not ours to swallow
+
+    async def _arrivals(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
+        order = sorted(range(len(workload.sessions)), key=lambda index: offsets[index])
+        tasks: list[asyncio.Task] = []
+        try:
+            for index in order:
+                start_ns = state.t0_ns + int(offsets[index] * 1e9)
+                await state.timer.sleep_until(start_ns)
+                if not state.may_send():
+                    break
+                tasks.append(asyncio.create_task(self._session(http, workload.sessions[index], start_ns, state)))
+            if tasks:
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     async def _session(self, http: aiohttp.ClientSession, session: Session, start_ns: int, state: _RunState) -> None:
-        oracle, slots = state.oracle, state.slots
         endpoint = self.endpoint
         if session.tenant in self.tenant_api_keys:
             endpoint = dataclasses.replace(endpoint, api_key=self.tenant_api_keys[session.tenant])
-        history: list[np.ndarray] = [session.context]
-        messages: list[dict] = []
-        queued_ns = start_ns
         namespace = session.tenant if self.isolation == ISOLATION_STRICT else SHARED_NAMESPACE
+        talk = _Conversation(session, namespace, state.oracle, self.codec if self.endpoint.api == API_CHAT else None)
+        queued_ns = start_ns
         for turn_index, turn in enumerate(session.turns):
-            if turn_index:
-                queued_ns += int(turn.think_time_s * 1e9)
-                await state.timer.sleep_until(queued_ns)
+            previous = state.finished.get((session.session_id, turn_index))
+            if previous is not None:
+                record = self._replay(previous, talk, turn_index, state)
+                queued_ns = time.perf_counter_ns()
+            else:
+                if turn_index:
+                    queued_ns += int(turn.think_time_s * 1e9)
+                    await state.timer.sleep_until(queued_ns)
+                record = await self._send(http, endpoint, talk, turn_index, queued_ns, state)
+                queued_ns = (record.done_ns if record else None) or time.perf_counter_ns()
+            if record is None or not record.ok:
+                return  # the run is over, or a failed turn ended its session (the next prompt would not be real)
+
+    def _replay(self, record: RequestRecord, talk: "_Conversation", turn_index: int, state: _RunState) -> RequestRecord | None:
+        """Take a finished turn of the interrupted run as if it had just been answered again."""
+        if not state.may_send():
+            return None
+        state.sent += 1
+        talk.ask(turn_index)
+        state.replayed.append(record)
+        if record.ok:
+            talk.answered(np.asarray(record.answer_tokens, dtype=np.int32), record.answer_text or "")
+        return record
+
+    async def _send(
+        self, http: aiohttp.ClientSession, endpoint: EndpointConfig, talk: "_Conversation", turn_index: int,
+        queued_ns: int, state: _RunState,
+    ) -> RequestRecord | None:
+        """Send one turn (in a closed loop, once a slot frees up); None when the run may send no more."""
+        slots = state.slots
+        if slots is not None:
+            await slots.acquire()
+            queued_ns = time.perf_counter_ns()  # closed loop: queued when a slot frees up
+        try:
+            if not state.may_send():
+                return None
+            session, turn = talk.session, talk.session.turns[turn_index]
+            prompt, reusable = talk.ask(turn_index)
+            record = RequestRecord(
+                run_id=self.run_id,
+                request_id=f"{session.session_id}/{turn_index}",
+                session_id=session.session_id,
+                tenant=session.tenant,
+                turn=turn_index,
+                queued_ns=queued_ns,
+                prompt_len_sent=int(prompt.size),
+                reusable_tokens=reusable,
+                warmup=state.sent < self.load.warmup_requests,
+            )
+            state.sent += 1
+            if talk.codec is not None:
+                body = chat_body(endpoint, talk.messages, turn.max_tokens)
+            else:
+                body = completions_body(endpoint, prompt.tolist(), turn.max_tokens)
+            result = await stream_request(http, endpoint, body, record)
+        finally:
             if slots is not None:
-                await slots.acquire()
-                queued_ns = time.perf_counter_ns()  # closed loop: queued when a slot frees up
-            try:
-                if not state.may_send():
-                    return
-                history.append(turn.user_tokens)
-                prompt = np.concatenate(history)
-                record = RequestRecord(
-                    run_id=self.run_id,
-                    request_id=f"{session.session_id}/{turn_index}",
-                    session_id=session.session_id,
-                    tenant=session.tenant,
-                    turn=turn_index,
-                    queued_ns=queued_ns,
-                    prompt_len_sent=int(prompt.size),
-                    warmup=state.sent < self.load.warmup_requests,
-                )
-                record.reusable_tokens = oracle.observe(namespace, prompt)
-                state.sent += 1
-                if self.endpoint.api == API_CHAT:
-                    messages = self._chat_messages(messages, session, turn_index, turn.user_tokens)
-                    body = chat_body(endpoint, messages, turn.max_tokens)
-                else:
-                    body = completions_body(endpoint, prompt.tolist(), turn.max_tokens)
-                result = await stream_request(http, endpoint, body, record)
-            finally:
-                if slots is not None:
-                    slots.release()
-            state.schedule_lag_ms.append((record.sent_ns - record.queued_ns) / 1e6 if record.sent_ns else 0.0)
-            if not record.ok:
-                self._finish(record, state)
-                return  # a failed turn ends its session: the next prompt would not be the real conversation
+                slots.release()
+        state.schedule_lag_ms.append((record.sent_ns - record.queued_ns) / 1e6 if record.sent_ns else 0.0)
+        if record.ok:
             answer = self._answer_tokens(record, result, session, turn_index, state.vocab_size)
-            self._finish(record, state)
-            history.append(answer)
-            # The engine has now computed KV for the prompt and every answer token but the last (which was
-            # sampled, never fed back): an unbounded cache could reuse all of that in the next turn.
-            oracle.observe(namespace, np.concatenate([prompt, answer[:-1]]))
-            if self.endpoint.api == API_CHAT:
-                messages.append({"role": "assistant", "content": result.text})
-            queued_ns = record.done_ns or time.perf_counter_ns()
+            record.answer_tokens = answer.tolist()
+            record.answer_text = result.text if talk.codec is not None else None
+            talk.answered(answer, result.text)
+        self._finish(record, state)
+        return record
 
     async def _open_connections(self, http: aiohttp.ClientSession, sessions: int) -> None:
         """Open keep-alive connections before the clock starts, so early TTFTs do not include TCP set-up.
@@ -263,12 +327,6 @@ class LoadGenerator:
 
         await asyncio.gather(*(touch() for _ in range(count)))
 
-    def _chat_messages(self, messages: list[dict], session: Session, turn_index: int, user_tokens) -> list[dict]:
-        assert self.codec is not None
-        if turn_index == 0 and session.context.size:
-            messages = [{"role": "system", "content": self.codec.decode(session.context.tolist())}]
-        return messages + [{"role": "user", "content": self.codec.decode(user_tokens.tolist())}]
-
     def _answer_tokens(
         self, record: RequestRecord, result: StreamResult, session: Session, turn: int, vocab_size: int
     ) -> np.ndarray:
@@ -286,18 +344,18 @@ class LoadGenerator:
 
     def _finish(self, record: RequestRecord, state: _RunState) -> None:
         state.records.append(record)
-        if record.ok:
-            state.answer_sources[record.answer_source] = state.answer_sources.get(record.answer_source, 0) + 1
-        if record.error and record.error.startswith(ERR_CONNECTION):
-            state.consecutive_connection_errors += 1
-            if state.consecutive_connection_errors >= self.abort_after_connection_errors and state.aborted is None:
-                state.aborted = f"engine unreachable: {state.consecutive_connection_errors} connection errors in a row ({record.error})"
-        elif record.ok:
-            state.consecutive_connection_errors = 0
         if state.writer is not None:
             state.writer.write(record)
         if state.on_record is not None:
             state.on_record(record)
+        if record.ok:
+            state.answer_sources[record.answer_source] = state.answer_sources.get(record.answer_source, 0) + 1
+            state.unanswered_in_a_row = 0
+        elif record.error_kind in UNANSWERED_KINDS:
+            state.unanswered_in_a_row += 1
+            if state.unanswered_in_a_row >= self.abort_after_unanswered:
+                state.abort(f"engine unreachable: {state.unanswered_in_a_row} requests in a row got no answer "
+                            f"(last: {record.error})")
 
     def _check(self, schedule_lags: list[float], loop_lags: list[float]) -> ClientCheck:
         schedule = Distribution.of(schedule_lags)
@@ -309,6 +367,44 @@ class LoadGenerator:
         elif loop is not None and loop.p99 > self.max_lag_ms:
             reason = f"event-loop lag p99 {loop.p99:.2f} ms > {self.max_lag_ms:g} ms"
         return ClientCheck(schedule, loop, self.max_lag_ms, reason is None, reason)
+
+
+@dataclass(slots=True)
+class _Conversation:
+    """One session's conversation so far, as the next prompt carries it, and the oracle that watches it.
+
+    `ask(turn)` appends the user's turn and returns the prompt (and what the oracle says it may reuse);
+    `answered(tokens, text)` appends the answer the next turn will carry.
+    """
+
+    session: Session
+    namespace: str
+    oracle: PrefixOracle
+    codec: TextCodec | None  # set for chat: messages are text
+    history: list[np.ndarray] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    prompt: np.ndarray | None = None
+
+    def ask(self, turn_index: int) -> tuple[np.ndarray, int]:
+        user_tokens = self.session.turns[turn_index].user_tokens
+        if not self.history:
+            self.history.append(self.session.context)
+        self.history.append(user_tokens)
+        self.prompt = np.concatenate(self.history)
+        if self.codec is not None:
+            if turn_index == 0 and self.session.context.size:
+                self.messages = [{"role": "system", "content": self.codec.decode(self.session.context.tolist())}]
+            self.messages = self.messages + [{"role": "user", "content": self.codec.decode(user_tokens.tolist())}]
+        return self.prompt, self.oracle.observe(self.namespace, self.prompt)
+
+    def answered(self, tokens: np.ndarray, text: str) -> None:
+        assert self.prompt is not None
+        self.history.append(tokens)
+        # The engine has now computed KV for the prompt and every answer token but the last (which was
+        # sampled, never fed back): an unbounded cache could reuse all of that in the next turn.
+        self.oracle.observe(self.namespace, np.concatenate([self.prompt, tokens[:-1]]))
+        if self.codec is not None:
+            self.messages.append({"role": "assistant", "content": text})
 
 
 def placeholder_tokens(session_id: str, turn: int, length: int, vocab_size: int) -> np.ndarray:

@@ -6,6 +6,7 @@ milliseconds and seconds as their names say.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -181,8 +182,7 @@ def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: 
     errors: dict[str, int] = {}
     for record in measured:
         if not record.ok:
-            kind = (record.error or "error").split(":", 1)[0]
-            errors[kind] = errors.get(kind, 0) + 1
+            errors[record.error_kind] = errors.get(record.error_kind, 0) + 1
 
     sent = [record.sent_ns for record in ok if record.sent_ns is not None]
     done = [record.done_ns for record in ok if record.done_ns is not None]
@@ -217,6 +217,29 @@ def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: 
         cache=cache_accounting(ok),
         error_kinds=errors,
     )
+
+
+def failure_reason(records: Sequence[RequestRecord], max_error_rate: float) -> str | None:
+    """Why a point's requests do not make a measurement, or None when they do.
+
+    Counts every request sent (warm-up included: a failure is a failure). Too many failed means more than
+    `max_error_rate` of them, or all of them; the reason names the count and the most frequent error, e.g.
+    `42/42 requests failed (limit 10%): http: 404 model 'x' is not served`.
+    """
+    if not records:
+        return "no request was sent"
+    failed = Counter(record.error for record in records if not record.ok)
+    count = sum(failed.values())
+    if count <= max_error_rate * len(records) and count < len(records):
+        return None
+    error, times = failed.most_common(1)[0]
+    example = error if times == count else f"most often ({times}x): {error}"
+    return f"{count}/{len(records)} requests failed (limit {max_error_rate * 100:g}%): {example}"
+
+
+def answer_sources(records: Iterable[RequestRecord]) -> dict[str, int]:
+    """How the next turn's copy of each successful answer was obtained: source -> requests."""
+    return dict(Counter(record.answer_source for record in records if record.ok and record.answer_source))
 
 
 def jain_fairness(values: Iterable[float]) -> float | None:

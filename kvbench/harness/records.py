@@ -8,6 +8,7 @@ process; only differences between them mean anything.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -26,6 +27,9 @@ class RequestRecord:
     `chunks` holds `[arrival_ns, tokens]` for every streamed chunk that carried output tokens; a chunk with k
     tokens contributes k inter-token gaps of gap/k. Counts are the server's `usage`; `None` means the server
     did not say (missing is never 0). `error` is set when the request failed; its timings are then partial.
+    `answer_tokens` are the token ids the session's next prompt carries as this turn's answer (`answer_source`
+    says where they came from) and `answer_text` the answer text a chat session carries: with them a resumed
+    run sends the next turn exactly as the interrupted run would have.
     """
 
     run_id: str
@@ -49,10 +53,22 @@ class RequestRecord:
     error: str | None = None
     warmup: bool = False
     finish_reason: str | None = None
+    answer_tokens: list[int] | None = None
+    answer_text: str | None = None
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def error_kind(self) -> str | None:
+        """The part of `error` before the first ':' (`http`, `timeout`, ...); None when the request succeeded."""
+        return None if self.error is None else self.error.split(":", 1)[0]
+
+    @property
+    def identity(self) -> tuple[str, str, int]:
+        """What makes a request the same request in another process: its point, session and turn."""
+        return (self.run_id, self.session_id, self.turn)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -63,12 +79,38 @@ class RequestRecord:
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
+@dataclass(frozen=True)
+class PointId:
+    """Which load point a record belongs to; its `run_id` reads `engine|workload|load|rN`."""
+
+    engine: str
+    workload: str
+    load: str
+    repeat: int
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.engine}|{self.workload}|{self.load}|r{self.repeat}"
+
+    @classmethod
+    def parse(cls, run_id: str) -> "PointId":
+        """The inverse of `run_id` (engine labels may hold '|'; workload and load names do not)."""
+        engine, workload, load, repeat = run_id.rsplit("|", 3)
+        if not repeat.startswith("r") or not repeat[1:].isdigit():
+            raise ValueError(f"run_id {run_id!r} does not end in |rN")
+        return cls(engine, workload, load, int(repeat[1:]))
+
+
 class RecordWriter:
-    """Appends records to a JSONL file and flushes each one, so a crash loses nothing already finished."""
+    """Appends records to a JSONL file and flushes each one, so a crash loses nothing already finished.
+
+    A torn last line left by a writer killed mid-write is cut off first, so the next record starts a line.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_torn_tail(path)
         self._file: IO[str] = path.open("a", encoding="utf-8")
 
     def write(self, record: RequestRecord) -> None:
@@ -84,6 +126,25 @@ class RecordWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _cut_torn_tail(path: Path, block: int = 1 << 16) -> None:
+    """Truncate `path` after its last newline (reading back from the end, not the whole file)."""
+    if not path.exists():
+        return
+    with path.open("rb+") as handle:
+        end = position = handle.seek(0, os.SEEK_END)
+        while position > 0:
+            start = max(position - block, 0)
+            handle.seek(start)
+            data = handle.read(position - start)
+            newline = data.rfind(b"\n")
+            if newline >= 0:
+                if start + newline + 1 < end:
+                    handle.truncate(start + newline + 1)
+                return
+            position = start
+        handle.truncate(0)  # one torn line and nothing before it
 
 
 def read_records(path: Path) -> Iterator[RequestRecord]:

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from kvbench.harness.client import EndpointConfig
-from kvbench.harness.instrument import FAULT_DROP, FAULT_HTTP_500, FAULT_MALFORMED, FAULT_STALL, InstrumentBehaviour
+from kvbench.harness.instrument import (
+    FAULT_DROP,
+    FAULT_HTTP_500,
+    FAULT_MALFORMED,
+    FAULT_NO_HEADERS,
+    FAULT_STALL,
+    InstrumentBehaviour,
+)
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.harness.metrics import itl_ms, summarize, tpot_ms, ttft_ms
 from kvbench.harness.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
@@ -168,3 +175,55 @@ def test_each_tenant_sends_its_own_api_key():
 
     log = asyncio.run(go())
     assert sorted(log.keys) == ["Bearer default-key", "Bearer default-key", "Bearer key-a", "Bearer key-a"]
+
+
+def test_a_server_that_sends_no_headers_times_out_and_aborts_the_run():
+    # Every request hangs before its headers. Two in flight time out, two more are sent; the third timeout in a
+    # row means the engine is hung: nothing more is sent, and the fourth gets a record only if its own timeout
+    # came before the abort cancelled it.
+    behaviour = InstrumentBehaviour(fault=FAULT_NO_HEADERS)
+    result, log = run(behaviour, workload(sessions=10, max_tokens=2), LoadSpec(concurrency=2), header_timeout_s=0.3)
+    assert len(log.bodies) == 4
+    assert len(result.records) in (3, 4)
+    assert {rec.error for rec in result.records} == {"timeout: no response headers within 0.3 s"}
+    assert result.aborted.startswith("engine unreachable: 3 requests in a row got no answer")
+
+
+def test_the_first_byte_has_its_own_timeout_and_later_silences_the_stall_timeout():
+    def behaviour(index, body):
+        after = 0 if index == 0 else 2  # the first request stalls before its first byte, the second after two chunks
+        return InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, fault=FAULT_STALL, fault_after_chunks=after)
+
+    result, _ = run(behaviour, workload(sessions=2, max_tokens=5), first_byte_timeout_s=0.4, stall_timeout_s=0.2)
+    errors = [rec.error for rec in sorted(result.records, key=lambda rec: rec.sent_ns)]
+    assert errors == ["timeout: no first byte within 0.4 s of the response headers", "stalled: no bytes for 0.2 s"]
+    assert result.aborted is None  # two failures in a row are not yet an unreachable engine
+
+
+def test_a_resumed_run_sends_only_unfinished_turns_with_the_prompts_they_would_have_had():
+    behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, first_token_id=700)
+    wl = workload(sessions=3, turns=3, max_tokens=4)
+
+    def play(finished=()):
+        async def go():
+            async with serving(behaviour) as (url, log):
+                generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), LoadSpec(concurrency=1), run_id="p")
+                return await generator.run(wl, finished=finished), log
+        result, log = asyncio.run(go())
+        # One request at a time: the i-th body the instrument saw is the i-th record sent.
+        sent = sorted(result.records, key=lambda rec: rec.sent_ns)
+        return result, {rec.identity: body["prompt"] for rec, body in zip(sent, log.bodies)}
+
+    whole, whole_prompts = play()
+    finished = sorted(whole.records, key=lambda rec: rec.done_ns)[:4]  # what a kill after four answers leaves
+    resumed, resumed_prompts = play(finished)
+    assert sorted(rec.identity for rec in resumed.replayed) == sorted(rec.identity for rec in finished)
+    unfinished = {rec.identity for rec in whole.records} - {rec.identity for rec in finished}
+    assert resumed_prompts == {identity: whole_prompts[identity] for identity in unfinished}
+    by_identity = {rec.identity: rec for rec in whole.records}
+    for rec in resumed.records:
+        assert rec.reusable_tokens == by_identity[rec.identity].reusable_tokens
+        assert rec.answer_tokens == [700, 701, 702, 703]
+    before, after = summarize(whole.records), summarize([*resumed.replayed, *resumed.records])
+    assert (after.requests, after.completed, after.output_tokens) == (before.requests, before.completed, before.output_tokens)
+    assert after.cache == before.cache

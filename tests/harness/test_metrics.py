@@ -2,7 +2,16 @@
 
 import pytest
 
-from kvbench.harness.metrics import SLO, cache_accounting, itl_ms, jain_fairness, summarize, summarize_run, tpot_ms
+from kvbench.harness.metrics import (
+    SLO,
+    cache_accounting,
+    failure_reason,
+    itl_ms,
+    jain_fairness,
+    summarize,
+    summarize_run,
+    tpot_ms,
+)
 from kvbench.harness.records import RequestRecord
 
 MS = 1_000_000
@@ -86,3 +95,19 @@ def test_jain_fairness_and_per_tenant():
     run = summarize_run(records)
     assert [summary.tenant for summary in run.per_tenant] == ["a", "b"]
     assert run.ttft_fairness == pytest.approx((100 + 300) ** 2 / (2 * (100**2 + 300**2)))
+
+
+def _records_with_errors(total: int, errors: list[str]) -> list[RequestRecord]:
+    records = [RequestRecord("r", f"s{i}/0", f"s{i}", "t", 0, queued_ns=0) for i in range(total)]
+    for record, error in zip(records, errors):
+        record.error = error
+    return records
+
+
+def test_failure_reason_allows_the_stated_share_and_names_the_most_frequent_error():
+    assert failure_reason(_records_with_errors(10, ["http: 500 boom"]), 0.1) is None  # 10% is not more than 10%
+    assert failure_reason(_records_with_errors(10, ["http: 500 a", "http: 500 a", "timeout: t"]), 0.1) == (
+        "3/10 requests failed (limit 10%): most often (2x): http: 500 a")
+    assert failure_reason(_records_with_errors(4, ["http: 404 nope"] * 4), 1.0) == (
+        "4/4 requests failed (limit 100%): http: 404 nope")  # all of them, whatever the limit
+    assert failure_reason([], 0.1) == "no request was sent"
