@@ -2,13 +2,17 @@
 
 A run folder holds one entry per measured run (engine setting x workload x load point x repetition). Each
 entry carries its `RunSummary.to_dict()`; the tables flatten it into one row per (run, tenant), tenant `all`
-being the total.
+being the total. An entry with `valid` false names why in `invalid_reasons`; summary.md lists them under
+Flags and summary.csv joins them in its `invalid_reasons` column.
+
+The names of a run folder's files are defined here, for every reader and writer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -18,6 +22,13 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
 SUMMARY_MD = "summary.md"
 REQUESTS_JSONL = "requests.jsonl"
+CONFIG_YAML = "config.yaml"
+ENV_JSON = "env.json"
+TTFT_CDF_PNG = "ttft_cdf.png"
+THROUGHPUT_PNG = "throughput_vs_ttft_p99.png"
+ENGINES_DIR = "engines"  # one folder per engine setting: engine.log and the adapter's files
+# What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides).
+RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
 
 # The columns every summary.csv has, in this order (issue 2's contract), then a few more.
 COLUMNS = [
@@ -26,7 +37,7 @@ COLUMNS = [
     "e2e_p50_ms", "e2e_p99_ms", "output_tok_s", "total_tok_s", "req_s", "goodput_req_s",
     "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
 ]
-EXTRA_COLUMNS = ["run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain"]
+EXTRA_COLUMNS = ["run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
 MD_COLUMNS = [
     "engine", "kv_dtype", "workload", "load", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
     "itl_p50_ms", "tpot_p50_ms", "output_tok_s", "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
@@ -75,6 +86,7 @@ def _row(entry: Mapping, group: Mapping, fairness: float | None) -> dict:
         "server_cached_tokens": reconciliation.get("server_cached_tokens") if group["tenant"] == "all" else None,
         "reconciled": reconciliation.get("agree") if group["tenant"] == "all" else None,
         "ttft_fairness_jain": fairness if group["tenant"] == "all" else None,
+        "invalid_reasons": "; ".join(_invalid_reasons(entry)) or None,
     }
 
 
@@ -99,10 +111,14 @@ def markdown_table(frame: pd.DataFrame, columns: Sequence[str] = MD_COLUMNS) -> 
 
 
 def write_summaries(run_dir: Path, entries: Sequence[Mapping], notes: Sequence[str] = ()) -> pd.DataFrame:
-    """(Re)write summary.json, summary.csv and summary.md from all entries so far."""
-    (run_dir / SUMMARY_JSON).write_text(json.dumps({"runs": list(entries)}, indent=2, default=str))
+    """(Re)write summary.json, summary.csv and summary.md from all entries so far.
+
+    Each file is replaced whole (written beside, then renamed), so a run killed meanwhile leaves the
+    previous version, never half a file.
+    """
+    _replace(run_dir / SUMMARY_JSON, json.dumps({"runs": list(entries)}, indent=2, default=str))
     frame = summary_frame(entries)
-    frame.to_csv(run_dir / SUMMARY_CSV, index=False)
+    _replace(run_dir / SUMMARY_CSV, frame.to_csv(index=False))
     lines = [
         f"# kvbench results: {run_dir.name}",
         "",
@@ -120,17 +136,29 @@ def write_summaries(run_dir: Path, entries: Sequence[Mapping], notes: Sequence[s
     ]
     if flags or notes:
         lines += ["## Flags", "", *flags, *[f"- {note}" for note in notes], ""]
-    (run_dir / SUMMARY_MD).write_text("\n".join(lines))
+    _replace(run_dir / SUMMARY_MD, "\n".join(lines))
     return frame
 
 
-def _flags(entry: Mapping) -> list[str]:
-    flags = []
-    if entry.get("aborted"):
-        flags.append(f"aborted: {entry['aborted']}")
+def _replace(path: Path, text: str) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+def _invalid_reasons(entry: Mapping) -> list[str]:
+    """The entry's reasons; entries written before reasons were recorded name only an abort and client lag."""
+    if entry.get("invalid_reasons") is not None:
+        return list(entry["invalid_reasons"])
     client = entry.get("client") or {}
+    reasons = [f"aborted: {entry['aborted']}"] if entry.get("aborted") else []
     if client and not client.get("valid", True):
-        flags.append(f"INVALID (client lag): {client.get('reason')}")
+        reasons.append(f"client lag: {client.get('reason')}")
+    return reasons
+
+
+def _flags(entry: Mapping) -> list[str]:
+    flags = [f"INVALID: {reason}" for reason in _invalid_reasons(entry)]
     reconciliation = entry.get("reconciliation") or {}
     if reconciliation.get("agree") is False:
         flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
@@ -153,16 +181,16 @@ def write_plots(run_dir: Path, entries: Sequence[Mapping], ttft_by_setting: Mapp
 
     written = []
     if ttft_by_setting:
-        with _figure(run_dir / "ttft_cdf.png", "TTFT (ms)", "fraction of requests", "TTFT CDF per engine setting") as axis:
+        with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", "TTFT CDF per engine setting") as axis:
             for label, values in ttft_by_setting.items():
                 if len(values):
                     ordered = np.sort(np.asarray(values))
                     axis.plot(ordered, np.arange(1, ordered.size + 1) / ordered.size, label=label)
-        written.append(run_dir / "ttft_cdf.png")
+        written.append(run_dir / TTFT_CDF_PNG)
     frame = summary_frame(entries)
     overall = frame[frame["tenant"] == "all"]
     if not overall.empty:
-        path = run_dir / "throughput_vs_ttft_p99.png"
+        path = run_dir / THROUGHPUT_PNG
         with _figure(path, "output tokens/s", "TTFT p99 (ms)", "Throughput vs TTFT p99 across load points") as axis:
             for (engine, workload), group in overall.groupby(["engine", "workload"]):
                 axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
@@ -185,7 +213,8 @@ def _figure(path: Path, xlabel: str, ylabel: str, title: str):
         axis.set_ylabel(ylabel)
         axis.set_title(title)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
+        if axis.get_legend_handles_labels()[0]:  # nothing to label when no request succeeded
+            axis.legend(fontsize=7)
         figure.tight_layout()
         figure.savefig(path, dpi=110)
     finally:

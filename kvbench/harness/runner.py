@@ -3,14 +3,25 @@
 For each engine setting: start it, wait until healthy; for each workload, load point and repetition: reset
 the engine's prefix cache, scrape its counters, replay the workload, scrape again, and rewrite the summary
 files. A failure of one engine setting is recorded and the next one runs; nothing measured is lost.
+
+A point is valid when its client kept up, it was not aborted and few enough of its requests failed
+(`client.max_error_rate`); a point with too many failed requests, or aborted, is also a failure of the run.
+
+How a run ends early: Ctrl-C (and SIGTERM, which `kvbench run` turns into Ctrl-C) stops the point in
+progress, whose entry is built from the records already in requests.jsonl, writes the summary and stops
+the engine. After a SIGKILL, `rebuild_entries` makes the entries from config.yaml and requests.jsonl alone.
+
+A run folder is used once: `RUN_FRESH` refuses a folder that holds a run, `RUN_OVERWRITE` removes that run's
+files first, `RUN_RESUME` continues it (see `open_run_dir`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,14 +32,24 @@ from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
-from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec
+from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec, load_config_file
 from kvbench.harness.env import collect_env
-from kvbench.harness.loadgen import LoadGenerator, LoadResult
-from kvbench.harness.metrics import ttft_ms, summarize_run
+from kvbench.harness.loadgen import ClientCheck, LoadGenerator
+from kvbench.harness.metrics import answer_sources, failure_reason, summarize_run, ttft_ms
 from kvbench.harness.reconcile import reconcile
-from kvbench.harness.records import RecordWriter, RequestRecord
-from kvbench.harness.report import REQUESTS_JSONL, write_plots, write_summaries
+from kvbench.harness.records import PointId, RecordWriter, RequestRecord, read_records
+from kvbench.harness.report import (
+    CONFIG_YAML,
+    ENGINES_DIR,
+    ENV_JSON,
+    REQUESTS_JSONL,
+    RUN_FILES,
+    SUMMARY_JSON,
+    write_plots,
+    write_summaries,
+)
 from kvbench.harness.schedule import LoadSpec
+from kvbench.settings import SettingsError
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
 
@@ -36,9 +57,20 @@ from kvbench.workloads.spec import Workload
 # Engine counters whose run deltas are kept beside the per-request sums.
 SERVER_COUNTER_PREFIXES = ("vllm:", "sglang:", "lmcache:", "kvbench:", "trtllm_")
 
+RUN_FRESH = "fresh"
+RUN_OVERWRITE = "overwrite"
+RUN_RESUME = "resume"
+
+INTERRUPTED = "interrupted: the run was stopped before this point finished"
+REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
+
 
 class UnreachableEngine(RuntimeError):
     """The first engine could not be reached before any load was sent (CLI exit code 2)."""
+
+
+class RunFolderInUse(SettingsError):
+    """`--out` names a folder that already holds a run, or one that cannot be resumed as asked."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +85,35 @@ class Progress:
 
 @dataclass(slots=True)
 class RunOutcome:
+    """`failures` make the run fail (an engine that did not start, an aborted point, too many failed
+    requests); `warnings` do not (e.g. an engine whose /metrics is not Prometheus text)."""
+
     run_dir: Path
     entries: list[dict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed run keeps of the interrupted one: the entries of the points it finished, and the
+    finished records of every other point (by run_id), which are replayed, not sent again."""
+
+    entries: Mapping[str, dict] = field(default_factory=dict)
+    records: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One measured point of the matrix: a workload at one load for one repetition."""
+
+    id: PointId
+    workload: Workload
+    load: LoadSpec
+
+    @property
+    def total_requests(self) -> int:
+        return min(self.workload.num_requests, self.load.num_requests or self.workload.num_requests)
 
 
 def validate_experiment(config: ExperimentConfig) -> None:
@@ -66,54 +124,287 @@ def validate_experiment(config: ExperimentConfig) -> None:
         load_workload(spec.name, seed=config.seed, num_sessions=1, overrides=spec.overrides, time_scale=spec.time_scale)
 
 
-def run_experiment(config: ExperimentConfig, run_dir: Path, progress: Progress = Progress()) -> RunOutcome:
+def run_experiment(
+    config: ExperimentConfig, run_dir: Path, progress: Progress = Progress(), mode: str = RUN_FRESH
+) -> RunOutcome:
+    """Run the matrix into `run_dir`; the summary files are written after every point and on any stop."""
     validate_experiment(config)
+    resumed = open_run_dir(run_dir, config, mode)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    (run_dir / "env.json").write_text(json.dumps(collect_env(), indent=2))
+    (run_dir / CONFIG_YAML).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    (run_dir / ENV_JSON).write_text(json.dumps(collect_env(), indent=2))
     outcome = RunOutcome(run_dir)
-    ttfts: dict[str, list[float]] = {}
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-        for engine_index, engine in enumerate(config.engines):
-            adapter = engine_factory(engine.engine)(engine.settings, run_dir / "engines" / _slug(engine.label))
-            try:
-                progress.on_message(f"starting {engine.label}")
-                adapter.start()
-                adapter.wait_healthy(config.client.health_timeout_s)
-            except EngineError as exc:
-                adapter.stop()
-                if engine_index == 0 and engine.engine == "endpoint":
-                    raise UnreachableEngine(str(exc)) from None
-                outcome.failures.append(f"{engine.label}: {exc}")
-                progress.on_message(f"{engine.label} failed to start: {str(exc).splitlines()[0]}")
-                continue
-            try:
-                for workload_spec in config.workloads:
-                    workload = _load_workload(workload_spec, config, adapter)
-                    for load in config.load_specs():
-                        for repeat in range(config.repeat):
-                            entry = _run_point(config, engine, adapter, workload, workload_spec, load, repeat, writer, progress)
-                            outcome.entries.append(entry)
-                            ttfts.setdefault(engine.label, []).extend(entry.pop("_ttfts"))
-                            write_summaries(run_dir, outcome.entries, outcome.failures)
-                            progress.on_point_end(entry)
-                            if entry["aborted"]:
-                                outcome.failures.append(f"{entry['run_id']}: {entry['aborted']}")
-                                raise _EngineGone(entry["aborted"])
-            except _EngineGone:
-                pass
-            except EngineError as exc:
-                outcome.failures.append(f"{engine.label}: {exc}")
-            finally:
-                adapter.stop()
-    write_summaries(run_dir, outcome.entries, outcome.failures)
+        experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome)
+        try:
+            for engine_index, engine in enumerate(config.engines):
+                experiment.run_engine(engine_index, engine)
+        finally:
+            experiment.write_summaries()
     if outcome.entries:
-        write_plots(run_dir, outcome.entries, ttfts)
+        write_plots(run_dir, outcome.entries, experiment.ttfts)
     return outcome
 
 
-class _EngineGone(Exception):
-    pass
+def open_run_dir(run_dir: Path, config: ExperimentConfig, mode: str) -> Resumed:
+    """Check `run_dir` may take this run; for `RUN_RESUME`, what the interrupted run finished.
+
+    A request is finished when requests.jsonl holds a record with its run_id, session and turn, whether it
+    succeeded or failed (an error is an answer too; requests cut off by the interruption have no record). A
+    point is finished when summary.json holds its entry and that entry is not marked `interrupted`. Resuming
+    needs the same config (config.yaml); each unfinished point then sends only its unfinished requests, and
+    its summary is the one an uninterrupted run would have made, timing apart (the engine restarts with a
+    cold cache, and a `stop.duration_s` deadline counts from the resume).
+    """
+    if not _holds_run(run_dir):
+        return Resumed()
+    if mode == RUN_FRESH:
+        raise RunFolderInUse(f"{run_dir} already holds a run; give --resume to finish it or --overwrite to replace it")
+    if mode == RUN_OVERWRITE:
+        _remove_run(run_dir)
+        return Resumed()
+    return _resumable(run_dir, config)
+
+
+def _holds_run(run_dir: Path) -> bool:
+    """A record in requests.jsonl or an entry in summary.json (an unreadable one counts: it was written)."""
+    requests, summary = run_dir / REQUESTS_JSONL, run_dir / SUMMARY_JSON
+    if requests.exists() and requests.stat().st_size > 0:
+        return True
+    try:
+        return bool(json.loads(summary.read_text())["runs"]) if summary.exists() else False
+    except (ValueError, KeyError, TypeError):
+        return True
+
+
+def _remove_run(run_dir: Path) -> None:
+    """The files `kvbench run` writes; anything else in the folder is left alone."""
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / ENGINES_DIR, ignore_errors=True)
+
+
+def _resumable(run_dir: Path, config: ExperimentConfig) -> Resumed:
+    stored = yaml.safe_load((run_dir / CONFIG_YAML).read_text()) if (run_dir / CONFIG_YAML).exists() else None
+    if stored != config.to_dict():
+        keys = sorted(key for key, value in config.to_dict().items() if (stored or {}).get(key) != value)
+        raise RunFolderInUse(f"--resume: {run_dir / CONFIG_YAML} differs from this run's config "
+                             f"({', '.join(keys) or 'missing'}); resume with the same config, or give --overwrite")
+    entries = json.loads((run_dir / SUMMARY_JSON).read_text())["runs"] if (run_dir / SUMMARY_JSON).exists() else []
+    finished = {entry["run_id"]: entry for entry in entries if not entry.get("interrupted")}
+    records: dict[str, list[RequestRecord]] = {}
+    for record in _records(run_dir):
+        if record.run_id not in finished and record.ok and record.answer_tokens is None:
+            raise RunFolderInUse(f"--resume: {run_dir / REQUESTS_JSONL} was written before kvbench recorded answers, "
+                                 "so its sessions cannot be continued; give --overwrite")
+        records.setdefault(record.run_id, []).append(record)
+    return Resumed(finished, records)
+
+
+def _records(run_dir: Path) -> list[RequestRecord]:
+    path = run_dir / REQUESTS_JSONL
+    return list(read_records(path)) if path.exists() else []
+
+
+def rebuild_entries(run_dir: Path) -> list[dict]:
+    """Entries for a run folder without summary.json (its run was killed), from config.yaml and requests.jsonl.
+
+    Each point's summary and validity are what they would have been, since both follow from the records; what
+    only the live run knew (client lag, engine counters, engine description) is missing, and every entry is
+    marked `interrupted`.
+    """
+    if not (run_dir / REQUESTS_JSONL).exists():
+        raise FileNotFoundError(f"{run_dir}: no {SUMMARY_JSON} and no {REQUESTS_JSONL} (is this a kvbench run folder?)")
+    config = load_config_file(run_dir / CONFIG_YAML)
+    by_run_id: dict[str, list[RequestRecord]] = {}
+    for record in _records(run_dir):
+        by_run_id.setdefault(record.run_id, []).append(record)
+    return [
+        {**records_entry(PointId.parse(run_id), records, config, REBUILT), **_unknown_context()}
+        for run_id, records in by_run_id.items()
+    ]
+
+
+def records_entry(
+    point: PointId, records: Sequence[RequestRecord], config: ExperimentConfig, aborted: str | None,
+    client: ClientCheck | None = None,
+) -> dict:
+    """The part of a point's entry that follows from its records: identity, summary, validity."""
+    reasons = invalid_reasons(records, config.client.max_error_rate, client, aborted)
+    engine = next((spec for spec in config.engines if spec.label == point.engine), None)
+    return {
+        "run_id": point.run_id,
+        "engine": point.engine,
+        "engine_name": engine.engine if engine else None,
+        "engine_settings": dict(engine.settings) if engine else {},
+        "workload": point.workload,
+        "load": point.load,
+        "repeat": point.repeat,
+        "summary": summarize_run(records, config.slo).to_dict(),
+        "valid": not reasons,
+        "invalid_reasons": reasons,
+        "aborted": aborted,
+        "interrupted": aborted in (INTERRUPTED, REBUILT),
+        "answer_sources": answer_sources(records),
+    }
+
+
+def invalid_reasons(
+    records: Sequence[RequestRecord], max_error_rate: float, client: ClientCheck | None, aborted: str | None
+) -> list[str]:
+    """Why a point's numbers are not a measurement; empty when they are."""
+    reasons = [f"aborted: {aborted}"] if aborted else []
+    failed = failure_reason(records, max_error_rate)
+    if failed:
+        reasons.append(failed)
+    if client is not None and not client.valid:
+        reasons.append(f"client lag: {client.reason}")
+    return reasons
+
+
+def _unknown_context() -> dict:
+    """The entry fields only a live run knows, as missing."""
+    return {"kv_dtype": "unknown", "engine_description": {}, "workload_params": {}, "started_at": None,
+            "cache_reset": None, "client": None, "reconciliation": None, "server_counters": None}
+
+
+@dataclass(slots=True)
+class _Experiment:
+    """One experiment being run: what its engines and points share."""
+
+    config: ExperimentConfig
+    run_dir: Path
+    writer: RecordWriter
+    progress: Progress
+    resumed: Resumed
+    outcome: RunOutcome
+    ttfts: dict[str, list[float]] = field(default_factory=dict)
+    warned_metrics: set[str] = field(default_factory=set)
+
+    def run_engine(self, index: int, engine: EngineSpec) -> None:
+        adapter = engine_factory(engine.engine)(engine.settings, self.run_dir / ENGINES_DIR / _slug(engine.label))
+        points = list(self._points(engine, adapter))
+        if all(point.id.run_id in self.resumed.entries for point in points):
+            for point in points:
+                self._add(self.resumed.entries[point.id.run_id], self._finished(point))
+            return
+        if not self._start(index, engine, adapter):
+            return
+        try:
+            for point in points:
+                kept = self.resumed.entries.get(point.id.run_id)
+                if kept is not None:
+                    self._add(kept, self._finished(point))
+                elif not self._measure(engine, adapter, point):
+                    break  # the engine is gone: its other points cannot run
+        except EngineError as exc:
+            self.outcome.failures.append(f"{engine.label}: {exc}")
+        finally:
+            adapter.stop()
+
+    def _points(self, engine: EngineSpec, adapter: EngineAdapter) -> Iterator[_Point]:
+        for spec in self.config.workloads:
+            workload = _load_workload(spec, self.config, adapter)
+            for load in self.config.load_specs():
+                for repeat in range(self.config.repeat):
+                    yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, load)
+
+    def _start(self, index: int, engine: EngineSpec, adapter: EngineAdapter) -> bool:
+        try:
+            self.progress.on_message(f"starting {engine.label}")
+            adapter.start()
+            adapter.wait_healthy(self.config.client.health_timeout_s)
+        except EngineError as exc:
+            adapter.stop()
+            if index == 0 and engine.engine == "endpoint":
+                raise UnreachableEngine(str(exc)) from None
+            self.outcome.failures.append(f"{engine.label}: {exc}")
+            self.progress.on_message(f"{engine.label} failed to start: {str(exc).splitlines()[0]}")
+            return False
+        return True
+
+    def _measure(self, engine: EngineSpec, adapter: EngineAdapter, point: _Point) -> bool:
+        """Run one point and add its entry; False when it was aborted (the engine is gone)."""
+        run_id = point.id.run_id
+        finished = self._finished(point)
+        reset = adapter.reset_cache() if adapter.capabilities.cache_reset else False
+        before = self._scrape(engine, adapter)
+        description = dict(adapter.describe())
+        context = {"kv_dtype": description.get("kv_dtype", "unknown"), "engine_description": description,
+                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset}
+        self.progress.on_point_start(run_id, point.total_requests)
+        generator = self._generator(adapter, point)
+        try:
+            result = eventloop.run(generator.run(point.workload, self.writer, self.progress.on_record, finished))
+        except KeyboardInterrupt:
+            records = [record for record in _records(self.run_dir) if record.run_id == run_id]
+            live = {"client": None, "reconciliation": None, "server_counters": None}
+            self._add({**records_entry(point.id, records, self.config, INTERRUPTED), **context, **live}, records)
+            raise
+        after = self._scrape(engine, adapter)
+        records = [*result.replayed, *result.records]
+        entry = {
+            **records_entry(point.id, records, self.config, result.aborted, result.client),
+            **context,
+            "client": result.client.to_dict(),
+            # The server counted only what was sent now, not the replayed records.
+            "reconciliation": reconcile(result.records, before, after).to_dict(),
+            "server_counters": counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
+        }
+        self._add(entry, records)
+        return result.aborted is None
+
+    def _finished(self, point: _Point) -> Sequence[RequestRecord]:
+        return self.resumed.records.get(point.id.run_id, ())
+
+    def _generator(self, adapter: EngineAdapter, point: _Point) -> LoadGenerator:
+        endpoint, client = adapter.endpoint, self.config.client
+        return LoadGenerator(
+            endpoint=EndpointConfig(
+                base_url=endpoint.base_url,
+                model=endpoint.model,
+                api=client.api,
+                api_key=endpoint.api_key,
+                request_timeout_s=client.request_timeout_s,
+                header_timeout_s=client.header_timeout_s,
+                first_byte_timeout_s=client.first_byte_timeout_s,
+                stall_timeout_s=client.stall_timeout_s,
+                ignore_eos=client.ignore_eos,
+            ),
+            load=point.load,
+            run_id=point.id.run_id,
+            seed=self.config.seed + point.id.repeat,
+            isolation=client.isolation,
+            codec=_codec(client.tokenizer),
+            max_lag_ms=client.max_lag_ms,
+            tenant_api_keys=dict(client.tenant_api_keys),
+        )
+
+    def _scrape(self, engine: EngineSpec, adapter: EngineAdapter) -> Mapping[str, float] | None:
+        """The engine's counters, or None (missing, never 0) when its /metrics is absent or unreadable."""
+        try:
+            return adapter.scrape_metrics()
+        except ValueError as exc:
+            if engine.label not in self.warned_metrics:
+                self.warned_metrics.add(engine.label)
+                warning = f"{engine.label}: /metrics is {exc}: engine counters are not available"
+                self.outcome.warnings.append(warning)
+                self.progress.on_message(f"warning: {warning}")
+            return None
+
+    def _add(self, entry: dict, records: Sequence[RequestRecord]) -> None:
+        self.outcome.entries.append(entry)
+        failed = entry["aborted"] or failure_reason(records, self.config.client.max_error_rate)
+        if failed and not entry.get("interrupted"):
+            self.outcome.failures.append(f"{entry['run_id']}: {failed}")
+        self.ttfts.setdefault(entry["engine"], []).extend(
+            value for record in records if not record.warmup and (value := ttft_ms(record)) is not None
+        )
+        self.write_summaries()
+        self.progress.on_point_end(entry)
+
+    def write_summaries(self) -> None:
+        write_summaries(self.run_dir, self.outcome.entries, [*self.outcome.failures, *self.outcome.warnings])
 
 
 def _load_workload(spec: WorkloadSpec, config: ExperimentConfig, adapter: EngineAdapter) -> Workload:
@@ -126,71 +417,6 @@ def _load_workload(spec: WorkloadSpec, config: ExperimentConfig, adapter: Engine
         vocab_size=vocab,
         time_scale=spec.time_scale,
     )
-
-
-def _run_point(
-    config: ExperimentConfig,
-    engine: EngineSpec,
-    adapter: EngineAdapter,
-    workload: Workload,
-    workload_spec: WorkloadSpec,
-    load: LoadSpec,
-    repeat: int,
-    writer: RecordWriter,
-    progress: Progress,
-) -> dict:
-    run_id = f"{engine.label}|{workload.name}|{load.label}|r{repeat}"
-    reset = adapter.reset_cache() if adapter.capabilities.cache_reset else False
-    before = adapter.scrape_metrics()
-    endpoint = adapter.endpoint
-    client = config.client
-    generator = LoadGenerator(
-        endpoint=EndpointConfig(
-            base_url=endpoint.base_url,
-            model=endpoint.model,
-            api=client.api,
-            api_key=endpoint.api_key,
-            request_timeout_s=client.request_timeout_s,
-            stall_timeout_s=client.stall_timeout_s,
-            ignore_eos=client.ignore_eos,
-        ),
-        load=load,
-        run_id=run_id,
-        seed=config.seed + repeat,
-        isolation=client.isolation,
-        codec=_codec(client.tokenizer),
-        max_lag_ms=client.max_lag_ms,
-        tenant_api_keys=dict(client.tenant_api_keys),
-    )
-    total = min(workload.num_requests, load.num_requests or workload.num_requests)
-    progress.on_point_start(run_id, total)
-    started = time.time()
-    result: LoadResult = eventloop.run(generator.run(workload, writer, progress.on_record))
-    after = adapter.scrape_metrics()
-    summary = summarize_run(result.records, config.slo)
-    description = dict(adapter.describe())
-    return {
-        "run_id": run_id,
-        "engine": engine.label,
-        "engine_name": engine.engine,
-        "engine_settings": dict(engine.settings),
-        "kv_dtype": description.get("kv_dtype", "unknown"),
-        "engine_description": description,
-        "workload": workload.name,
-        "workload_params": dict(workload.params),
-        "load": load.label,
-        "repeat": repeat,
-        "started_at": started,
-        "cache_reset": reset,
-        "summary": summary.to_dict(),
-        "client": result.client.to_dict(),
-        "valid": result.client.valid and result.aborted is None,
-        "aborted": result.aborted,
-        "answer_sources": result.answer_sources,
-        "reconciliation": reconcile(result.records, before, after).to_dict(),
-        "server_counters": counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
-        "_ttfts": [value for record in result.records if not record.warmup and (value := ttft_ms(record)) is not None],
-    }
 
 
 def _codec(tokenizer: str | None):

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 
 import pandas as pd
+import pytest
 
+from kvbench.engines.process import PID_LINE
 from kvbench.harness.cli import main
 from kvbench.harness.records import read_records
 from kvbench.harness.report import COLUMNS
 
-from .instrument_fixture import free_port
+from .instrument_fixture import free_port, instrument_process
+
+
+def _wait_for_records(out, driver, count, timeout_s=120):
+    """Until `out/requests.jsonl` holds `count` records (bounded; the driver must still be running)."""
+    deadline = time.monotonic() + timeout_s
+    path = out / "requests.jsonl"
+    while not (path.exists() and len(list(read_records(path))) >= count):
+        assert driver.poll() is None, f"kvbench run exited early with code {driver.returncode}"
+        assert time.monotonic() < deadline, "no records in time"
+        time.sleep(0.2)
 
 
 def test_run_on_our_engine_writes_every_result_file(tmp_path):
@@ -84,3 +99,181 @@ def test_engine_killed_mid_run_keeps_finished_records_and_fails_clearly(tmp_path
     assert any(r.error and r.error.startswith("connection") for r in records)
     assert "engine unreachable" in (out / "summary.md").read_text()
     assert "failed" in capsys.readouterr().out
+
+
+def _entries(out):
+    return json.loads((out / "summary.json").read_text())["runs"]
+
+
+def test_a_run_where_every_request_fails_is_invalid_and_fails(tmp_path, capsys):
+    with instrument_process("--served-model", "instrument") as (url, _):
+        out = tmp_path / "run"
+        code = main(["run", "--url", url, "--model", "wrong-model", "--num-sessions", "3", "--out", str(out)])
+    assert code == 1
+    (entry,) = _entries(out)
+    assert entry["valid"] is False
+    assert entry["invalid_reasons"] == ["3/3 requests failed (limit 10%): http: 404 The model `wrong-model` does not exist."]
+    assert "INVALID: 3/3 requests failed" in (out / "summary.md").read_text()
+    row = pd.read_csv(out / "summary.csv").iloc[0]
+    assert not row.valid and row.invalid_reasons == entry["invalid_reasons"][0]
+    assert "3/3 requests failed" in capsys.readouterr().out
+
+
+def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
+    config = tmp_path / "hang.yaml"
+    out = tmp_path / "run"
+    with instrument_process("--first-token-ms", "30", "--chunk-interval-ms", "10") as (url, server):
+        config.write_text(
+            f"engines: [{{engine: endpoint, settings: {{url: '{url}'}}}}]\n"
+            "workloads: [{name: rag-chat-mini, num_sessions: 50}]\n"
+            "loads: [{concurrency: 2}]\nstop: {num_requests: 1000}\n"
+            "client: {header_timeout_s: 1, first_byte_timeout_s: 1, stall_timeout_s: 1}\n"
+        )
+        driver = subprocess.Popen([sys.executable, "-m", "kvbench.harness.cli", "run", str(config), "--out", str(out)],
+                                  stdout=subprocess.DEVNULL)
+        try:
+            _wait_for_records(out, driver, 1)
+            os.kill(server.pid, signal.SIGSTOP)
+            code = driver.wait(timeout=90)  # without detection it would wait request_timeout_s (600 s)
+        finally:
+            driver.kill()
+    assert code == 1
+    (entry,) = _entries(out)
+    assert entry["aborted"].startswith("engine unreachable: 3 requests in a row got no answer")
+    unanswered = [r for r in read_records(out / "requests.jsonl") if r.error_kind in ("timeout", "stalled")]
+    assert len(unanswered) >= 3
+
+
+@pytest.mark.parametrize("body", ["{}", "<!DOCTYPE html><html><body>Bad gateway</body></html>"])
+def test_metrics_that_are_not_prometheus_text_do_not_stop_the_run(tmp_path, body):
+    with instrument_process("--metrics-body", body) as (url, _):
+        out = tmp_path / "run"
+        code = main(["run", "--url", url, "--num-sessions", "2", "--out", str(out)])
+    assert code == 0
+    (entry,) = _entries(out)
+    assert entry["summary"]["overall"]["completed"] == entry["summary"]["overall"]["requests"] > 0
+    assert entry["server_counters"] is None and entry["reconciliation"]["server_cached_tokens"] is None
+    assert (out / "summary.md").read_text().count("/metrics is not Prometheus text") == 1
+
+
+def test_an_out_folder_holding_a_run_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "requests.jsonl").write_text('{"run_id": "x"}\n')
+    assert main(["run", "--url", "http://127.0.0.1:1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "already holds a run" in err and "--resume" in err and "--overwrite" in err and "\n" not in err
+    assert (out / "requests.jsonl").read_text() == '{"run_id": "x"}\n'
+
+
+def test_overwrite_replaces_the_run(tmp_path):
+    out = tmp_path / "run"
+    with instrument_process() as (url, _):
+        flags = ["run", "--url", url, "--num-sessions", "2", "--concurrency", "1", "--out", str(out)]
+        assert main(flags) == 0
+        first = [r.identity for r in read_records(out / "requests.jsonl")]
+        assert main([*flags, "--overwrite"]) == 0
+    second = [r.identity for r in read_records(out / "requests.jsonl")]
+    assert sorted(second) == sorted(first) and len(set(second)) == len(second)
+    assert len(_entries(out)) == 1
+
+
+def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    with instrument_process() as (url, _):
+        flags = ["run", "--url", url, "--num-sessions", "3", "--concurrency", "1", "--num-requests", "100"]
+        assert main([*flags, "--out", str(whole)]) == 0
+        # What a SIGKILL after four answers leaves: the config and the first four records, no summary.
+        cut.mkdir()
+        shutil.copy(whole / "config.yaml", cut / "config.yaml")
+        lines = (whole / "requests.jsonl").read_text().splitlines(keepends=True)
+        (cut / "requests.jsonl").write_text("".join(lines[:4]))
+        assert main([*flags, "--out", str(cut), "--resume"]) == 0
+    resumed = (cut / "requests.jsonl").read_text().splitlines(keepends=True)
+    assert resumed[:4] == lines[:4]
+    identities = [r.identity for r in read_records(cut / "requests.jsonl")]
+    assert sorted(identities) == sorted(r.identity for r in read_records(whole / "requests.jsonl"))
+    (before,), (after,) = _entries(whole), _entries(cut)
+    for key in ("requests", "completed", "errors", "output_tokens"):
+        assert after["summary"]["overall"][key] == before["summary"]["overall"][key], key
+    assert after["summary"]["overall"]["cache"]["prompt_tokens"] == before["summary"]["overall"]["cache"]["prompt_tokens"]
+
+
+def test_report_rebuilds_a_missing_summary_from_the_records(tmp_path, capsys):
+    out = tmp_path / "run"
+    with instrument_process() as (url, _):
+        assert main(["run", "--url", url, "--num-sessions", "3", "--out", str(out)]) == 0
+    (written,) = _entries(out)
+    for name in ("summary.json", "summary.csv", "summary.md"):
+        (out / name).unlink()
+    assert main(["report", str(out)]) == 0
+    (rebuilt,) = _entries(out)
+    assert rebuilt["summary"] == written["summary"]
+    assert rebuilt["interrupted"] is True and rebuilt["valid"] is False
+    assert "rebuilt" in capsys.readouterr().err
+
+
+def _engine_pid(out):
+    log = (out / "engines" / "kvengine" / "engine.log").read_text()
+    return int(next(line for line in log.splitlines() if line.startswith(PID_LINE)).split()[-1])
+
+
+def _engine_alive(pid):
+    """A live (not zombie) process with our engine's command line under `pid`; no psutil, just /proc."""
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and b"kvbench.engines.kvengine.server.main" in cmdline
+
+
+def _wait_until_gone(pid, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while _engine_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _engine_alive(pid)
+
+
+def _driver_on_our_engine(out):
+    return subprocess.Popen(
+        [sys.executable, "-m", "kvbench.harness.cli", "run", "--set", "model=tiny-random", "--set", "kv_capacity=4096",
+         "--num-sessions", "40", "--num-requests", "400", "--concurrency", "2", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def test_sigterm_stops_the_run_writes_its_summary_and_stops_the_engine(tmp_path):
+    out = tmp_path / "run"
+    driver = _driver_on_our_engine(out)
+    try:
+        _wait_for_records(out, driver, 2)
+        pid = _engine_pid(out)
+        assert _engine_alive(pid)
+        driver.send_signal(signal.SIGTERM)
+        code = driver.wait(timeout=60)
+    finally:
+        driver.kill()
+    assert code != 0
+    assert _wait_until_gone(pid), "the engine outlived kvbench run"
+    (entry,) = _entries(out)
+    assert entry["interrupted"] is True and entry["valid"] is False
+    records = list(read_records(out / "requests.jsonl"))
+    assert entry["summary"]["overall"]["requests"] == len([r for r in records if not r.warmup]) >= 2
+
+
+def test_sigkill_of_the_driver_takes_the_engine_along_and_report_rebuilds_the_summary(tmp_path):
+    out = tmp_path / "run"
+    driver = _driver_on_our_engine(out)
+    try:
+        _wait_for_records(out, driver, 2)
+        pid = _engine_pid(out)
+        driver.kill()
+        driver.wait(timeout=30)
+    finally:
+        driver.kill()
+    assert _wait_until_gone(pid), "the engine outlived a SIGKILLed kvbench run"
+    assert not (out / "summary.json").exists()  # killed before the point ended
+    assert main(["report", str(out)]) == 0
+    (entry,) = _entries(out)
+    assert entry["summary"]["overall"]["requests"] == len(list(read_records(out / "requests.jsonl")))

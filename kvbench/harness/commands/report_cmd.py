@@ -1,4 +1,8 @@
-"""`kvbench report RUN_DIR...`: one table across run folders."""
+"""`kvbench report RUN_DIR...`: one table across run folders.
+
+A folder without summary.json (its run was killed before it wrote one) gets one rebuilt from config.yaml and
+requests.jsonl, written into the folder, and said so on stderr.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,19 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from rich.console import Console
+from rich.markup import escape
 
-from kvbench.harness.report import markdown_table, read_entries, summary_frame
+from kvbench.harness.report import SUMMARY_JSON, markdown_table, read_entries, summary_frame, write_summaries
+
+error_console = Console(stderr=True, soft_wrap=True)
 
 
 def register(commands, formatter) -> None:
     parser = commands.add_parser(
-        "report", help="tables across run folders", description="Print one table across run folders.",
+        "report", help="tables across run folders",
+        description="Print one table across run folders. A folder whose run was killed before it wrote summary.json "
+        "gets one rebuilt from its config.yaml and requests.jsonl.",
         formatter_class=formatter,
     )
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
@@ -25,7 +35,7 @@ def register(commands, formatter) -> None:
 def handle(args: argparse.Namespace) -> int:
     frames = []
     for run_dir in args.run_dirs:
-        frame = summary_frame(read_entries(run_dir))
+        frame = summary_frame(_entries(run_dir))
         frame.insert(0, "run_dir", run_dir.name)
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
@@ -38,3 +48,15 @@ def handle(args: argparse.Namespace) -> int:
 
         print(markdown_table(table, ["run_dir", *MD_COLUMNS]))
     return 0
+
+
+def _entries(run_dir: Path) -> list[dict]:
+    if (run_dir / SUMMARY_JSON).exists():
+        return read_entries(run_dir)
+    from kvbench.harness.runner import rebuild_entries
+
+    entries = rebuild_entries(run_dir)
+    write_summaries(run_dir, entries)
+    error_console.print(f"{escape(str(run_dir))}: no {SUMMARY_JSON}; rebuilt it from config.yaml and requests.jsonl "
+                        f"({len(entries)} points, marked interrupted)", highlight=False)
+    return entries

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -14,7 +17,7 @@ from rich.table import Table
 from kvbench.harness.commands.flag_types import at_least, number_above
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import Progress as RunProgress
-from kvbench.harness.runner import UnreachableEngine, run_experiment
+from kvbench.harness.runner import RUN_FRESH, RUN_OVERWRITE, RUN_RESUME, UnreachableEngine, run_experiment
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -63,7 +66,12 @@ def register(commands, formatter) -> None:
     parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
     parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
-    parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>)")
+    parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>); one that holds a run is "
+                        "refused unless --resume or --overwrite is given")
+    reuse = parser.add_mutually_exclusive_group()
+    reuse.add_argument("--resume", action="store_true", help="finish the interrupted run in --out (same config): its "
+                       "finished requests are kept and not sent again")
+    reuse.add_argument("--overwrite", action="store_true", help="replace the run in --out (its files are removed first)")
     sim = parser.add_argument_group("simulated engine (--engine sim; see `kvbench simulate --help`)")
     sim.add_argument("--sim-model", default="qwen2.5-72b", help="model geometry to simulate")
     sim.add_argument("--sim-hardware", default="8xh200", help="hardware profile to simulate")
@@ -142,6 +150,7 @@ def handle(args: argparse.Namespace) -> int:
         return _simulate(args)
     config = config_from_args(args)
     run_dir = args.out or Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    mode = RUN_RESUME if args.resume else RUN_OVERWRITE if args.overwrite else RUN_FRESH
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
@@ -169,9 +178,11 @@ def handle(args: argparse.Namespace) -> int:
                 bar.update(task, status=f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request")
 
         try:
-            outcome = run_experiment(
-                config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=lambda text: bar.console.print(text, markup=False, highlight=False))
-            )
+            with _terminate_is_interrupt():
+                outcome = run_experiment(
+                    config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=lambda text: bar.console.print(text, markup=False, highlight=False)),
+                    mode,
+                )
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
@@ -182,6 +193,17 @@ def handle(args: argparse.Namespace) -> int:
         console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
     console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
     return 1 if outcome.failures or not outcome.entries else 0
+
+
+@contextlib.contextmanager
+def _terminate_is_interrupt() -> Iterator[None]:
+    """SIGTERM stops the run the way Ctrl-C does (the point in progress is summarised from the records on
+    disk, the engine is stopped) instead of killing the driver and leaving its engine behind."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 SUMMARY_COLUMNS = {
