@@ -22,7 +22,7 @@ kvbench="${KVBENCH:-kvbench}"
 config="ci/${name}.yaml"
 baseline="results/baselines/${name}"
 run_dir="${NIGHTLY_RUNS:-runs}/nightly-${name}-$(date -u +%Y%m%d)"
-# A second run on the same day gets its own folder: kvbench run appends to an existing requests.jsonl.
+# A second run on the same day gets its own folder: kvbench run refuses a folder that holds a run.
 first="$run_dir"
 for ((n = 2; ; n++)); do
     [[ -e "$run_dir" ]] || break

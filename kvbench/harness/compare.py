@@ -620,7 +620,8 @@ def _validity_notes(base_reps: Sequence[Repetition], new_reps: Sequence[Repetiti
     for side, reps in (("baseline", base_reps), ("new run", new_reps)):
         for rep in reps:
             if not rep.entry.get("valid", True):
-                reason = rep.entry.get("aborted") or (rep.entry.get("client") or {}).get("reason") or "see summary.md"
+                reason = ("; ".join(rep.entry.get("invalid_reasons") or ()) or rep.entry.get("aborted")
+                          or (rep.entry.get("client") or {}).get("reason") or "see summary.md")
                 out.append(f"{side} repetition r{rep.entry.get('repeat', 0)} is marked invalid ({reason})")
     return out
 

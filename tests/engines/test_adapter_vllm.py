@@ -68,7 +68,7 @@ def test_bad_settings_are_named_with_their_fix(tmp_path):
         _adapter(tmp_path, prefix_cacheing=True)
     with pytest.raises(SettingsError, match="kv_cache_dtype 'fp16' is not one of auto, fp8, fp8_e4m3, fp8_e5m2"):
         _adapter(tmp_path, kv_cache_dtype="fp16")
-    with pytest.raises(SettingsError, match="extra_args must be a list"):
+    with pytest.raises(SettingsError, match="engine.vllm.extra_args: expected a list"):
         _adapter(tmp_path, extra_args="--seed 1")
 
 
