@@ -117,9 +117,13 @@ class _Point:
 
 
 def validate_experiment(config: ExperimentConfig) -> None:
-    """Fail on bad names before anything starts: every engine adapter and every workload must resolve."""
-    for engine in config.engines:
-        engine_factory(engine.engine)
+    """Fail on bad input before anything starts or is written: every engine adapter must resolve and accept its
+    settings (adapters only check them when built: nothing is launched or created), every workload must load."""
+    for index, engine in enumerate(config.engines):
+        try:
+            engine_factory(engine.engine)(engine.settings, Path(ENGINES_DIR) / _slug(engine.label))
+        except SettingsError as exc:
+            raise SettingsError(f"engines[{index}] ({engine.label}): {exc}") from None
     for spec in config.workloads:
         load_workload(spec.name, seed=config.seed, num_sessions=1, overrides=spec.overrides, time_scale=spec.time_scale)
 

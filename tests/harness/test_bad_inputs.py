@@ -80,9 +80,11 @@ def test_bad_workload_parameters_are_refused_with_their_field(name, expect, caps
 
 
 @pytest.mark.parametrize("case", yaml.safe_load((CORPUS / "flags.yaml").read_text()), ids=lambda c: " ".join(c["argv"]))
-def test_bad_flag_is_refused_before_anything_starts(case, monkeypatch, capsys, no_engine):
-    monkeypatch.chdir(REPO)  # flags.yaml names the shipped trace by its path in the repo
-    assert case["expect"] in _refused(case["argv"], capsys)
+def test_bad_flag_is_refused_before_anything_starts(case, tmp_path, monkeypatch, capsys, no_engine):
+    monkeypatch.chdir(tmp_path)  # where `kvbench run` would make runs/<name>-<time>/
+    argv = [arg.replace("{repo}", str(REPO)) for arg in case["argv"]]
+    assert case["expect"] in _refused(argv, capsys)
+    assert list(tmp_path.iterdir()) == [], "nothing is written for a refused command line"
 
 
 @pytest.mark.parametrize(("name", "expect"), _tenants_cases())
