@@ -1,50 +1,64 @@
 """Byte stores of the lower KV tiers: host memory, disk files and a shared Redis, keyed by page content key.
 
-Each store keeps whole page records: a header (magic, the KV layout fingerprint, the payload's length and
-CRC-32 checksum; CRC because it runs at memory speed, and it guards against corruption, not adversaries) and the page's bytes as `PagedKVCache.read_pages` exports them. `get` returns the payload
-only when the record is whole and was written for the same layout; anything else (a truncated or corrupted
-file, another model's or dtype's page, a tier that is down) is a miss, never wrong KV. A store that fails
-(a full disk, a stopped Redis) answers False / None and says why in `StoreFailure`s its caller counts; the
-engine keeps serving without that tier.
+Each store keeps whole page records: a header (magic, the KV layout fingerprint, a digest of the page's
+content key, the payload's length and CRC-32 checksum; CRC because it runs at memory speed, and it guards
+against corruption, not adversaries) and the page's bytes as `PagedKVCache.read_pages` exports them. `get`
+returns the payload only when the record is whole and was written for the same layout and the same content
+key; anything else (a truncated or corrupted file, another model's or dtype's page, another page's record
+copied or renamed over this one, a tier that is down) is a miss, never wrong KV. A store that fails (a full
+disk, a stopped Redis) answers False / None and says why in `StoreFailure`s its caller counts; the engine
+keeps serving without that tier.
+
+Disk page files are private to the engine's user: folders 0700, files 0600 (KV bytes are the prompts' content).
 
 Which pages go where and when is the pure core's decision (`core.tiers`); these classes only move bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import zlib
 import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-_MAGIC = b"KVP1"
-_HEADER = struct.Struct("<4s16sQI")  # magic, layout fingerprint, payload length, payload CRC-32
+_MAGIC = b"KVP2"
+_HEADER = struct.Struct("<4s16s16sQI")  # magic, layout fingerprint, content key digest, payload length, CRC-32
 
 
 @dataclass(frozen=True, slots=True)
 class StoreFailure:
     tier: str
-    reason: str  # "full", "unavailable", "corrupt"
+    reason: str  # "full", "unavailable", "corrupt" (includes a record of another page)
 
 
-def encode_record(fingerprint: str, payload: bytes) -> bytes:
+def _key_digest(key: str) -> bytes:
+    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+
+
+def _fingerprint(fingerprint: str) -> bytes:
+    return fingerprint.encode()[:16].ljust(16, b"\0")
+
+
+def encode_record(fingerprint: str, key: str, payload: bytes) -> bytes:
+    """The record of the page whose content key is `key`."""
     digest = zlib.crc32(payload)
-    return _HEADER.pack(_MAGIC, fingerprint.encode()[:16].ljust(16, b"\0"), len(payload), digest) + payload
+    return _HEADER.pack(_MAGIC, _fingerprint(fingerprint), _key_digest(key), len(payload), digest) + payload
 
 
-def decode_record(fingerprint: str, record: bytes) -> bytes | None:
-    """The payload of a whole, intact record written for `fingerprint`; None otherwise."""
+def decode_record(fingerprint: str, key: str, record: bytes) -> bytes | None:
+    """The payload of a whole, intact record written for `fingerprint` and the page `key`; None otherwise."""
     if len(record) < _HEADER.size:
         return None
-    magic, fp, length, digest = _HEADER.unpack_from(record)
+    magic, fp, key_digest, length, digest = _HEADER.unpack_from(record)
     payload = record[_HEADER.size :]
-    if magic != _MAGIC or fp != fingerprint.encode()[:16].ljust(16, b"\0") or length != len(payload):
+    if magic != _MAGIC or fp != _fingerprint(fingerprint) or length != len(payload):
         return None
-    if zlib.crc32(payload) != digest:
+    if key_digest != _key_digest(key) or zlib.crc32(payload) != digest:
         return None
     return payload
 
@@ -109,7 +123,9 @@ class DiskStore:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.root.stat().st_uid == os.getuid():  # an existing folder of ours, made with a looser mode
+            self.root.chmod(0o700)
 
     def path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.kvp"
@@ -118,8 +134,8 @@ class DiskStore:
         path = self.path(key)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(exist_ok=True)
-            self._write_file(tmp, encode_record(self.fingerprint, payload))
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            self._write_file(tmp, encode_record(self.fingerprint, key, payload))
             os.replace(tmp, path)
             return True
         except OSError as exc:
@@ -129,7 +145,8 @@ class DiskStore:
 
     @staticmethod
     def _write_file(path: Path, data: bytes) -> None:
-        with open(path, "wb") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
 
     def get(self, key: str) -> bytes | None:
@@ -137,7 +154,7 @@ class DiskStore:
             record = self.path(key).read_bytes()
         except OSError:
             return None
-        payload = decode_record(self.fingerprint, record)
+        payload = decode_record(self.fingerprint, key, record)
         if payload is None:
             self.failures.append(StoreFailure(self.name, "corrupt"))
         return payload
@@ -179,14 +196,15 @@ class RedisStore:
             return False, None
 
     def put(self, key: str, payload: bytes) -> bool:
-        ok, _ = self._call(self._client.set, self.prefix + key, encode_record(self.fingerprint, payload), nx=True)
+        ok, _ = self._call(self._client.set, self.prefix + key, encode_record(self.fingerprint, key, payload),
+                           nx=True)
         return ok
 
     def get(self, key: str) -> bytes | None:
         _, record = self._call(self._client.get, self.prefix + key)
         if record is None:
             return None
-        payload = decode_record(self.fingerprint, record)
+        payload = decode_record(self.fingerprint, key, record)
         if payload is None:
             self.failures.append(StoreFailure(self.name, "corrupt"))
         return payload
@@ -195,7 +213,7 @@ class RedisStore:
         _, records = self._call(self._client.mget, [self.prefix + k for k in keys])
         if records is None:
             return [None] * len(keys)
-        out = [None if r is None else decode_record(self.fingerprint, r) for r in records]
+        out = [None if r is None else decode_record(self.fingerprint, k, r) for k, r in zip(keys, records)]
         self.failures.extend(StoreFailure(self.name, "corrupt") for r, p in zip(records, out) if r is not None and p is None)
         return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import stat
 
 import pytest
 
@@ -87,8 +88,8 @@ def demote_to_disk(engine, clock) -> None:
     assert tier_usage(engine) == {"disk": 5}
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_a_corrupted_or_truncated_disk_page_is_a_miss_and_the_output_is_unchanged(loaded, tiered, damage):
+@pytest.mark.parametrize("damage", ["flip", "truncate", "copied"])
+def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_unchanged(loaded, tiered, damage):
     engine, clock = tiered
     reference = tokens(run(make_engine(loaded), greedy("ref", NEXT))["ref"])
     demote_to_disk(engine, clock)
@@ -101,13 +102,27 @@ def test_a_corrupted_or_truncated_disk_page_is_a_miss_and_the_output_is_unchange
     if damage == "flip":
         data[-10] ^= 0xFF
         path.write_bytes(bytes(data))
-    else:
+    elif damage == "truncate":
         path.write_bytes(bytes(data[: len(data) // 2]))
+    else:  # a whole, valid record of another page, under this page's name
+        path.write_bytes(engine.offload.disk.path(keys[3]).read_bytes())
     out = run(engine, greedy("t2", NEXT))["t2"]
     assert tokens(out) == reference
     assert out[-1].cached_tokens_by_tier == {"disk": 32}
     failures = engine.metrics.tier_failures_total.labels(engine.model_name, "disk", "corrupt")._value.get()
     assert failures == 1
+
+
+def test_disk_pages_are_private_to_the_engines_user(loaded, tiered):
+    engine, clock = tiered
+    demote_to_disk(engine, clock)
+    root = engine.offload.disk.root
+    files = list(root.rglob("*.kvp"))
+    assert len(files) == 5
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 
 
 def test_a_full_disk_is_skipped_and_counted_and_the_engine_keeps_serving(loaded, tiered, monkeypatch):
