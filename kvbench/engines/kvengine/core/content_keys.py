@@ -40,3 +40,9 @@ def page_keys(salt: str, namespace: str, tokens: np.ndarray, page_size: int) -> 
     n = len(tokens) // page_size
     data = np.asarray(tokens)[: n * page_size].astype(np.int32, copy=False).tobytes()
     return chain_keys(root_key(salt, namespace), data, 4 * page_size)
+
+
+def token_digest(tokens: np.ndarray) -> str:
+    """A short digest of token ids, to name a namespace after the content it continues."""
+    data = np.asarray(tokens).astype(np.int32, copy=False).tobytes()
+    return hashlib.blake2b(data, digest_size=8).hexdigest()

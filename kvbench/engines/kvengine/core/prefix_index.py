@@ -6,8 +6,11 @@ unlocked leaves in LRU order. Unlike SGLang the tree owns no allocator and edits
 pool reference per cached page and releases it on eviction.
 
 Namespaces: every tree lives under a namespace key. In strict isolation the namespace is the tenant's salt,
-so no match can cross tenants; content marked shareable (in `shared-prefix` mode) goes to SHARED_NAMESPACE.
-See `namespace_for`.
+so no match can cross tenants. In `shared-prefix` mode a prompt's pages may span two namespaces (a
+`Placement`): the full pages of a prefix declared shareable go to SHARED_NAMESPACE, every later page to a
+namespace of the tenant's own that continues after that prefix. So tenants share a declared system prompt,
+never what follows it, and `cached_tokens` tells a tenant nothing about other tenants' private prompts. The
+`*_prompt` methods (match / lock / unlock / insert) work across a placement's parts.
 
 Contracts (what changes state, when a result is safe to use):
 - `match` is a pure read. Its PrefixMatch is valid until the next `insert` or `evict`; `lock` it first to
@@ -33,7 +36,7 @@ from typing import Callable, Collection, NewType, Sequence
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.content_keys import PageKey, chain_keys, root_key
+from kvbench.engines.kvengine.core.content_keys import PageKey, chain_keys, page_keys, root_key, token_digest
 from kvbench.engines.kvengine.core.events import (
     EventKind,
     EventSink,
@@ -56,12 +59,63 @@ DEVICE_TIER = "device"
 def namespace_for(tenant: TenantId, *, shareable: bool, strict: bool) -> Namespace:
     """The namespace a tenant's prompt is cached under.
 
-    strict isolation: always the tenant's own salt. `shared-prefix` mode: content marked shareable (e.g. an
-    identical public system prompt) goes to SHARED_NAMESPACE, everything else to the tenant's salt.
+    strict isolation: always the tenant's own salt. `shared-prefix` mode: a prompt marked shareable as a
+    whole goes to SHARED_NAMESPACE, anything else to the tenant's salt. (A prompt whose declared shareable
+    part is a prefix spans two namespaces: see `placement_for`.)
     """
     if shareable and not strict:
         return SHARED_NAMESPACE
     return Namespace(f"tenant:{tenant}")
+
+
+def shared_tokens_of(prompt: np.ndarray, shared_prefixes: Sequence[np.ndarray]) -> int:
+    """How many leading tokens of `prompt` are declared shareable: its longest common prefix with any of
+    `shared_prefixes` (so a prompt that tokenises its last shared token differently still shares the rest)."""
+    best = 0
+    prompt = np.asarray(prompt)
+    for prefix in shared_prefixes:
+        n = min(len(prompt), len(prefix))
+        diff = np.flatnonzero(prompt[:n] != np.asarray(prefix)[:n])
+        best = max(best, int(diff[0]) if len(diff) else n)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a prompt's full pages are cached: pages [0, shared_pages) under SHARED_NAMESPACE, every later
+    page under `own`."""
+
+    own: Namespace
+    shared_pages: int = 0
+
+    def parts(self, num_pages: int) -> tuple[tuple[Namespace, int, int], ...]:
+        """(namespace, first page, end page) of each non-empty part of pages [0, num_pages), in order."""
+        cut = min(self.shared_pages, num_pages)
+        head = ((SHARED_NAMESPACE, 0, cut),) if cut else ()
+        return head + (((self.own, cut, num_pages),) if num_pages > cut else ())
+
+    def page_keys(self, salt: str, tokens: np.ndarray, page_size: int) -> list[PageKey]:
+        """Content keys of every full page of `tokens` (the keys the index gives them)."""
+        keys: list[PageKey] = []
+        for ns, start, end in self.parts(len(tokens) // page_size):
+            keys += page_keys(salt, ns, tokens[start * page_size : end * page_size], page_size)
+        return keys
+
+
+def placement_for(tenant: TenantId, prompt: np.ndarray, *, shared_tokens: int, page_size: int,
+                  strict: bool) -> Placement:
+    """The placement of a tenant's prompt whose first `shared_tokens` tokens are declared shareable.
+
+    Strict isolation, or less than a page declared: all of it in the tenant's namespace. Otherwise the
+    declared full pages are shared, and the rest goes to the tenant's namespace after that prefix, named by
+    the prefix's tokens (the same private text after two different shared prefixes is different KV).
+    """
+    own = namespace_for(tenant, shareable=False, strict=True)
+    shared_pages = shared_tokens // page_size
+    if strict or shared_pages == 0:
+        return Placement(own)
+    after = token_digest(np.asarray(prompt)[: shared_pages * page_size])
+    return Placement(Namespace(f"{own}@{after}"), shared_pages)
 
 
 @dataclass(slots=True, eq=False)
@@ -96,6 +150,24 @@ class PrefixMatch:
     @property
     def num_tokens(self) -> int:
         return len(self.pages) * self.page_size
+
+
+@dataclass(frozen=True, slots=True)
+class PromptMatch:
+    """The cached full-page prefix of a prompt across the parts of its placement; `pages` in prompt order.
+    Valid, like its parts, until the next `insert` or `evict` unless locked (`lock_prompt`)."""
+
+    parts: tuple[PrefixMatch, ...] = ()
+
+    @property
+    def pages(self) -> tuple[PageId, ...]:
+        if len(self.parts) == 1:  # strict isolation: one part, no copy
+            return self.parts[0].pages
+        return tuple(page for part in self.parts for page in part.pages)
+
+    @property
+    def num_pages(self) -> int:
+        return sum(part.num_pages for part in self.parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +273,26 @@ class PrefixIndex:
                 break
         return PrefixMatch(namespace, tuple(pages), ps, node)
 
+    def match_prompt(self, placement: Placement, tokens: np.ndarray) -> PromptMatch:
+        """`match` over each part of `placement` in order; a part is looked up only when the part before it
+        matched whole. Changes nothing."""
+        ps = self.page_size
+        parts: list[PrefixMatch] = []
+        for ns, start, end in placement.parts(len(tokens) // ps):
+            part = self.match(ns, tokens[start * ps : end * ps])
+            parts.append(part)
+            if part.num_pages < end - start:
+                break
+        return PromptMatch(tuple(parts))
+
+    def lock_prompt(self, match: PromptMatch, now: float) -> None:
+        for part in match.parts:
+            self.lock(part, now)
+
+    def unlock_prompt(self, match: PromptMatch) -> None:
+        for part in match.parts:
+            self.unlock(part)
+
     # ---- locks -------------------------------------------------------------------------------------------
     def lock(self, match: PrefixMatch, now: float) -> None:
         """Protect the matched path from eviction and mark it used at `now`.
@@ -303,6 +395,17 @@ class PrefixIndex:
         elif node is not root:
             self._push_if_leaf(node)
         return InsertResult(num_pages=n, num_cached=pos)
+
+    def insert_prompt(
+        self, placement: Placement, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float
+    ) -> InsertResult:
+        """`insert` of each part of `placement` (the full pages of `tokens`, one page id per full page)."""
+        ps = self.page_size
+        num_pages = num_cached = 0
+        for ns, start, end in placement.parts(len(tokens) // ps):
+            part = self.insert(ns, tokens[start * ps : end * ps], pages[start:end], tenant, now)
+            num_pages, num_cached = num_pages + part.num_pages, num_cached + part.num_cached
+        return InsertResult(num_pages, num_cached)
 
     @staticmethod
     def _pages_above(node: _Node) -> int:

@@ -36,10 +36,11 @@ from kvbench.engines.kvengine.core.events import EventKind
 from kvbench.engines.kvengine.core.pages import PageId
 from kvbench.engines.kvengine.core.prefix_index import (
     DEVICE_TIER,
+    Placement,
     PrefixIndex,
-    PrefixMatch,
+    PromptMatch,
     TenantId,
-    namespace_for,
+    placement_for,
 )
 from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
 
@@ -52,7 +53,7 @@ class SchedulerConfig:
     max_num_seqs: int = 64
     max_step_tokens: int = 2048  # prefill chunk tokens + decode tokens per step
     allow_swap: bool = False  # preempt by swapping to host instead of recomputing
-    strict_isolation: bool = True  # False: `shareable` prompts are cached in the shared namespace
+    strict_isolation: bool = True  # False: a request's declared-shareable prefix is cached in the shared namespace
     prefix_caching: bool = True  # False: never look up or insert cached pages (every prompt recomputed)
 
     def __post_init__(self) -> None:
@@ -66,7 +67,8 @@ class Request:
     prompt: np.ndarray  # 1-D token ids
     max_new_tokens: int
     tenant: TenantId = DEFAULT_TENANT
-    shareable: bool = False
+    # Leading prompt tokens declared shareable across tenants (outside strict isolation; see placement_for)
+    shared_tokens: int = 0
     stop_token_ids: frozenset[int] = frozenset()
     # False: compute the whole prompt even if it is cached (e.g. prompt logprobs need every position's logits)
     use_cached_prefix: bool = True
@@ -76,6 +78,12 @@ class Request:
             raise ValueError(f"request {self.request_id}: prompt must be a non-empty 1-D array of token ids")
         if self.max_new_tokens < 1:
             raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1")
+
+    @property
+    def shareable(self) -> bool:
+        """Whether the whole prompt is declared shareable, so that one namespace holds all of it (what a
+        caller that looks a prompt up in one namespace, like the simulator's tiers, may rely on)."""
+        return self.shared_tokens >= len(self.prompt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +133,10 @@ class FinishedRequest:
 @dataclass(slots=True, eq=False)
 class _Seq:
     request: Request
+    placement: Placement
     output: list[int] = field(default_factory=list)
     pages: list[PageId] = field(default_factory=list)
-    match: PrefixMatch | None = None
+    match: PromptMatch | None = None
     num_computed: int = 0
     num_cached_tokens: int | None = None
     indexed_pages: int = 0  # leading full pages already in the prefix index (and locked through `match`)
@@ -177,9 +186,14 @@ class Scheduler:
             # It could never be admitted and would wait forever: refuse it now.
             raise ValueError(f"request {request.request_id}: needs {need} pages, the pool holds "
                              f"{self.index.pool.capacity}; shorten the prompt or max_new_tokens")
-        seq = _Seq(request)
+        seq = _Seq(request, self.placement(request))
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
+
+    def placement(self, request: Request) -> Placement:
+        """Where the request's pages are cached (one namespace in strict isolation)."""
+        return placement_for(request.tenant, request.prompt, shared_tokens=request.shared_tokens,
+                             page_size=self.index.page_size, strict=self.config.strict_isolation)
 
     def _pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.index.page_size)
@@ -247,19 +261,18 @@ class Scheduler:
 
     def _admit(self, seq: _Seq, budget: int, now: float, items: list[ScheduledSeq]) -> bool:
         req, ps = seq.request, self.index.page_size
-        ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
         tokens = seq.tokens()
         if self.config.prefix_caching and req.use_cached_prefix:
-            match = self.index.match(ns, tokens)
+            match = self.index.match_prompt(seq.placement, tokens)
         else:
-            match = PrefixMatch(ns, (), ps)  # an empty match: nothing to lock, nothing reused
+            match = PromptMatch()  # an empty match: nothing to lock, nothing reused
         cached_pages = min(match.num_pages, (len(tokens) - 1) // ps)  # always compute >= 1 token
         cached = cached_pages * ps
         n = min(len(tokens) - cached, budget)
         need = self._pages_for(cached + n) - cached_pages
-        self.index.lock(match, now)  # before evicting, so the match survives
+        self.index.lock_prompt(match, now)  # before evicting, so the match survives
         if not self.can_allocate(need, req.tenant, now):
-            self.index.unlock(match)
+            self.index.unlock_prompt(match)
             return False
         self.index.pool.share(match.pages[:cached_pages])
         seq.match = match
@@ -287,24 +300,22 @@ class Scheduler:
         if full <= seq.indexed_pages or not self.config.prefix_caching:
             return
         req = seq.request
-        ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
         tokens = req.prompt[: full * self.index.page_size]
-        self.index.insert(ns, tokens, seq.pages[:full], req.tenant, now)
-        match = self.index.match(ns, tokens)
-        self.index.lock(match, now)
+        self.index.insert_prompt(seq.placement, tokens, seq.pages[:full], req.tenant, now)
+        match = self.index.match_prompt(seq.placement, tokens)
+        self.index.lock_prompt(match, now)
         if seq.match is not None:
-            self.index.unlock(seq.match)
+            self.index.unlock_prompt(seq.match)
         seq.match, seq.indexed_pages = match, full
 
     def _release(self, seq: _Seq, now: float, cache: bool) -> None:
         """Return a sequence's pages; with `cache`, its computed full pages go to the prefix index first."""
         req = seq.request
         if cache and seq.num_computed and self.config.prefix_caching:
-            ns = namespace_for(req.tenant, shareable=req.shareable, strict=self.config.strict_isolation)
-            self.index.insert(ns, seq.tokens()[: seq.num_computed], seq.pages, req.tenant, now)
+            self.index.insert_prompt(seq.placement, seq.tokens()[: seq.num_computed], seq.pages, req.tenant, now)
         self.index.pool.release(seq.pages)
         if seq.match is not None:
-            self.index.unlock(seq.match)
+            self.index.unlock_prompt(seq.match)
         seq.pages, seq.match, seq._table, seq.indexed_pages = [], None, None, 0
 
     def _preempt(self, seq: _Seq, now: float, preempted: list, swap_out: list) -> None:
@@ -318,18 +329,20 @@ class Scheduler:
             seq.num_computed = 0
         self._waiting.appendleft(seq)
 
-    def finish(self, request_id: RequestId, now: float, reason: str = "abort") -> FinishedRequest | None:
-        """End a request now: a stop the caller found (a stop string) or a client that went away.
+    def finish(self, request_id: RequestId, now: float, reason: str = "abort",
+               cache: bool = True) -> FinishedRequest | None:
+        """End a request now: a stop the caller found (a stop string), a client that went away, or a request
+        whose computation failed (then `cache=False`: none of its pages not yet cached enters the index).
 
-        Its computed pages are cached and the rest released; None if the request is not (or no longer) here.
-        Safe between steps only: a plan from `schedule` that includes it must be postprocessed first.
+        Its computed pages are cached (with `cache`) and the rest released; None if the request is not (or no
+        longer) here. Safe between steps, or for a request of a plan that will be postprocessed without it.
         """
         seq = self._seqs.pop(request_id, None)
         if seq is None:
             return None
         if seq in self._running:
             self._running.remove(seq)
-            self._release(seq, now, cache=True)
+            self._release(seq, now, cache=cache)
         else:
             self._waiting.remove(seq)  # a waiting sequence holds no device pages
         return FinishedRequest(request_id, len(seq.request.prompt), seq.num_cached_tokens or 0,

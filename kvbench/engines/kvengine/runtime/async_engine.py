@@ -3,11 +3,16 @@
 Requests and aborts go in through a thread-safe inbox; each request's outputs come back on an asyncio queue
 of the loop that asked (`loop.call_soon_threadsafe`). Torch releases the GIL in its kernels, so the event
 loop keeps streaming while a step computes.
+
+A failure of one request arrives as that request's error (see `Engine.step`). An exception out of the step
+loop means the engine is broken: every stream gets the error, later calls raise, and `on_fatal(exc)` is called
+on the engine thread, so that the server can exit (non-zero) rather than answer 503 forever.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +20,8 @@ from dataclasses import dataclass
 
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest, StepOutput
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,8 +45,9 @@ class _Call:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
+        self.on_fatal = on_fatal
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -74,7 +82,7 @@ class AsyncEngine:
                     return
         finally:
             if not finished:
-                self._send(_Abort(request.request_id, "abort"))
+                self._post(_Abort(request.request_id, "abort"))  # never raises: the error above is the news
 
     def abort(self, request_id: str, reason: str) -> None:
         self._send(_Abort(request_id, reason))
@@ -89,6 +97,9 @@ class AsyncEngine:
     def _send(self, message: object) -> None:
         if self.failure is not None:
             raise RuntimeError(f"the engine stopped: {self.failure}")
+        self._post(message)
+
+    def _post(self, message: object) -> None:
         self._inbox.put(message)
         self._wake.set()
 
@@ -105,10 +116,26 @@ class AsyncEngine:
                     self._emit(output)
         except BaseException as exc:  # the engine is broken: fail every stream rather than hang it
             self.failure = exc
+            error = f"engine failure: {type(exc).__name__}: {exc}"
             for request_id, deliver in list(self._deliver.items()):
-                deliver(StepOutput(request_id, None, error=f"engine failure: {type(exc).__name__}: {exc}"))
+                deliver(StepOutput(request_id, None, error=error))
             self._deliver.clear()
-            raise
+            self._fail_inbox(error)
+            log.error("engine failure", exc_info=exc)
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+
+    def _fail_inbox(self, error: str) -> None:
+        """Answer what was sent but never taken: requests get the error, calls raise it."""
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(message, _Add):
+                message.deliver(StepOutput(message.request.request_id, None, error=error))
+            elif isinstance(message, _Call):
+                message.deliver(RuntimeError(error))
 
     def _drain(self) -> None:
         while True:

@@ -11,14 +11,19 @@ down before their ids are reused; new pages are published to the shared tier). T
 
 The engine is synchronous and single-threaded; `AsyncEngine` runs it on a thread of its own so that the
 HTTP event loop never waits on model compute.
+
+Failures: a model run that raises for one request fails that request alone (its client gets the error, its
+pages are released, the rest of the step completes; see `_run_isolating`). Anything else that `step` raises
+(the scheduler, the tiers, a device error) is the engine's own: the engine is broken and its caller stops.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +31,7 @@ import torch
 
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, TenantId, shared_tokens_of
 from kvbench.engines.kvengine.core.scheduler import (
     FinishedRequest,
     Request,
@@ -41,6 +46,7 @@ from kvbench.engines.kvengine.model.fp8 import KVFormat
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
+from kvbench.engines.kvengine.core.tenants import TenantLedger
 from kvbench.engines.kvengine.core.tiers import Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.kvengine.runtime.offload import Admission, OffloadExecutor
@@ -48,7 +54,9 @@ from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest, LiveRequest, StepOutput, TokenLogprob
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.settings import SettingsError
 
+log = logging.getLogger(__name__)
 TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
 COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ISOLATION_MODES = ("strict", "shared-prefix")
@@ -82,7 +90,7 @@ class EngineConfig:
     tier_interval_s: float = 1.0  # how often (engine time) idle pages and tier capacities are acted on
     # Tenants: API keys, quotas, reservations and TTLs from a file; isolation across tenants.
     tenants_file: str | None = None
-    isolation: str = "strict"  # or "shared-prefix": identical prompt content is shared across tenants
+    isolation: str = "strict"  # or "shared-prefix": the tenants file's shared_prefixes are shared across tenants
 
     def __post_init__(self) -> None:
         self.kv_format  # raises with the valid choices
@@ -161,10 +169,11 @@ class Engine:
                 strict_isolation=config.isolation == "strict",
                 prefix_caching=config.prefix_caching,
             ),
-            ledger=self.tenants.ledger(self.pool.capacity) if self.tenants.tenants else None,
+            ledger=self._ledger(),
         )
         self.offload = self._offload(journal)
         self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
+        self._shared_prefixes = self._declared_prefixes()
         # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
         # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
         self.event_listeners: list[Callable[[list[CacheEvent]], None]] = [self.metrics.events]
@@ -173,6 +182,29 @@ class Engine:
         self._live: dict[str, LiveRequest] = {}
         self._swapped: dict[str, torch.Tensor] = {}
         self._update_gauges()
+
+    def _declared_prefixes(self) -> tuple[np.ndarray, ...]:
+        """The tenants file's shared prefixes as token ids (shared-prefix isolation only): a text as a
+        completion prompt and as a chat system message begin, token ids as given."""
+        if self.config.isolation != "shared-prefix":
+            return ()
+        out = []
+        for prefix in self.tenants.shared_prefixes:
+            if isinstance(prefix, str):
+                out.append(self.loaded.tokenizer(prefix)["input_ids"])
+                system = [{"role": "system", "content": prefix}]
+                out.append(self.loaded.chat_prompt_ids(system, add_generation_prompt=False))
+            else:
+                out.append(prefix)
+        return tuple(np.asarray(ids, dtype=np.int64) for ids in out)
+
+    def _ledger(self) -> TenantLedger | None:
+        if not self.tenants.tenants:
+            return None
+        try:
+            return self.tenants.ledger(self.pool.capacity)
+        except ValueError as exc:  # the file's reservations exceed this device tier
+            raise SettingsError(f"{self.config.tenants_file}: {exc}") from None
 
     def _offload(self, journal: PageJournal) -> OffloadExecutor:
         c, ps = self.config, self.config.page_size
@@ -221,12 +253,13 @@ class Engine:
         if request.request_id in self._live:
             raise ValueError(f"request_id {request.request_id!r} is already running")
         stops = frozenset() if request.ignore_eos else frozenset(request.stop_token_ids) | self.loaded.eos_token_ids
+        prompt = np.asarray(request.prompt_ids, dtype=np.int32)
         core_request = Request(
             RequestId(request.request_id),
-            np.asarray(request.prompt_ids, dtype=np.int32),
+            prompt,
             request.max_tokens,
             tenant=TenantId(request.tenant),
-            shareable=request.shareable or self.config.isolation == "shared-prefix",
+            shared_tokens=shared_tokens_of(prompt, self._shared_prefixes),
             stop_token_ids=stops,
             use_cached_prefix=request.prompt_logprobs is None,
         )
@@ -284,9 +317,11 @@ class Engine:
             self.kv_cache.write_pages(list(swap.pages), self._swapped.pop(swap.request_id))
         outputs: list[StepOutput] = []
         if plan.seqs:
-            sampled, outputs = self._run(plan.seqs)
-            for finished in self.scheduler.postprocess(plan, sampled, self.clock()):
+            sampled, outputs, failed = self._run_isolating(plan.seqs)
+            computed = replace(plan, seqs=tuple(s for s in plan.seqs if s.request_id not in failed))
+            for finished in self.scheduler.postprocess(computed, sampled, self.clock()):
                 outputs.append(self._finish(finished))
+            outputs.extend(self._fail(request_id, error) for request_id, error in failed.items())
         self.offload.sync_pages(now)  # pages just cached go to the shared tier
         events = self.events.take_events()
         for listener in self.event_listeners:
@@ -298,6 +333,37 @@ class Engine:
             for listener in self.step_listeners:
                 listener(timing)
         return outputs
+
+    def _run_isolating(
+        self, seqs: tuple[ScheduledSeq, ...]
+    ) -> tuple[dict[RequestId, int], list[StepOutput], dict[RequestId, str]]:
+        """Run the batch; if that raises, run each sequence alone, so that a request whose computation fails
+        (its logits, its sampling) fails alone and the others' step completes. Returns the sampled tokens,
+        the outputs and, per failed request, why. Nothing of a failed batch is kept but prompt logprobs, which
+        a rerun of the same chunk does not append twice; a seeded neighbour may draw a different token than
+        it would have. A device error (torch.AcceleratorError: the device is unusable for every request) is
+        not a request's fault: it propagates, and the caller treats it as fatal."""
+        try:
+            sampled, outputs = self._run(seqs)
+            return sampled, outputs, {}
+        except Exception as exc:
+            if _is_device_error(exc):
+                raise
+            if len(seqs) == 1:
+                return {}, [], {seqs[0].request_id: _describe(exc)}
+            log.warning("a step of %d sequences failed (%s); running each alone", len(seqs), _describe(exc))
+        sampled, outputs, failed = {}, [], {}
+        for item in seqs:
+            try:
+                one_sampled, one_outputs = self._run((item,))
+            except Exception as exc:
+                if _is_device_error(exc):
+                    raise
+                failed[item.request_id] = _describe(exc)
+                continue
+            sampled.update(one_sampled)
+            outputs.extend(one_outputs)
+        return sampled, outputs, failed
 
     def _run(self, seqs: tuple[ScheduledSeq, ...]) -> tuple[dict[RequestId, int], list[StepOutput]]:
         live = [self._live[item.request_id] for item in seqs]
@@ -389,6 +455,14 @@ class Engine:
             cached_tokens_by_tier=by_tier,
         )
 
+    def _fail(self, request_id: RequestId, error: str) -> StepOutput:
+        """End a request whose computation failed: its client gets the error; its pages are released and
+        none of them is cached (its KV may be what failed)."""
+        log.warning("request %s failed: %s", request_id, error)
+        finished = self.scheduler.finish(request_id, self.clock(), "error", cache=False)
+        assert finished is not None  # it was in this step's plan
+        return replace(self._finish(finished), error=f"the engine could not compute this request: {error}")
+
     def _update_gauges(self) -> None:
         self.metrics.occupancy(
             used=self.pool.capacity - self.pool.num_free,
@@ -404,6 +478,16 @@ class Engine:
     def close(self) -> None:
         """Stop the offload executor's workers (restores in flight are dropped)."""
         self.offload.close()
+
+
+def _is_device_error(exc: BaseException) -> bool:
+    """An error of the device itself (a CUDA fault), after which no request can be computed."""
+    device_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
+    return device_error is not None and isinstance(exc, device_error)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _load(config: EngineConfig, dtype: torch.dtype) -> LoadedModel:

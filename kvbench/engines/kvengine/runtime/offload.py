@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.core.content_keys import PageKey, page_keys
+from kvbench.engines.kvengine.core.content_keys import PageKey
 from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
-from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, namespace_for
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Request, Scheduler
 from kvbench.engines.kvengine.core.tiers import Move, MoveKind, Tier, TierPolicy
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
@@ -99,14 +99,13 @@ class OffloadExecutor:
         stage 1 of a restore starts (the request comes back from `begin_step` once its pages are on device)."""
         if not (request.use_cached_prefix and self.scheduler.config.prefix_caching):
             return Admission(request)
-        ns = namespace_for(request.tenant, shareable=request.shareable,
-                           strict=self.scheduler.config.strict_isolation)
+        placement = self.scheduler.placement(request)
         ps = self.index.page_size
         limit = (len(request.prompt) - 1) // ps  # the scheduler always computes the last prompt token
-        start = self.index.match(ns, request.prompt).num_pages
+        start = self.index.match_prompt(placement, request.prompt).num_pages
         if start >= limit:
             return Admission(request, (DEVICE_TIER,) * start)
-        keys = page_keys(self.key_salt, ns, request.prompt, ps)[start:limit]
+        keys = placement.page_keys(self.key_salt, request.prompt, ps)[start:limit]
         plan = self.policy.restore_plan(keys)
         sources = [self.policy.tier_of(k).name.lower() for k in plan.keys]
         if not plan.keys and self.remote is None:
@@ -154,26 +153,25 @@ class OffloadExecutor:
         request = job.request
         rows = job.rows.result()
         num_read = len(rows)
-        ns = namespace_for(request.tenant, shareable=request.shareable,
-                           strict=self.scheduler.config.strict_isolation)
-        match = self.index.match(ns, request.prompt)
+        placement = self.scheduler.placement(request)
+        match = self.index.match_prompt(placement, request.prompt)
         skip = match.num_pages - job.start  # pages that reached device meanwhile (another request's)
         tiers = (DEVICE_TIER,) * match.num_pages
         if skip < 0 or skip >= len(rows):
             self._forget_failed(job, num_read)
             return Admission(request, tiers)
         rows, sources = rows[skip:], job.sources[skip:len(rows)]
-        self.index.lock(match, now)
+        self.index.lock_prompt(match, now)
         if not self.scheduler.can_allocate(len(rows), request.tenant, now):
-            self.index.unlock(match)
+            self.index.unlock_prompt(match)
             return Admission(request, tiers)
         self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
         pages = self.index.pool.allocate(len(rows))
         self.kv_cache.write_pages(pages, torch.stack(rows))
         end = (match.num_pages + len(pages)) * self.index.page_size
-        self.index.insert(ns, request.prompt[:end], list(match.pages) + pages, request.tenant, now)
+        self.index.insert_prompt(placement, request.prompt[:end], list(match.pages) + pages, request.tenant, now)
         self.index.pool.release(pages)
-        self.index.unlock(match)
+        self.index.unlock_prompt(match)
         for key in job.keys[skip:num_read]:  # moved up: exclusive local tiers drop their copy
             self._forget(key)
         self._forget_failed(job, num_read)

@@ -24,7 +24,6 @@ class GenerationRequest:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     tenant: str = "default"
-    shareable: bool = False
 
 
 @dataclass(frozen=True)

@@ -170,3 +170,43 @@ def test_a_request_that_can_never_fit_is_refused_at_add():
     sched = Scheduler(PrefixIndex(PagePool(5, 16)))
     with pytest.raises(ValueError, match="needs 5 pages, the pool holds 4"):
         sched.add(Request(RequestId("big"), prompt(70, 1), max_new_tokens=1))
+
+
+def test_shared_prefix_isolation_shares_the_declared_prefix_and_nothing_after_it():
+    """Tenant a sends a declared 2-page system prompt and 3 pages of its own; tenant b sends the very same
+    tokens: b reuses the system prompt's pages (the same page ids), never a's 3 private pages, and keeps
+    its own copy of them for itself."""
+    pool = PagePool(41, PS)
+    index = PrefixIndex(pool)
+    sched = Scheduler(index, SchedulerConfig(strict_isolation=False))
+    system, private = prompt(32, 1), prompt(48, 2)
+    tokens = np.concatenate([system, private, prompt(1, 3)])
+
+    def serve(request_id: str, tenant: str, shared_tokens: int, now: float):
+        sched.add(Request(RequestId(request_id), tokens, 1, tenant=tenant, shared_tokens=shared_tokens))
+        plan, done = step(sched, now)
+        return plan.seqs[0], done[0]
+
+    a, _ = serve("a", "a", 32, 0.0)
+    assert a.num_cached_tokens == 0 and a.page_table[:5] == (1, 2, 3, 4, 5)
+    b, _ = serve("b", "b", 32, 1.0)
+    assert b.num_cached_tokens == 32 and b.page_table[:2] == (1, 2)  # the system prompt only
+    assert b.page_table[2:5] != (3, 4, 5)
+    b2, _ = serve("b2", "b", 32, 2.0)
+    assert b2.num_cached_tokens == 80 and b2.page_table[2:5] == b.page_table[2:5]  # b's own copy
+    # Not declared, nothing is shared: strict as far as a third tenant is concerned.
+    c, _ = serve("c", "c", 0, 3.0)
+    assert c.num_cached_tokens == 0
+    index.check_integrity()
+    pool.check_integrity()
+
+
+def test_shared_tokens_are_the_longest_common_prefix_with_a_declared_prefix():
+    from kvbench.engines.kvengine.core.prefix_index import shared_tokens_of
+
+    declared = [np.arange(10), np.arange(100, 140)]
+    assert shared_tokens_of(np.arange(20), declared) == 10
+    assert shared_tokens_of(np.concatenate([np.arange(100, 130), [7]]), declared) == 30  # diverges at 30
+    assert shared_tokens_of(np.arange(5), declared) == 5
+    assert shared_tokens_of(np.arange(50, 60), declared) == 0
+    assert shared_tokens_of(np.arange(20), []) == 0

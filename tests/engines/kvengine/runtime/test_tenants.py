@@ -13,7 +13,7 @@ from scipy.stats import mannwhitneyu
 from kvbench.engines.kvengine.runtime.tenants_config import load_tenants, parse_tenants
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
-from .tiers_fixtures import greedy, make_engine, run
+from .tiers_fixtures import greedy, make_engine, run, tokens
 
 TENANTS = {
     "cap_fraction": 0.5,
@@ -71,10 +71,10 @@ def ttft_s(engine, request) -> tuple[float, int]:
     return first, last.cached_tokens
 
 
-def b_timings(loaded, isolation: str) -> tuple[list[float], list[float], list[int]]:
+def b_timings(loaded, isolation: str, tenants_file: str | None = None) -> tuple[list[float], list[float], list[int]]:
     """Tenant A caches 16 prefixes; tenant B then sends each of them once, interleaved with 16 prefixes
     nobody has sent. Returns B's TTFTs for (A's prefixes, fresh prefixes) and B's cached tokens on A's."""
-    engine = make_engine(loaded, kv_capacity_tokens=8192, isolation=isolation)
+    engine = make_engine(loaded, kv_capacity_tokens=16384, isolation=isolation, tenants_file=tenants_file)
     theirs = [prompt(1000 + i, 12) for i in range(16)]
     fresh = [prompt(2000 + i, 12) for i in range(16)]
     for i, p in enumerate(theirs):
@@ -90,6 +90,13 @@ def b_timings(loaded, isolation: str) -> tuple[list[float], list[float], list[in
     return ttft_seen, ttft_fresh, cached
 
 
+def ab_tenants(tmp_path, shared_prefixes: list) -> str:
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps({"tenants": {"A": {"api_keys": ["k-a"]}, "B": {"api_keys": ["k-b"]}},
+                                "shared_prefixes": shared_prefixes}))
+    return str(path)
+
+
 def test_strict_isolation_b_never_hits_a_and_its_ttft_does_not_tell_what_a_cached(loaded):
     # Mann-Whitney U (two-sided, scipy) on B's TTFT for A's cached prefixes vs prefixes nobody sent.
     seen, fresh, cached = b_timings(loaded, "strict")
@@ -97,10 +104,35 @@ def test_strict_isolation_b_never_hits_a_and_its_ttft_does_not_tell_what_a_cache
     assert mannwhitneyu(seen, fresh, alternative="two-sided").pvalue > 0.001
 
 
-def test_shared_prefix_mode_shares_identical_content_and_the_same_test_detects_it(loaded):
-    seen, fresh, cached = b_timings(loaded, "shared-prefix")
+def test_shared_prefix_mode_shares_declared_prefixes_and_the_same_test_detects_it(loaded, tmp_path):
+    declared = [prompt(1000 + i, 12) for i in range(16)]  # A's prefixes, declared shareable by the file
+    seen, fresh, cached = b_timings(loaded, "shared-prefix", ab_tenants(tmp_path, declared))
     assert cached == [192] * 16  # 12 pages of A's, shared
     assert mannwhitneyu(seen, fresh, alternative="less").pvalue < 0.001  # the side channel strict mode closes
+
+
+def test_shared_prefix_mode_never_shares_what_is_not_declared(loaded, tmp_path):
+    # Nothing declared: A's prefixes stay A's, as in strict isolation.
+    cached = b_timings(loaded, "shared-prefix", ab_tenants(tmp_path, [prompt(7, 3)]))[2]
+    assert cached == [0] * 16
+
+
+def test_a_shared_system_prompt_is_shared_and_what_follows_it_is_not(loaded, tmp_path):
+    system = prompt(1, 3)  # 3 pages, declared
+    private = prompt(2, 4)  # 4 pages A sends after it
+    engine = make_engine(loaded, isolation="shared-prefix", tenants_file=ab_tenants(tmp_path, [system]))
+    alone = run(make_engine(loaded), greedy("ref", system + private + [5], 4))["ref"]
+    run(engine, greedy("a1", system + private + [5], 4, tenant="A"))
+    b_same = run(engine, greedy("b1", system + private + [5], 4, tenant="B"))["b1"]
+    assert b_same[-1].cached_tokens == 48  # the system prompt's 3 pages, not A's private 4
+    assert tokens(b_same) == tokens(alone)
+    a_again = run(engine, greedy("a2", system + private + [6], 4, tenant="A"))["a2"]
+    assert a_again[-1].cached_tokens == 112  # A's own continuation is still A's
+    b_again = run(engine, greedy("b2", system + private + [6], 4, tenant="B"))["b2"]
+    assert b_again[-1].cached_tokens == 112  # and B's copy is B's
+    other_system = run(engine, greedy("a3", prompt(3, 3) + private + [5], 4, tenant="A"))["a3"]
+    assert other_system[-1].cached_tokens == 0  # the same private text after another prefix is other KV
+    engine.close()
 
 
 def test_tenants_files_are_checked_with_the_field_named(tmp_path):
