@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import socket
 import sys
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
+from kvbench.engines.kvengine.server.main import ADMIN_KEY_ENV  # main imports no torch at import time
 from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import build
@@ -59,7 +61,11 @@ class KVEngineAdapter:
         self.settings = build(KVEngineSettings, values, "engine.kvengine")
         self.workdir = workdir
         self.port = self.settings.port or _free_port()
-        self._process = ManagedProcess(self.command(), {"OMP_WAIT_POLICY": "PASSIVE"}, workdir / "engine.log")
+        # The key of the cache reset and /metrics: a fresh one per launch, through the environment (argv
+        # is logged and visible in ps). The run's API key may be a tenant's, which may not reset everyone.
+        self._admin_key = secrets.token_urlsafe(24)
+        env = {"OMP_WAIT_POLICY": "PASSIVE", ADMIN_KEY_ENV: self._admin_key}
+        self._process = ManagedProcess(self.command(), env, workdir / "engine.log")
 
     def command(self) -> list[str]:
         s = self.settings
@@ -126,13 +132,13 @@ class KVEngineAdapter:
         self._process.wait_healthy(self.base_url + "/health", timeout_s)
 
     def reset_cache(self) -> bool:
-        reply = request("POST", self.base_url + "/reset_prefix_cache", timeout_s=30, api_key=self.settings.api_key)
+        reply = request("POST", self.base_url + "/reset_prefix_cache", timeout_s=30, api_key=self._admin_key)
         if not reply.ok:
             raise EngineError(f"kvengine cache reset failed: {reply.error or reply.status}")
         return True
 
     def scrape_metrics(self) -> Mapping[str, float] | None:
-        reply = request("GET", self.base_url + "/metrics", api_key=self.settings.api_key)
+        reply = request("GET", self.base_url + "/metrics", api_key=self._admin_key)
         return parse_samples(reply.body) if reply.ok else None
 
     def stop(self) -> None:

@@ -5,22 +5,37 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import math
+
 import torch
+
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-40 overflows to inf and
+# the softmax to NaN, which torch.multinomial refuses.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+# What torch.Generator.manual_seed accepts is wider; this is vLLM's range (a 64-bit signed integer).
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling: temperature 0 is greedy; `seed` makes a request reproducible on its own."""
+    """Per-request sampling: a temperature below GREEDY_BELOW_TEMPERATURE (0 included) is greedy; `seed`
+    makes a request reproducible on its own."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
-        if not 0 < self.top_p <= 1:
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature={self.temperature} must be a finite number >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ValueError(f"top_p={self.top_p} must be in (0, 1]")
+        if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ValueError(f"seed={self.seed} must be in [{SEED_RANGE[0]}, {SEED_RANGE[1]}]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def generator(self, device: torch.device | str = "cpu") -> torch.Generator | None:
         """A fresh generator for this request (keep it for the request's life), or None: torch's default."""
@@ -40,7 +55,7 @@ def sample(
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     for i, (p, gen) in enumerate(zip(params, generators)):
         row = logits[i].float()
-        if p.temperature == 0:
+        if p.greedy:
             out[i] = row.argmax()
             continue
         probs = torch.softmax(row / p.temperature, dim=-1)

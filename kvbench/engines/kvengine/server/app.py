@@ -2,35 +2,89 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,
 GET /metrics (Prometheus), POST /reset_prefix_cache. Model compute runs on the engine's own thread
-(`AsyncEngine`); handlers only parse, stream and format.
+(`AsyncEngine`), tokenisation on a thread of the server's own; handlers only parse, stream and format, so
+the event loop (and /health) keeps answering whatever a request carries.
 
 Identity: with a tenants file, the Bearer key names the tenant (an unknown or missing key gets 401), and a
 request that names a different tenant (body `tenant`, or header `X-Tenant`) gets 403: a key cannot claim
 another tenant's identity. With a single `api_key` (or none) every request is tenant `default`.
+
+Administration: /reset_prefix_cache (every tenant's cache) and /metrics (every tenant's name and counts)
+need the admin key (`admin_key`, else `api_key`) as soon as any key is configured: no key or an unknown
+one gets 401, a tenant's key 403. `metrics_open` opens /metrics to anyone (a Prometheus without a key).
+/health is always open; /v1/models needs a key wherever the completions do. Keys are compared in constant
+time (`hmac.compare_digest`).
+
+Limits: a body beyond `protocol.max_body_bytes` of the model's context gets 413, a text prompt beyond
+`protocol.max_prompt_chars` 400 before it is tokenised. A non-streaming client that leaves is noticed
+within `DISCONNECT_POLL_S` and its request aborted (its pages freed), as a streaming one is at its next write.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hmac
 import json
 import time
 import uuid
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.requests import StepOutput, TokenLogprob
-from kvbench.engines.kvengine.server.protocol import ParsedRequest, RequestError, parse_chat, parse_completion
+from kvbench.engines.kvengine.server.protocol import (
+    ParsedRequest,
+    RequestError,
+    max_body_bytes,
+    max_prompt_chars,
+    parse_chat,
+    parse_completion,
+)
 from kvbench.engines.kvengine.server.text import TextStream
 
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys a server accepts. No key at all: everything is open (a local, single-user server)."""
+
+    api_key: str | None = None  # the key of tenant `default` (with or without a tenants file)
+    admin_key: str | None = None  # administration; None: `api_key` administers
+    metrics_open: bool = False  # /metrics needs no key
+
+    @property
+    def admin(self) -> str | None:
+        return self.admin_key if self.admin_key is not None else self.api_key
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request, from its Bearer key alone."""
+
+    tenant: str | None  # None: no inference identity (no key, or an unknown one, where keys are needed)
+    admin: bool
+    known: bool  # its key is one this server knows (a tenant's, the api key or the admin key)
+
+
 ENGINE_KEY = web.AppKey("engine", AsyncEngine)
-API_KEY = web.AppKey("api_key", object)
+KEYS = web.AppKey("keys", Keys)
+TOKENIZE = web.AppKey("tokenize", ThreadPoolExecutor)
 
 
-def make_app(engine: AsyncEngine, api_key: str | None = None) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+def make_app(engine: AsyncEngine, api_key: str | None = None, admin_key: str | None = None,
+             metrics_open: bool = False) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes(engine.engine.max_model_len))
     app[ENGINE_KEY] = engine
-    app[API_KEY] = api_key
+    app[KEYS] = Keys(api_key, admin_key, metrics_open)
+    # One thread: a fast tokenizer is not meant to be driven from several threads at once, and a long
+    # prompt then delays other prompts' tokenisation, never the event loop.
+    app[TOKENIZE] = ThreadPoolExecutor(1, "kvengine-tokenize")
+    app.on_cleanup.append(_stop_tokenizer)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
@@ -40,36 +94,58 @@ def make_app(engine: AsyncEngine, api_key: str | None = None) -> web.Application
     return app
 
 
+async def _stop_tokenizer(app: web.Application) -> None:
+    app[TOKENIZE].shutdown(wait=False, cancel_futures=True)
+
+
 def error_response(message: str, status: int = 400, kind: str = "invalid_request_error", param: str | None = None):
     return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
 
 
 async def _body(request: web.Request) -> Mapping:
+    too_large = RequestError(f"the body is larger than this server accepts ({request.client_max_size} bytes for "
+                             "its model's context); shorten the prompt", status=413)
+    if (request.content_length or 0) > request.client_max_size:
+        raise too_large  # refused before a byte of it is read
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise RequestError("the body is not valid JSON") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
+        raise RequestError(f"the body is not valid JSON ({str(exc).splitlines()[0][:100]})") from None
     if not isinstance(body, Mapping):
         raise RequestError("the body must be a JSON object")
     return body
 
 
-def _tenant(request: web.Request, body: Mapping | None = None) -> str:
-    expected = request.app[API_KEY]
+def _same(a: str, b: str) -> bool:
+    """Constant-time comparison of two keys (any characters)."""
+    return hmac.compare_digest(a.encode("utf-8", "surrogateescape"), b.encode("utf-8", "surrogateescape"))
+
+
+def _caller(request: web.Request) -> Caller:
+    keys = request.app[KEYS]
     tenants = request.app[ENGINE_KEY].engine.tenants
     header = request.headers.get("Authorization", "")
     key = header[len("Bearer "):] if header.startswith("Bearer ") else None
-    if tenants.tenants:
-        tenant = tenants.tenant_for(key) if key else None
-        if tenant is None and (expected is None or key != expected):
-            raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401,
-                               kind="authentication_error")
-        tenant = tenant or "default"
-    else:
-        if expected is not None and key != expected:
-            raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401,
-                               kind="authentication_error")
-        tenant = "default"
+    keyed = bool(tenants.tenants or keys.api_key)  # inference needs a key
+    if not keyed and keys.admin_key is None:
+        return Caller("default", admin=True, known=True)  # no key at all: a local, single-user server
+    if key is None:
+        return Caller(None if keyed else "default", admin=False, known=False)
+    admin = keys.admin is not None and _same(key, keys.admin)
+    tenant = tenants.tenant_for(key) if tenants.tenants else None
+    if tenant is not None:
+        return Caller(tenant, admin, known=True)
+    is_api_key = keys.api_key is not None and _same(key, keys.api_key)
+    return Caller("default" if admin or is_api_key or not keyed else None, admin, known=admin or is_api_key)
+
+
+def _tenant(request: web.Request, body: Mapping | None = None) -> str:
+    tenant = _caller(request).tenant
+    if tenant is None:
+        raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401,
+                           kind="authentication_error")
     claimed = [c for c in (request.headers.get("X-Tenant"), (body or {}).get("tenant")) if c is not None]
     if any(c != tenant for c in claimed):
         raise RequestError("tenant: a request cannot claim another tenant's identity; the API key decides the tenant",
@@ -77,9 +153,22 @@ def _tenant(request: web.Request, body: Mapping | None = None) -> str:
     return tenant
 
 
+def _require_admin(request: web.Request, what: str) -> None:
+    caller = _caller(request)
+    if caller.admin:
+        return
+    if caller.known:
+        raise RequestError(f"{what} needs the admin key; a tenant's key cannot act on every tenant's cache",
+                           status=403, kind="permission_error")
+    raise RequestError(f"{what} needs the admin key (Authorization: Bearer ...)", status=401,
+                       kind="authentication_error")
+
+
 def _check_model(request: web.Request, body: Mapping) -> None:
     engine = request.app[ENGINE_KEY].engine
     name = body.get("model")
+    if name is not None and not isinstance(name, str):
+        raise RequestError(f"model: must be a string, got {name!r}", "model")
     if name is not None and name not in (engine.model_name, "default"):
         raise RequestError(
             f"model {name!r} is not served here; use {engine.model_name!r}", "model", status=404, kind="not_found_error"
@@ -88,23 +177,28 @@ def _check_model(request: web.Request, body: Mapping) -> None:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY].engine
-    return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant), chat=False)
+    limit = max_prompt_chars(engine.max_model_len)
+    return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
+                         chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY].engine
-    return await _handle(request, lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant), chat=True)
+    limit = max_prompt_chars(engine.max_model_len)
+    return await _handle(request, lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant, limit),
+                         chat=True)
 
 
 async def _handle(request: web.Request, parse, chat: bool) -> web.StreamResponse:
-    """Authenticate, parse and validate (each failure an OpenAI-style error), then serve the generation."""
+    """Authenticate, parse and validate (each failure an OpenAI-style error), then serve the generation.
+    Parsing tokenises, so it runs on the tokenizer thread."""
     engine = request.app[ENGINE_KEY]
     try:
         _tenant(request)  # 401 before reading the body
         body = await _body(request)
         tenant = _tenant(request, body)
         _check_model(request, body)
-        parsed = parse(body, tenant)
+        parsed = await asyncio.get_running_loop().run_in_executor(request.app[TOKENIZE], parse, body, tenant)
         engine.engine.validate(parsed.generation)
     except RequestError as exc:
         return error_response(str(exc), exc.status, exc.kind, exc.param)
@@ -255,29 +349,23 @@ def _offsets(tokens: list[str]) -> list[int]:
 
 async def _serve(request: web.Request, engine: AsyncEngine, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
     answer = _Answer(parsed, engine.engine.loaded.tokenizer, engine.engine.model_name, chat)
-    request_id = parsed.generation.request_id
     if not parsed.stream:
-        try:
-            async for output in engine.generate(parsed.generation):
-                answer.add(output)
-                if answer.text.stopped and not output.finished:
-                    engine.abort(request_id, "stop")
-        except RuntimeError as exc:
-            return error_response(str(exc), 500, "server_error")
-        return web.json_response(answer.body())
+        return await _serve_whole(request, engine, answer)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     first = True
+    # aclosing: when a write fails (the client left), the request is aborted now, not when the generator is
+    # garbage-collected.
     try:
-        async for output in engine.generate(parsed.generation):
-            logprobs_before, ids_before = len(answer.logprobs), len(answer.token_ids)
-            delta = answer.add(output)
-            new_ids = answer.token_ids[ids_before:]
-            if new_ids or (first and parsed.echo):
-                await response.write(_event(answer.chunk(delta, answer.logprobs[logprobs_before:], new_ids, first)))
-                first = False
-            if answer.text.stopped and not output.finished:
-                engine.abort(request_id, "stop")
+        async with contextlib.aclosing(engine.generate(parsed.generation)) as outputs:
+            async for output in outputs:
+                logprobs_before, ids_before = len(answer.logprobs), len(answer.token_ids)
+                delta = answer.add(output)
+                new_ids = answer.token_ids[ids_before:]
+                if new_ids or (first and parsed.echo):
+                    await response.write(_event(answer.chunk(delta, answer.logprobs[logprobs_before:], new_ids, first)))
+                    first = False
+                _stop_if_stopped(engine, answer, output)
         await response.write(_event(answer.final_chunk()))
         if parsed.include_usage:
             await response.write(_event(answer.usage_chunk()))
@@ -288,11 +376,47 @@ async def _serve(request: web.Request, engine: AsyncEngine, parsed: ParsedReques
     return response
 
 
+async def _serve_whole(request: web.Request, engine: AsyncEngine, answer: _Answer) -> web.StreamResponse:
+    """A non-streaming answer. Nothing is written before the end, so a client that leaves would go unnoticed
+    until max_tokens: the connection is checked every DISCONNECT_POLL_S, and the request aborted if gone."""
+
+    async def collect() -> None:
+        async with contextlib.aclosing(engine.generate(answer.parsed.generation)) as outputs:
+            async for output in outputs:
+                answer.add(output)
+                _stop_if_stopped(engine, answer, output)
+
+    task = asyncio.ensure_future(collect())
+    try:
+        while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
+            if request.transport is None or request.transport.is_closing():
+                task.cancel()  # generate() aborts the request on its way out
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return web.Response(status=499)  # nobody reads it; logs see why the request ended
+        task.result()  # what collect() raised, if anything
+    except RuntimeError as exc:
+        return error_response(str(exc), 500, "server_error")
+    finally:
+        task.cancel()  # a no-op once done; otherwise this handler was cancelled, and the request goes too
+    return web.json_response(answer.body())
+
+
+def _stop_if_stopped(engine: AsyncEngine, answer: _Answer, output: StepOutput) -> None:
+    """A stop string ended the text: end the request in the engine too."""
+    if answer.text.stopped and not output.finished:
+        engine.abort(answer.parsed.generation.request_id, "stop")
+
+
 def _event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def models(request: web.Request) -> web.Response:
+    try:
+        _tenant(request)
+    except RequestError as exc:
+        return error_response(str(exc), exc.status, exc.kind, exc.param)
     engine = request.app[ENGINE_KEY].engine
     return web.json_response({
         "object": "list",
@@ -308,10 +432,19 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    if not request.app[KEYS].metrics_open:
+        try:
+            _require_admin(request, "/metrics")
+        except RequestError as exc:
+            return error_response(str(exc), exc.status, exc.kind, exc.param)
     engine = request.app[ENGINE_KEY].engine
     return web.Response(body=engine.metrics.exposition(), content_type="text/plain", charset="utf-8")
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
+    try:
+        _require_admin(request, "/reset_prefix_cache")
+    except RequestError as exc:
+        return error_response(str(exc), exc.status, exc.kind, exc.param)
     freed = await request.app[ENGINE_KEY].call(lambda engine: engine.reset_prefix_cache())
     return web.json_response({"status": "ok", "freed_pages": freed})

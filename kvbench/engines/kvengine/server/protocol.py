@@ -1,20 +1,40 @@
 """The OpenAI-compatible request bodies our engine accepts, validated into `GenerationRequest`s.
 
 Every bad field gets a 400 with a message naming the field and the fix (`RequestError`). Extensions that
-vLLM users know are accepted: `ignore_eos`, `return_token_ids`, `top_k`-less sampling, token-id prompts.
+vLLM users know are accepted: `ignore_eos`, `return_token_ids`, `top_k` -1 or 0 (off; others are refused),
+token-id prompts. Numbers must be finite (Python's JSON reader accepts NaN and Infinity); a temperature below
+`GREEDY_BELOW_TEMPERATURE` (1e-5, vLLM's _SAMPLING_EPS) is served greedily, as vLLM does.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvbench.engines.kvengine.model.sampling import SamplingParams
+from kvbench.engines.kvengine.model.sampling import SEED_RANGE, SamplingParams
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 
 MAX_LOGPROBS = 20
+# A text prompt longer than this many characters per token of the model's context cannot fit (no tokenizer
+# we serve averages longer tokens), so it is refused before tokenising: tokenising 20 MB took 31 s.
+MAX_CHARS_PER_TOKEN = 64
+# A body's bytes per token of context: 64 characters, each at most a 6-byte JSON escape (\u0000), plus room
+# for the other fields. A longer body gets 413 (aiohttp stops reading at the limit).
+MAX_BODY_BYTES_PER_TOKEN = MAX_CHARS_PER_TOKEN * 6
+BODY_OVERHEAD_BYTES = 1 << 20
 _ids = itertools.count()
+
+
+def max_prompt_chars(max_model_len: int) -> int:
+    """The most characters of prompt text (all chat messages together) worth tokenising for this context."""
+    return max_model_len * MAX_CHARS_PER_TOKEN
+
+
+def max_body_bytes(max_model_len: int) -> int:
+    """The largest request body a server for this context accepts (aiohttp's client_max_size)."""
+    return max_model_len * MAX_BODY_BYTES_PER_TOKEN + BODY_OVERHEAD_BYTES
 
 
 class RequestError(ValueError):
@@ -41,13 +61,15 @@ class ParsedRequest:
     drop_generated: bool  # max_tokens 0 with echo: score the prompt only (lm-eval's loglikelihood)
 
 
-def parse_completion(body: Mapping, tokenizer, tenant: str) -> ParsedRequest:
+def parse_completion(body: Mapping, tokenizer, tenant: str, max_chars: int) -> ParsedRequest:
+    """`max_chars`: the longest text prompt worth tokenising (`max_prompt_chars`)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
+        _check_chars(len(prompt), max_chars, "prompt")
         prompt_ids = tuple(tokenizer(prompt)["input_ids"])
-    elif isinstance(prompt, list) and prompt and all(isinstance(token, int) and not isinstance(token, bool) for token in prompt):
+    elif isinstance(prompt, list) and prompt and all(_is_int(token) for token in prompt):
         prompt_ids = tuple(prompt)
     else:
         raise RequestError("prompt: give a string or a non-empty list of token ids (one prompt per request)", "prompt")
@@ -57,13 +79,17 @@ def parse_completion(body: Mapping, tokenizer, tenant: str) -> ParsedRequest:
     return _parsed(body, prompt_ids, max_tokens, logprobs, echo, tenant)
 
 
-def parse_chat(body: Mapping, chat_prompt_ids, tenant: str) -> ParsedRequest:
+def parse_chat(body: Mapping, chat_prompt_ids, tenant: str, max_chars: int) -> ParsedRequest:
+    """`max_chars`: the longest text (all messages) worth tokenising (`max_prompt_chars`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: give a non-empty list of {role, content} objects", "messages")
     for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("content"), str) or "role" not in message:
-            raise RequestError(f"messages[{index}]: each message needs a 'role' and a string 'content'", "messages")
+        if not (isinstance(message, Mapping) and isinstance(message.get("content"), str)
+                and isinstance(message.get("role"), str)):
+            raise RequestError(f"messages[{index}]: each message needs a string 'role' and a string 'content'",
+                               "messages")
+    _check_chars(sum(len(m["content"]) + len(m["role"]) for m in messages), max_chars, "messages")
     prompt_ids = tuple(chat_prompt_ids([{"role": m["role"], "content": m["content"]} for m in messages]))
     want = _bool(body, "logprobs", False)
     top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
@@ -76,20 +102,25 @@ def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprob
             tenant: str) -> ParsedRequest:
     if _int(body, "n", 1, 1) != 1:
         raise RequestError("n: only n=1 is supported", "n")
-    temperature = _float(body, "temperature", 1.0, 0.0)
+    temperature = _float(body, "temperature", 1.0, 0.0)  # below GREEDY_BELOW_TEMPERATURE: greedy
     top_p = _float(body, "top_p", 1.0, 0.0)
     if not 0 < top_p <= 1:
         raise RequestError(f"top_p: must be in (0, 1], got {top_p}", "top_p")
+    top_k = _int(body, "top_k", -1, -1)
+    if top_k > 0:
+        raise RequestError(f"top_k: not supported by this engine; omit it or send -1 (got {top_k})", "top_k")
     seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise RequestError("seed: must be an integer", "seed")
+    if seed is not None:
+        low, high = SEED_RANGE
+        if not isinstance(seed, int) or isinstance(seed, bool) or not low <= seed <= high:
+            raise RequestError(f"seed: must be an integer in [{low}, {high}], got {seed!r}", "seed")
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise RequestError("stop: give a string or a list of strings", "stop")
     stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+    if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
         raise RequestError("stop_token_ids: give a list of token ids", "stop_token_ids")
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
@@ -117,6 +148,17 @@ def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprob
     )
 
 
+def _check_chars(count: int, max_chars: int, name: str) -> None:
+    if count > max_chars:
+        raise RequestError(f"{name}: {count} characters cannot fit the model's context of "
+                           f"{max_chars // MAX_CHARS_PER_TOKEN} tokens (at most {max_chars} characters are "
+                           "tokenised); shorten it", name)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _bool(body: Mapping, name: str, default: bool) -> bool:
     value = body.get(name, default)
     if value is None:
@@ -130,7 +172,7 @@ def _int(body: Mapping, name: str, default: int, minimum: int) -> int:
     value = body.get(name)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not _is_int(value):
         raise RequestError(f"{name}: must be an integer, got {value!r}", name)
     if value < minimum:
         raise RequestError(f"{name}: must be >= {minimum}, got {value}", name)
@@ -152,6 +194,9 @@ def _float(body: Mapping, name: str, default: float, minimum: float) -> float:
         return default
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise RequestError(f"{name}: must be a number, got {value!r}", name)
-    if value < minimum:
+    number = float(value) if isinstance(value, float) or abs(value) < 2**1000 else math.inf
+    if not math.isfinite(number):
+        raise RequestError(f"{name}: must be a finite number, got {value!r}", name)
+    if number < minimum:
         raise RequestError(f"{name}: must be >= {minimum}, got {value}", name)
-    return float(value)
+    return number

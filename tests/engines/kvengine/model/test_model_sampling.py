@@ -57,3 +57,20 @@ def test_bad_params_are_rejected():
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="rows"):
         sample(torch.zeros(2, 3), [SamplingParams()], [None])
+
+
+def test_a_temperature_below_1e_5_is_greedy_where_dividing_by_it_would_give_nan():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(1))
+    greedy = logits.argmax(-1).tolist()
+    for temperature in (1e-40, 9e-6):
+        params = SamplingParams(temperature=temperature, seed=3)
+        assert params.greedy
+        assert sample(logits, [params] * 5, [params.generator()] * 5).tolist() == greedy
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
+@pytest.mark.parametrize("bad", [{"temperature": float("nan")}, {"temperature": float("inf")},
+                                 {"top_p": float("nan")}, {"seed": 2**63}, {"seed": -(2**63) - 1}])
+def test_values_torch_would_fail_on_mid_step_are_refused_up_front(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)

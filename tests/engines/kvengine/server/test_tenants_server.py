@@ -22,6 +22,7 @@ from ..runtime.tiers_fixtures import free_port
 from .server_fixture import serving
 
 PROMPT = list(range(300, 380))
+ADMIN = "k-admin"
 DASHBOARD = Path(kvengine_package.__file__).parent / "grafana" / "kvengine-dashboard.json"
 
 
@@ -32,7 +33,7 @@ def url(tmp_path_factory):
                     "  beta:\n    api_keys: [k-beta]\n")
     config = EngineConfig(kv_capacity_tokens=4096, max_model_len=512, served_model_name="tiny",
                           tenants_file=str(path), host_capacity_tokens=1024)
-    with serving(Engine(config, tiny_loaded_model(5))) as base:
+    with serving(Engine(config, tiny_loaded_model(5)), admin_key=ADMIN) as base:
         yield base
 
 
@@ -71,7 +72,8 @@ def test_usage_reports_cached_tokens_by_tier_and_tenants_do_not_share(url):
 
 
 def exported_names(url) -> set[str]:
-    with urllib.request.urlopen(url + "/metrics") as reply:
+    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+    with urllib.request.urlopen(request) as reply:
         text = reply.read().decode()
     # Families from the TYPE lines: a labelled counter is declared before its first sample exists.
     names = set()
@@ -105,6 +107,7 @@ def test_a_real_prometheus_scrapes_per_tenant_metrics(url, tmp_path):
     target = urllib.parse.urlparse(url).netloc
     (tmp_path / "prometheus.yml").write_text(
         f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: kvengine\n"
+        f"    authorization: {{credentials: {ADMIN}}}\n"
         f"    static_configs:\n      - targets: ['{target}']\n")
     port = free_port()
     process = subprocess.Popen(

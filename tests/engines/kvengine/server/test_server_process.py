@@ -1,0 +1,106 @@
+"""`kvbench serve` as a process: an engine failure exits non-zero (a supervisor sees it), a bad tenants file
+exits 2 with one line, and the adapter resets and scrapes with the admin key it gave the server."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from kvbench.engines.http import request
+from kvbench.engines.kvengine.adapter import KVEngineAdapter
+
+from ..runtime.tiers_fixtures import free_port
+
+BAD_TENANTS = Path(__file__).parents[3] / "data" / "bad_inputs" / "tenants"
+BROKEN_SCHEDULER = """
+import sys
+from kvbench.engines.kvengine.core.scheduler import Scheduler
+
+real_schedule = Scheduler.schedule
+
+
+def schedule(self, now):
+    if self.has_work():
+        raise AssertionError("injected: the scheduler is broken")
+    return real_schedule(self, now)
+
+
+Scheduler.schedule = schedule
+from kvbench.engines.kvengine.server.main import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def wait_healthy(url: str, process: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()[0]
+        if request("GET", url + "/health", timeout_s=2).ok:
+            return
+        time.sleep(0.2)
+    pytest.fail("the server never became healthy")
+
+
+@pytest.mark.slow
+def test_an_engine_failure_exits_the_server_process_non_zero(tmp_path):
+    script = tmp_path / "broken_serve.py"
+    script.write_text(BROKEN_SCHEDULER)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, str(script), "--model", "tiny-random", "--kv-capacity", "2048", "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process)
+        reply = request("POST", url + "/v1/completions", timeout_s=60,
+                        json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        assert not reply.ok  # a 500 naming the failure, or the connection closed as the server went down
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 1, output
+    assert "engine failure" in output and "injected: the scheduler is broken" in output
+
+
+@pytest.mark.parametrize("name", ["wrong_type_quota.yaml", "not_yaml.yaml", "binary.yaml"])
+def test_a_bad_tenants_file_exits_2_with_one_line_before_the_model_loads(name):
+    result = subprocess.run(
+        [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", "tiny-random",
+         "--tenants-file", str(BAD_TENANTS / name)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0] and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_adapter_resets_and_scrapes_with_its_admin_key_while_the_run_uses_a_tenant_key(tmp_path):
+    tenants = tmp_path / "tenants.yaml"
+    tenants.write_text("tenants:\n  acme:\n    api_keys: [k-acme]\n")
+    adapter = KVEngineAdapter({"model": "tiny-random", "kv_capacity": 2048, "tenants_file": str(tenants),
+                               "api_key": "k-acme"}, tmp_path)
+    assert not any("admin" in part for part in adapter.command())  # the key travels in the environment
+    adapter.start()
+    try:
+        adapter.wait_healthy(180)
+        url = adapter.base_url
+        body = json.dumps({"prompt": list(range(40)), "max_tokens": 2}).encode()
+        tenant_call = urllib.request.Request(url + "/v1/completions", data=body, headers={
+            "Authorization": "Bearer k-acme", "Content-Type": "application/json"})
+        with urllib.request.urlopen(tenant_call, timeout=60) as reply:
+            assert reply.status == 200
+        assert not request("POST", url + "/reset_prefix_cache", api_key="k-acme").ok  # a tenant may not
+        assert adapter.reset_cache()
+        samples = adapter.scrape_metrics()
+        assert samples is not None and any('tenant="acme"' in name for name in samples)
+    finally:
+        adapter.stop()
