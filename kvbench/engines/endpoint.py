@@ -16,11 +16,13 @@ from kvbench.settings import build
 @dataclass(frozen=True)
 class EndpointSettings:
     """`url` is the server's base URL (with or without /v1). `reset_path` (e.g. /reset_prefix_cache for
-    vLLM, /flush_cache for SGLang) is POSTed before each run when given; `metrics_path` is scraped."""
+    vLLM, /flush_cache for SGLang) is POSTed before each run when given; `metrics_path` is scraped. Both send
+    `admin_key` when given (a server with tenant keys keeps its admin endpoints from them), else `api_key`."""
 
     url: str = "http://127.0.0.1:8000"
     model: str = "default"
     api_key: str | None = None
+    admin_key: str | None = None
     kv_dtype: str = "unknown"
     reset_path: str | None = None
     metrics_path: str | None = "/metrics"
@@ -52,6 +54,10 @@ class EndpointAdapter:
     def describe(self) -> Mapping[str, object]:
         return {"kv_dtype": self.settings.kv_dtype, "url": self._base}
 
+    @property
+    def _admin_key(self) -> str | None:
+        return self.settings.admin_key or self.settings.api_key
+
     def start(self) -> None:
         """Nothing to launch."""
 
@@ -73,7 +79,7 @@ class EndpointAdapter:
     def reset_cache(self) -> bool:
         if not self.settings.reset_path:
             return False
-        reply = request("POST", self._base + self.settings.reset_path, api_key=self.settings.api_key)
+        reply = request("POST", self._base + self.settings.reset_path, api_key=self._admin_key)
         if not reply.ok:
             raise EngineError(f"cache reset {self.settings.reset_path} failed: {reply.error or reply.status} {reply.body[:200]}")
         return True
@@ -81,7 +87,7 @@ class EndpointAdapter:
     def scrape_metrics(self) -> Mapping[str, float] | None:
         if not self.settings.metrics_path:
             return None
-        reply = request("GET", self._base + self.settings.metrics_path, api_key=self.settings.api_key)
+        reply = request("GET", self._base + self.settings.metrics_path, api_key=self._admin_key)
         return parse_samples(reply.body) if reply.ok else None
 
     def stop(self) -> None:

@@ -29,10 +29,6 @@ def _expectations(folder: str) -> list[tuple[str, str]]:
     return sorted(expect.items())
 
 
-def _tenants_cases() -> list[tuple[str, str]]:
-    return _expectations("tenants") if (CORPUS / "tenants" / "expect.yaml").exists() else []
-
-
 @pytest.fixture
 def no_engine(monkeypatch):
     def refuse(*args, **kwargs):
@@ -87,11 +83,15 @@ def test_bad_flag_is_refused_before_anything_starts(case, tmp_path, monkeypatch,
     assert list(tmp_path.iterdir()) == [], "nothing is written for a refused command line"
 
 
-@pytest.mark.parametrize(("name", "expect"), _tenants_cases())
-def test_bad_tenants_file_is_refused_by_the_simulator(name, expect, tmp_path, capsys):
-    argv = ["simulate", "--workload", "rag-chat-mt-mini", "--num-sessions", "2", "--tenants-file",
-            str(CORPUS / "tenants" / name), "--out", str(tmp_path / "sim")]
+@pytest.mark.parametrize(("name", "expect"), _expectations("tenants"))
+def test_bad_tenants_file_is_refused_by_the_simulator_and_by_run(name, expect, tmp_path, capsys, no_engine):
+    tenants = str(CORPUS / "tenants" / name)
+    argv = ["simulate", "--workload", "rag-chat-mt-mini", "--num-sessions", "2", "--tenants-file", tenants,
+            "--out", str(tmp_path / "sim")]
     assert expect in _refused(argv, capsys)
+    argv = ["run", "--set", "model=tiny-random", "--set", f"tenants_file={tenants}", "--out", str(tmp_path / "run")]
+    assert expect in _refused(argv, capsys)
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_real_process_prints_one_line_and_exits_2(tmp_path):

@@ -11,10 +11,13 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
-from kvbench.engines.kvengine.server.main import ADMIN_KEY_ENV  # main imports no torch at import time
+# main imports no torch at import time
+from kvbench.engines.kvengine.server.main import (ADMIN_KEY_ENV, COMPUTE_DTYPES, ISOLATION_MODES, KV_DTYPES,
+                                                  SCALE_MODES)
 from kvbench.engines.process import ManagedProcess
+from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like main
 from kvbench.engines.prometheus import parse_samples
-from kvbench.settings import build
+from kvbench.settings import bounded, build
 
 STEP_LOG = "steps.jsonl"
 TINY_VOCAB = 512  # kvbench.engines.kvengine.model.tiny.TINY_CONFIG (not imported here: the adapter needs no torch)
@@ -27,28 +30,34 @@ class KVEngineSettings:
     model: str = "default"
     kv_dtype: str = "fp32"
     kv_scale: str = "tensor"
-    kv_capacity: int = 32768
-    kv_capacity_bytes: int | None = None
-    page_size: int = 16
-    max_num_seqs: int = 16
-    max_step_tokens: int = 512
+    kv_capacity: int = bounded(32768, ge=1, unit="tokens")
+    kv_capacity_bytes: int | None = bounded(None, ge=1, unit="bytes")
+    page_size: int = bounded(16, ge=1, unit="tokens")
+    max_num_seqs: int = bounded(16, ge=1)
+    max_step_tokens: int = bounded(512, ge=1, unit="tokens")
     prefix_caching: bool = True
     device: str = "cpu"
     compute_dtype: str = "float32"
-    max_model_len: int | None = None
-    threads: int | None = None
-    host_capacity: int = 0  # tokens; 0: no host tier
-    disk_capacity: int = 0  # tokens; 0: no disk tier
+    max_model_len: int | None = bounded(None, ge=1, unit="tokens")
+    threads: int | None = bounded(None, ge=1)
+    host_capacity: int = bounded(0, ge=0, unit="tokens")  # 0: no host tier
+    disk_capacity: int = bounded(0, ge=0, unit="tokens")  # 0: no disk tier
     disk_dir: str | None = None  # default: <run workdir>/kv-disk when disk_capacity > 0
     remote_url: str | None = None  # shared Redis tier, e.g. redis://127.0.0.1:6379/0
-    device_ttl_s: float = 30.0
-    host_ttl_s: float = 600.0
-    tier_interval_s: float = 1.0
+    device_ttl_s: float = bounded(30.0, gt=0, unit="s")
+    host_ttl_s: float = bounded(600.0, gt=0, unit="s")
+    tier_interval_s: float = bounded(1.0, gt=0, unit="s")
     tenants_file: str | None = None
     isolation: str = "strict"  # or "shared-prefix"
     api_key: str | None = None  # the key the load generator sends (a key of the tenants file, or --api-key)
-    port: int | None = None  # None: a free port
+    port: int | None = bounded(None, ge=1, le=65535)  # None: a free port
     extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name, choices in (("kv_dtype", KV_DTYPES), ("kv_scale", SCALE_MODES), ("compute_dtype", COMPUTE_DTYPES),
+                              ("isolation", ISOLATION_MODES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(choices)}")
 
 
 class KVEngineAdapter:
@@ -59,6 +68,8 @@ class KVEngineAdapter:
         if "extra_args" in values:
             values["extra_args"] = tuple(values["extra_args"])
         self.settings = build(KVEngineSettings, values, "engine.kvengine")
+        if self.settings.tenants_file:
+            load_tenants(self.settings.tenants_file)  # a bad file is a SettingsError now, not a failed launch
         self.workdir = workdir
         self.port = self.settings.port or _free_port()
         # The key of the cache reset and /metrics: a fresh one per launch, through the environment (argv

@@ -17,6 +17,8 @@ ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the key ou
 # does not import torch (a test checks they agree).
 KV_DTYPES = ("fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3")
 SCALE_MODES = ("tensor", "channel")
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+ISOLATION_MODES = ("strict", "shared-prefix")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-step-tokens", type=int, default=512, help="token budget of one step (chunked prefill)")
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--compute-dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--compute-dtype", default="float32", choices=COMPUTE_DTYPES)
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--served-model-name")
     parser.add_argument("--threads", type=int, help="torch threads (default: all cores, with a passive OpenMP wait)")
@@ -42,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-ttl", type=float, default=600.0, help="seconds an idle page stays in host memory")
     parser.add_argument("--tier-interval", type=float, default=1.0, help="seconds between tier placement passes")
     parser.add_argument("--tenants-file", help="YAML/JSON: API keys -> tenants, quotas, reservations, TTLs")
-    parser.add_argument("--isolation", default="strict", choices=("strict", "shared-prefix"),
+    parser.add_argument("--isolation", default="strict", choices=ISOLATION_MODES,
                         help="strict: no page shared across tenants; shared-prefix: the tenants file's "
                         "shared_prefixes (e.g. a system prompt) are shared, nothing else")
     parser.add_argument("--step-log", help="append every model step's token ranges and seconds to this JSONL file "

@@ -110,3 +110,18 @@ def test_an_unknown_key_is_a_401_where_only_an_admin_key_is_set():
     with serving(engine(), admin_key=ADMIN) as url:
         assert call(url, "POST", "/reset_prefix_cache", "k-guess")[0] == 401
         assert call(url, "GET", "/metrics", "k-guess")[0] == 401
+
+
+def test_the_endpoint_adapter_administers_with_its_admin_key_and_runs_with_a_tenants_key(tenants_url, tmp_path):
+    """`kvbench run --engine endpoint` against a server with tenant keys: the run's key is a tenant's, the cache
+    reset and the /metrics scrape need the admin key (`admin_key` setting); without it the reset is refused."""
+    from kvbench.engines.base import EngineError
+    from kvbench.engines.endpoint import EndpointAdapter
+
+    settings = {"url": tenants_url, "model": "tiny", "api_key": "k-acme", "reset_path": "/reset_prefix_cache"}
+    with pytest.raises(EngineError, match="403"):
+        EndpointAdapter(settings, tmp_path).reset_cache()
+    admin = EndpointAdapter({**settings, "admin_key": ADMIN}, tmp_path)
+    assert admin.reset_cache() is True
+    assert admin.scrape_metrics()  # Prometheus samples, read with the admin key
+    assert admin.endpoint.api_key == "k-acme"  # requests still go as the tenant
