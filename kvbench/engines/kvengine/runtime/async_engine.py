@@ -15,7 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from kvbench.engines.kvengine.runtime.engine import Engine
@@ -127,22 +127,22 @@ class AsyncEngine:
 
     def _fail_inbox(self, error: str) -> None:
         """Answer what was sent but never taken: requests get the error, calls raise it."""
-        while True:
-            try:
-                message = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+        for message in self._pending():
             if isinstance(message, _Add):
                 message.deliver(StepOutput(message.request.request_id, None, error=error))
             elif isinstance(message, _Call):
                 message.deliver(RuntimeError(error))
 
-    def _drain(self) -> None:
+    def _pending(self) -> Iterator[object]:
+        """The inbox's messages, taken one by one until it is empty."""
         while True:
             try:
-                message = self._inbox.get_nowait()
+                yield self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _drain(self) -> None:
+        for message in self._pending():
             if isinstance(message, _Add):
                 try:
                     self.engine.add(message.request)
