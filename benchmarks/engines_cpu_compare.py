@@ -24,7 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from kvbench.harness.cli import main as kvbench_main  # noqa: E402
+from kvbench.cli.main import main as kvbench_main  # noqa: E402
 from kvbench.workloads.profiles import PROFILES, load_workload  # noqa: E402
 
 WORKLOAD = "rag-chat-mini"

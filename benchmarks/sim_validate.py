@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from kvbench.harness.cli import main as kvbench
+from kvbench.cli.main import main as kvbench
 
 HERE = Path(__file__).parent
 SETTINGS = ["--set", "kv_capacity=8192", "--set", "max_num_seqs=8"]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvbench.harness.env import collect_env
-from kvbench.harness.report import REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD
+from kvbench.measure.report import REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD
 
 DEFAULT_ROOT = Path("results/baselines")
 PROVENANCE_JSON = "provenance.json"

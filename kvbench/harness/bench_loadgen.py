@@ -20,8 +20,8 @@ from kvbench.engines.http import request
 from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.loadgen import LoadGenerator
-from kvbench.harness.metrics import ttft_ms
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.metrics import ttft_ms
+from kvbench.measure.schedule import LoadSpec
 from kvbench.workloads.spec import Session, Turn, Workload, token_array
 
 FIRST_TOKEN_MS = 50.0

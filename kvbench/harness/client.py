@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from kvbench.harness.records import RequestRecord
+from kvbench.measure.records import RequestRecord
 from kvbench.harness.sse import SSEParser
 
 API_COMPLETIONS = "completions"

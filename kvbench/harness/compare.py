@@ -34,9 +34,9 @@ import numpy as np
 import yaml
 
 from kvbench.distribution import PERCENTILE_METHOD
-from kvbench.harness.metrics import NS_PER_S, e2e_ms, itl_ms, output_token_count, tpot_ms, ttft_ms
-from kvbench.harness.records import RequestRecord, read_records
-from kvbench.harness.report import REQUESTS_JSONL, SUMMARY_JSON
+from kvbench.measure.metrics import NS_PER_S, e2e_ms, itl_ms, output_token_count, tpot_ms, ttft_ms
+from kvbench.measure.records import RequestRecord, read_records
+from kvbench.measure.report import REQUESTS_JSONL, SUMMARY_JSON
 
 EVAL_JSON = "eval.json"
 CONFIG_YAML = "config.yaml"

@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvbench.harness.metrics import SLO
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.metrics import SLO
+from kvbench.measure.schedule import LoadSpec
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 
 

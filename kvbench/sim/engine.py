@@ -35,8 +35,8 @@ from kvbench.engines.kvengine.core.scheduler import (
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.harness.loadgen import placeholder_tokens
-from kvbench.harness.records import ANSWER_TOKEN_IDS, RequestRecord
-from kvbench.harness.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
+from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
+from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.cost import CostModel
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.harness.metrics import SLO, summarize_run, ttft_ms
-from kvbench.harness.records import RecordWriter
-from kvbench.harness.report import REQUESTS_JSONL, write_plots, write_summaries
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.metrics import SLO, summarize_run, ttft_ms
+from kvbench.measure.records import RecordWriter
+from kvbench.measure.report import REQUESTS_JSONL, write_plots, write_summaries
+from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, SimResult
 from kvbench.workloads.spec import Workload
 

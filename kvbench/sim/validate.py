@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
-from kvbench.harness.metrics import Summary, summarize
-from kvbench.harness.records import RequestRecord
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.metrics import Summary, summarize
+from kvbench.measure.records import RequestRecord
+from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, SimResult, simulate
 from kvbench.sim.geometry import ModelGeometry, load_geometry
 from kvbench.sim.hardware import Hardware

@@ -17,9 +17,9 @@ from kvbench.harness.instrument import (
     InstrumentBehaviour,
 )
 from kvbench.harness.loadgen import LoadGenerator
-from kvbench.harness.metrics import itl_ms, summarize, tpot_ms, ttft_ms
-from kvbench.harness.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.metrics import itl_ms, summarize, tpot_ms, ttft_ms
+from kvbench.measure.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
+from kvbench.measure.schedule import LoadSpec
 from kvbench.workloads.spec import Session, Turn, Workload, token_array
 
 from .instrument_fixture import serving
@@ -112,7 +112,7 @@ def test_open_loop_schedule_is_kept():
     wl = workload(sessions=12, max_tokens=3)
     load = LoadSpec(rate=40.0)
     result, log = run(behaviour, wl, load)
-    from kvbench.harness.schedule import session_offsets
+    from kvbench.measure.schedule import session_offsets
 
     offsets = sorted(session_offsets(load, [0.0] * 12, seed=0))
     sent = sorted(rec.sent_ns for rec in result.records)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from kvbench.engines.http import request
-from kvbench.harness.cli import main
+from kvbench.cli.main import main
 
 from .instrument_fixture import free_port
 

@@ -9,7 +9,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.commands.flag_types import at_least
+from kvbench.cli.flag_types import at_least
 from kvbench.workloads.profiles import load_workload
 
 console = Console()

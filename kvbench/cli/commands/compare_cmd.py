@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 from rich.console import Console
 
-from kvbench.harness.commands.flag_types import at_least, number_between
+from kvbench.cli.flag_types import at_least, number_between
 from kvbench.harness.baseline import DEFAULT_ROOT, BaselineError, promote
 from kvbench.harness.compare import (
     DEFAULT_METRICS, PERF_METRICS, CompareOptions, Comparison, MetricComparison, RunFolderError, compare,

@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.commands.flag_types import at_least, number_above
+from kvbench.cli.flag_types import at_least, number_above
 
 console = Console()
 

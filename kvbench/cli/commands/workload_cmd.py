@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.commands.flag_types import at_least
+from kvbench.cli.flag_types import at_least
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.stats import workload_stats
 

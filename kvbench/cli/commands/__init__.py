@@ -1,6 +1,6 @@
 """One module per `kvbench` subcommand; each has `register(subparsers, formatter)`."""
 
-from kvbench.harness.commands import (
+from kvbench.cli.commands import (
     bench_cmd,
     calibrate_cmd,
     compare_cmd,

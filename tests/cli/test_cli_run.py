@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 
 from kvbench.engines.process import PID_LINE
-from kvbench.harness.cli import main
-from kvbench.harness.records import read_records
-from kvbench.harness.report import COLUMNS
+from kvbench.cli.main import main
+from kvbench.measure.records import read_records
+from kvbench.measure.report import COLUMNS
 
-from .instrument_fixture import free_port, instrument_process
+from ..harness.instrument_fixture import free_port, instrument_process
 
 
 def _wait_for_records(out, driver, count, timeout_s=120):
@@ -129,7 +129,7 @@ def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
             "loads: [{concurrency: 2}]\nstop: {num_requests: 1000}\n"
             "client: {header_timeout_s: 1, first_byte_timeout_s: 1, stall_timeout_s: 1}\n"
         )
-        driver = subprocess.Popen([sys.executable, "-m", "kvbench.harness.cli", "run", str(config), "--out", str(out)],
+        driver = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", str(config), "--out", str(out)],
                                   stdout=subprocess.DEVNULL)
         try:
             _wait_for_records(out, driver, 1)
@@ -237,7 +237,7 @@ def _wait_until_gone(pid, timeout_s=30):
 
 def _driver_on_our_engine(out):
     return subprocess.Popen(
-        [sys.executable, "-m", "kvbench.harness.cli", "run", "--set", "model=tiny-random", "--set", "kv_capacity=4096",
+        [sys.executable, "-m", "kvbench.cli", "run", "--set", "model=tiny-random", "--set", "kv_capacity=4096",
          "--num-sessions", "40", "--num-requests", "400", "--concurrency", "2", "--out", str(out)],
         stdout=subprocess.DEVNULL,
     )

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich_argparse import RichHelpFormatter
 
 from kvbench.engines.base import EngineError
-from kvbench.harness.commands.flag_types import OneLineParser
+from kvbench.cli.flag_types import OneLineParser
 from kvbench.settings import SettingsError
 from kvbench.workloads.spec import WorkloadError
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=RichHelpFormatter,
     )
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    from kvbench.harness import commands as command_modules
+    from kvbench.cli import commands as command_modules
 
     for module in command_modules.ALL:
         module.register(commands, RichHelpFormatter)

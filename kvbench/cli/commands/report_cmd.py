@@ -14,7 +14,7 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.harness.report import SUMMARY_JSON, markdown_table, read_entries, summary_frame, write_summaries
+from kvbench.measure.report import SUMMARY_JSON, markdown_table, read_entries, summary_frame, write_summaries
 
 error_console = Console(stderr=True, soft_wrap=True)
 
@@ -44,7 +44,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.format == "csv":
         table.to_csv(sys.stdout, index=False)
     else:
-        from kvbench.harness.report import MD_COLUMNS
+        from kvbench.measure.report import MD_COLUMNS
 
         print(markdown_table(table, ["run_dir", *MD_COLUMNS]))
     return 0

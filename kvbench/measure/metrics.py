@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kvbench.distribution import Distribution
-from kvbench.harness.records import RequestRecord
+from kvbench.measure.records import RequestRecord
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvbench.harness.metrics import (
+from kvbench.measure.metrics import (
     SLO,
     cache_accounting,
     failure_reason,
@@ -12,7 +12,7 @@ from kvbench.harness.metrics import (
     summarize_run,
     tpot_ms,
 )
-from kvbench.harness.records import RequestRecord
+from kvbench.measure.records import RequestRecord
 
 MS = 1_000_000
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.commands.flag_types import at_least, number_above
+from kvbench.cli.flag_types import at_least, number_above
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -108,8 +108,8 @@ def handle_capacity(args: argparse.Namespace) -> int:
 
 def handle_simulate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
-    from kvbench.harness.commands.run_cmd import print_summary
-    from kvbench.harness.schedule import LoadSpec
+    from kvbench.cli.tables import print_summary
+    from kvbench.measure.schedule import LoadSpec
     from kvbench.sim.engine import SimConfig, simulate
     from kvbench.sim.geometry import load_geometry
     from kvbench.sim.hardware import load_hardware

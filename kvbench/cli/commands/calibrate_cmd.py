@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.harness.commands.flag_types import at_least, number_above
+from kvbench.cli.flag_types import at_least, number_above
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -120,7 +120,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
 def handle_validate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.adapter import KVEngineSettings
     from kvbench.harness.config import load_config_file
-    from kvbench.harness.records import read_records
+    from kvbench.measure.records import read_records
     from kvbench.settings import build
     from kvbench.sim.hardware import load_hardware
     from kvbench.sim.validate import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kvbench.harness.commands.flag_types import at_least
+from kvbench.cli.flag_types import at_least
 
 console = Console()
 

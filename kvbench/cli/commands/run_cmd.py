@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from kvbench.harness.commands.flag_types import at_least, number_above
+from kvbench.cli.flag_types import at_least, number_above
+from kvbench.cli.tables import print_summary
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import Progress as RunProgress
 from kvbench.harness.runner import RUN_FRESH, RUN_OVERWRITE, RUN_RESUME, UnreachableEngine, run_experiment
@@ -206,47 +206,9 @@ def _terminate_is_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-SUMMARY_COLUMNS = {
-    "engine": "engine", "kv_dtype": "kv", "workload": "workload", "load": "load", "tenant": "tenant",
-    "requests": "req", "errors": "err", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
-    "itl_p50_ms": "ITL p50 ms", "output_tok_s": "out tok/s", "cache_hit_rate": "hit",
-    "oracle_hit_rate": "oracle", "prefill_recompute_rate": "recompute",
-}
-
-
-def print_summary(run_dir: Path) -> None:
-    from kvbench.harness.report import read_entries, summary_frame
-
-    frame = summary_frame(read_entries(run_dir))
-    # Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell.
-    wide = console if console.is_terminal else Console(width=200)
-    wide.print(frame_table(frame, SUMMARY_COLUMNS))
-
-
-def frame_table(frame, columns: dict[str, str]) -> Table:
-    table = Table(show_lines=False)
-    for column, title in columns.items():
-        table.add_column(title, justify="right" if frame[column].dtype.kind in "fi" else "left")
-    for _, row in frame[list(columns)].iterrows():
-        table.add_row(*[_fmt(column, row[column]) for column in columns])
-    return table
-
-
-def _fmt(column: str, value) -> str:
-    import pandas as pd
-
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return "n/a"
-    if column.endswith("_rate"):
-        return f"{100 * value:.1f}%"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return escape(str(value))  # engine labels like kvengine[kv_dtype=fp8] are not markup
-
-
 def _simulate(args: argparse.Namespace) -> int:
     """`kvbench run --engine sim ...` is `kvbench simulate` with the run flags."""
-    from kvbench.harness.commands.sim_cmd import handle_simulate
+    from kvbench.cli.commands.sim_cmd import handle_simulate
 
     if args.config is not None or args.url or args.duration is not None:
         raise SettingsError("--engine sim: give flags (not CONFIG.yaml, --url or --duration); see kvbench simulate --help")

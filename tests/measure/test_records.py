@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.harness.records import PointId, RecordWriter, RequestRecord, read_records
+from kvbench.measure.records import PointId, RecordWriter, RequestRecord, read_records
 
 
 def test_a_writer_reopening_a_torn_file_starts_its_records_on_their_own_line(tmp_path):

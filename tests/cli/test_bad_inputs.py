@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kvbench.engines.process import ManagedProcess
-from kvbench.harness.cli import main
+from kvbench.cli.main import main
 
 from ..paths import REPO
 
@@ -99,7 +99,7 @@ def test_the_real_process_prints_one_line_and_exits_2(tmp_path):
     for argv in (["run", str(CORPUS / "configs" / "tenant_api_keys_string.yaml"), "--out", str(tmp_path / "r")],
                  ["trace", "stats", str(CORPUS / "traces" / "binary.jsonl")],
                  ["run", "--num-requests", "0"]):
-        done = subprocess.run([sys.executable, "-m", "kvbench.harness.cli", *argv], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, "-m", "kvbench.cli", *argv], capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -1,0 +1,7 @@
+"""`python -m kvbench.cli` is `kvbench`."""
+
+import sys
+
+from kvbench.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,49 @@
+"""The results table that `kvbench run` and `kvbench simulate` print from a run folder's summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+console = Console()
+
+
+SUMMARY_COLUMNS = {
+    "engine": "engine", "kv_dtype": "kv", "workload": "workload", "load": "load", "tenant": "tenant",
+    "requests": "req", "errors": "err", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
+    "itl_p50_ms": "ITL p50 ms", "output_tok_s": "out tok/s", "cache_hit_rate": "hit",
+    "oracle_hit_rate": "oracle", "prefill_recompute_rate": "recompute",
+}
+
+
+def print_summary(run_dir: Path) -> None:
+    from kvbench.measure.report import read_entries, summary_frame
+
+    frame = summary_frame(read_entries(run_dir))
+    # Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell.
+    wide = console if console.is_terminal else Console(width=200)
+    wide.print(frame_table(frame, SUMMARY_COLUMNS))
+
+
+def frame_table(frame, columns: dict[str, str]) -> Table:
+    table = Table(show_lines=False)
+    for column, title in columns.items():
+        table.add_column(title, justify="right" if frame[column].dtype.kind in "fi" else "left")
+    for _, row in frame[list(columns)].iterrows():
+        table.add_row(*[_fmt(column, row[column]) for column in columns])
+    return table
+
+
+def _fmt(column: str, value) -> str:
+    import pandas as pd
+
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    if column.endswith("_rate"):
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return escape(str(value))  # engine labels like kvengine[kv_dtype=fp8] are not markup
