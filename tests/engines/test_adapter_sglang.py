@@ -11,7 +11,7 @@ from kvbench.engines.launch import command_problems
 from kvbench.engines.prometheus import parse_samples, sum_samples
 from kvbench.engines.sglang import SGLangAdapter
 from kvbench.harness.reconcile import reconcile
-from kvbench.harness.records import RequestRecord
+from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
 
 from tests.paths import REFERENCE  # noqa: E402

@@ -14,7 +14,7 @@ from kvbench.engines.launch import command_problems
 from kvbench.engines.prometheus import parse_samples, sum_samples
 from kvbench.engines.vllm import VLLMAdapter
 from kvbench.harness.reconcile import reconcile
-from kvbench.harness.records import RequestRecord
+from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
 
 from tests.paths import REFERENCE, REPO  # noqa: E402
@@ -103,7 +103,7 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
         # KVBENCH_REQUIRE_VLLM=1, so there a missing vLLM fails); a developer machine without it skips.
         assert not os.environ.get("KVBENCH_REQUIRE_VLLM"), "KVBENCH_REQUIRE_VLLM is set but no vLLM interpreter found"
         pytest.skip("no vLLM interpreter: set KVBENCH_VLLM_PYTHON or build .venv-vllm as .ci/run does")
-    from kvbench.harness.cli import main
+    from kvbench.cli.main import main
 
     out = tmp_path / "run"
     code = main([

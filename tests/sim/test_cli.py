@@ -4,7 +4,7 @@ import json
 
 import yaml
 
-from kvbench.harness.cli import main
+from kvbench.cli.main import main
 
 
 def test_run_with_the_sim_engine_writes_a_run_folder(tmp_path):

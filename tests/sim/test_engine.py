@@ -4,8 +4,8 @@ import dataclasses
 
 import pytest
 
-from kvbench.harness.metrics import summarize_run
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.metrics import summarize_run
+from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware

@@ -16,8 +16,8 @@ from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
 from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.loadgen import LoadGenerator
-from kvbench.harness.records import RecordWriter
-from kvbench.harness.schedule import LoadSpec
+from kvbench.measure.records import RecordWriter
+from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware

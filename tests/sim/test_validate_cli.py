@@ -2,7 +2,7 @@
 
 import json
 
-from kvbench.harness.cli import main
+from kvbench.cli.main import main
 from kvbench.sim.hardware import load_hardware
 
 
