@@ -1,9 +1,11 @@
 """The load generator: replays a workload's sessions against one endpoint and records every request.
 
-Sessions start on a precomputed absolute schedule (or, closed loop, as slots free up). Turn k+1 of a session
-is queued when turn k completes plus its think time, and its prompt carries turn k's real answer as token
-ids: from the server when it returns them, else the answer text re-tokenized, else placeholder tokens of the
-reported length (each record says which). Records are written and flushed as each request finishes.
+The conversations are played by the conversation driver (`kvbench.measure.conversation`), the same code the
+simulator plays them with: this module is their wall clock and their HTTP transport. Sessions start on a
+precomputed absolute schedule (or, closed loop, as slots free up). Turn k+1 of a session is queued when turn
+k completes plus its think time, and its prompt carries turn k's real answer as token ids: from the server
+when it returns them, else the answer text re-tokenized, else placeholder tokens of the reported length (each
+record says which). Records are written and flushed as each request finishes.
 
 A run that resumes an interrupted one is given the records it finished (`finished`): a turn with a finished
 record is not sent again; its record and recorded answer are replayed into the conversation and the oracle,
@@ -22,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -43,6 +44,15 @@ from kvbench.harness.client import (
 )
 from kvbench.harness.clock import PreciseTimer
 from kvbench.distribution import Distribution
+from kvbench.measure.conversation import (
+    Ask,
+    Conversation,
+    ConversationDriver,
+    Isolation,
+    ReuseOracle,
+    SharedPrefix,
+    placeholder_tokens,
+)
 from kvbench.measure.records import (
     ANSWER_PLACEHOLDER,
     ANSWER_RETOKENIZED,
@@ -51,12 +61,8 @@ from kvbench.measure.records import (
     RequestRecord,
 )
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
-from kvbench.workloads.oracle import PrefixOracle
 from kvbench.workloads.spec import Session, Workload
 
-SHARED_NAMESPACE = "*"
-ISOLATION_SHARED = "shared"
-ISOLATION_STRICT = "strict"
 _LOOP_PROBE_S = 0.01
 _PREOPENED_CONNECTIONS = 64
 # Error kinds that mean the server did not answer at all (as opposed to answering with an error).
@@ -111,16 +117,13 @@ class _RunState:
     """Everything one run's session tasks share."""
 
     t0_ns: int
-    deadline_ns: int | None
-    budget: int | None
     vocab_size: int
-    oracle: PrefixOracle
+    driver: ConversationDriver
     slots: asyncio.Semaphore | None
     writer: RecordWriter | None
     on_record: Callable[[RequestRecord], None] | None
     finished: Mapping[tuple[str, int], RequestRecord]  # (session, turn) -> record of the interrupted run
     timer: PreciseTimer = field(default_factory=PreciseTimer)
-    sent: int = 0
     unanswered_in_a_row: int = 0
     aborted: str | None = None
     cancel: Callable[[], object] = lambda: None  # stops the sessions in flight; set once they start
@@ -135,28 +138,26 @@ class _RunState:
             self.cancel()
 
     def may_send(self) -> bool:
-        if self.aborted is not None:
-            return False
-        if self.budget is not None and self.sent >= self.budget:
-            return False
-        return self.deadline_ns is None or time.perf_counter_ns() < self.deadline_ns
+        return self.aborted is None and self.driver.may_send((time.perf_counter_ns() - self.t0_ns) / 1e9)
 
 
 @dataclass(frozen=True)
 class LoadGenerator:
     """Replays one workload at one load point against one endpoint.
 
-    `isolation` tells the oracle which earlier prompts the engine may reuse: `shared` (any tenant's) or
-    `strict` (the same tenant's only). `abort_after_unanswered` requests in a row without an answer
-    (connection error, timeout, stall) end the run early (the engine is gone or hung), keeping every finished
-    record.
+    `isolation` is the engine's rule for which earlier prompts it may reuse, which the oracle follows (see
+    `Isolation`); `shared_prefixes` are the prefixes its tenants file declares shareable (read in
+    `shared-prefix` isolation; a text needs `codec`). `abort_after_unanswered` requests in a row without an
+    answer (connection error, timeout, stall) end the run early (the engine is gone or hung), keeping every
+    finished record.
     """
 
     endpoint: EndpointConfig
     load: LoadSpec
     run_id: str
     seed: int = 0
-    isolation: str = ISOLATION_SHARED
+    isolation: Isolation = Isolation.SHARED_ALL
+    shared_prefixes: Sequence[SharedPrefix] = ()
     codec: TextCodec | None = None
     max_lag_ms: float = 10.0
     abort_after_unanswered: int = 3
@@ -173,13 +174,12 @@ class LoadGenerator:
         """Play `workload`; `finished` are this point's records from an interrupted run, replayed, not sent."""
         if self.endpoint.api == API_CHAT and self.codec is None:
             raise ValueError("api=chat needs a tokenizer to turn the workload's token ids into text: give --tokenizer")
+        oracle = ReuseOracle.following(self.isolation, self.shared_prefixes, self.codec.encode if self.codec else None)
         offsets = session_offsets(self.load, [session.arrival_s for session in workload.sessions], self.seed)
         state = _RunState(
             t0_ns=0,  # set once connections are open
-            deadline_ns=None,
-            budget=self.load.num_requests,
             vocab_size=workload.vocab_size,
-            oracle=PrefixOracle(),
+            driver=ConversationDriver(self.run_id, self.load, oracle),
             slots=asyncio.Semaphore(self.load.concurrency) if self.load.mode == MODE_CONCURRENCY else None,
             writer=writer,
             on_record=on_record,
@@ -192,8 +192,6 @@ class LoadGenerator:
             await self._open_connections(http, len(workload.sessions))
             # A few ms to set everything up before the first arrival.
             state.t0_ns = time.perf_counter_ns() + 5_000_000
-            if self.load.duration_s:
-                state.deadline_ns = state.t0_ns + int(self.load.duration_s * 1e9)
             probe = asyncio.create_task(_probe_loop(loop_lags))
             try:
                 await self._play(http, workload, offsets, state)
@@ -239,36 +237,37 @@ class LoadGenerator:
         endpoint = self.endpoint
         if session.tenant in self.tenant_api_keys:
             endpoint = dataclasses.replace(endpoint, api_key=self.tenant_api_keys[session.tenant])
-        namespace = session.tenant if self.isolation == ISOLATION_STRICT else SHARED_NAMESPACE
-        talk = _Conversation(session, namespace, state.oracle, self.codec if self.endpoint.api == API_CHAT else None)
+        talk = state.driver.start(session)
+        chat = _Chat(self.codec, session) if self.endpoint.api == API_CHAT and self.codec is not None else None
         queued_ns = start_ns
-        for turn_index, turn in enumerate(session.turns):
-            previous = state.finished.get((session.session_id, turn_index))
+        while not talk.finished:
+            previous = state.finished.get((session.session_id, talk.turn))
             if previous is not None:
-                record = self._replay(previous, talk, turn_index, state)
+                record = self._replay(previous, talk, chat, state)
                 queued_ns = time.perf_counter_ns()
             else:
-                if turn_index:
-                    queued_ns += int(turn.think_time_s * 1e9)
+                if talk.turn:
+                    queued_ns += int(talk.think_time_s * 1e9)
                     await state.timer.sleep_until(queued_ns)
-                record = await self._send(http, endpoint, talk, turn_index, queued_ns, state)
+                record = await self._send(http, endpoint, talk, chat, queued_ns, state)
                 queued_ns = (record.done_ns if record else None) or time.perf_counter_ns()
             if record is None or not record.ok:
                 return  # the run is over, or a failed turn ended its session (the next prompt would not be real)
 
-    def _replay(self, record: RequestRecord, talk: "_Conversation", turn_index: int, state: _RunState) -> RequestRecord | None:
+    def _replay(self, record: RequestRecord, talk: Conversation, chat: _Chat | None, state: _RunState) -> RequestRecord | None:
         """Take a finished turn of the interrupted run as if it had just been answered again."""
         if not state.may_send():
             return None
-        state.sent += 1
-        talk.ask(turn_index)
+        if chat is not None:
+            chat.asked(talk.turn)
+            if record.ok:
+                chat.answered(record.answer_text or "")
+        talk.replay(record)
         state.replayed.append(record)
-        if record.ok:
-            talk.answered(np.asarray(record.answer_tokens, dtype=np.int32), record.answer_text or "")
         return record
 
     async def _send(
-        self, http: aiohttp.ClientSession, endpoint: EndpointConfig, talk: "_Conversation", turn_index: int,
+        self, http: aiohttp.ClientSession, endpoint: EndpointConfig, talk: Conversation, chat: _Chat | None,
         queued_ns: int, state: _RunState,
     ) -> RequestRecord | None:
         """Send one turn (in a closed loop, once a slot frees up); None when the run may send no more."""
@@ -279,34 +278,25 @@ class LoadGenerator:
         try:
             if not state.may_send():
                 return None
-            session, turn = talk.session, talk.session.turns[turn_index]
-            prompt, reusable = talk.ask(turn_index)
-            record = RequestRecord(
-                run_id=self.run_id,
-                request_id=f"{session.session_id}/{turn_index}",
-                session_id=session.session_id,
-                tenant=session.tenant,
-                turn=turn_index,
-                queued_ns=queued_ns,
-                prompt_len_sent=int(prompt.size),
-                reusable_tokens=reusable,
-                warmup=state.sent < self.load.warmup_requests,
-            )
-            state.sent += 1
-            if talk.codec is not None:
-                body = chat_body(endpoint, talk.messages, turn.max_tokens)
+            ask = talk.ask(queued_ns)
+            record = ask.record
+            if chat is not None:
+                chat.asked(ask.turn)
+                body = chat_body(endpoint, chat.messages, ask.spec.max_tokens)
             else:
-                body = completions_body(endpoint, prompt.tolist(), turn.max_tokens)
+                body = completions_body(endpoint, ask.prompt.tolist(), ask.spec.max_tokens)
             result = await stream_request(http, endpoint, body, record)
         finally:
             if slots is not None:
                 slots.release()
         state.schedule_lag_ms.append((record.sent_ns - record.queued_ns) / 1e6 if record.sent_ns else 0.0)
         if record.ok:
-            answer = self._answer_tokens(record, result, session, turn_index, state.vocab_size)
+            answer = self._answer_tokens(record, result, ask, state.vocab_size)
             record.answer_tokens = answer.tolist()
-            record.answer_text = result.text if talk.codec is not None else None
-            talk.answered(answer, result.text)
+            record.answer_text = result.text if chat is not None else None
+            talk.answered(answer)
+            if chat is not None:
+                chat.answered(result.text)
         self._finish(record, state)
         return record
 
@@ -327,9 +317,7 @@ class LoadGenerator:
 
         await asyncio.gather(*(touch() for _ in range(count)))
 
-    def _answer_tokens(
-        self, record: RequestRecord, result: StreamResult, session: Session, turn: int, vocab_size: int
-    ) -> np.ndarray:
+    def _answer_tokens(self, record: RequestRecord, result: StreamResult, ask: Ask, vocab_size: int) -> np.ndarray:
         if result.token_ids:
             record.answer_source = ANSWER_TOKEN_IDS
             tokens = np.asarray(result.token_ids, dtype=np.int32)
@@ -339,7 +327,7 @@ class LoadGenerator:
         else:
             record.answer_source = ANSWER_PLACEHOLDER
             length = record.output_tokens if record.output_tokens is not None else sum(n for _, n in record.chunks)
-            tokens = placeholder_tokens(session.session_id, turn, length, vocab_size)
+            tokens = placeholder_tokens(record.session_id, ask.turn, length, vocab_size)
         return tokens
 
     def _finish(self, record: RequestRecord, state: _RunState) -> None:
@@ -370,51 +358,22 @@ class LoadGenerator:
 
 
 @dataclass(slots=True)
-class _Conversation:
-    """One session's conversation so far, as the next prompt carries it, and the oracle that watches it.
+class _Chat:
+    """The chat form (api=chat) of a conversation's prompt: the same turns as text messages, the context as a
+    system message and each answer as the text the server sent."""
 
-    `ask(turn)` appends the user's turn and returns the prompt (and what the oracle says it may reuse);
-    `answered(tokens, text)` appends the answer the next turn will carry.
-    """
-
+    codec: TextCodec
     session: Session
-    namespace: str
-    oracle: PrefixOracle
-    codec: TextCodec | None  # set for chat: messages are text
-    history: list[np.ndarray] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
-    prompt: np.ndarray | None = None
 
-    def ask(self, turn_index: int) -> tuple[np.ndarray, int]:
-        user_tokens = self.session.turns[turn_index].user_tokens
-        if not self.history:
-            self.history.append(self.session.context)
-        self.history.append(user_tokens)
-        self.prompt = np.concatenate(self.history)
-        if self.codec is not None:
-            if turn_index == 0 and self.session.context.size:
-                self.messages = [{"role": "system", "content": self.codec.decode(self.session.context.tolist())}]
-            self.messages = self.messages + [{"role": "user", "content": self.codec.decode(user_tokens.tolist())}]
-        return self.prompt, self.oracle.observe(self.namespace, self.prompt)
+    def asked(self, turn: int) -> None:
+        if turn == 0 and self.session.context.size:
+            self.messages = [{"role": "system", "content": self.codec.decode(self.session.context.tolist())}]
+        user = self.session.turns[turn].user_tokens
+        self.messages = self.messages + [{"role": "user", "content": self.codec.decode(user.tolist())}]
 
-    def answered(self, tokens: np.ndarray, text: str) -> None:
-        assert self.prompt is not None
-        self.history.append(tokens)
-        # The engine has now computed KV for the prompt and every answer token but the last (which was
-        # sampled, never fed back): an unbounded cache could reuse all of that in the next turn.
-        self.oracle.observe(self.namespace, np.concatenate([self.prompt, tokens[:-1]]))
-        if self.codec is not None:
-            self.messages.append({"role": "assistant", "content": text})
-
-
-def placeholder_tokens(session_id: str, turn: int, length: int, vocab_size: int) -> np.ndarray:
-    """Deterministic stand-in answer tokens, used only when neither ids nor a tokenizer are available."""
-    seed = zlib.crc32(f"{session_id}/{turn}".encode())
-    rng = np.random.default_rng(seed)
-    low = min(1000, vocab_size // 2)  # clear of the special tokens at the bottom of most vocabularies
-    return rng.integers(low, vocab_size, size=max(length, 0), dtype=np.int32)
-
-
+    def answered(self, text: str) -> None:
+        self.messages.append({"role": "assistant", "content": text})
 
 
 async def _probe_loop(lags: list[float]) -> None:

@@ -1,9 +1,10 @@
 """The discrete-event simulator: a workload replayed against simulated nodes on a virtual clock.
 
-The client side mirrors the load generator (`harness/loadgen.py`) event for event: sessions start at
+The client side is the load generator's (`harness/loadgen.py`) on a virtual clock: both play the sessions with
+the conversation driver (`measure/conversation.py`), which builds every prompt (carrying the previous answers
+as token ids), the record and `reusable_tokens` under the simulated engine's isolation rule. Sessions start at
 `session_offsets(load, ...)`; turn k+1 is queued when turn k is done plus its think time (closed loop: when a
-slot frees up); prompts carry the previous answers as token ids; `reusable_tokens` comes from the same
-PrefixOracle. The server side is one or more `SimNode`s (the core's scheduler + a cost model). Records are
+slot frees up). The server side is one or more `SimNode`s (the core's scheduler + a cost model). Records are
 the harness's RequestRecords with virtual nanoseconds, so `summarize_run` and the reports apply unchanged.
 
 Events, in virtual seconds, processed in (time, sequence) order so that runs are deterministic:
@@ -34,7 +35,7 @@ from kvbench.engines.kvengine.core.scheduler import (
 )
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
-from kvbench.harness.loadgen import placeholder_tokens
+from kvbench.measure.conversation import Conversation, ConversationDriver, Isolation, ReuseOracle, placeholder_tokens
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.cost import CostModel
@@ -44,7 +45,6 @@ from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
 from kvbench.sim.presets import ROUTE_SESSION, TIERS_TTL, Preset
 from kvbench.sim.ttl_tiers import TtlTiers
-from kvbench.workloads.oracle import PrefixOracle
 from kvbench.workloads.spec import Workload
 
 NS = 1_000_000_000
@@ -71,6 +71,11 @@ class SimConfig:
     def cost(self) -> CostModel:
         return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
                          self.preset.page_size)
+
+    @property
+    def isolation(self) -> Isolation:
+        """The oracle's rule: our engine's isolation (its core is what the nodes run)."""
+        return Isolation.STRICT if self.strict_isolation else Isolation.SHARED_PREFIX
 
     def device_pages(self) -> int:
         """Device KV pages per node: the hardware's KV budget (or the override) over the page's bytes."""
@@ -111,7 +116,6 @@ class SimResult:
 class _Live:
     record: RequestRecord
     session: int
-    turn: int
     prompt: np.ndarray
     answer: np.ndarray
     node: int
@@ -123,41 +127,34 @@ class _Sim:
     config: SimConfig
     workload: Workload
     load: LoadSpec
-    run_id: str
     nodes: list[SimNode]
+    driver: ConversationDriver
+    talks: list[Conversation]  # one per session, by index
     seed: int = 0
-    oracle: PrefixOracle = field(default_factory=PrefixOracle)
     events: list = field(default_factory=list)
     seq: int = 0
-    sent: int = 0
     live: dict = field(default_factory=dict)
     records: list = field(default_factory=list)
-    history: dict = field(default_factory=dict)
     slots_free: int = 0
     slot_waiters: deque = field(default_factory=deque)
     plans: dict = field(default_factory=dict)
     send_order: tuple[str, ...] | None = None  # replay: request ids in the order a real run sent them
     order_pos: int = 0
-    parked: dict = field(default_factory=dict)  # request id -> (session, turn): due, waiting for its turn in order
+    parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
 
     def push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, payload))
 
     # ---- client ------------------------------------------------------------------------------------------
-    def may_send(self, now: float) -> bool:
-        if self.load.num_requests is not None and self.sent >= self.load.num_requests:
-            return False
-        return self.load.duration_s is None or now < self.load.duration_s
-
-    def in_order(self, rid: str, session_index: int, turn: int) -> bool:
+    def in_order(self, rid: str, session_index: int) -> bool:
         """Replay: whether `rid` is the next request the real run sent; if not, park it until it is (or for
         good, when the real run sent no more)."""
         if self.send_order is None:
             return True
         if self.order_pos < len(self.send_order) and self.send_order[self.order_pos] == rid:
             return True
-        self.parked[rid] = (session_index, turn)
+        self.parked[rid] = session_index
         return False
 
     def sent_in_order(self, now: float) -> None:
@@ -167,36 +164,32 @@ class _Sim:
         if self.order_pos < len(self.send_order) and self.send_order[self.order_pos] in self.parked:
             self.push(now, _TURN, self.parked.pop(self.send_order[self.order_pos]))
 
-    def turn_due(self, now: float, session_index: int, turn: int) -> None:
-        session = self.workload.sessions[session_index]
-        rid = f"{session.session_id}/{turn}"
-        if not self.in_order(rid, session_index, turn):
+    def turn_due(self, now: float, session_index: int) -> None:
+        talk = self.talks[session_index]
+        rid = talk.next_request_id
+        if not self.in_order(rid, session_index):
             return
         if self.load.mode == MODE_CONCURRENCY:
             if self.slots_free == 0:
-                self.slot_waiters.append((session_index, turn))
+                self.slot_waiters.append(session_index)
                 return
             self.slots_free -= 1
-        if not self.may_send(now):
+        if not self.driver.may_send(now):
             self.release_slot(now)
             return
         self.sent_in_order(now)
-        parts = self.history.setdefault(session_index, [session.context])
-        spec = session.turns[turn]
-        parts.append(spec.user_tokens)
-        prompt = np.concatenate(parts).astype(np.int32, copy=False)
         t_ns = int(round(now * NS))
-        record = RequestRecord(run_id=self.run_id, request_id=rid, session_id=session.session_id,
-                               tenant=session.tenant, turn=turn, queued_ns=t_ns, sent_ns=t_ns,
-                               prompt_len_sent=int(prompt.size), warmup=self.sent < self.load.warmup_requests)
-        namespace = session.tenant if self.config.strict_isolation else "*"
-        record.reusable_tokens = self.oracle.observe(namespace, prompt)
-        self.sent += 1
-        answer = placeholder_tokens(session.session_id, turn, spec.max_tokens, self.workload.vocab_size)
+        ask = talk.ask(t_ns)
+        record, prompt, spec = ask.record, ask.prompt, ask.spec
+        record.sent_ns = t_ns
+        answer = placeholder_tokens(talk.session.session_id, ask.turn, spec.max_tokens, self.workload.vocab_size)
         node = self.route(session_index)
-        request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(session.tenant))
+        # shared_tokens stays 0 (the simulated cache shares no declared prefix across tenants, while the oracle
+        # counts them as reusable): SimNode looks a prompt up below device in one namespace (namespace_for), not
+        # in the core's Placement, so a prompt split across the shared and a tenant's namespace would miss there.
+        request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(talk.session.tenant))
         restore = self.nodes[node].plan_restore(request, now)
-        self.live[rid] = _Live(record, session_index, turn, prompt, answer, node,
+        self.live[rid] = _Live(record, session_index, prompt, answer, node,
                                {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
         self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
 
@@ -212,8 +205,7 @@ class _Sim:
             return
         self.slots_free += 1
         if self.slot_waiters:
-            session_index, turn = self.slot_waiters.popleft()
-            self.push(now, _TURN, (session_index, turn))
+            self.push(now, _TURN, self.slot_waiters.popleft())
 
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
         record = live.record
@@ -228,15 +220,11 @@ class _Sim:
         record.http_status = 200
         record.finish_reason = reason
         self.records.append(record)
-        session = self.workload.sessions[live.session]
-        parts = self.history[live.session]
-        parts.append(live.answer)
-        namespace = session.tenant if self.config.strict_isolation else "*"
-        self.oracle.observe(namespace, np.concatenate([live.prompt, live.answer[:-1]]))
+        talk = self.talks[live.session]
+        talk.answered(live.answer)
         self.release_slot(now)
-        nxt = live.turn + 1
-        if nxt < len(session.turns):
-            self.push(now + session.turns[nxt].think_time_s, _TURN, (live.session, nxt))
+        if not talk.finished:
+            self.push(now + talk.think_time_s, _TURN, live.session)
 
     # ---- server ------------------------------------------------------------------------------------------
     def kick(self, node_index: int, now: float) -> None:
@@ -267,11 +255,11 @@ class _Sim:
         if self.load.mode == MODE_CONCURRENCY:
             self.slots_free = self.load.concurrency or 1
         for index in sorted(range(len(sessions)), key=lambda i: offsets[i]):
-            self.push(offsets[index], _TURN, (index, 0))
+            self.push(offsets[index], _TURN, index)
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
             if kind == _TURN:
-                self.turn_due(now, *payload)
+                self.turn_due(now, payload)
             elif kind == _ARRIVE:
                 node_index, request, answer, restore = payload
                 self.nodes[node_index].admit(request, answer, restore, now)
@@ -326,7 +314,11 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     `events` receives the cache events of every node's prefix index (stored, hit, evicted pages)."""
     started = time.perf_counter()
     nodes = build_nodes(config, events)
-    sim = _Sim(config, workload, load, run_id, nodes, seed,
+    # Token ids only: a text prefix in the tenants file needs a tokenizer the simulator does not have, so it
+    # is refused (in shared-prefix isolation) rather than silently never shared.
+    oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
+    driver = ConversationDriver(run_id, load, oracle)
+    sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                send_order=tuple(send_order) if send_order is not None else None)
     sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import numpy as np
 import pytest
@@ -16,10 +17,17 @@ from kvbench.harness.instrument import (
     FAULT_STALL,
     InstrumentBehaviour,
 )
+from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.harness.loadgen import LoadGenerator
+from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import itl_ms, summarize, tpot_ms, ttft_ms
 from kvbench.measure.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
 from kvbench.measure.schedule import LoadSpec
+from kvbench.sim.engine import SimConfig, simulate
+from kvbench.sim.geometry import load_geometry
+from kvbench.sim.hardware import load_hardware
+from kvbench.sim.presets import get_preset
+from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Session, Turn, Workload, token_array
 
 from .instrument_fixture import serving
@@ -227,3 +235,44 @@ def test_a_resumed_run_sends_only_unfinished_turns_with_the_prompts_they_would_h
     before, after = summarize(whole.records), summarize([*resumed.replayed, *resumed.records])
     assert (after.requests, after.completed, after.output_tokens) == (before.requests, before.completed, before.output_tokens)
     assert after.cache == before.cache
+
+
+PREAMBLE = 48  # tokens every tenant's prompts begin with, of which the tenants file declares the first DECLARED
+DECLARED = 32
+
+
+def multi_tenant_workload():
+    """rag-chat-mt-mini (6 sessions, times scaled down) whose contexts all begin with the same preamble."""
+    wl = load_workload("rag-chat-mt-mini", num_sessions=6, seed=5, time_scale=0.02)
+    preamble = np.random.default_rng(1).integers(1000, wl.vocab_size, size=PREAMBLE)
+    sessions = tuple(dataclasses.replace(s, context=token_array(np.concatenate([preamble, s.context])))
+                     for s in wl.sessions)
+    return dataclasses.replace(wl, sessions=sessions), tuple(int(t) for t in preamble[:DECLARED])
+
+
+@pytest.mark.parametrize("isolation", [Isolation.STRICT, Isolation.SHARED_PREFIX])
+def test_the_simulator_gives_the_load_generators_reusable_tokens_on_a_multi_tenant_workload(isolation):
+    wl, declared = multi_tenant_workload()
+    tenants = TenantsConfig(shared_prefixes=(declared,))
+    # No token ids in the answers: both sides then carry the same placeholder answers of max_tokens tokens.
+    behaviour = InstrumentBehaviour(first_token_ms=1, chunk_interval_ms=0, tokens_per_chunk=64, return_token_ids=False)
+    load = LoadSpec(concurrency=1)
+
+    async def go():
+        async with serving(behaviour) as (url, _):
+            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="real",
+                                      isolation=isolation, shared_prefixes=tenants.shared_prefixes)
+            return await generator.run(wl)
+
+    real = sorted(asyncio.run(go()).records, key=lambda rec: rec.sent_ns)
+    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8",
+                       strict_isolation=isolation is Isolation.STRICT, tenants=tenants)
+    simulated = simulate(wl, load, config, send_order=[rec.request_id for rec in real]).records
+    assert len(real) == wl.num_requests and all(rec.ok for rec in real)
+    assert {rec.request_id: rec.reusable_tokens for rec in simulated} == {
+        rec.request_id: rec.reusable_tokens for rec in real}
+    # The rule was exercised: a tenant's first request finds only another tenant's prompts before it, and may
+    # reuse nothing of them in strict isolation, the declared prefix (not the whole preamble) in shared-prefix.
+    firsts = [next(rec for rec in real if rec.tenant == tenant) for tenant in dict.fromkeys(r.tenant for r in real)]
+    assert len(firsts) >= 2
+    assert [rec.reusable_tokens for rec in firsts[1:]] == [0 if isolation is Isolation.STRICT else DECLARED] * (len(firsts) - 1)
