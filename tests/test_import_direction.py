@@ -1,0 +1,221 @@
+"""Imports point the way the README's Layout says: every module of the kvbench package is read with `ast`
+(imports at the top level, inside functions and under `if TYPE_CHECKING:` alike) and each forbidden import is
+reported as `module:line: import`.
+
+Rules (a module's room is its package path):
+- the engine core (kvbench.engines.kvengine.core) imports no torch, asyncio, aiohttp, and none of the
+  modules that do file or network I/O (pathlib, os, io, json, yaml, sqlite3, redis, socket), nor calls the
+  builtin `open`: it takes ints and returns small frozen results;
+- kvbench.harness does not import our engine's core, model or runtime (it measures engines over HTTP);
+- kvbench.workloads imports neither kvbench.harness nor kvbench.engines;
+- kvbench.measure (shared by the real harness and the simulator) imports neither harness, engines, sim nor cli;
+- kvbench.sim imports neither kvbench.harness nor kvbench.cli;
+- only kvbench.cli imports kvbench.cli;
+- no import cycle between modules, counting the imports that run when a module is imported (module level,
+  `if TYPE_CHECKING:` excluded; imports inside functions are how a cycle is broken on purpose).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import kvbench
+
+PACKAGE_DIR = Path(kvbench.__file__).parent
+CORE = "kvbench.engines.kvengine.core"
+CORE_FORBIDDEN = ("torch", "asyncio", "aiohttp", "pathlib", "os", "io", "json", "yaml", "sqlite3", "redis", "socket")
+
+# (importing room, imported room, why): a module in the first may not import a module in the second.
+RULES = (
+    ("kvbench.harness", "kvbench.engines.kvengine.core", "the harness measures engines over HTTP"),
+    ("kvbench.harness", "kvbench.engines.kvengine.model", "the harness measures engines over HTTP"),
+    ("kvbench.harness", "kvbench.engines.kvengine.runtime", "the harness measures engines over HTTP"),
+    ("kvbench.workloads", "kvbench.harness", "workloads know no runner"),
+    ("kvbench.workloads", "kvbench.engines", "workloads know no engine"),
+    ("kvbench.measure", "kvbench.harness", "measure is shared by the harness and the simulator"),
+    ("kvbench.measure", "kvbench.engines", "measure is shared by the harness and the simulator"),
+    ("kvbench.measure", "kvbench.sim", "measure is shared by the harness and the simulator"),
+    ("kvbench.measure", "kvbench.cli", "measure is shared by the harness and the simulator"),
+    ("kvbench.sim", "kvbench.harness", "the simulator replays workloads without the real harness"),
+    ("kvbench.sim", "kvbench.cli", "the CLI sits at the edge"),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import statement's module (or, target OPEN_CALL, a call of the builtin `open`)."""
+
+    module: str  # the importing module
+    line: int
+    target: str  # the imported module (absolute)
+    at_import_time: bool  # module level and not under `if TYPE_CHECKING:`
+
+    def __str__(self) -> str:
+        what = "calls open()" if self.target == OPEN_CALL else f"import {self.target}"
+        return f"{self.module}:{self.line}: {what}"
+
+
+OPEN_CALL = "open()"
+
+
+def within(name: str, room: str) -> bool:
+    return name == room or name.startswith(room + ".")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its own name, for its __init__)."""
+    out = {}
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(module: str, path: Path, modules: set[str]) -> list[Import]:
+    """Every import statement of a module; `from X import Y` counts as importing X.Y when that is a module."""
+    is_package = path.name == "__init__.py"
+    found: list[Import] = []
+
+    def visit(node: ast.AST, at_import_time: bool) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            at_import_time = False
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, False)
+            for child in node.orelse:
+                visit(child, at_import_time)
+            return
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            found.append(Import(module, node.lineno, OPEN_CALL, False))
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append(Import(module, node.lineno, alias.name, at_import_time))
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, is_package, node.module, node.level)
+            targets = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules]
+            if len(targets) < len(node.names):  # some names are attributes of `base` itself
+                targets.insert(0, base)
+            for target in targets:
+                found.append(Import(module, node.lineno, target, at_import_time))
+        for child in ast.iter_child_nodes(node):
+            visit(child, at_import_time)
+
+    visit(ast.parse(path.read_text(), str(path)), True)
+    return found
+
+
+def _absolute(module: str, is_package: bool, name: str | None, level: int) -> str:
+    if level == 0:
+        return name or ""
+    parts = module.split(".")
+    base = parts if is_package else parts[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([name] if name else []))
+
+
+def all_imports() -> list[Import]:
+    files = module_files()
+    names = set(files)
+    return [imp for module, path in files.items() for imp in imports_of(module, path, names)]
+
+
+def violations(imports: list[Import]) -> list[str]:
+    out = []
+    for imp in imports:
+        top = imp.target.split(".")[0]
+        if within(imp.module, CORE) and (top in CORE_FORBIDDEN or imp.target == OPEN_CALL):
+            out.append(f"{imp}  (the engine core does no torch, asyncio, HTTP or file I/O)")
+        for importer, imported, why in RULES:
+            if within(imp.module, importer) and within(imp.target, imported):
+                out.append(f"{imp}  ({importer} may not import {imported}: {why})")
+        if within(imp.target, "kvbench.cli") and not within(imp.module, "kvbench.cli"):
+            out.append(f"{imp}  (only kvbench.cli imports kvbench.cli: the CLI sits at the edge)")
+    return out
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one node (or a node importing itself), iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph.get(node, ()):
+                    components.append(sorted(component))
+    return components
+
+
+def cycles(imports: list[Import]) -> list[str]:
+    """Each import cycle, as the import-time imports between the modules of one strongly connected component."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.module, set())
+        if imp.at_import_time and imp.target.startswith("kvbench") and imp.target != imp.module:
+            graph[imp.module].add(imp.target)
+    out = []
+    for component in strongly_connected(graph):
+        members = set(component)
+        edges = sorted({str(imp) for imp in imports
+                        if imp.at_import_time and imp.module in members and imp.target in members})
+        out.append("cycle between " + ", ".join(component) + ":\n    " + "\n    ".join(edges))
+    return out
+
+
+def test_the_walk_sees_every_kind_of_import():
+    # The checker itself: a relative import inside a function, a TYPE_CHECKING import and a submodule by name.
+    imports = all_imports()
+    assert len({imp.module for imp in imports}) > 50
+    assert any(not imp.at_import_time for imp in imports)
+    assert _absolute("kvbench.sim.engine", False, "node", 1) == "kvbench.sim.node"
+    assert _absolute("kvbench.sim", True, None, 2) == "kvbench"
+    assert strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_point_the_way_the_layout_says():
+    found = violations(all_imports())
+    assert not found, "forbidden imports:\n" + "\n".join(found)
+
+
+def test_no_import_cycles():
+    found = cycles(all_imports())
+    assert not found, "import cycles:\n" + "\n".join(found)
