@@ -8,7 +8,6 @@ other fields are ignored. The `[DONE]` sentinel is returned like any other paylo
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterable, AsyncIterator
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 
@@ -67,12 +66,3 @@ class SSEParser:
         if field == "data":
             self._data.append(value)
 
-
-async def iter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[str]:
-    """Yield SSE payloads from an async iterable of byte chunks (e.g. `response.content.iter_any()`)."""
-    parser = SSEParser()
-    async for chunk in chunks:
-        for payload in parser.feed(chunk):
-            yield payload
-    for payload in parser.close():
-        yield payload
