@@ -236,9 +236,10 @@ def _wait_until_gone(pid, timeout_s=30):
 
 
 def _driver_on_our_engine(out):
+    """A run far longer than the test (4,000 requests), so a signal always lands while it is measuring."""
     return subprocess.Popen(
         [sys.executable, "-m", "kvbench.cli", "run", "--set", "model=tiny-random", "--set", "kv_capacity=4096",
-         "--num-sessions", "40", "--num-requests", "400", "--concurrency", "2", "--out", str(out)],
+         "--num-sessions", "400", "--num-requests", "4000", "--concurrency", "2", "--out", str(out)],
         stdout=subprocess.DEVNULL,
     )
 
