@@ -145,6 +145,48 @@ def output_token_count(record: RequestRecord) -> int | None:
     return None
 
 
+def total_token_count(record: RequestRecord) -> int:
+    """Output plus prompt tokens, as throughput counts them (an unreported count adds nothing)."""
+    return (output_token_count(record) or 0) + (record.prompt_tokens or 0)
+
+
+def counts_for_cache(record: RequestRecord) -> bool:
+    """Whether a request enters the cache rates: it succeeded and its prompt size is known."""
+    return record.ok and record.prompt_tokens is not None
+
+
+def recomputed_tokens(record: RequestRecord) -> int | None:
+    """Reusable prompt tokens the engine computed again, max(reusable - cached, 0); None without cached_tokens."""
+    if record.cached_tokens is None:
+        return None
+    return max(record.reusable_tokens - record.cached_tokens, 0)
+
+
+def completed(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    """The measured (non-warm-up) requests that succeeded: the ones latency and throughput count."""
+    return [record for record in records if not record.warmup and record.ok]
+
+
+def completion_spans_s(records: Sequence[RequestRecord]) -> list[float]:
+    """Per request, the seconds of the run attributed to it: from the previous completion (the first send for
+    the first) to its own; 0 when it has no completion time. They sum to `Summary.duration_s` over the
+    `completed` requests, so a throughput is a ratio of sums over requests."""
+    spans = [0.0] * len(records)
+    sent = [record.sent_ns for record in records if record.sent_ns is not None]
+    finished = sorted((record.done_ns, index) for index, record in enumerate(records) if record.done_ns is not None)
+    if sent and finished:
+        previous = min(sent)
+        for done_ns, index in finished:
+            spans[index] = (done_ns - previous) / NS_PER_S
+            previous = done_ns
+    return spans
+
+
+def ttft_values(records: Iterable[RequestRecord]) -> list[float]:
+    """The TTFTs of the measured requests that got a first token (the TTFT CDF plot's sample)."""
+    return [value for record in records if not record.warmup and (value := ttft_ms(record)) is not None]
+
+
 # --- aggregation -------------------------------------------------------------------------------------------
 
 
@@ -154,15 +196,13 @@ def cache_accounting(records: Sequence[RequestRecord]) -> CacheAccounting:
     Only successful requests count. `cached_tokens` missing on any request makes the engine-side rates
     missing rather than silently partial.
     """
-    done = [record for record in records if record.ok and record.prompt_tokens is not None]
+    done = [record for record in records if counts_for_cache(record)]
     prompt = sum(record.prompt_tokens for record in done)
     reusable = sum(record.reusable_tokens for record in done)
     reporting = [record for record in done if record.cached_tokens is not None]
     all_report = bool(done) and len(reporting) == len(done)
     cached = sum(record.cached_tokens for record in reporting) if all_report else None
-    recomputed = (
-        sum(max(record.reusable_tokens - record.cached_tokens, 0) for record in reporting) if all_report else None
-    )
+    recomputed = sum(recomputed_tokens(record) for record in reporting) if all_report else None
     return CacheAccounting(
         prompt_tokens=prompt,
         cached_tokens=cached,
@@ -178,7 +218,7 @@ def cache_accounting(records: Sequence[RequestRecord]) -> CacheAccounting:
 def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: SLO = SLO()) -> Summary:
     """Summary of the measured (non-warm-up) records given."""
     measured = [record for record in records if not record.warmup]
-    ok = [record for record in measured if record.ok]
+    ok = completed(measured)
     errors: dict[str, int] = {}
     for record in measured:
         if not record.ok:
@@ -189,7 +229,6 @@ def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: 
     duration_s = (max(done) - min(sent)) / NS_PER_S if sent and done and max(done) > min(sent) else None
 
     output_tokens = sum(output_token_count(record) or 0 for record in ok)
-    prompt_tokens = sum(record.prompt_tokens or 0 for record in ok)
 
     def per_second(amount: float) -> float | None:
         return amount / duration_s if duration_s else None
@@ -210,7 +249,7 @@ def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: 
         queue_wait_ms=Distribution.of(_present(queue_wait_ms(record) for record in measured)),
         output_tokens=output_tokens,
         output_tok_s=per_second(output_tokens),
-        total_tok_s=per_second(output_tokens + prompt_tokens),
+        total_tok_s=per_second(sum(total_token_count(record) for record in ok)),
         req_s=per_second(len(ok)),
         goodput_req_s=per_second(len(meeting)) if slo_given else None,
         slo_attainment=(len(meeting) / len(measured)) if slo_given and measured else None,
