@@ -19,8 +19,9 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from kvbench.engines.kvengine.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.loader import load_model  # noqa: E402
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 
 SETTINGS = [("fp32", "tensor"), ("bf16", "tensor"), ("fp16", "tensor"), ("fp8_e4m3", "tensor"),
@@ -74,12 +75,12 @@ def main() -> None:
     for column in ("kv dtype", "scale", "bytes/token", "prefill tok/s", "decode tok/s b=1", "decode tok/s b=8"):
         table.add_column(column, justify="right")
     for kv_dtype, scale in SETTINGS:
-        engine = Engine(EngineConfig(model=args.model, kv_dtype=kv_dtype, kv_scale=scale, kv_capacity_tokens=16384,
+        engine = Engine(EngineConfig(model=args.model, kv_dtype=kv_dtype, kv_scale=scale, kv_capacity=16384,
                                      max_num_seqs=16, max_step_tokens=512), loaded)
         prefill = prefill_tok_s(engine, args.prompt)
         one = decode_tok_s(engine, 1, args.decode_prompt, args.decode)
         eight = decode_tok_s(engine, 8, args.decode_prompt, args.decode)
-        table.add_row(kv_dtype, scale if kv_dtype.startswith("fp8") else "-", f"{engine.bytes_per_token:,}",
+        table.add_row(kv_dtype, scale if engine.config.kv_format.quantized else "-", f"{engine.bytes_per_token:,}",
                       f"{prefill:,.0f}", f"{one:,.1f}", f"{eight:,.1f}")
     Console(width=160).print(table)
 

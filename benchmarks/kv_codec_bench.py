@@ -14,15 +14,17 @@ import time
 
 import torch
 
+from kvbench.engines.kvengine.core.kv_format import SCALE_MODES, KVDtype, KVFormat
 from kvbench.engines.kvengine.model import fp8
 from kvbench.engines.kvengine.model.config import ModelConfig
-from kvbench.engines.kvengine.model.fp8 import KVFormat
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 
 SMOLLM2 = ModelConfig(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
     head_dim=64, tie_word_embeddings=True,
 )
+ALL_FORMATS = [KVFormat.parse(dtype.value) for dtype in KVDtype if not dtype.quantized] + [
+    KVFormat.parse(dtype.value, mode) for dtype in KVDtype if dtype.quantized for mode in SCALE_MODES]
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -48,27 +50,23 @@ def codec_table(tokens: int, repeats: int, device: str) -> None:
     print(f"{tokens} tokens x {c.num_kv_heads} heads x {c.head_dim} = {nbytes / 1e6:.1f} MB fp32 per pass, "
           f"best of {repeats}, device {device}, {torch.get_num_threads()} thread(s)")
     print(f"{'format':<22}{'encode GB/s':>12}{'decode GB/s':>12}{'copy GB/s':>11}{'enc/copy':>10}{'dec/copy':>10}")
-    for kv_dtype in fp8.FP8_DTYPES:
-        for mode in fp8.SCALE_MODES:
-            fmt = KVFormat.parse(kv_dtype, mode)
-            shape = fmt.scale_shape(c.num_kv_heads, c.head_dim)
-            scale = torch.full(shape, 0.05, device=device)
-            payload, shift = fp8.encode(fmt, x, scale)
-            enc = nbytes / best_seconds(lambda: fp8.encode(fmt, x, scale), repeats) / 1e9
-            dec = nbytes / best_seconds(lambda: fp8.decode(fmt, payload, shift, scale, torch.float32), repeats) / 1e9
-            print(f"{kv_dtype + '/' + mode:<22}{enc:>12.2f}{dec:>12.2f}{copy_gbs:>11.2f}"
-                  f"{enc / copy_gbs:>9.0%}{dec / copy_gbs:>10.0%}")
+    for fmt in (f for f in ALL_FORMATS if f.quantized):
+        shape = fmt.scale_shape(c.num_kv_heads, c.head_dim)
+        scale = torch.full(shape, 0.05, device=device)
+        payload, shift = fp8.encode(fmt, x, scale)
+        enc = nbytes / best_seconds(lambda: fp8.encode(fmt, x, scale), repeats) / 1e9
+        dec = nbytes / best_seconds(lambda: fp8.decode(fmt, payload, shift, scale, torch.float32), repeats) / 1e9
+        print(f"{fmt.label:<22}{enc:>12.2f}{dec:>12.2f}{copy_gbs:>11.2f}"
+              f"{enc / copy_gbs:>9.0%}{dec / copy_gbs:>10.0%}")
 
 
 def bytes_table() -> None:
     print("\nbytes per cached token, SmolLM2-135M (30 layers x 3 KV heads x 64, K and V)")
     print(f"{'format':<22}{'bytes/token':>12}{'vs bf16':>9}{'tokens per GiB':>16}")
-    bf16 = PagedKVCache(SMOLLM2, 1, 16, "bf16").bytes_per_token
-    formats = [(d, None) for d in fp8.UNQUANTIZED_DTYPES] + [(d, m) for d in fp8.FP8_DTYPES for m in fp8.SCALE_MODES]
-    for kv_dtype, mode in formats:
-        bpt = PagedKVCache(SMOLLM2, 1, 16, kv_dtype, mode).bytes_per_token
-        name = kv_dtype if mode is None else f"{kv_dtype}/{mode}"
-        print(f"{name:<22}{bpt:>12}{bpt / bf16:>9.3f}{2**30 // bpt:>16}")
+    bf16 = PagedKVCache(SMOLLM2, 1, 16, KVFormat(KVDtype.BF16)).bytes_per_token
+    for fmt in ALL_FORMATS:
+        bpt = PagedKVCache(SMOLLM2, 1, 16, fmt).bytes_per_token
+        print(f"{fmt.label:<22}{bpt:>12}{bpt / bf16:>9.3f}{2**30 // bpt:>16}")
 
 
 def main() -> None:

@@ -22,7 +22,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.config import EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, RedisStore  # noqa: E402
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model  # noqa: E402
@@ -66,9 +67,9 @@ def restore_latency(root: Path, redis_url: str | None) -> list[tuple[str, float]
     rows = []
     for tier in ("recompute", "device", "host", "disk", "remote"):
         clock = Clock()
-        settings = dict(kv_capacity_tokens=16384, max_step_tokens=4096, tier_interval_s=0.0,
-                        host_capacity_tokens=8192 if tier == "host" else 0,
-                        disk_capacity_tokens=8192 if tier == "disk" else 0, disk_dir=str(root / f"d-{tier}"))
+        settings = dict(kv_capacity=16384, max_step_tokens=4096, tier_interval_s=0.0,
+                        host_capacity=8192 if tier == "host" else 0,
+                        disk_capacity=8192 if tier == "disk" else 0, disk_dir=str(root / f"d-{tier}"))
         engine = Engine(EngineConfig(**settings, remote_url=redis_url if tier == "remote" else None), loaded, clock)
         if tier != "recompute":
             _ttft(engine, GenerationRequest("warm", prompt, 1, ignore_eos=True))

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.model import fp8
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
 from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.evals.divergence import EMPTY, DivergenceStats, compare_logits
 from kvbench.evals.kv_settings import KVSetting
-
-PAGE_SIZE = 16
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,13 @@ def window_logits(loaded: LoadedModel, setting: KVSetting, ids: Sequence[int],
     """Logits `[len(ids), vocab]` (fp32) of one window run from an empty cache in `setting`'s KV format."""
     model = loaded.model
     calib_ids = calibration_token_ids(loaded.tokenizer) if calibration.source == "engine" else list(ids)
-    scales: KVScales = calibrate_kv_scales(model, calib_ids, setting.kv_dtype, setting.kv_scale if setting.quantized else None,
-                                           margin=calibration.margin)
-    num_pages = -(-len(ids) // PAGE_SIZE)
+    scales: KVScales = calibrate_kv_scales(model, calib_ids, setting.kv_format, margin=calibration.margin)
+    num_pages = -(-len(ids) // DEFAULT_PAGE_SIZE)
     device = model.lm_head.weight.device
-    cache = PagedKVCache(loaded.config, num_pages, PAGE_SIZE, setting.kv_dtype,
-                         setting.kv_scale if setting.quantized else None, device,
-                         scales=scales, compute_dtype=model.lm_head.weight.dtype)
-    batch = ForwardBatch.build([SequenceChunk(list(ids), 0, range(num_pages))], PAGE_SIZE, all_logits=True, device=device)
+    cache = PagedKVCache(loaded.config, num_pages, DEFAULT_PAGE_SIZE, setting.kv_format, device, scales=scales,
+                         compute_dtype=model.lm_head.weight.dtype)
+    chunk = SequenceChunk(list(ids), 0, range(num_pages))
+    batch = ForwardBatch.build([chunk], DEFAULT_PAGE_SIZE, all_logits=True, device=device)
     return model(batch, cache)
 
 
@@ -99,7 +98,7 @@ def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
     longest = max(len(prompt) for prompt in prompts) + max_tokens
     engine = Engine(
         EngineConfig(model=model_name, kv_dtype=setting.kv_dtype, kv_scale=setting.kv_scale,
-                     kv_capacity_tokens=max(longest * len(prompts), 1024), prefix_caching=False,
+                     kv_capacity=max(longest * len(prompts), 1024), prefix_caching=False,
                      max_model_len=max(longest, 64)),
         loaded=loaded,
     )

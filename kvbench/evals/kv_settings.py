@@ -3,29 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kvbench.engines.kvengine.model.fp8 import FP8_DTYPES, KV_DTYPES, SCALE_MODES, UNQUANTIZED_DTYPES
+from kvbench.engines.kvengine.core.kv_format import DEFAULT_SCALE_MODE, KV_DTYPES, SCALE_MODES, KVDtype, KVFormat
 from kvbench.settings import SettingsError
 
 DEFAULT_DTYPES = ("fp32", "fp16", "fp8_e4m3", "fp8_e5m2")
 DEFAULT_SCALES = SCALE_MODES  # tensor, channel (per-channel scale + per-token shift)
+UNQUANTIZED_DTYPES = tuple(dtype.value for dtype in KVDtype if not dtype.quantized)
 
 
 @dataclass(frozen=True)
 class KVSetting:
-    """One KV storage setting. `label` is how tables and eval.json name it: "fp32", "fp8_e4m3/channel"."""
+    """One KV storage setting, by the names eval.json uses; `kv_format` is them parsed (once, here).
+    `label` is how tables and eval.json name it: "fp32", "fp8_e4m3/channel"."""
 
     kv_dtype: str
-    kv_scale: str = "tensor"
+    kv_scale: str = DEFAULT_SCALE_MODE.value
+    kv_format: KVFormat = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_format", KVFormat.from_settings(self.kv_dtype, self.kv_scale))
 
     @property
     def quantized(self) -> bool:
-        return self.kv_dtype in FP8_DTYPES
+        return self.kv_format.quantized
 
     @property
     def label(self) -> str:
-        return f"{self.kv_dtype}/{self.kv_scale}" if self.quantized else self.kv_dtype
+        return self.kv_format.label
 
 
 def kv_settings(dtypes: Sequence[str], scales: Sequence[str]) -> tuple[KVSetting, ...]:
@@ -44,7 +50,7 @@ def kv_settings(dtypes: Sequence[str], scales: Sequence[str]) -> tuple[KVSetting
         )
     out: list[KVSetting] = []
     for dtype in dict.fromkeys(dtypes):
-        if dtype in FP8_DTYPES:
+        if KVDtype(dtype).quantized:
             out += [KVSetting(dtype, scale) for scale in dict.fromkeys(scales)]
         else:
             out.append(KVSetting(dtype))

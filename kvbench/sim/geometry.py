@@ -25,14 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvbench.engines.kvengine.core.kv_format import KVDtype
+
 MODELS_DIR = Path(__file__).with_name("models")
 
-# Bytes per stored element, by the names engines use for KV dtypes (vLLM's --kv-cache-dtype, SGLang's too).
+# Bytes per stored element of the dtypes the simulator may be asked about: our engine's KV dtypes
+# (`core.kv_format.KVDtype`, the owner of those names) plus the names other engines use for KV and weight
+# dtypes, for models and engines we simulate but do not run (vLLM's and SGLang's --kv-cache-dtype `auto`,
+# `fp8`, `int8`; torch's weight dtype names; 4-bit weights). A strict superset: our engine's names mean the same.
+OTHER_ENGINES_DTYPE_BYTES: Mapping[str, float] = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "auto": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+}
 DTYPE_BYTES: Mapping[str, float] = {
-    "fp32": 4, "float32": 4,
-    "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "auto": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
-    "int4": 0.5,
+    **{dtype.value: dtype.bytes_per_element for dtype in KVDtype},
+    **OTHER_ENGINES_DTYPE_BYTES,
 }
 
 

@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
+from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, DEFAULT_TTL
+
 ADMIT_FCFS = "fcfs"
 ADMIT_LPM = "lpm"
 ROUTE_SESSION = "session"  # a session's turns stay on one node
@@ -42,14 +45,14 @@ class Preset:
     num_nodes: int = 1
     route: str = ROUTE_SESSION
     admission: str = ADMIT_FCFS
-    page_size: int = 16
+    page_size: int = DEFAULT_PAGE_SIZE
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
     padded_attention: bool = False  # the engine pads a step's sequences to the longest (see CostModel)
     tier_policy: str = TIERS_WRITE_THROUGH
-    device_ttl_s: float = 30.0  # TIERS_TTL: idle seconds before a page leaves device, then host
-    host_ttl_s: float = 600.0
-    tier_interval_s: float = 1.0  # TIERS_TTL: how often placement by age runs
+    device_ttl_s: float = DEFAULT_TTL.device_s  # TIERS_TTL: idle seconds before a page leaves device, then host
+    host_ttl_s: float = DEFAULT_TTL.host_s
+    tier_interval_s: float = DEFAULT_TIER_INTERVAL_S  # TIERS_TTL: how often placement by age runs
 
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):

@@ -11,8 +11,9 @@ import dataclasses
 
 import pytest
 
+from kvbench.engines.kvengine.config import EngineConfig
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.loadgen import LoadGenerator
@@ -42,7 +43,7 @@ def serve_workload(tmp_dir, **engine_settings):
     serving a 5-session RAG workload through the real load generator at concurrency 1. Returns the workload,
     the load, the records and every cache event the engine emitted, in order."""
     workload = load_workload("rag-chat-mini", num_sessions=5, seed=11, vocab_size=512)
-    engine = Engine(EngineConfig(model="tiny-random", kv_capacity_tokens=KV_TOKENS, max_num_seqs=MAX_SEQS,
+    engine = Engine(EngineConfig(model="tiny-random", kv_capacity=KV_TOKENS, max_num_seqs=MAX_SEQS,
                                  max_step_tokens=STEP_TOKENS, **engine_settings))
     stream = []
     engine.event_listeners.append(stream.extend)
@@ -114,7 +115,7 @@ HOST_TOKENS = 4096
 def tiered_run(tmp_path_factory):
     """A host tier under the same small device cache: evicted pages go to host (TTL policy) and come back
     when a later turn needs them."""
-    return serve_workload(tmp_path_factory.mktemp("tiered"), host_capacity_tokens=HOST_TOKENS)
+    return serve_workload(tmp_path_factory.mktemp("tiered"), host_capacity=HOST_TOKENS)
 
 
 def by_tier(record) -> dict[str, int]:

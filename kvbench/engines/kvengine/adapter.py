@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import socket
 import sys
@@ -11,65 +12,52 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
-# main imports no torch at import time
-from kvbench.engines.kvengine.server.main import (ADMIN_KEY_ENV, COMPUTE_DTYPES, ISOLATION_MODES, KV_DTYPES,
-                                                  SCALE_MODES)
+from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.flags import to_argv
+from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
 from kvbench.engines.process import ManagedProcess
-from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like main
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import bounded, build
 
+SERVER_MODULE = "kvbench.engines.kvengine.server.main"
+SERVED_MODEL_NAME = "kvengine"  # what the load generator asks for, unless the settings name the model
 STEP_LOG = "steps.jsonl"
+DISK_DIR = "kv-disk"  # the disk tier's folder in the adapter's workdir, unless the settings name one
 TINY_VOCAB = 512  # kvbench.engines.kvengine.model.tiny.TINY_CONFIG (not imported here: the adapter needs no torch)
 
 
 @dataclass(frozen=True)
 class KVEngineSettings:
-    """Settings of our engine; each maps to a `kvbench serve` flag of the same name."""
+    """A kvengine entry's settings, one flat mapping in YAML: the engine's own (every `EngineConfig` field,
+    each a `kvbench serve` flag of the same name) and the adapter's below."""
 
-    model: str = "default"
-    kv_dtype: str = "fp32"
-    kv_scale: str = "tensor"
-    kv_capacity: int = bounded(32768, ge=1, unit="tokens")
-    kv_capacity_bytes: int | None = bounded(None, ge=1, unit="bytes")
-    page_size: int = bounded(16, ge=1, unit="tokens")
-    max_num_seqs: int = bounded(16, ge=1)
-    max_step_tokens: int = bounded(512, ge=1, unit="tokens")
-    prefix_caching: bool = True
-    device: str = "cpu"
-    compute_dtype: str = "float32"
-    max_model_len: int | None = bounded(None, ge=1, unit="tokens")
-    threads: int | None = bounded(None, ge=1)
-    host_capacity: int = bounded(0, ge=0, unit="tokens")  # 0: no host tier
-    disk_capacity: int = bounded(0, ge=0, unit="tokens")  # 0: no disk tier
-    disk_dir: str | None = None  # default: <run workdir>/kv-disk when disk_capacity > 0
-    remote_url: str | None = None  # shared Redis tier, e.g. redis://127.0.0.1:6379/0
-    device_ttl_s: float = bounded(30.0, gt=0, unit="s")
-    host_ttl_s: float = bounded(600.0, gt=0, unit="s")
-    tier_interval_s: float = bounded(1.0, gt=0, unit="s")
-    tenants_file: str | None = None
-    isolation: str = "strict"  # or "shared-prefix"
+    engine: EngineConfig
     api_key: str | None = None  # the key the load generator sends (a key of the tenants file, or --api-key)
     port: int | None = bounded(None, ge=1, le=65535)  # None: a free port
-    extra_args: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()  # more `kvbench serve` flags, appended as given
 
-    def __post_init__(self) -> None:
-        for name, choices in (("kv_dtype", KV_DTYPES), ("kv_scale", SCALE_MODES), ("compute_dtype", COMPUTE_DTYPES),
-                              ("isolation", ISOLATION_MODES)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not one of {', '.join(choices)}")
+    @classmethod
+    def parse(cls, values: Mapping[str, object], workdir: Path, where: str = "engine.kvengine") -> KVEngineSettings:
+        """Check a settings mapping (SettingsError names the field). The engine's defaults that depend on the
+        adapter are filled in: the served model name, and the disk tier's folder inside `workdir`."""
+        own = {f.name for f in dataclasses.fields(cls)} - {"engine"}
+        mine = {key: value for key, value in values.items() if key in own}
+        engine = {"served_model_name": SERVED_MODEL_NAME,
+                  **{key: value for key, value in values.items() if key not in own}}
+        if engine.get("disk_capacity") and not engine.get("disk_dir"):
+            engine["disk_dir"] = str(workdir / DISK_DIR)
+        if isinstance(mine.get("extra_args"), list):
+            mine["extra_args"] = tuple(mine["extra_args"])
+        return build(cls, {"engine": build(EngineConfig, engine, where), **mine}, where)
 
 
 class KVEngineAdapter:
     name = "kvengine"
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
-        values = dict(settings)
-        if "extra_args" in values:
-            values["extra_args"] = tuple(values["extra_args"])
-        self.settings = build(KVEngineSettings, values, "engine.kvengine")
-        if self.settings.tenants_file:
-            load_tenants(self.settings.tenants_file)  # a bad file is a SettingsError now, not a failed launch
+        self.settings = KVEngineSettings.parse(settings, workdir)
+        if self.settings.engine.tenants_file:
+            load_tenants(self.settings.engine.tenants_file)  # a bad file is a SettingsError now, not a failed launch
         self.workdir = workdir
         self.port = self.settings.port or _free_port()
         # The key of the cache reset and /metrics: a fresh one per launch, through the environment (argv
@@ -78,44 +66,22 @@ class KVEngineAdapter:
         env = {"OMP_WAIT_POLICY": "PASSIVE", ADMIN_KEY_ENV: self._admin_key}
         self._process = ManagedProcess(self.command(), env, workdir / "engine.log")
 
-    def command(self) -> list[str]:
+    def serve_options(self) -> ServeOptions:
+        """The server's own flags: this port, the API key unless a tenants file decides keys, and the step log
+        (the engine's own step times, for `kvbench calibrate`)."""
         s = self.settings
-        command = [
-            sys.executable, "-m", "kvbench.engines.kvengine.server.main",
-            "--model", s.model, "--kv-dtype", s.kv_dtype, "--kv-scale", s.kv_scale,
-            "--kv-capacity", str(s.kv_capacity), "--page-size", str(s.page_size),
-            "--max-num-seqs", str(s.max_num_seqs), "--max-step-tokens", str(s.max_step_tokens),
-            "--device", s.device, "--compute-dtype", s.compute_dtype,
-            "--served-model-name", "kvengine", "--port", str(self.port),
-            "--step-log", str(self.workdir / STEP_LOG),  # the engine's own step times, for `kvbench calibrate`
-        ]
-        if s.kv_capacity_bytes is not None:
-            command += ["--kv-capacity-bytes", str(s.kv_capacity_bytes)]
-        if not s.prefix_caching:
-            command.append("--no-prefix-caching")
-        if s.max_model_len is not None:
-            command += ["--max-model-len", str(s.max_model_len)]
-        if s.threads is not None:
-            command += ["--threads", str(s.threads)]
-        command += ["--isolation", s.isolation, "--device-ttl", str(s.device_ttl_s), "--host-ttl", str(s.host_ttl_s),
-                    "--tier-interval", str(s.tier_interval_s)]
-        if s.host_capacity:
-            command += ["--host-capacity", str(s.host_capacity)]
-        if s.disk_capacity:
-            command += ["--disk-capacity", str(s.disk_capacity),
-                        "--disk-dir", s.disk_dir or str(self.workdir / "kv-disk")]
-        if s.remote_url:
-            command += ["--remote-url", s.remote_url]
-        if s.tenants_file:
-            command += ["--tenants-file", s.tenants_file]
-        elif s.api_key:
-            command += ["--api-key", s.api_key]
-        return command + list(s.extra_args)
+        api_key = s.api_key if not s.engine.tenants_file else None
+        return ServeOptions(port=self.port, api_key=api_key, step_log=str(self.workdir / STEP_LOG))
+
+    def command(self) -> list[str]:
+        """`kvbench serve` with one flag per engine setting that differs from its default."""
+        return [sys.executable, "-m", SERVER_MODULE, *to_argv(self.settings.engine), *to_argv(self.serve_options()),
+                *self.settings.extra_args]
 
     @property
     def vocab_size(self) -> int | None:
         """Token ids the workload may use, when the model's vocabulary is smaller than workloads assume."""
-        return TINY_VOCAB if self.settings.model == "tiny-random" else None
+        return TINY_VOCAB if self.settings.engine.model == "tiny-random" else None
 
     @property
     def base_url(self) -> str:
@@ -123,18 +89,18 @@ class KVEngineAdapter:
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.base_url, "kvengine", self.settings.api_key)
+        return Endpoint(self.base_url, self.settings.engine.served_model_name, self.settings.api_key)
 
     @property
     def capabilities(self) -> Capabilities:
         return Capabilities(True, True, output_token_ids=True, cache_reset=True, prompt_logprobs=True)
 
     def describe(self) -> Mapping[str, object]:
-        s = self.settings
-        kv = s.kv_dtype if not s.kv_dtype.startswith("fp8") else f"{s.kv_dtype}/{s.kv_scale}"
-        return {"kv_dtype": kv, "model": s.model, "kv_capacity": s.kv_capacity, "prefix_caching": s.prefix_caching,
-                "host_capacity": s.host_capacity, "disk_capacity": s.disk_capacity, "remote": bool(s.remote_url),
-                "isolation": s.isolation, "device_ttl_s": s.device_ttl_s, "host_ttl_s": s.host_ttl_s}
+        e = self.settings.engine
+        return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity": e.kv_capacity,
+                "prefix_caching": e.prefix_caching, "host_capacity": e.host_capacity, "disk_capacity": e.disk_capacity,
+                "remote": bool(e.remote_url), "isolation": e.isolation.value, "device_ttl_s": e.device_ttl_s,
+                "host_ttl_s": e.host_ttl_s}
 
     def start(self) -> None:
         self._process.start()

@@ -43,8 +43,14 @@ class MoveKind(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class TierTTL:
+    """Idle seconds before a page leaves device (`device_s`), then host (`host_s`)."""
+
     device_s: float = 30.0
     host_s: float = 600.0
+
+
+DEFAULT_TTL = TierTTL()  # the engine's and the simulator's default, for tenants without TTLs of their own
+DEFAULT_TIER_INTERVAL_S = 1.0  # how often (engine time) idle pages and tier capacities are acted on
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
 from kvbench.engines.kvengine.model.config import ModelConfig
-from kvbench.engines.kvengine.model.fp8 import KVFormat
 from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
@@ -19,7 +18,7 @@ from kvbench.engines.kvengine.model.sampling import SamplingParams, TokenLogprob
 from kvbench.engines.kvengine.model.tiny import tiny_model
 
 __all__ = [
-    "ForwardBatch", "KVFormat", "KVScales", "LlamaForCausalLM", "LoadedModel", "ModelConfig", "PagedKVCache",
+    "ForwardBatch", "KVScales", "LlamaForCausalLM", "LoadedModel", "ModelConfig", "PagedKVCache",
     "SamplingParams", "SequenceChunk", "TokenLogprobs", "calibrate_kv_scales", "calibration_token_ids",
     "load_model", "sample", "tiny_model", "token_logprobs",
 ]

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.model import fp8
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
-from kvbench.engines.kvengine.model.fp8 import KVFormat
 from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM
 
@@ -46,28 +47,25 @@ def calibration_token_ids(tokenizer: Any, text: str = CALIBRATION_TEXT) -> list[
 def calibrate_kv_scales(
     model: LlamaForCausalLM,
     token_ids: Sequence[int],
-    kv_dtype: str,
-    scale_mode: str | None = None,
+    fmt: KVFormat,
     *,
     margin: float = fp8.DEFAULT_MARGIN,
 ) -> KVScales:
-    """Scales for `kv_dtype`/`scale_mode` from K/V of one forward over `token_ids` (deterministic).
+    """Scales for `fmt` from K/V of one forward over `token_ids` (deterministic).
 
     Unquantized formats get unit scales (they are not used).
     """
-    fmt = KVFormat.parse(kv_dtype, scale_mode)
     config = model.config
     if not fmt.quantized:
         return KVScales.unit(config, fmt)
     if not token_ids:
         raise ValueError("token_ids is empty: calibration needs at least one token")
     n = len(token_ids)
-    page_size = 16
+    page_size = DEFAULT_PAGE_SIZE  # any: the pages only hold this pass's unquantized K/V
     num_pages = -(-n // page_size)
     device = model.lm_head.weight.device
-    cache = PagedKVCache(
-        config, num_pages, page_size, "fp32", device=device, compute_dtype=model.lm_head.weight.dtype
-    )
+    exact = KVFormat(KVDtype.FP32)  # the values to calibrate on, unrounded
+    cache = PagedKVCache(config, num_pages, page_size, exact, device, compute_dtype=model.lm_head.weight.dtype)
     model(ForwardBatch.build([SequenceChunk(list(token_ids), 0, range(num_pages))], page_size, device=device), cache)
     L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
     scales = []

@@ -1,6 +1,6 @@
 """KV storage formats and their codecs: how a K or V vector becomes stored bytes and back.
 
-Formats (`KVFormat`):
+Formats (`KVFormat`, named in `core.kv_format`):
 
     kv_dtype   scale_mode  stored per token, per layer, per K and V
     fp32/bf16/fp16  none   H*D values in that dtype
@@ -22,59 +22,25 @@ a page decodes the same for every reader. Values beyond the calibrated range sat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import torch
 
-FP8_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-UNQUANTIZED_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-KV_DTYPES = tuple(UNQUANTIZED_DTYPES) + tuple(FP8_DTYPES)
-SCALE_MODES = ("tensor", "channel")
+from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat
+
+# The torch dtype of every KV dtype name (the names and their sizes are `core.kv_format`'s).
+TORCH_DTYPES: Mapping[KVDtype, torch.dtype] = {
+    KVDtype.FP32: torch.float32, KVDtype.BF16: torch.bfloat16, KVDtype.FP16: torch.float16,
+    KVDtype.FP8_E5M2: torch.float8_e5m2, KVDtype.FP8_E4M3: torch.float8_e4m3fn,
+}
 SHIFT_DTYPE = torch.bfloat16  # range of fp32 (K/V outliers can pass fp16's 65504); rounding cancels anyway
 DEFAULT_MARGIN = 2.0  # headroom over the calibrated amax for values the calibration pass did not see
 _MIN_AMAX = 1e-6  # an all-zero calibration channel still gets a usable, finite scale
 
 
-@dataclass(frozen=True)
-class KVFormat:
-    """How the KV cache stores values: a dtype name and a scale mode ('none' for unquantized dtypes)."""
-
-    kv_dtype: str
-    scale_mode: str
-
-    @classmethod
-    def parse(cls, kv_dtype: str, scale_mode: str | None = None) -> KVFormat:
-        """Validate names; `scale_mode=None` means 'tensor' for fp8 and 'none' otherwise."""
-        if kv_dtype not in KV_DTYPES:
-            raise ValueError(f"kv_dtype={kv_dtype!r} is unknown; use one of {KV_DTYPES}")
-        if kv_dtype in UNQUANTIZED_DTYPES:
-            if scale_mode not in (None, "none"):
-                raise ValueError(
-                    f"scale_mode={scale_mode!r} applies to fp8 kv dtypes only; use scale_mode='none' "
-                    f"(or None) with kv_dtype={kv_dtype!r}"
-                )
-            return cls(kv_dtype, "none")
-        scale_mode = scale_mode or "tensor"
-        if scale_mode not in SCALE_MODES:
-            raise ValueError(f"scale_mode={scale_mode!r} is unknown for {kv_dtype}; use one of {SCALE_MODES}")
-        return cls(kv_dtype, scale_mode)
-
-    @property
-    def storage_dtype(self) -> torch.dtype:
-        return FP8_DTYPES.get(self.kv_dtype) or UNQUANTIZED_DTYPES[self.kv_dtype]
-
-    @property
-    def quantized(self) -> bool:
-        return self.kv_dtype in FP8_DTYPES
-
-    @property
-    def shifted(self) -> bool:
-        """Whether each token stores a shift per kv head beside its values."""
-        return self.scale_mode == "channel"
-
-    def scale_shape(self, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """Shape of one layer's K (or V) scale: () per tensor, (H, D) per channel."""
-        return (num_kv_heads, head_dim) if self.scale_mode == "channel" else ()
+def storage_dtype(fmt: KVFormat) -> torch.dtype:
+    """The torch dtype K and V values are stored in."""
+    return TORCH_DTYPES[fmt.kv_dtype]
 
 
 def fp8_max(dtype: torch.dtype) -> float:
@@ -106,10 +72,10 @@ def calibrate_scale(fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARG
         raise ValueError(f"{fmt.kv_dtype} is not quantized: it has no scale to calibrate")
     x = x.float()
     if not fmt.shifted:
-        return scale_from_amax(x.abs().amax(), fmt.storage_dtype, margin)
-    first = scale_from_amax(x.abs().amax(dim=0), fmt.storage_dtype, margin)
+        return scale_from_amax(x.abs().amax(), storage_dtype(fmt), margin)
+    first = scale_from_amax(x.abs().amax(dim=0), storage_dtype(fmt), margin)
     residual = x - token_shift(x, first).float().unsqueeze(-1)
-    return scale_from_amax(residual.abs().amax(dim=0), fmt.storage_dtype, margin)
+    return scale_from_amax(residual.abs().amax(dim=0), storage_dtype(fmt), margin)
 
 
 def encode(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -118,14 +84,14 @@ def encode(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.T
     `scale` is one layer's scale: shape () for tensor mode, (H, D) for channel mode; unused when unquantized.
     """
     if not fmt.quantized:
-        return x.to(fmt.storage_dtype), None
-    limit = fp8_max(fmt.storage_dtype)
+        return x.to(storage_dtype(fmt)), None
+    limit = fp8_max(storage_dtype(fmt))
     x = x.float()
     shift = None
     if fmt.shifted:
         shift = token_shift(x, scale)
         x = x - shift.float().unsqueeze(-1)
-    payload = (x / scale).clamp_(-limit, limit).to(fmt.storage_dtype)
+    payload = (x / scale).clamp_(-limit, limit).to(storage_dtype(fmt))
     return payload, shift
 
 

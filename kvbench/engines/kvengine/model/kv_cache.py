@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from kvbench.engines.kvengine.core.kv_format import DEFAULT_KV_FORMAT, KVFormat
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.model import fp8
 from kvbench.engines.kvengine.model.config import ModelConfig
-from kvbench.engines.kvengine.model.fp8 import KVFormat
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,8 @@ class PagedKVCache:
         self,
         config: ModelConfig,
         num_pages: int,
-        page_size: int = 16,
-        kv_dtype: str = "fp32",
-        scale_mode: str | None = None,
+        page_size: int = DEFAULT_PAGE_SIZE,
+        fmt: KVFormat = DEFAULT_KV_FORMAT,
         device: torch.device | str = "cpu",
         *,
         scales: KVScales | None = None,
@@ -56,15 +56,15 @@ class PagedKVCache:
         if page_size <= 0:
             raise ValueError(f"page_size={page_size} must be positive")
         self.config = config
-        self.fmt = KVFormat.parse(kv_dtype, scale_mode)
+        self.fmt = fmt
         self.num_pages = num_pages
         self.page_size = page_size
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
         L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
         shape = (L, num_pages, page_size, H, D)
-        self.k_data = torch.zeros(shape, dtype=self.fmt.storage_dtype, device=self.device)
-        self.v_data = torch.zeros(shape, dtype=self.fmt.storage_dtype, device=self.device)
+        self.k_data = torch.zeros(shape, dtype=fp8.storage_dtype(fmt), device=self.device)
+        self.v_data = torch.zeros(shape, dtype=fp8.storage_dtype(fmt), device=self.device)
         self.k_shift: torch.Tensor | None = None
         self.v_shift: torch.Tensor | None = None
         if self.fmt.shifted:

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, TenantId, shared_tokens_of
@@ -42,7 +43,6 @@ from kvbench.engines.kvengine.core.scheduler import (
 )
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
-from kvbench.engines.kvengine.model.fp8 import KVFormat
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
@@ -58,62 +58,7 @@ from kvbench.settings import SettingsError
 
 log = logging.getLogger(__name__)
 TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
-COMPUTE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-ISOLATION_MODES = ("strict", "shared-prefix")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How the engine runs. The device KV tier is `kv_capacity_tokens`, or `kv_capacity_bytes` when given
-    (then the token count follows the KV dtype: FP8 holds twice the tokens of bf16 in the same bytes)."""
-
-    model: str = "default"
-    kv_dtype: str = "fp32"
-    kv_scale: str = "tensor"  # fp8 only: "tensor" or "channel" (per-channel scale + per-token shift)
-    kv_capacity_tokens: int = 32768
-    kv_capacity_bytes: int | None = None
-    page_size: int = 16
-    max_num_seqs: int = 16
-    max_step_tokens: int = 512
-    prefix_caching: bool = True
-    device: str = "cpu"
-    compute_dtype: str = "float32"
-    max_model_len: int | None = None
-    served_model_name: str | None = None
-    # Lower tiers (0 / None: not used). Capacities in tokens, like kv_capacity_tokens.
-    host_capacity_tokens: int = 0
-    disk_capacity_tokens: int = 0
-    disk_dir: str | None = None
-    remote_url: str | None = None  # redis://host:port/db, shared by every engine of the same model and KV dtype
-    device_ttl_s: float = 30.0  # idle pages leave device after this (default for tenants without their own)
-    host_ttl_s: float = 600.0  # ... and host after this
-    tier_interval_s: float = 1.0  # how often (engine time) idle pages and tier capacities are acted on
-    # Tenants: API keys, quotas, reservations and TTLs from a file; isolation across tenants.
-    tenants_file: str | None = None
-    isolation: str = "strict"  # or "shared-prefix": the tenants file's shared_prefixes are shared across tenants
-
-    def __post_init__(self) -> None:
-        self.kv_format  # raises with the valid choices
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"compute_dtype: unknown {self.compute_dtype!r}; use one of {', '.join(COMPUTE_DTYPES)}")
-        if self.kv_capacity_tokens < self.page_size:
-            raise ValueError(f"kv_capacity_tokens must hold at least one page of {self.page_size} tokens")
-        if self.kv_capacity_bytes is not None and self.kv_capacity_bytes <= 0:
-            raise ValueError("kv_capacity_bytes must be > 0")
-        if self.isolation not in ISOLATION_MODES:
-            raise ValueError(f"isolation: unknown {self.isolation!r}; use one of {', '.join(ISOLATION_MODES)}")
-        if self.host_capacity_tokens < 0 or self.disk_capacity_tokens < 0:
-            raise ValueError("host_capacity_tokens and disk_capacity_tokens must be >= 0 (0: tier not used)")
-        if self.disk_capacity_tokens and not self.disk_dir:
-            raise ValueError("disk_capacity_tokens > 0 needs disk_dir, a directory for the disk tier's page files")
-        if not 0 <= self.device_ttl_s <= self.host_ttl_s:
-            raise ValueError(f"device_ttl_s ({self.device_ttl_s}) must be >= 0 and <= host_ttl_s ({self.host_ttl_s})")
-
-    @property
-    def kv_format(self) -> KVFormat:
-        """The KV format; `kv_scale` is ignored for unquantized dtypes, which have no scale."""
-        quantized = self.kv_dtype.startswith("fp8")
-        return KVFormat.parse(self.kv_dtype, self.kv_scale if quantized else None)
+TORCH_COMPUTE_DTYPES = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,28 +78,23 @@ class Engine:
     ) -> None:
         self.config = config
         self.clock = clock
-        dtype = COMPUTE_DTYPES[config.compute_dtype]
+        dtype = TORCH_COMPUTE_DTYPES[config.compute_dtype]
         self.loaded = loaded or _load(config, dtype)
         self.model = self.loaded.model
         model_config = self.loaded.config
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings
         self.model_name = config.served_model_name or self.loaded.folder.name
         fmt = config.kv_format
-        probe = PagedKVCache(model_config, 1, config.page_size, fmt.kv_dtype, fmt.scale_mode, "meta",
-                             compute_dtype=dtype)
+        probe = PagedKVCache(model_config, 1, config.page_size, fmt, "meta", compute_dtype=dtype)
         self.bytes_per_token = probe.bytes_per_token
         if config.kv_capacity_bytes is not None:
             capacity_tokens = config.kv_capacity_bytes // self.bytes_per_token
         else:
-            capacity_tokens = config.kv_capacity_tokens
+            capacity_tokens = config.kv_capacity
         num_pages = max(capacity_tokens // config.page_size, 1) + 1  # + the null page
-        scales = calibrate_kv_scales(
-            self.model, calibration_token_ids(self.loaded.tokenizer), fmt.kv_dtype, fmt.scale_mode
-        )
-        self.kv_cache = PagedKVCache(
-            model_config, num_pages, config.page_size, fmt.kv_dtype, fmt.scale_mode, config.device,
-            scales=scales, compute_dtype=dtype,
-        )
+        scales = calibrate_kv_scales(self.model, calibration_token_ids(self.loaded.tokenizer), fmt)
+        self.kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, config.device, scales=scales,
+                                     compute_dtype=dtype)
         self.events = EventLog()
         self.pool = PagePool(num_pages, config.page_size)
         self.key_salt = f"{self.model_name}:{_model_digest(self.loaded)}:{self.kv_cache.layout_fingerprint}"
@@ -166,7 +106,7 @@ class Engine:
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_step_tokens=config.max_step_tokens,
-                strict_isolation=config.isolation == "strict",
+                strict_isolation=config.isolation == IsolationMode.STRICT,
                 prefix_caching=config.prefix_caching,
             ),
             ledger=self._ledger(),
@@ -186,7 +126,7 @@ class Engine:
     def _declared_prefixes(self) -> tuple[np.ndarray, ...]:
         """The tenants file's shared prefixes as token ids (shared-prefix isolation only): a text as a
         completion prompt and as a chat system message begin, token ids as given."""
-        if self.config.isolation != "shared-prefix":
+        if self.config.isolation != IsolationMode.SHARED_PREFIX:
             return ()
         out = []
         for prefix in self.tenants.shared_prefixes:
@@ -210,11 +150,11 @@ class Engine:
         c, ps = self.config, self.config.page_size
         capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
         host = disk = remote = None
-        if c.host_capacity_tokens >= ps:
-            capacities[Tier.HOST] = c.host_capacity_tokens // ps
+        if c.host_capacity >= ps:
+            capacities[Tier.HOST] = c.host_capacity // ps
             host = HostStore(pin=torch.cuda.is_available() and self.kv_cache.device.type == "cuda")
-        if c.disk_capacity_tokens >= ps:
-            capacities[Tier.DISK] = c.disk_capacity_tokens // ps
+        if c.disk_capacity >= ps:
+            capacities[Tier.DISK] = c.disk_capacity // ps
             disk = DiskStore(Path(c.disk_dir), self.kv_cache.layout_fingerprint)
         if c.remote_url:
             remote = RedisStore(c.remote_url, self.kv_cache.layout_fingerprint)
@@ -241,7 +181,7 @@ class Engine:
         if pages > self.pool.capacity:
             raise ValueError(
                 f"the request needs {pages} KV pages but the device tier holds {self.pool.capacity}; "
-                "raise kv_capacity_tokens or shorten the request"
+                "raise kv_capacity or shorten the request"
             )
         vocab = self.loaded.config.vocab_size
         bad = next((token for token in request.prompt_ids if not 0 <= token < vocab), None)
@@ -252,8 +192,8 @@ class Engine:
         self.validate(request)
         if request.request_id in self._live:
             raise ValueError(f"request_id {request.request_id!r} is already running")
-        stops = frozenset() if request.ignore_eos else frozenset(request.stop_token_ids) | self.loaded.eos_token_ids
         prompt = np.asarray(request.prompt_ids, dtype=np.int32)
+        stops = frozenset() if request.ignore_eos else frozenset(request.stop_token_ids) | self.loaded.eos_token_ids
         core_request = Request(
             RequestId(request.request_id),
             prompt,

@@ -32,7 +32,7 @@ from kvbench.engines.kvengine.core.content_keys import PageKey
 from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Request, Scheduler
-from kvbench.engines.kvengine.core.tiers import Move, MoveKind, Tier, TierPolicy
+from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, Move, MoveKind, Tier, TierPolicy
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
 
@@ -68,7 +68,7 @@ class OffloadExecutor:
     host: HostStore | None = None
     disk: DiskStore | None = None
     remote: RedisStore | None = None
-    maintenance_interval_s: float = 1.0
+    maintenance_interval_s: float = DEFAULT_TIER_INTERVAL_S
     _restores: list[_Restore] = field(default_factory=list)
     _workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, "kvengine-restore"))
     _last_maintenance: float | None = None

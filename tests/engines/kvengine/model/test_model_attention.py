@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.attention import BatchedAttention, ReferenceAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.config import RopeScaling
@@ -55,7 +56,7 @@ def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attenti
     model.attention = attention
     prompt = tokens(37, seed=1)
     table = [11, 2, 7, 19, 0, 13, 4, 17, 8, 1]  # scattered, out of order
-    cache = PagedKVCache(model.config, 20, page_size, "fp32")
+    cache = PagedKVCache(model.config, 20, page_size)
     cached = 0
     for chunk in (prompt[:10], prompt[10:27], prompt[27:]):
         batch = ForwardBatch.build([SequenceChunk(chunk, cached, table)], page_size, all_logits=True)
@@ -79,7 +80,7 @@ def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
     page_size = 4
     prefix = tokens(12, seed=2)  # exactly 3 full pages, later shared
     a_tail, b_tail = tokens(6, seed=3), tokens(9, seed=4)
-    cache = PagedKVCache(model.config, 16, page_size, "fp32")
+    cache = PagedKVCache(model.config, 16, page_size)
     a_table = [9, 3, 14, 6, 1]
     model(ForwardBatch.build([SequenceChunk(prefix + a_tail, 0, a_table)], page_size), cache)
     # B reuses A's three prefix pages copy-free and computes only its own tail; A decodes in the same batch
@@ -100,7 +101,7 @@ def test_batched_backend_equals_reference_on_fp8_pages(model):
     results = []
     for backend in (ReferenceAttention(), BatchedAttention()):
         model.attention = backend
-        cache = PagedKVCache(model.config, 12, page_size, "fp8_e4m3", "channel")
+        cache = PagedKVCache(model.config, 12, page_size, KVFormat.parse("fp8_e4m3", "channel"))
         model(ForwardBatch.build([SequenceChunk(tokens(20, 6), 0, [3, 8])], page_size), cache)
         batch = ForwardBatch.build(
             [
@@ -124,7 +125,7 @@ def test_qwen2_bias_and_llama3_rope_scaling_match_transformers():
         model = tiny_model(seed=3, **overrides)
         hf = hf_twin(model)
         ids = tokens(40, seed=10)
-        cache = PagedKVCache(model.config, 8, 8, "fp32")
+        cache = PagedKVCache(model.config, 8, 8)
         got = model(ForwardBatch.build([SequenceChunk(ids, 0, [7, 1, 5, 2, 6])], 8, all_logits=True), cache)
         assert (got - dense_logits(hf, ids)).abs().max() < TOL
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.engines.kvengine.core.kv_format import SCALE_MODES, KVDtype, KVFormat
 from kvbench.engines.kvengine.model import fp8
-from kvbench.engines.kvengine.model.fp8 import KVFormat
 
 # (relative rounding bound = 2^-(mantissa bits + 1), half the smallest subnormal step) per format
 BOUNDS = {"fp8_e4m3": (2.0**-4, 2.0**-10), "fp8_e5m2": (2.0**-3, 2.0**-17)}
-FORMATS = [KVFormat.parse(d, m) for d in fp8.FP8_DTYPES for m in fp8.SCALE_MODES]
+FP8_DTYPES = [dtype.value for dtype in KVDtype if dtype.quantized]
+FORMATS = [KVFormat.parse(d, m) for d in FP8_DTYPES for m in SCALE_MODES]
 
 
 def calibrated_scale(fmt: KVFormat, x: torch.Tensor) -> torch.Tensor:
@@ -36,7 +37,7 @@ def test_round_trip_error_within_rounding_bound(fmt, outliers):
     x = random_kv(seed=1, outliers=outliers)
     scale = calibrated_scale(fmt, x)
     payload, shift = fp8.encode(fmt, x, scale)
-    assert payload.dtype == fmt.storage_dtype
+    assert payload.dtype == fp8.storage_dtype(fmt)
     assert (shift is not None) == fmt.shifted
     y = fp8.decode(fmt, payload, shift, scale, torch.float32)
     rel, half_subnormal = BOUNDS[fmt.kv_dtype]
@@ -46,13 +47,13 @@ def test_round_trip_error_within_rounding_bound(fmt, outliers):
     assert (y - x).abs().max() > 0  # it does quantize
 
 
-@pytest.mark.parametrize("kv_dtype", list(fp8.FP8_DTYPES))
+@pytest.mark.parametrize("kv_dtype", FP8_DTYPES)
 def test_channel_scale_and_shift_beat_tensor_scale_on_outlier_channels(kv_dtype):
     x = random_kv(seed=2, outliers=True)
     normal = torch.ones(64, dtype=torch.bool)
     normal[[3, 40]] = False
     errors = {}
-    for mode in fp8.SCALE_MODES:
+    for mode in SCALE_MODES:
         fmt = KVFormat.parse(kv_dtype, mode)
         scale = calibrated_scale(fmt, x)
         y = fp8.decode(fmt, *fp8.encode(fmt, x, scale), scale, torch.float32)
@@ -61,13 +62,13 @@ def test_channel_scale_and_shift_beat_tensor_scale_on_outlier_channels(kv_dtype)
     assert errors["channel"] < errors["tensor"] / 4, errors
 
 
-@pytest.mark.parametrize("kv_dtype", list(fp8.FP8_DTYPES))
+@pytest.mark.parametrize("kv_dtype", FP8_DTYPES)
 def test_values_beyond_the_calibrated_range_saturate(kv_dtype):
     fmt = KVFormat.parse(kv_dtype, "tensor")
     scale = torch.tensor(0.01)
     x = torch.tensor([[[1e6, -1e6, 1.0, 0.0]]])
     y = fp8.decode(fmt, *fp8.encode(fmt, x, scale), scale, torch.float32)
-    limit = fp8.fp8_max(fmt.storage_dtype) * 0.01
+    limit = fp8.fp8_max(fp8.storage_dtype(fmt)) * 0.01
     assert torch.isfinite(y).all()
     assert y[0, 0, 0] == pytest.approx(limit) and y[0, 0, 1] == pytest.approx(-limit)
 

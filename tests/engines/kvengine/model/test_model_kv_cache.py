@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales
 from kvbench.engines.kvengine.model.config import ModelConfig
@@ -20,7 +21,7 @@ FORMATS = [("fp32", None), ("bf16", None), ("fp16", None), ("fp8_e4m3", "tensor"
 
 
 def test_bytes_per_token_follows_the_dtype():
-    bpt = {f: PagedKVCache(SMOLLM2, 1, 16, *f).bytes_per_token for f in FORMATS}
+    bpt = {f: PagedKVCache(SMOLLM2, 1, 16, KVFormat.parse(*f)).bytes_per_token for f in FORMATS}
     fp8 = bpt[("fp8_e4m3", "tensor")]
     assert fp8 == 30 * 2 * 3 * 64  # layers * (K, V) * kv heads * head_dim * 1 byte = 11520
     assert bpt[("fp32", None)] == 4 * fp8
@@ -32,14 +33,14 @@ def test_bytes_per_token_follows_the_dtype():
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 def test_capacity_bytes_is_pages_times_page_bytes_plus_scales(fmt):
-    cache = PagedKVCache(SMOLLM2, 10, 16, *fmt)
+    cache = PagedKVCache(SMOLLM2, 10, 16, KVFormat.parse(*fmt))
     scale_values = 30 * (3 * 64 if fmt[1] == "channel" else 1)
     assert cache.capacity_bytes == 10 * 16 * cache.bytes_per_token + 2 * 4 * scale_values
     assert cache.page_bytes == 16 * cache.bytes_per_token
 
 
 def filled_cache(fmt, page_size=4, seed=0) -> PagedKVCache:
-    cache = PagedKVCache(TINY_CONFIG, 8, page_size, *fmt)
+    cache = PagedKVCache(TINY_CONFIG, 8, page_size, KVFormat.parse(*fmt))
     gen = torch.Generator().manual_seed(seed)
     slots = torch.arange(8 * page_size)
     for layer in range(TINY_CONFIG.num_layers):
@@ -91,21 +92,21 @@ def test_calibration_is_deterministic_and_fixes_out_of_range_kv():
             attn.o_proj.weight.div_(3000.0)
     ids = torch.randint(0, 512, (40,), generator=torch.Generator().manual_seed(0)).tolist()
     batch = ForwardBatch.build([SequenceChunk(ids, 0, [4, 1, 6])], 16, all_logits=True)
-    want = model(batch, PagedKVCache(model.config, 8, 16, "fp32"))
+    want = model(batch, PagedKVCache(model.config, 8, 16, KVFormat.parse("fp32")))
     calib = torch.randint(0, 512, (50,), generator=torch.Generator().manual_seed(1)).tolist()
     for mode in ("tensor", "channel"):
-        scales = calibrate_kv_scales(model, calib, "fp8_e4m3", mode)
-        again = calibrate_kv_scales(model, calib, "fp8_e4m3", mode)
+        scales = calibrate_kv_scales(model, calib, KVFormat.parse("fp8_e4m3", mode))
+        again = calibrate_kv_scales(model, calib, KVFormat.parse("fp8_e4m3", mode))
         assert torch.equal(scales.k, again.k) and torch.equal(scales.v, again.v)
         errors = []
-        for s in (KVScales.unit(model.config, PagedKVCache(model.config, 1, 16, "fp8_e4m3", mode).fmt), scales):
-            got = model(batch, PagedKVCache(model.config, 8, 16, "fp8_e4m3", mode, scales=s))
+        for s in (KVScales.unit(model.config, KVFormat.parse("fp8_e4m3", mode)), scales):
+            got = model(batch, PagedKVCache(model.config, 8, 16, KVFormat.parse("fp8_e4m3", mode), scales=s))
             errors.append(float((got - want).abs().max() / want.abs().max()))
         assert errors[1] < errors[0] / 4, (mode, errors)
 
 
 def test_set_scales_checks_shape_and_sign():
-    cache = PagedKVCache(TINY_CONFIG, 2, 16, "fp8_e4m3", "channel")
+    cache = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3", "channel"))
     with pytest.raises(ValueError, match="shape"):
         cache.set_scales(KVScales(torch.ones(2), torch.ones(2)))
     with pytest.raises(ValueError, match="positive"):
@@ -113,7 +114,7 @@ def test_set_scales_checks_shape_and_sign():
 
 
 def test_layout_fingerprint_changes_with_scales():
-    a = PagedKVCache(TINY_CONFIG, 2, 16, "fp8_e4m3")
-    b = PagedKVCache(TINY_CONFIG, 2, 16, "fp8_e4m3", scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
+    a = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"))
+    b = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"), scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
     assert a.layout_fingerprint != b.layout_fingerprint
-    assert a.layout_fingerprint == PagedKVCache(TINY_CONFIG, 5, 16, "fp8_e4m3").layout_fingerprint
+    assert a.layout_fingerprint == PagedKVCache(TINY_CONFIG, 5, 16, KVFormat.parse("fp8_e4m3")).layout_fingerprint

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
@@ -41,7 +42,7 @@ def test_geometry_and_logits_match_transformers(loaded):
     hf = LlamaForCausalLM.from_pretrained(loaded.folder, dtype=torch.float32).eval()
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]
-    cache = PagedKVCache(c, 4, 16, "fp32")
+    cache = PagedKVCache(c, 4, 16)
     got = loaded.model(ForwardBatch.build([SequenceChunk(ids, 0, [2, 0])], 16, all_logits=True), cache)
     assert (got - want).abs().max() < 1e-3
     assert torch.equal(got.argmax(-1), want.argmax(-1))
@@ -49,7 +50,7 @@ def test_geometry_and_logits_match_transformers(loaded):
 
 def test_greedy_chat_answer_names_paris(loaded):
     prompt = loaded.chat_prompt_ids([{"role": "user", "content": "What is the capital of France?"}])
-    assert "Paris" in greedy(loaded, prompt, PagedKVCache(loaded.config, 8, 16, "fp32"))
+    assert "Paris" in greedy(loaded, prompt, PagedKVCache(loaded.config, 8, 16))
 
 
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e5m2"])
@@ -61,9 +62,10 @@ def test_calibrated_fp8_kv_stays_close_to_fp32(loaded, kv_dtype, scale_mode):
         [{"role": "user", "content": "What is the capital of France? Please explain the history of the city."}]
     )
     batch = ForwardBatch.build([SequenceChunk(ids, 0, list(range(8)))], 16, all_logits=True)
-    want = torch.log_softmax(loaded.model(batch, PagedKVCache(loaded.config, 8, 16, "fp32")), -1)
-    scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), kv_dtype, scale_mode)
-    cache = PagedKVCache(loaded.config, 8, 16, kv_dtype, scale_mode, scales=scales)
+    want = torch.log_softmax(loaded.model(batch, PagedKVCache(loaded.config, 8, 16)), -1)
+    scales = fmt = KVFormat.parse(kv_dtype, scale_mode)
+    scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), fmt)
+    cache = PagedKVCache(loaded.config, 8, 16, fmt, scales=scales)
     got = torch.log_softmax(loaded.model(batch, cache), -1)
     kl = float((want.exp() * (want - got)).sum(-1).mean())
     agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kvbench.engines.kvengine.model.sampling import SamplingParams
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.core.kv_format import KVFormat
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.runtime.tiny import EOS_ID, tiny_loaded_model
 
@@ -18,7 +20,7 @@ def loaded():
 
 
 def engine(loaded, **settings) -> Engine:
-    return Engine(EngineConfig(**{"kv_capacity_tokens": 2048, **settings}), loaded)
+    return Engine(EngineConfig(**{"kv_capacity": 2048, **settings}), loaded)
 
 
 PROMPT = list(range(300, 380))  # 80 tokens = 5 full pages
@@ -53,7 +55,7 @@ def test_preemption_under_a_tiny_kv_tier_keeps_outputs_identical(loaded):
     prompts = {f"r{i}": list(range(200 + 13 * i, 260 + 13 * i)) for i in range(4)}
     roomy = run(engine(loaded), *(greedy(rid, p, 24) for rid, p in prompts.items()))
     # 12 pages of 16 tokens cannot hold four 84-token sequences at once: someone must be preempted
-    tight_engine = engine(loaded, kv_capacity_tokens=192, max_step_tokens=128)
+    tight_engine = engine(loaded, kv_capacity=192, max_step_tokens=128)
     tight = run(tight_engine, *(greedy(rid, p, 24) for rid, p in prompts.items()))
     for rid in prompts:
         assert tokens(tight[rid]) == tokens(roomy[rid])
@@ -123,3 +125,13 @@ def test_requests_the_engine_cannot_serve_are_refused_with_the_reason(loaded):
         eng.validate(greedy("v", [1, 99999]))
     with pytest.raises(ValueError, match="kv_dtype"):
         EngineConfig(kv_dtype="fp4")
+
+
+def test_the_kv_format_is_parsed_once_and_the_model_receives_the_value(loaded, monkeypatch):
+    parsed = []
+    parse = KVFormat.parse.__func__
+    monkeypatch.setattr(KVFormat, "parse", classmethod(lambda cls, *names: parsed.append(names) or parse(cls, *names)))
+    config = EngineConfig(kv_dtype="fp8_e4m3", kv_scale="channel", kv_capacity=1024)
+    eng = Engine(config, loaded)
+    assert parsed == [("fp8_e4m3", "channel")]  # by the config, from the settings' names
+    assert eng.kv_cache.fmt is config.kv_format and eng.kv_cache.k_shift is not None

@@ -50,7 +50,7 @@ PROMPTS = {f"r{i}": list(range(100 + 7 * i, 150 + 9 * i)) for i in range(3)}
 
 def test_a_batch_with_one_failing_request_fails_it_alone_and_the_others_finish_unchanged(loaded, poisoned_sampling):
     alone = {rid: tokens(run(make_engine(loaded), greedy(rid, p))[rid]) for rid, p in PROMPTS.items()}
-    engine = make_engine(loaded, kv_capacity_tokens=1024)
+    engine = make_engine(loaded, kv_capacity=1024)
     outputs = run(engine, *(greedy(rid, p) for rid, p in PROMPTS.items()), poisoned("bad", range(200, 290)))
     assert max(poisoned_sampling) == 4  # all four were in one batch, which failed, then ran one by one
     [failure] = outputs["bad"]
@@ -66,7 +66,7 @@ def test_a_batch_with_one_failing_request_fails_it_alone_and_the_others_finish_u
 
 
 def test_a_failing_request_alone_in_its_step_fails_and_the_engine_serves_the_next(loaded, poisoned_sampling):
-    engine = make_engine(loaded, kv_capacity_tokens=1024)
+    engine = make_engine(loaded, kv_capacity=1024)
     [failure] = run(engine, poisoned("bad", range(200, 290)))["bad"]
     assert failure.error is not None and failure.finish_reason == "error"
     assert engine.pool.num_free == engine.pool.capacity - engine.index.cached_pages

@@ -47,10 +47,11 @@ def test_another_kv_dtype_or_model_never_hits_the_shared_pages(loaded, redis):
 def test_a_second_engine_process_hits_what_this_one_computed(loaded, redis):
     run(make_engine(loaded, remote_url=redis.url), greedy("a", PROMPT))
     script = textwrap.dedent(f"""
-        from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+        from kvbench.engines.kvengine.config import EngineConfig
+        from kvbench.engines.kvengine.runtime.engine import Engine
         from kvbench.engines.kvengine.runtime.requests import GenerationRequest
         from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
-        engine = Engine(EngineConfig(kv_capacity_tokens=2048, remote_url={redis.url!r}), tiny_loaded_model(seed=3))
+        engine = Engine(EngineConfig(kv_capacity=2048, remote_url={redis.url!r}), tiny_loaded_model(seed=3))
         engine.add(GenerationRequest("b", tuple(range(300, 380)), 8, ignore_eos=True))
         last = None
         while engine.has_work():

@@ -1,11 +1,12 @@
 """The step probe records exactly the work of every model step, for the simulator's calibration."""
 
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.step_probe import ProbeCase, probe_steps
 
 
 def test_every_step_is_recorded_with_the_token_ranges_it_computed():
-    engine = Engine(EngineConfig(model="tiny-random", kv_capacity_tokens=4096, max_step_tokens=512))
+    engine = Engine(EngineConfig(model="tiny-random", kv_capacity=4096, max_step_tokens=512))
     steps = probe_steps(engine, [ProbeCase(1024, batch=1, max_tokens=3), ProbeCase(100, batch=3, max_tokens=2)])
     works = [step.work for step in steps]
     assert works == [
@@ -18,7 +19,7 @@ def test_every_step_is_recorded_with_the_token_ranges_it_computed():
 
 def test_cases_start_from_an_empty_cache():
     """Same-length random prompts in a row: nothing is reused, so every case prefills from token 0."""
-    engine = Engine(EngineConfig(model="tiny-random", kv_capacity_tokens=4096, max_step_tokens=512))
+    engine = Engine(EngineConfig(model="tiny-random", kv_capacity=4096, max_step_tokens=512))
     steps = probe_steps(engine, [ProbeCase(64), ProbeCase(64)], warmup=False)
     assert [step.work for step in steps] == [((0, 64),), ((0, 64),)]
 
@@ -26,7 +27,7 @@ def test_cases_start_from_an_empty_cache():
 def test_the_step_log_reads_back_what_the_engine_stepped(tmp_path):
     from kvbench.engines.kvengine.runtime.step_probe import StepLog, read_step_log
 
-    engine = Engine(EngineConfig(model="tiny-random", kv_capacity_tokens=4096, max_step_tokens=512))
+    engine = Engine(EngineConfig(model="tiny-random", kv_capacity=4096, max_step_tokens=512))
     seen = []
     engine.step_listeners += [StepLog(tmp_path / "steps.jsonl"), seen.append]
     probe_steps(engine, [ProbeCase(600, batch=2, max_tokens=2)], warmup=False)

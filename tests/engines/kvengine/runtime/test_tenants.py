@@ -37,7 +37,7 @@ def prompt(seed: int, pages: int) -> list[int]:
 def test_under_contention_the_heavy_tenant_is_held_to_its_cap_and_premium_pages_survive(loaded, tmp_path):
     path = tmp_path / "tenants.json"
     path.write_text(json.dumps(TENANTS))
-    engine = make_engine(loaded, kv_capacity_tokens=1024, tenants_file=str(path))  # 64 pages, cap 32
+    engine = make_engine(loaded, kv_capacity=1024, tenants_file=str(path))  # 64 pages, cap 32
     gold = prompt(1, 10)
     run(engine, greedy("g", gold, 1, tenant="gold"))
     run(engine, greedy("l", prompt(2, 6), 1, tenant="light"))
@@ -74,7 +74,7 @@ def ttft_s(engine, request) -> tuple[float, int]:
 def b_timings(loaded, isolation: str, tenants_file: str | None = None) -> tuple[list[float], list[float], list[int]]:
     """Tenant A caches 16 prefixes; tenant B then sends each of them once, interleaved with 16 prefixes
     nobody has sent. Returns B's TTFTs for (A's prefixes, fresh prefixes) and B's cached tokens on A's."""
-    engine = make_engine(loaded, kv_capacity_tokens=16384, isolation=isolation, tenants_file=tenants_file)
+    engine = make_engine(loaded, kv_capacity=16384, isolation=isolation, tenants_file=tenants_file)
     theirs = [prompt(1000 + i, 12) for i in range(16)]
     fresh = [prompt(2000 + i, 12) for i in range(16)]
     for i, p in enumerate(theirs):

@@ -75,7 +75,7 @@ def test_reservations_beyond_the_device_tier_name_the_file_when_the_engine_start
     path = tmp_path / "tenants.yaml"
     path.write_text("tenants:\n  a:\n    api_keys: [k]\n    reserved_device_pages: 1000\n")
     with pytest.raises(SettingsError, match=f"{path}: .*reserved device pages exceed"):
-        make_engine(tiny_loaded_model(), kv_capacity_tokens=256, tenants_file=str(path))
+        make_engine(tiny_loaded_model(), kv_capacity=256, tenants_file=str(path))
 
 
 def test_parse_tenants_refuses_a_huge_ttl_and_a_fractional_quota():

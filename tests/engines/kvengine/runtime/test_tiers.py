@@ -25,7 +25,7 @@ def loaded():
 @pytest.fixture
 def tiered(loaded, tmp_path):
     clock = FakeClock()
-    engine = make_engine(loaded, clock, host_capacity_tokens=1024, disk_capacity_tokens=4096,
+    engine = make_engine(loaded, clock, host_capacity=1024, disk_capacity=4096,
                          disk_dir=str(tmp_path / "disk"))
     yield engine, clock
     engine.close()
@@ -147,7 +147,7 @@ def test_a_full_disk_is_skipped_and_counted_and_the_engine_keeps_serving(loaded,
 
 def test_host_capacity_pushes_the_least_recent_pages_to_disk(loaded, tmp_path):
     clock = FakeClock()
-    engine = make_engine(loaded, clock, host_capacity_tokens=64, disk_capacity_tokens=4096,
+    engine = make_engine(loaded, clock, host_capacity=64, disk_capacity=4096,
                          disk_dir=str(tmp_path / "d"))
     run(engine, greedy("t1", PROMPT))
     clock.advance(31)

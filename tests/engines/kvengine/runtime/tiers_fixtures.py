@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 
 
@@ -32,7 +33,7 @@ class FakeClock:
 
 
 def make_engine(loaded, clock=time.monotonic, **settings) -> Engine:
-    return Engine(EngineConfig(**{"kv_capacity_tokens": 2048, "tier_interval_s": 0.0, **settings}), loaded, clock)
+    return Engine(EngineConfig(**{"kv_capacity": 2048, "tier_interval_s": 0.0, **settings}), loaded, clock)
 
 
 def run(engine: Engine, *requests: GenerationRequest) -> dict[str, list]:

@@ -16,7 +16,8 @@ import urllib.request
 import pytest
 
 import kvbench.engines.kvengine.runtime.engine as engine_module
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
 from .server_fixture import serving
@@ -28,7 +29,7 @@ BODY = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "i
 
 @pytest.fixture(scope="module")
 def served():
-    engine = Engine(EngineConfig(kv_capacity_tokens=8192, max_model_len=4096, served_model_name="tiny"),
+    engine = Engine(EngineConfig(kv_capacity=8192, max_model_len=4096, served_model_name="tiny"),
                     tiny_loaded_model(5))
     with serving(engine) as base:
         yield engine, base

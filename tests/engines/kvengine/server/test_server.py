@@ -9,7 +9,8 @@ import urllib.request
 import openai
 import pytest
 
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.engines.prometheus import parse_samples
 
@@ -20,7 +21,7 @@ PROMPT = list(range(300, 380))
 
 @pytest.fixture(scope="module")
 def url():
-    engine = Engine(EngineConfig(kv_capacity_tokens=4096, max_model_len=512, served_model_name="tiny"), tiny_loaded_model(5))
+    engine = Engine(EngineConfig(kv_capacity=4096, max_model_len=512, served_model_name="tiny"), tiny_loaded_model(5))
     with serving(engine) as base:
         yield base
 
@@ -136,7 +137,7 @@ def test_metrics_count_what_usage_reported_and_reset_clears_the_cache(url, clien
 
 
 def test_api_key_is_required_when_set():
-    engine = Engine(EngineConfig(kv_capacity_tokens=512), tiny_loaded_model(5))
+    engine = Engine(EngineConfig(kv_capacity=512), tiny_loaded_model(5))
     with serving(engine, api_key="sekret") as base:
         status, reply = post(base, "/v1/completions", {"prompt": "x", "max_tokens": 1})
         assert status == 401
@@ -144,9 +145,15 @@ def test_api_key_is_required_when_set():
         assert good.completions.create(model="default", prompt="x", max_tokens=1).usage.completion_tokens == 1
 
 
-def test_serve_flag_choices_match_the_model_layer():
+def test_every_kv_dtype_the_serve_flags_accept_is_stored_by_the_model_at_its_size():
+    import argparse
+
+    from kvbench.engines.kvengine.core.kv_format import KV_DTYPES, KVDtype
     from kvbench.engines.kvengine.model import fp8
     from kvbench.engines.kvengine.server import main
 
-    assert set(main.KV_DTYPES) == set(fp8.KV_DTYPES)
-    assert set(main.SCALE_MODES) == set(fp8.SCALE_MODES)
+    parser = argparse.ArgumentParser()
+    main.add_arguments(parser)
+    for name in KV_DTYPES:
+        dtype = parser.parse_args(["--kv-dtype", name]).kv_dtype
+        assert fp8.TORCH_DTYPES[KVDtype(dtype)].itemsize == KVDtype(dtype).bytes_per_element

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import kvbench.engines.kvengine as kvengine_package
-from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
 from ..runtime.tiers_fixtures import free_port
@@ -31,8 +32,8 @@ def url(tmp_path_factory):
     path = tmp_path_factory.mktemp("tenants") / "tenants.yaml"
     path.write_text("tenants:\n  acme:\n    api_keys: [k-acme]\n    quota_pages: 100\n"
                     "  beta:\n    api_keys: [k-beta]\n")
-    config = EngineConfig(kv_capacity_tokens=4096, max_model_len=512, served_model_name="tiny",
-                          tenants_file=str(path), host_capacity_tokens=1024)
+    config = EngineConfig(kv_capacity=4096, max_model_len=512, served_model_name="tiny",
+                          tenants_file=str(path), host_capacity=1024)
     with serving(Engine(config, tiny_loaded_model(5)), admin_key=ADMIN) as base:
         yield base
 

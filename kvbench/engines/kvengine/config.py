@@ -1,0 +1,160 @@
+"""Our engine's settings: the one definition of each, from a YAML key to the step loop.
+
+Every field of `EngineConfig` carries its name, type, default, help and, where it has them, its unit, range
+and choices (`setting`). Everything else is derived from it, never listed again:
+
+    YAML / --set key    engine.kvengine.<field>         build(EngineConfig, mapping, where)  (the adapter)
+    kvbench serve flag  --<field with dashes>           flags.add_flags / flags.from_args
+    the child's argv    the adapter's command()         flags.to_argv
+    the step loop       Engine(config)                  runtime/engine.py
+    the simulator       sim_config_for_engine(config)   sim/validate.py
+
+`ServeOptions` are the server process's own flags (listen address, keys, step log), not the engine's.
+Vocabularies are values: `IsolationMode` here, the KV format in `core.kv_format`. Torch-free: the adapter and
+the CLI import this without loading a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from typing import Any
+
+from kvbench.engines.kvengine.core.kv_format import (
+    DEFAULT_KV_DTYPE,
+    DEFAULT_SCALE_MODE,
+    SCALE_MODES,
+    KVDtype,
+    KVFormat,
+    ScaleMode,
+)
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
+from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, DEFAULT_TTL
+from kvbench.settings import Bounds, check_bounds
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtime/engine.py maps them)
+ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
+DEFAULT_PORT = 8000
+
+
+class IsolationMode(StrEnum):
+    """What tenants may share in the prefix cache."""
+
+    STRICT = "strict"  # nothing: every tenant's pages live in a namespace of its own
+    SHARED_PREFIX = "shared-prefix"  # the tenants file's shared_prefixes (a system prompt), nothing else
+
+
+def setting(default: Any, help: str, *, unit: str = "", gt: float | None = None, ge: float | None = None,
+            le: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+    """A settings field: its default, its help (a flag's), its unit and range (`settings.build` enforces
+    them, and so does the config itself) and, for a string, its choices (an enum field's are its values)."""
+    return field(default=default, metadata={"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices})
+
+
+def choices_of(f: dataclasses.Field, hint: Any) -> tuple[str, ...] | None:
+    """The values a field accepts by name: its declared choices, else its enum's values, else None (any)."""
+    if f.metadata.get("choices"):
+        return f.metadata["choices"]
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return tuple(member.value for member in hint)
+    return None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_fields(config: object) -> None:
+    """Check every field of a settings dataclass against its range and choices, and turn the names of an
+    enum field into its value (frozen dataclasses: through object.__setattr__). ValueError names the field."""
+    hints = _hints(type(config))
+    for f in dataclasses.fields(config):
+        if not f.init:
+            continue
+        value, hint = getattr(config, f.name), hints[f.name]
+        choices = choices_of(f, hint)
+        if choices is not None and value not in choices:
+            raise ValueError(f"{f.name} {value!r} is not one of {', '.join(choices)}")
+        if isinstance(hint, type) and issubclass(hint, Enum):
+            object.__setattr__(config, f.name, hint(value))
+        if "bounds" in f.metadata:
+            check_bounds(value, f.metadata["bounds"], f.name)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How our engine runs. The device KV tier is `kv_capacity` tokens, or `kv_capacity_bytes` when given
+    (then the token count follows the KV format: FP8 holds twice the tokens of bf16 in the same bytes).
+    `kv_format` is `kv_dtype` + `kv_scale` parsed once, here; the model receives it."""
+
+    model: str = setting("default", "'default' (SmolLM2-135M-Instruct), a .gguf file, a safetensors folder, or "
+                         "'tiny-random' (tests)")
+    kv_dtype: KVDtype = setting(DEFAULT_KV_DTYPE, "KV cache storage dtype")
+    kv_scale: ScaleMode = setting(DEFAULT_SCALE_MODE, "fp8 scales: per tensor, or per channel + per-token shift "
+                                  "(fp8 dtypes only; others ignore it)", choices=SCALE_MODES)
+    kv_capacity: int = setting(32768, "device KV tier", unit="tokens", ge=1)
+    kv_capacity_bytes: int | None = setting(None, "device KV tier in bytes (overrides kv_capacity)", unit="bytes",
+                                            ge=1)
+    page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
+    max_num_seqs: int = setting(16, "sequences running at once", ge=1)
+    max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
+    prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
+    device: str = setting("cpu", "torch device of the model and the device KV tier")
+    compute_dtype: str = setting("float32", "dtype of weights and activations", choices=COMPUTE_DTYPES)
+    max_model_len: int | None = setting(None, "context length (default: the model's)", unit="tokens", ge=1)
+    served_model_name: str | None = setting(None, "model name in the API (default: the model folder's name)")
+    threads: int | None = setting(None, "torch threads, set by `kvbench serve` (default: all cores, with a passive "
+                                  "OpenMP wait)", ge=1)
+    # Lower tiers (0 / None: not used), in tokens like kv_capacity.
+    host_capacity: int = setting(0, "host-memory KV tier (0: none)", unit="tokens", ge=0)
+    disk_capacity: int = setting(0, "disk KV tier (0: none; needs disk_dir)", unit="tokens", ge=0)
+    disk_dir: str | None = setting(None, "directory of the disk tier's page files")
+    remote_url: str | None = setting(None, "shared Redis KV tier, e.g. redis://127.0.0.1:6379/0 (shared by every "
+                                     "engine of the same model and KV format)")
+    device_ttl_s: float = setting(DEFAULT_TTL.device_s, "idle seconds before a page leaves device (tenants may "
+                                  "set their own)", unit="s", gt=0)
+    host_ttl_s: float = setting(DEFAULT_TTL.host_s, "idle seconds before a page leaves host memory", unit="s", gt=0)
+    tier_interval_s: float = setting(DEFAULT_TIER_INTERVAL_S, "engine seconds between tier placement passes (0: every step)",
+                                     unit="s", ge=0)
+    # Tenants: API keys, quotas, reservations and TTLs from a file; isolation across tenants.
+    tenants_file: str | None = setting(None, "YAML/JSON: API keys -> tenants, quotas, reservations, TTLs")
+    isolation: IsolationMode = setting(IsolationMode.STRICT, "strict: no page shared across tenants; "
+                                       "shared-prefix: the tenants file's shared_prefixes (e.g. a system prompt) "
+                                       "are shared, nothing else")
+    kv_format: KVFormat = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        object.__setattr__(self, "kv_format", KVFormat.from_settings(self.kv_dtype, self.kv_scale))
+        if self.kv_capacity < self.page_size:
+            raise ValueError(f"kv_capacity ({self.kv_capacity}) must hold at least one page of {self.page_size} "
+                             "tokens")
+        if self.disk_capacity and not self.disk_dir:
+            raise ValueError("disk_capacity > 0 needs disk_dir, a directory for the disk tier's page files")
+        if self.device_ttl_s > self.host_ttl_s:
+            raise ValueError(f"device_ttl_s ({self.device_ttl_s:g}) must be <= host_ttl_s ({self.host_ttl_s:g}): "
+                             "a page leaves device before it leaves host")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """The server process's own flags: where it listens, which keys it accepts, where it logs steps."""
+
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(DEFAULT_PORT, "port to listen on", ge=1, le=65535)
+    api_key: str | None = setting(None, "require this Bearer key (tenant 'default'; it administers too unless "
+                                  "--admin-key is given)")
+    # No default from the environment here: --help would show the key.
+    admin_key: str | None = setting(None, f"the Bearer key of /reset_prefix_cache and /metrics (default: "
+                                    f"${ADMIN_KEY_ENV}, else --api-key); with any key configured, those "
+                                    "endpoints need it")
+    metrics_open: bool = setting(False, "serve /metrics without a key (a Prometheus that sends none)")
+    step_log: str | None = setting(None, "append every model step's token ranges and seconds to this JSONL file "
+                                   "(for `kvbench calibrate --steps`)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
