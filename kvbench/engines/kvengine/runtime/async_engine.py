@@ -65,8 +65,8 @@ class AsyncEngine:
         self.engine.close()
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[StepOutput]:
-        """Stream a request's outputs; leaving the iteration early aborts the request."""
-        self.engine.validate(request)
+        """Stream a request's outputs; leaving the iteration early aborts the request. The request is one the
+        server checked (`engine.limits.check`); one the engine refuses arrives as its error."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[StepOutput] = asyncio.Queue()
         self._send(_Add(request, lambda output: loop.call_soon_threadsafe(outputs.put_nowait, output)))

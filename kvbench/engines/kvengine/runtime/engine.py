@@ -52,7 +52,13 @@ from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.kvengine.runtime.offload import Admission, OffloadExecutor
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore
-from kvbench.engines.kvengine.runtime.requests import GenerationRequest, LiveRequest, StepOutput, TokenLogprob
+from kvbench.engines.kvengine.runtime.requests import (
+    GenerationRequest,
+    LiveRequest,
+    RequestLimits,
+    StepOutput,
+    TokenLogprob,
+)
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.settings import SettingsError
 
@@ -113,6 +119,7 @@ class Engine:
         )
         self.offload = self._offload(journal)
         self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
+        self.limits = RequestLimits(self.max_model_len, config.page_size, self.pool.capacity, model_config.vocab_size)
         self._shared_prefixes = self._declared_prefixes()
         # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
         # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
@@ -165,34 +172,18 @@ class Engine:
 
     # --- requests -------------------------------------------------------------------------------------------
 
-    def validate(self, request: GenerationRequest) -> None:
-        """Raise ValueError (with the field and the fix) for a request the engine cannot serve."""
-        if not request.prompt_ids:
-            raise ValueError("prompt: empty; send at least one token")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be >= 1, got {request.max_tokens}")
-        total = len(request.prompt_ids) + request.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) = {total} exceeds "
-                f"the model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
-            )
-        pages = -(-total // self.config.page_size)
-        if pages > self.pool.capacity:
-            raise ValueError(
-                f"the request needs {pages} KV pages but the device tier holds {self.pool.capacity}; "
-                "raise kv_capacity or shorten the request"
-            )
-        vocab = self.loaded.config.vocab_size
-        bad = next((token for token in request.prompt_ids if not 0 <= token < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})")
-
     def add(self, request: GenerationRequest) -> None:
-        self.validate(request)
+        """Queue a request checked against `self.limits` (the server checks each one at its boundary; a request
+        beyond them is the caller's bug). ValueError for an id already running."""
         if request.request_id in self._live:
             raise ValueError(f"request_id {request.request_id!r} is already running")
-        prompt = np.asarray(request.prompt_ids, dtype=np.int32)
+        # The one check the engine repeats, being cheap: a token id outside the vocabulary indexes the embedding
+        # out of bounds, which on CUDA is a device-side fault that corrupts the whole device state (every
+        # request's KV with it), not an error of this request alone.
+        ids = request.prompt_ids
+        if ids and not (0 <= min(ids) and max(ids) < self.limits.vocab_size):
+            raise ValueError(f"prompt: a token id is outside the vocabulary [0, {self.limits.vocab_size})")
+        prompt = np.asarray(ids, dtype=np.int32)
         stops = frozenset() if request.ignore_eos else frozenset(request.stop_token_ids) | self.loaded.eos_token_ids
         core_request = Request(
             RequestId(request.request_id),

@@ -26,6 +26,39 @@ class GenerationRequest:
     tenant: str = "default"
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """What one engine can serve: its context, its device tier's pages and its vocabulary. The server checks
+    every request against them once, at its boundary (`check`); the engine then trusts its typed requests."""
+
+    max_model_len: int
+    page_size: int
+    device_pages: int
+    vocab_size: int
+
+    def check(self, request: GenerationRequest) -> None:
+        """Raise ValueError (with the field and the fix) for a request the engine cannot serve."""
+        if not request.prompt_ids:
+            raise ValueError("prompt: empty; send at least one token")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens: must be >= 1, got {request.max_tokens}")
+        total = len(request.prompt_ids) + request.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(request.prompt_ids)} tokens) + max_tokens ({request.max_tokens}) = {total} exceeds "
+                f"the model's context of {self.max_model_len} tokens; shorten the prompt or lower max_tokens"
+            )
+        pages = -(-total // self.page_size)
+        if pages > self.device_pages:
+            raise ValueError(
+                f"the request needs {pages} KV pages but the device tier holds {self.device_pages}; "
+                "raise kv_capacity or shorten the request"
+            )
+        bad = next((token for token in request.prompt_ids if not 0 <= token < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+
+
 @dataclass(frozen=True)
 class TokenLogprob:
     """A token's logprob and the top alternatives as (token id, logprob), most likely first."""

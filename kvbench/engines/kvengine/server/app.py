@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
+from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput, TokenLogprob
 from kvbench.engines.kvengine.server.protocol import (
     ParsedRequest,
@@ -71,15 +72,15 @@ class Caller:
     known: bool  # its key is one this server knows (a tenant's, the api key or the admin key)
 
 
-ENGINE_KEY = web.AppKey("engine", AsyncEngine)
+ASYNC_ENGINE = web.AppKey("async_engine", AsyncEngine)
 KEYS = web.AppKey("keys", Keys)
 TOKENIZE = web.AppKey("tokenize", ThreadPoolExecutor)
 
 
-def make_app(engine: AsyncEngine, api_key: str | None = None, admin_key: str | None = None,
+def make_app(async_engine: AsyncEngine, api_key: str | None = None, admin_key: str | None = None,
              metrics_open: bool = False) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes(engine.engine.max_model_len))
-    app[ENGINE_KEY] = engine
+    app = web.Application(client_max_size=max_body_bytes(async_engine.engine.max_model_len))
+    app[ASYNC_ENGINE] = async_engine
     app[KEYS] = Keys(api_key, admin_key, metrics_open)
     # One thread: a fast tokenizer is not meant to be driven from several threads at once, and a long
     # prompt then delays other prompts' tokenisation, never the event loop.
@@ -92,6 +93,12 @@ def make_app(engine: AsyncEngine, api_key: str | None = None, admin_key: str | N
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     return app
+
+
+def _engine(request: web.Request) -> Engine:
+    """The step loop behind the app's AsyncEngine, for what it knows (model name, limits, tokenizer, tenants,
+    metrics); whatever changes its state goes through the AsyncEngine, on the engine's thread."""
+    return request.app[ASYNC_ENGINE].engine
 
 
 async def _stop_tokenizer(app: web.Application) -> None:
@@ -125,7 +132,7 @@ def _same(a: str, b: str) -> bool:
 
 def _caller(request: web.Request) -> Caller:
     keys = request.app[KEYS]
-    tenants = request.app[ENGINE_KEY].engine.tenants
+    tenants = _engine(request).tenants
     header = request.headers.get("Authorization", "")
     key = header[len("Bearer "):] if header.startswith("Bearer ") else None
     keyed = bool(tenants.tenants or keys.api_key)  # inference needs a key
@@ -165,7 +172,7 @@ def _require_admin(request: web.Request, what: str) -> None:
 
 
 def _check_model(request: web.Request, body: Mapping) -> None:
-    engine = request.app[ENGINE_KEY].engine
+    engine = _engine(request)
     name = body.get("model")
     if name is not None and not isinstance(name, str):
         raise RequestError(f"model: must be a string, got {name!r}", "model")
@@ -176,14 +183,14 @@ def _check_model(request: web.Request, body: Mapping) -> None:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE_KEY].engine
+    engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
     return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
                          chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    engine = request.app[ENGINE_KEY].engine
+    engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
     return await _handle(request, lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant, limit),
                          chat=True)
@@ -191,20 +198,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _handle(request: web.Request, parse, chat: bool) -> web.StreamResponse:
     """Authenticate, parse and validate (each failure an OpenAI-style error), then serve the generation.
-    Parsing tokenises, so it runs on the tokenizer thread."""
-    engine = request.app[ENGINE_KEY]
+    Parsing tokenises, so it runs on the tokenizer thread. This is where a request is checked against the
+    engine's limits, once: the engine trusts what it is given."""
     try:
         _tenant(request)  # 401 before reading the body
         body = await _body(request)
         tenant = _tenant(request, body)
         _check_model(request, body)
         parsed = await asyncio.get_running_loop().run_in_executor(request.app[TOKENIZE], parse, body, tenant)
-        engine.engine.validate(parsed.generation)
+        _engine(request).limits.check(parsed.generation)
     except RequestError as exc:
         return error_response(str(exc), exc.status, exc.kind, exc.param)
     except ValueError as exc:
         return error_response(str(exc))
-    return await _serve(request, engine, parsed, chat=chat)
+    return await _serve(request, parsed, chat=chat)
 
 
 class _Answer:
@@ -347,17 +354,18 @@ def _offsets(tokens: list[str]) -> list[int]:
     return offsets
 
 
-async def _serve(request: web.Request, engine: AsyncEngine, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
-    answer = _Answer(parsed, engine.engine.loaded.tokenizer, engine.engine.model_name, chat)
+async def _serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
+    async_engine, engine = request.app[ASYNC_ENGINE], _engine(request)
+    answer = _Answer(parsed, engine.loaded.tokenizer, engine.model_name, chat)
     if not parsed.stream:
-        return await _serve_whole(request, engine, answer)
+        return await _serve_whole(request, async_engine, answer)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     first = True
     # aclosing: when a write fails (the client left), the request is aborted now, not when the generator is
     # garbage-collected.
     try:
-        async with contextlib.aclosing(engine.generate(parsed.generation)) as outputs:
+        async with contextlib.aclosing(async_engine.generate(parsed.generation)) as outputs:
             async for output in outputs:
                 logprobs_before, ids_before = len(answer.logprobs), len(answer.token_ids)
                 delta = answer.add(output)
@@ -365,7 +373,7 @@ async def _serve(request: web.Request, engine: AsyncEngine, parsed: ParsedReques
                 if new_ids or (first and parsed.echo):
                     await response.write(_event(answer.chunk(delta, answer.logprobs[logprobs_before:], new_ids, first)))
                     first = False
-                _stop_if_stopped(engine, answer, output)
+                _stop_if_stopped(async_engine, answer, output)
         await response.write(_event(answer.final_chunk()))
         if parsed.include_usage:
             await response.write(_event(answer.usage_chunk()))
@@ -376,15 +384,15 @@ async def _serve(request: web.Request, engine: AsyncEngine, parsed: ParsedReques
     return response
 
 
-async def _serve_whole(request: web.Request, engine: AsyncEngine, answer: _Answer) -> web.StreamResponse:
+async def _serve_whole(request: web.Request, async_engine: AsyncEngine, answer: _Answer) -> web.StreamResponse:
     """A non-streaming answer. Nothing is written before the end, so a client that leaves would go unnoticed
     until max_tokens: the connection is checked every DISCONNECT_POLL_S, and the request aborted if gone."""
 
     async def collect() -> None:
-        async with contextlib.aclosing(engine.generate(answer.parsed.generation)) as outputs:
+        async with contextlib.aclosing(async_engine.generate(answer.parsed.generation)) as outputs:
             async for output in outputs:
                 answer.add(output)
-                _stop_if_stopped(engine, answer, output)
+                _stop_if_stopped(async_engine, answer, output)
 
     task = asyncio.ensure_future(collect())
     try:
@@ -402,10 +410,10 @@ async def _serve_whole(request: web.Request, engine: AsyncEngine, answer: _Answe
     return web.json_response(answer.body())
 
 
-def _stop_if_stopped(engine: AsyncEngine, answer: _Answer, output: StepOutput) -> None:
+def _stop_if_stopped(async_engine: AsyncEngine, answer: _Answer, output: StepOutput) -> None:
     """A stop string ended the text: end the request in the engine too."""
     if answer.text.stopped and not output.finished:
-        engine.abort(answer.parsed.generation.request_id, "stop")
+        async_engine.abort(answer.parsed.generation.request_id, "stop")
 
 
 def _event(payload: dict) -> bytes:
@@ -417,7 +425,7 @@ async def models(request: web.Request) -> web.Response:
         _tenant(request)
     except RequestError as exc:
         return error_response(str(exc), exc.status, exc.kind, exc.param)
-    engine = request.app[ENGINE_KEY].engine
+    engine = _engine(request)
     return web.json_response({
         "object": "list",
         "data": [{"id": engine.model_name, "object": "model", "owned_by": "kvbench", "max_model_len": engine.max_model_len}],
@@ -425,9 +433,9 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    engine = request.app[ENGINE_KEY]
-    if engine.failure is not None:
-        return web.Response(status=503, text=f"engine failed: {engine.failure}")
+    failure = request.app[ASYNC_ENGINE].failure
+    if failure is not None:
+        return web.Response(status=503, text=f"engine failed: {failure}")
     return web.Response(text="ok")
 
 
@@ -437,8 +445,7 @@ async def metrics(request: web.Request) -> web.Response:
             _require_admin(request, "/metrics")
         except RequestError as exc:
             return error_response(str(exc), exc.status, exc.kind, exc.param)
-    engine = request.app[ENGINE_KEY].engine
-    return web.Response(body=engine.metrics.exposition(), content_type="text/plain", charset="utf-8")
+    return web.Response(body=_engine(request).metrics.exposition(), content_type="text/plain", charset="utf-8")
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
@@ -446,5 +453,5 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
         _require_admin(request, "/reset_prefix_cache")
     except RequestError as exc:
         return error_response(str(exc), exc.status, exc.kind, exc.param)
-    freed = await request.app[ENGINE_KEY].call(lambda engine: engine.reset_prefix_cache())
+    freed = await request.app[ASYNC_ENGINE].call(lambda engine: engine.reset_prefix_cache())
     return web.json_response({"status": "ok", "freed_pages": freed})

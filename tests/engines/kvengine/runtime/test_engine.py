@@ -118,11 +118,15 @@ def test_capacity_in_bytes_follows_the_kv_dtype(loaded, kv_dtype, ratio):
 def test_requests_the_engine_cannot_serve_are_refused_with_the_reason(loaded):
     eng = engine(loaded)
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        eng.validate(greedy("long", [300] * 9000))
+        eng.limits.check(greedy("long", [300] * 9000))
     with pytest.raises(ValueError, match="max_tokens"):
-        eng.validate(GenerationRequest("n", (1, 2), 0))
+        eng.limits.check(GenerationRequest("n", (1, 2), 0))
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        eng.validate(greedy("v", [1, 99999]))
+        eng.limits.check(greedy("v", [1, 99999]))
+    # The server checks at its boundary; of those checks the engine keeps only the one that protects the device.
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.add(greedy("v", [1, 99999]))
+    assert not eng.has_work()
     with pytest.raises(ValueError, match="kv_dtype"):
         EngineConfig(kv_dtype="fp4")
 
