@@ -11,12 +11,11 @@ metric: the baseline and new values, the delta, a bootstrap confidence interval 
 Deltas are relative (`+20%`) for times and throughputs, and in percentage points for rates that are already
 fractions (cache hit rate, prefill recompute rate), which also keeps a baseline of 0 meaningful.
 
-The CI comes from resampling requests: each repetition's per-request quantities (taken with the per-request
-functions of `metrics.py`) are resampled with replacement `resamples` times with a fixed seed, and each
-metric is recomputed on every resample at once with numpy (a weighted percentile is exactly
-`np.percentile` of the repeated sample; throughput is a ratio of token sums to the time between completions).
-With several repetitions the repetitions are resampled too (a two-level bootstrap), so run-to-run spread
-widens the interval. The point values are the stored `summary.json` values (the mean over repetitions).
+The CI comes from resampling requests: each repetition's per-request quantities (`gate_metrics.RequestSamples`,
+taken with the per-request functions of `metrics.py`) are resampled with replacement `resamples` times with a
+fixed seed, and each metric is recomputed on every resample at once (`bootstrap.py`). With several
+repetitions the repetitions are resampled too (a two-level bootstrap), so run-to-run spread widens the
+interval. The point values are the stored `summary.json` values (the mean over repetitions).
 
 Pure apart from `read_run_folder`, which reads files: nothing here prints.
 """
@@ -33,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from kvbench.distribution import PERCENTILE_METHOD
-from kvbench.measure.metrics import NS_PER_S, e2e_ms, itl_ms, output_token_count, tpot_ms, ttft_ms
+from kvbench.harness import bootstrap
+from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS, MetricSpec, PerfMetric, RequestSamples, quality_spec
 from kvbench.measure.records import RequestRecord, read_records
 from kvbench.measure.report import REQUESTS_JSONL, SUMMARY_JSON
 
@@ -44,8 +43,6 @@ ENV_JSON = "env.json"
 # config.yaml sections that must agree for two runs to be comparable (engines and workloads are checked per
 # setting, where a difference is attributed to the setting it belongs to).
 _CONFIG_SECTIONS = ("seed", "repeat", "stop", "client", "slo")
-
-assert PERCENTILE_METHOD == "linear", "the weighted percentile below reproduces numpy's linear method only"
 
 
 class RunFolderError(ValueError):
@@ -57,210 +54,6 @@ class Verdict(str, Enum):
     IMPROVEMENT = "improvement"
     NO_CHANGE = "no change"
     MISSING = "missing"
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """How a metric is judged: which direction is better, how its delta is expressed, and its tolerance.
-
-    `scale` is "relative" (delta = new / baseline - 1) or "points" (delta = new - baseline, for fractions);
-    `tolerance` is in the same unit as the delta (0.05 = 5% relative, or 5 percentage points).
-    """
-
-    name: str
-    better: str  # "lower" | "higher"
-    scale: str  # "relative" | "points"
-    tolerance: float
-
-    def __post_init__(self) -> None:
-        if self.better not in ("lower", "higher") or self.scale not in ("relative", "points"):
-            raise ValueError(f"{self.name}: better must be lower|higher and scale relative|points")
-
-
-# --- per-request samples and vectorised statistics ---------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RequestSamples:
-    """Per-request quantities of one repetition's measured, successful requests (NaN = not reported)."""
-
-    ttft_ms: np.ndarray
-    tpot_ms: np.ndarray
-    e2e_ms: np.ndarray
-    itl_ms: np.ndarray  # every inter-token gap, pooled
-    itl_owner: np.ndarray  # index of the request each gap belongs to
-    output_tokens: np.ndarray
-    prompt_tokens: np.ndarray
-    cached_tokens: np.ndarray
-    reusable_tokens: np.ndarray
-    # Seconds of the run attributed to each request: the time from the previous completion (or the first send)
-    # to its own completion. They sum to the run's duration, so throughput is a ratio of sums (a renewal view),
-    # and resampling them carries the duration's noise into the interval.
-    span_s: np.ndarray
-
-    @property
-    def size(self) -> int:
-        return int(self.output_tokens.size)
-
-    @classmethod
-    def of(cls, records: Sequence[RequestRecord]) -> "RequestSamples":
-        ok = [record for record in records if not record.warmup and record.ok]
-
-        def column(values) -> np.ndarray:
-            return np.array([np.nan if value is None else value for value in values], dtype=np.float64)
-
-        gaps = [itl_ms(record) for record in ok]
-        sent = [record.sent_ns for record in ok if record.sent_ns is not None]
-        span = np.zeros(len(ok))
-        finished = sorted((record.done_ns, index) for index, record in enumerate(ok) if record.done_ns is not None)
-        if sent and finished:
-            previous = min(sent)
-            for done_ns, index in finished:
-                span[index] = (done_ns - previous) / NS_PER_S
-                previous = done_ns
-        return cls(
-            ttft_ms=column(ttft_ms(record) for record in ok),
-            tpot_ms=column(tpot_ms(record) for record in ok),
-            e2e_ms=column(e2e_ms(record) for record in ok),
-            itl_ms=np.array([gap for request in gaps for gap in request], dtype=np.float64),
-            itl_owner=np.array([index for index, request in enumerate(gaps) for _ in request], dtype=np.int64),
-            output_tokens=column(output_token_count(record) or 0 for record in ok),
-            prompt_tokens=column(record.prompt_tokens for record in ok),
-            cached_tokens=column(record.cached_tokens for record in ok),
-            reusable_tokens=column(record.reusable_tokens for record in ok),
-            span_s=span,
-        )
-
-
-def weighted_percentile(sorted_values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
-    """Per row of integer `weights` (B x G, aligned with ascending `sorted_values`), the q-th percentile of the
-    sample that repeats `sorted_values[i]` `weights[b, i]` times: exactly `np.percentile(..., method="linear")`.
-    NaN for an empty row. Rows are processed in blocks to bound memory for large G (pooled ITL gaps)."""
-    rows = weights.shape[0]
-    out = np.full(rows, np.nan)
-    if sorted_values.size == 0:
-        return out
-    block = max(1, 4_000_000 // sorted_values.size)
-    for start in range(0, rows, block):
-        # int32 halves the memory traffic of the dominant step; a row's total is at most requests x gaps.
-        cumulative = np.cumsum(weights[start : start + block], axis=1, dtype=np.int32)
-        total = cumulative[:, -1]
-        position = q / 100.0 * np.maximum(total - 1, 0)
-        low = np.floor(position)
-        # The element of rank r (0-based) is the first whose cumulative count exceeds r.
-        low_rank = low.astype(np.int32)
-        high_rank = np.minimum(low_rank + 1, np.maximum(total - 1, 0)).astype(np.int32)
-        low_index = (cumulative <= low_rank[:, None]).sum(axis=1)
-        high_index = (cumulative <= high_rank[:, None]).sum(axis=1)
-        last = sorted_values.size - 1
-        low_value = sorted_values[np.minimum(low_index, last)]
-        high_value = sorted_values[np.minimum(high_index, last)]
-        values = low_value + (position - low) * (high_value - low_value)
-        out[start : start + block] = np.where(total > 0, values, np.nan)
-    return out
-
-
-def _percentile_of(attribute: str, q: float) -> Callable[[RequestSamples, np.ndarray], np.ndarray]:
-    def statistic(samples: RequestSamples, counts: np.ndarray) -> np.ndarray:
-        values = getattr(samples, attribute)
-        present = np.flatnonzero(~np.isnan(values))
-        order = present[np.argsort(values[present], kind="stable")]
-        return weighted_percentile(values[order], counts[:, order], q)
-
-    return statistic
-
-
-def _itl_percentile(q: float) -> Callable[[RequestSamples, np.ndarray], np.ndarray]:
-    def statistic(samples: RequestSamples, counts: np.ndarray) -> np.ndarray:
-        order = np.argsort(samples.itl_ms, kind="stable")
-        # A resampled request brings all its gaps, as many times as it was drawn.
-        return weighted_percentile(samples.itl_ms[order], counts[:, samples.itl_owner[order]], q)
-
-    return statistic
-
-
-def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1), np.nan)
-
-
-def _per_second(tokens: Callable[[RequestSamples], np.ndarray]) -> Callable[[RequestSamples, np.ndarray], np.ndarray]:
-    def statistic(samples: RequestSamples, counts: np.ndarray) -> np.ndarray:
-        return _ratio(counts @ tokens(samples), counts @ samples.span_s)
-
-    return statistic
-
-
-def _cache_rate(numerator: Callable[[RequestSamples], np.ndarray], denominator: Callable[[RequestSamples], np.ndarray]):
-    def statistic(samples: RequestSamples, counts: np.ndarray) -> np.ndarray:
-        # cache_accounting counts requests with a prompt size; without every cached count the rate is missing.
-        counted = ~np.isnan(samples.prompt_tokens)
-        if np.isnan(samples.cached_tokens[counted]).any():
-            return np.full(counts.shape[0], np.nan)
-        selected = counts[:, counted]
-        return _ratio(selected @ numerator(samples)[counted], selected @ denominator(samples)[counted])
-
-    return statistic
-
-
-@dataclass(frozen=True)
-class PerfMetric:
-    """A metric of `summary.json` (`stored`) and the same metric on resampled requests (`statistic`)."""
-
-    spec: MetricSpec
-    stored: Callable[[Mapping], float | None]  # from a summary's "overall" group
-    statistic: Callable[[RequestSamples, np.ndarray], np.ndarray]
-
-
-def _stat(metric: str, stat: str) -> Callable[[Mapping], float | None]:
-    return lambda overall: (overall.get(metric) or {}).get(stat)
-
-
-def _perf_metrics() -> dict[str, PerfMetric]:
-    lower, higher = "lower", "higher"
-    rel, points = "relative", "points"
-    prompt = lambda s: np.nan_to_num(s.prompt_tokens)  # noqa: E731 - summarize counts a missing prompt as 0
-    table = [
-        ("ttft_p50", lower, rel, 0.05, _stat("ttft_ms", "p50"), _percentile_of("ttft_ms", 50)),
-        ("ttft_p90", lower, rel, 0.10, _stat("ttft_ms", "p90"), _percentile_of("ttft_ms", 90)),
-        ("ttft_p99", lower, rel, 0.10, _stat("ttft_ms", "p99"), _percentile_of("ttft_ms", 99)),
-        ("itl_p50", lower, rel, 0.05, _stat("itl_ms", "p50"), _itl_percentile(50)),
-        ("itl_p99", lower, rel, 0.10, _stat("itl_ms", "p99"), _itl_percentile(99)),
-        ("tpot_p50", lower, rel, 0.05, _stat("tpot_ms", "p50"), _percentile_of("tpot_ms", 50)),
-        ("e2e_p50", lower, rel, 0.05, _stat("e2e_ms", "p50"), _percentile_of("e2e_ms", 50)),
-        ("e2e_p99", lower, rel, 0.10, _stat("e2e_ms", "p99"), _percentile_of("e2e_ms", 99)),
-        ("output_tok_s", higher, rel, 0.05, lambda o: o.get("output_tok_s"), _per_second(lambda s: s.output_tokens)),
-        ("total_tok_s", higher, rel, 0.05, lambda o: o.get("total_tok_s"),
-         _per_second(lambda s: s.output_tokens + prompt(s))),
-        ("req_s", higher, rel, 0.05, lambda o: o.get("req_s"), _per_second(lambda s: np.ones(s.size))),
-        ("cache_hit_rate", higher, points, 0.02, lambda o: o["cache"].get("cache_hit_rate"),
-         _cache_rate(lambda s: s.cached_tokens, lambda s: s.prompt_tokens)),
-        ("prefill_recompute_rate", lower, points, 0.02, lambda o: o["cache"].get("prefill_recompute_rate"),
-         _cache_rate(lambda s: np.maximum(s.reusable_tokens - s.cached_tokens, 0), lambda s: s.reusable_tokens)),
-    ]
-    return {name: PerfMetric(MetricSpec(name, better, scale, tol), stored, stat) for name, better, scale, tol, stored, stat in table}
-
-
-PERF_METRICS: Mapping[str, PerfMetric] = _perf_metrics()
-DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "output_tok_s", "cache_hit_rate", "prefill_recompute_rate")
-
-# Quality metrics of eval.json. Known names first; any other name is judged by the words in it.
-_QUALITY_SPECS = {
-    "kl": MetricSpec("kl", "lower", "relative", 0.10),
-    "top1_agreement": MetricSpec("top1_agreement", "higher", "points", 0.005),
-}
-_LOWER_IS_BETTER_WORDS = ("kl", "perplexity", "ppl", "nll", "loss", "error", "mse", "divergence")
-
-
-def quality_spec(name: str) -> MetricSpec:
-    """kl: lower, 10% relative; top1_agreement: higher, 0.5 points; names with loss/ppl/error/...: lower, 1%;
-    any other score (task accuracy and the like): higher is better, 1% relative (the article's bar is <0.5%
-    aggregate loss, so 1% on one task is already worth a look)."""
-    if name in _QUALITY_SPECS:
-        return _QUALITY_SPECS[name]
-    words = name.lower().replace("-", "_").split("_")
-    better = "lower" if any(word in _LOWER_IS_BETTER_WORDS for word in words) else "higher"
-    return MetricSpec(name, better, "relative", 0.01)
 
 
 # --- run folders -------------------------------------------------------------------------------------------
@@ -461,9 +254,10 @@ def compare(baseline: RunData, new: RunData, options: CompareOptions = CompareOp
     mismatches = _config_mismatches(baseline.config, new.config)
     notes = _env_notes(baseline.env, new.env)
     rows: list[MetricComparison] = []
-    keys = list(baseline.settings) + [key for key in new.settings if key not in baseline.settings]
+    base_settings, new_settings = baseline.settings, new.settings
+    keys = list(base_settings) + [key for key in new_settings if key not in base_settings]
     for index, key in enumerate(keys):
-        base_reps, new_reps = baseline.settings.get(key), new.settings.get(key)
+        base_reps, new_reps = base_settings.get(key), new_settings.get(key)
         if base_reps is None or new_reps is None:
             where = "baseline" if new_reps is None else "new run"
             hint = "did it fail to start or was it removed?" if new_reps is None else "promote a new baseline"
@@ -473,10 +267,7 @@ def compare(baseline: RunData, new: RunData, options: CompareOptions = CompareOp
             continue
         mismatches += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _setting_mismatches(base_reps, new_reps)]
         notes += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _validity_notes(base_reps, new_reps)]
-        base_counts = _resample_counts(base_reps, options, (0, index))
-        new_counts = _resample_counts(new_reps, options, (1, index))
-        for name in options.metrics:
-            rows.append(_compare_metric(key, PERF_METRICS[name], options, base_reps, new_reps, base_counts, new_counts, index))
+        rows += _compare_setting(key, index, base_reps, new_reps, options)
     eval_rows, eval_mismatches = _compare_evals(baseline.evals, new.evals, options)
     rows += eval_rows
     mismatches += eval_mismatches
@@ -489,42 +280,47 @@ def _spec(spec: MetricSpec, options: CompareOptions) -> MetricSpec:
     return spec
 
 
-def _resample_counts(reps: Sequence[Repetition], options: CompareOptions, stream: tuple[int, int]) -> list[np.ndarray | None]:
-    """Per repetition, how often each request is drawn in each resample (resamples x requests)."""
-    rng = np.random.default_rng(np.random.SeedSequence([options.seed, *stream]))
-    counts = []
-    for rep in reps:
-        if rep.samples is None or rep.samples.size == 0:
-            counts.append(None)
-            continue
-        n = rep.samples.size
-        counts.append(rng.multinomial(n, np.full(n, 1.0 / n), size=options.resamples).astype(np.int32))
-    return counts
+def _rng(options: CompareOptions, *stream: int) -> np.random.Generator:
+    """A generator of its own for every (side, setting[, metric]): a row does not depend on the others."""
+    return np.random.default_rng(np.random.SeedSequence([options.seed, *stream]))
 
 
-def _replicates(metric: PerfMetric, reps: Sequence[Repetition], counts: Sequence[np.ndarray | None], options: CompareOptions,
-                stream: tuple[int, ...]) -> np.ndarray | None:
-    """Bootstrap replicates of the mean over repetitions: repetitions drawn with replacement, and within each
-    drawn repetition one of its request resamples (a different one for every slot)."""
-    if any(count is None for count in counts):
-        return None
-    per_rep = np.stack([metric.statistic(rep.samples, count) for rep, count in zip(reps, counts)])  # reps x B
-    k, resamples = per_rep.shape
-    if k == 1:
-        return per_rep[0]
-    rng = np.random.default_rng(np.random.SeedSequence([options.seed, *stream]))
-    chosen = rng.integers(0, k, size=(resamples, k))
-    columns = (np.arange(resamples)[:, None] + np.arange(k)[None, :] * max(1, resamples // k)) % resamples
-    return per_rep[chosen, columns].mean(axis=1)
+@dataclass(frozen=True)
+class _Side:
+    """One folder's repetitions of a setting and, per repetition, its request resamples (None: no records)."""
+
+    reps: Sequence[Repetition]
+    counts: Sequence[np.ndarray | None]
+
+    @classmethod
+    def of(cls, reps: Sequence[Repetition], rng: np.random.Generator, resamples: int) -> "_Side":
+        counts = [None if rep.samples is None or rep.samples.size == 0 else
+                  bootstrap.resample_counts(rep.samples.size, resamples, rng) for rep in reps]
+        return cls(reps, counts)
+
+    def value(self, metric: PerfMetric) -> float | None:
+        """The stored value, the mean over repetitions; None when a repetition lacks it."""
+        values = [metric.stored(rep.entry["summary"]["overall"]) for rep in self.reps]
+        return None if any(value is None for value in values) else float(np.mean(values))
+
+    def replicates(self, metric: PerfMetric, rng: np.random.Generator) -> np.ndarray | None:
+        if any(count is None for count in self.counts):
+            return None
+        per_rep = np.stack([metric.statistic(rep.samples, count) for rep, count in zip(self.reps, self.counts)])
+        return bootstrap.mean_over_repetitions(per_rep, rng)
 
 
-def _compare_metric(key: SettingKey, metric: PerfMetric, options: CompareOptions, base_reps, new_reps,
-                    base_counts, new_counts, index: int) -> MetricComparison:
+def _compare_setting(key: SettingKey, index: int, base_reps: Sequence[Repetition], new_reps: Sequence[Repetition],
+                     options: CompareOptions) -> list[MetricComparison]:
+    base = _Side.of(base_reps, _rng(options, 0, index), options.resamples)
+    new = _Side.of(new_reps, _rng(options, 1, index), options.resamples)
+    return [_compare_metric(key, index, PERF_METRICS[name], base, new, options) for name in options.metrics]
+
+
+def _compare_metric(key: SettingKey, index: int, metric: PerfMetric, base_side: _Side, new_side: _Side,
+                    options: CompareOptions) -> MetricComparison:
     spec = _spec(metric.spec, options)
-    base_values = [metric.stored(rep.entry["summary"]["overall"]) for rep in base_reps]
-    new_values = [metric.stored(rep.entry["summary"]["overall"]) for rep in new_reps]
-    base = None if any(value is None for value in base_values) else float(np.mean(base_values))
-    new = None if any(value is None for value in new_values) else float(np.mean(new_values))
+    base, new = base_side.value(metric), new_side.value(metric)
 
     def row(delta, ci, verdict, note=""):
         return MetricComparison("perf", key.label, key.kv_dtype, spec.name, spec, base, new, delta,
@@ -535,28 +331,21 @@ def _compare_metric(key: SettingKey, metric: PerfMetric, options: CompareOptions
         return row(None, None, Verdict.MISSING, f"not reported in the {' and the '.join(sides)}")
     delta = delta_of(spec, base, new)
     metric_index = list(PERF_METRICS).index(spec.name)
-    base_boot = _replicates(metric, base_reps, base_counts, options, (2, index, metric_index))
-    new_boot = _replicates(metric, new_reps, new_counts, options, (3, index, metric_index))
-    ci, note = None, ""
+    base_boot = base_side.replicates(metric, _rng(options, 2, index, metric_index))
+    new_boot = new_side.replicates(metric, _rng(options, 3, index, metric_index))
     if base_boot is None or new_boot is None:
-        note = "no per-request records: no CI, judged by the tolerance alone"
-    else:
-        ci, note = _interval(spec, base_boot, new_boot, options.confidence)
+        return row(delta, None, judge(spec, delta, None), "no per-request records: no CI, judged by the tolerance alone")
+    ci = bootstrap.percentile_interval(_deltas(spec, base_boot, new_boot), options.confidence)
+    note = "" if ci else "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone"
     return row(delta, ci, judge(spec, delta, ci), note)
 
 
-def _interval(spec: MetricSpec, base_boot: np.ndarray, new_boot: np.ndarray, confidence: float):
+def _deltas(spec: MetricSpec, base_boot: np.ndarray, new_boot: np.ndarray) -> np.ndarray:
+    """`delta_of` on every pair of replicates."""
     if spec.scale == "points":
-        deltas = new_boot - base_boot
-    else:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            deltas = new_boot / base_boot - 1.0
-    finite = deltas[np.isfinite(deltas)]
-    if finite.size < 0.99 * deltas.size:
-        return None, "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone"
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(finite, [tail, 100.0 - tail])
-    return (float(low), float(high)), ""
+        return new_boot - base_boot
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return new_boot / base_boot - 1.0
 
 
 def _compare_evals(baseline, new, options: CompareOptions) -> tuple[list[MetricComparison], list[str]]:
@@ -573,18 +362,21 @@ def _compare_evals(baseline, new, options: CompareOptions) -> tuple[list[MetricC
             rows.append(MetricComparison("quality", setting, setting, "all", None, None, None, None, None, None,
                                          Verdict.MISSING, f"eval setting only in the {where}"))
             continue
-        for name in list(base_metrics) + [name for name in new_metrics if name not in base_metrics]:
-            spec = _spec(quality_spec(name), options)
-            base, value = base_metrics.get(name), new_metrics.get(name)
-            if base is None or value is None:
-                sides = [side for side, item in (("baseline", base), ("new run", value)) if item is None]
-                rows.append(MetricComparison("quality", setting, setting, name, spec, base, value, None, None, None,
-                                             Verdict.MISSING, f"not reported in the {' and the '.join(sides)}"))
-                continue
-            delta = delta_of(spec, base, value)
-            rows.append(MetricComparison("quality", setting, setting, name, spec, base, value, delta, None, None,
-                                         judge(spec, delta, None), "deterministic eval: judged by the tolerance"))
+        rows += [_compare_quality(setting, name, base_metrics.get(name), new_metrics.get(name), options)
+                 for name in list(base_metrics) + [name for name in new_metrics if name not in base_metrics]]
     return rows, []
+
+
+def _compare_quality(setting: str, name: str, base: float | None, value: float | None,
+                     options: CompareOptions) -> MetricComparison:
+    spec = _spec(quality_spec(name), options)
+    if base is None or value is None:
+        sides = [side for side, item in (("baseline", base), ("new run", value)) if item is None]
+        return MetricComparison("quality", setting, setting, name, spec, base, value, None, None, None,
+                                Verdict.MISSING, f"not reported in the {' and the '.join(sides)}")
+    delta = delta_of(spec, base, value)
+    return MetricComparison("quality", setting, setting, name, spec, base, value, delta, None, None,
+                            judge(spec, delta, None), "deterministic eval: judged by the tolerance")
 
 
 def _differences(base: Mapping, new: Mapping, prefix: str = "") -> list[str]:

@@ -17,9 +17,9 @@ import yaml
 
 from kvbench.cli import commands
 from kvbench.harness.baseline import PROVENANCE_JSON, promote
-from kvbench.harness.compare import (
-    PERF_METRICS, CompareOptions, RequestSamples, Verdict, compare, read_run_folder, weighted_percentile,
-)
+from kvbench.harness.bootstrap import weighted_percentile
+from kvbench.harness.compare import CompareOptions, Verdict, compare, read_run_folder
+from kvbench.harness.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.cli.commands import compare_cmd
 from kvbench.measure.metrics import summarize_run
 from kvbench.measure.records import RecordWriter, RequestRecord

@@ -16,10 +16,8 @@ from rich.console import Console
 
 from kvbench.cli.flag_types import at_least, number_between
 from kvbench.harness.baseline import DEFAULT_ROOT, BaselineError, promote
-from kvbench.harness.compare import (
-    DEFAULT_METRICS, PERF_METRICS, CompareOptions, Comparison, MetricComparison, RunFolderError, compare,
-    read_run_folder,
-)
+from kvbench.harness.compare import CompareOptions, Comparison, MetricComparison, RunFolderError, compare, read_run_folder
+from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS
 from kvbench.settings import SettingsError
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2

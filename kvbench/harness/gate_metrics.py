@@ -1,0 +1,167 @@
+"""The metrics `kvbench compare` judges: for each, which direction is better, its tolerance, its stored value
+in summary.json and the same metric on resampled requests.
+
+Every per-request quantity comes from `measure/metrics.py` (`RequestSamples`), so a resampled metric is the
+summary's own definition; only the aggregation is vectorised (`bootstrap.py`), and without resampling it
+reproduces the stored value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.harness import bootstrap
+from kvbench.measure import metrics
+from kvbench.measure.records import RequestRecord
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How a metric is judged: which direction is better, how its delta is expressed, and its tolerance.
+
+    `scale` is "relative" (delta = new / baseline - 1) or "points" (delta = new - baseline, for fractions);
+    `tolerance` is in the same unit as the delta (0.05 = 5% relative, or 5 percentage points).
+    """
+
+    name: str
+    better: str  # "lower" | "higher"
+    scale: str  # "relative" | "points"
+    tolerance: float
+
+    def __post_init__(self) -> None:
+        if self.better not in ("lower", "higher") or self.scale not in ("relative", "points"):
+            raise ValueError(f"{self.name}: better must be lower|higher and scale relative|points")
+
+
+@dataclass(frozen=True)
+class RequestSamples:
+    """Per-request quantities of one repetition's `metrics.completed` requests, as columns (NaN = not reported)."""
+
+    ttft_ms: np.ndarray
+    tpot_ms: np.ndarray
+    e2e_ms: np.ndarray
+    itl_ms: np.ndarray  # every inter-token gap, pooled
+    itl_owner: np.ndarray  # index of the request each gap belongs to
+    output_tokens: np.ndarray
+    total_tokens: np.ndarray
+    counts_for_cache: np.ndarray  # bool
+    prompt_tokens: np.ndarray
+    cached_tokens: np.ndarray
+    reusable_tokens: np.ndarray
+    recomputed_tokens: np.ndarray
+    span_s: np.ndarray  # metrics.completion_spans_s: resampling them carries the duration's noise
+
+    @property
+    def size(self) -> int:
+        return int(self.output_tokens.size)
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> "RequestSamples":
+        ok = metrics.completed(records)
+
+        def column(value: Callable[[RequestRecord], float | None]) -> np.ndarray:
+            return np.array([np.nan if (v := value(record)) is None else v for record in ok], dtype=np.float64)
+
+        gaps = [metrics.itl_ms(record) for record in ok]
+        return cls(
+            ttft_ms=column(metrics.ttft_ms),
+            tpot_ms=column(metrics.tpot_ms),
+            e2e_ms=column(metrics.e2e_ms),
+            itl_ms=np.array([gap for request in gaps for gap in request], dtype=np.float64),
+            itl_owner=np.array([index for index, request in enumerate(gaps) for _ in request], dtype=np.int64),
+            output_tokens=column(lambda record: metrics.output_token_count(record) or 0),
+            total_tokens=column(metrics.total_token_count),
+            counts_for_cache=np.array([metrics.counts_for_cache(record) for record in ok], dtype=bool),
+            prompt_tokens=column(lambda record: record.prompt_tokens),
+            cached_tokens=column(lambda record: record.cached_tokens),
+            reusable_tokens=column(lambda record: record.reusable_tokens),
+            recomputed_tokens=column(metrics.recomputed_tokens),
+            span_s=np.array(metrics.completion_spans_s(ok), dtype=np.float64),
+        )
+
+
+Statistic = Callable[[RequestSamples, np.ndarray], np.ndarray]  # (samples, counts B x n) -> B values
+
+
+def _percentile_of(column: str, q: float) -> Statistic:
+    return lambda samples, counts: bootstrap.percentile(getattr(samples, column), counts, q)
+
+
+def _itl_percentile(q: float) -> Statistic:
+    return lambda samples, counts: bootstrap.pooled_percentile(samples.itl_ms, samples.itl_owner, counts, q)
+
+
+def _per_second(column: Callable[[RequestSamples], np.ndarray]) -> Statistic:
+    return lambda samples, counts: bootstrap.ratio_of_sums(column(samples), samples.span_s, counts)
+
+
+def _cache_rate(numerator: str, denominator: str) -> Statistic:
+    def statistic(samples: RequestSamples, counts: np.ndarray) -> np.ndarray:
+        counted = samples.counts_for_cache
+        top = getattr(samples, numerator)[counted]
+        if np.isnan(top).any():  # as metrics.cache_accounting: one request without cached_tokens, no rate
+            return np.full(counts.shape[0], np.nan)
+        return bootstrap.ratio_of_sums(top, getattr(samples, denominator)[counted], counts[:, counted])
+
+    return statistic
+
+
+@dataclass(frozen=True)
+class PerfMetric:
+    """A metric of `summary.json` (`stored`) and the same metric on resampled requests (`statistic`)."""
+
+    spec: MetricSpec
+    stored: Callable[[Mapping], float | None]  # from a summary's "overall" group
+    statistic: Statistic
+
+
+def _stat(metric: str, stat: str) -> Callable[[Mapping], float | None]:
+    return lambda overall: (overall.get(metric) or {}).get(stat)
+
+
+def _perf_metrics() -> dict[str, PerfMetric]:
+    lower, higher = "lower", "higher"
+    rel, points = "relative", "points"
+    table = [
+        ("ttft_p50", lower, rel, 0.05, _stat("ttft_ms", "p50"), _percentile_of("ttft_ms", 50)),
+        ("ttft_p90", lower, rel, 0.10, _stat("ttft_ms", "p90"), _percentile_of("ttft_ms", 90)),
+        ("ttft_p99", lower, rel, 0.10, _stat("ttft_ms", "p99"), _percentile_of("ttft_ms", 99)),
+        ("itl_p50", lower, rel, 0.05, _stat("itl_ms", "p50"), _itl_percentile(50)),
+        ("itl_p99", lower, rel, 0.10, _stat("itl_ms", "p99"), _itl_percentile(99)),
+        ("tpot_p50", lower, rel, 0.05, _stat("tpot_ms", "p50"), _percentile_of("tpot_ms", 50)),
+        ("e2e_p50", lower, rel, 0.05, _stat("e2e_ms", "p50"), _percentile_of("e2e_ms", 50)),
+        ("e2e_p99", lower, rel, 0.10, _stat("e2e_ms", "p99"), _percentile_of("e2e_ms", 99)),
+        ("output_tok_s", higher, rel, 0.05, lambda o: o.get("output_tok_s"), _per_second(lambda s: s.output_tokens)),
+        ("total_tok_s", higher, rel, 0.05, lambda o: o.get("total_tok_s"), _per_second(lambda s: s.total_tokens)),
+        ("req_s", higher, rel, 0.05, lambda o: o.get("req_s"), _per_second(lambda s: np.ones(s.size))),
+        ("cache_hit_rate", higher, points, 0.02, lambda o: o["cache"].get("cache_hit_rate"),
+         _cache_rate("cached_tokens", "prompt_tokens")),
+        ("prefill_recompute_rate", lower, points, 0.02, lambda o: o["cache"].get("prefill_recompute_rate"),
+         _cache_rate("recomputed_tokens", "reusable_tokens")),
+    ]
+    return {name: PerfMetric(MetricSpec(name, better, scale, tol), stored, stat) for name, better, scale, tol, stored, stat in table}
+
+
+PERF_METRICS: Mapping[str, PerfMetric] = _perf_metrics()
+DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "output_tok_s", "cache_hit_rate", "prefill_recompute_rate")
+
+# Quality metrics of eval.json. Known names first; any other name is judged by the words in it.
+_QUALITY_SPECS = {
+    "kl": MetricSpec("kl", "lower", "relative", 0.10),
+    "top1_agreement": MetricSpec("top1_agreement", "higher", "points", 0.005),
+}
+_LOWER_IS_BETTER_WORDS = ("kl", "perplexity", "ppl", "nll", "loss", "error", "mse", "divergence")
+
+
+def quality_spec(name: str) -> MetricSpec:
+    """kl: lower, 10% relative; top1_agreement: higher, 0.5 points; names with loss/ppl/error/...: lower, 1%;
+    any other score (task accuracy and the like): higher is better, 1% relative (the article's bar is <0.5%
+    aggregate loss, so 1% on one task is already worth a look)."""
+    if name in _QUALITY_SPECS:
+        return _QUALITY_SPECS[name]
+    words = name.lower().replace("-", "_").split("_")
+    better = "lower" if any(word in _LOWER_IS_BETTER_WORDS for word in words) else "higher"
+    return MetricSpec(name, better, "relative", 0.01)
