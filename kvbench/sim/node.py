@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.prefix_index import namespace_for
+from kvbench.engines.kvengine.core.adoption import adopt_pages
+from kvbench.engines.kvengine.core.prefix_index import Placement, namespace_for
 from kvbench.engines.kvengine.core.scheduler import (
     FinishedRequest,
     Request,
@@ -103,21 +104,15 @@ class SimNode:
         self._pending.append((request, restore))
 
     def _install(self, request: Request, lookup: Lookup, now: float) -> None:
-        index, pool = self.scheduler.index, self.scheduler.index.pool
-        ns = self._namespace(request)
-        match = index.match(ns, request.prompt[: lookup.pages * self.page_size])
-        pages = self.below.install_upto(lookup, match.num_pages)
-        need = pages - match.num_pages
-        if need <= 0:
+        """The restored pages become device pages, as the engine adopts them (`adopt_pages`)."""
+        placement = Placement(self._namespace(request))
+        ps = self.page_size
+        device_pages = self.scheduler.index.match_prompt(placement, request.prompt[: lookup.pages * ps]).num_pages
+        pages = self.below.install_upto(lookup, device_pages)
+        if pages <= device_pages:
             return
-        tokens = request.prompt[: pages * self.page_size]
-        index.lock(match, now)  # keep the device's part while room is made for the rest
-        if self.scheduler.can_allocate(need, request.tenant, now):
-            new = pool.allocate(need)
-            index.insert(ns, tokens, list(match.pages) + new, request.tenant, now)
-            pool.release(new)  # the index holds its own references
-            self.below.installed(lookup, match.num_pages)
-        index.unlock(match)
+        if adopt_pages(self.scheduler, placement, request.prompt[: pages * ps], request.tenant, now).pages:
+            self.below.installed(lookup, device_pages)
 
     # ---- the step loop -----------------------------------------------------------------------------------
     def _feed(self, now: float) -> None:

@@ -22,14 +22,17 @@ A page that cannot be read or verified ends the restore there: the rest of the p
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.content_keys import PageKey
 from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
+from kvbench.engines.kvengine.core.pages import PageId
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Request, Scheduler
 from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, Move, MoveKind, Tier, TierPolicy
@@ -150,32 +153,28 @@ class OffloadExecutor:
         return admitted
 
     def _stage2(self, job: _Restore, now: float) -> Admission:
-        request = job.request
-        rows = job.rows.result()
+        """Adopt the rows stage 1 read (prompt pages job.start..) as device pages; the ones that reached device
+        meanwhile another way (another request's) are skipped."""
+        request, rows = job.request, job.rows.result()
         num_read = len(rows)
-        placement = self.scheduler.placement(request)
-        match = self.index.match_prompt(placement, request.prompt)
-        skip = match.num_pages - job.start  # pages that reached device meanwhile (another request's)
-        tiers = (DEVICE_TIER,) * match.num_pages
-        if skip < 0 or skip >= len(rows):
-            self._forget_failed(job, num_read)
+
+        def write(first: int, pages: Sequence[PageId]) -> None:
+            self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
+            self.kv_cache.write_pages(list(pages), torch.stack(rows[first - job.start:]))
+
+        end = (job.start + num_read) * self.index.page_size
+        adoption = adopt_pages(self.scheduler, self.scheduler.placement(request), request.prompt[:end],
+                               request.tenant, now, first_page=job.start, fill=write)
+        tiers = (DEVICE_TIER,) * adoption.matched_pages
+        if adoption.no_room:
             return Admission(request, tiers)
-        rows, sources = rows[skip:], job.sources[skip:len(rows)]
-        self.index.lock_prompt(match, now)
-        if not self.scheduler.can_allocate(len(rows), request.tenant, now):
-            self.index.unlock_prompt(match)
-            return Admission(request, tiers)
-        self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
-        pages = self.index.pool.allocate(len(rows))
-        self.kv_cache.write_pages(pages, torch.stack(rows))
-        end = (match.num_pages + len(pages)) * self.index.page_size
-        self.index.insert_prompt(placement, request.prompt[:end], list(match.pages) + pages, request.tenant, now)
-        self.index.pool.release(pages)
-        self.index.unlock_prompt(match)
-        for key in job.keys[skip:num_read]:  # moved up: exclusive local tiers drop their copy
-            self._forget(key)
+        if adoption.pages:
+            skip = adoption.matched_pages - job.start
+            for key in job.keys[skip:num_read]:  # moved up: exclusive local tiers drop their copy
+                self._forget(key)
+            tiers += tuple(job.sources[skip:num_read])
         self._forget_failed(job, num_read)
-        return Admission(request, tiers + tuple(sources))
+        return Admission(request, tiers)
 
     def _forget(self, key: PageKey) -> None:
         tier = self.policy.tier_of(key)

@@ -3,15 +3,18 @@
 import numpy as np
 import pytest
 
+from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
 from kvbench.engines.kvengine.core.pages import IntegrityError, PagePool, PoolExhausted
 from kvbench.engines.kvengine.core.prefix_index import (
     SHARED_NAMESPACE,
     Namespace,
+    Placement,
     PrefixIndex,
     TenantId,
     namespace_for,
 )
+from kvbench.engines.kvengine.core.scheduler import Scheduler
 
 PS = 16
 NS = Namespace("tenant:a")
@@ -24,14 +27,8 @@ def toks(*page_values: int, extra: int = 0) -> np.ndarray:
 
 
 def cache(index: PrefixIndex, tokens: np.ndarray, now: float) -> list[int]:
-    """What a finishing request does: match, allocate the rest, insert, release its own references."""
-    m = index.match(NS, tokens)
-    index.lock(m, now)
-    pages = index.pool.allocate(len(tokens) // PS - m.num_pages)
-    index.insert(NS, tokens, list(m.pages) + pages, A, now)
-    index.pool.release(pages)
-    index.unlock(m)
-    return pages
+    """Cache the pages of `tokens` the index lacks (match, lock, allocate, insert, release: `adopt_pages`)."""
+    return list(adopt_pages(Scheduler(index), Placement(NS), tokens, A, now).pages)
 
 
 def test_pool_hands_out_low_ids_and_reuses_last_released():
@@ -96,7 +93,9 @@ def test_recency_decides_between_branches():
     index = PrefixIndex(pool)
     cache(index, toks(1, 2), now=1.0)  # pages 1 2
     cache(index, toks(1, 3), now=2.0)  # page 3 under page 1
-    cache(index, toks(1, 2), now=3.0)  # touches 1 2 again: now 3 is the LRU leaf
+    used = index.match(NS, toks(1, 2))
+    index.lock(used, now=3.0)  # a request uses 1 2 again: now 3 is the LRU leaf
+    index.unlock(used)
     index.evict(1, now=4.0)
     assert index.match(NS, toks(1, 3)).pages == (1,)
     assert index.match(NS, toks(1, 2)).pages == (1, 2)
