@@ -50,15 +50,15 @@ class ReferenceAttention:
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, layer: int, prepared: object) -> torch.Tensor:
         batch = cast(ForwardBatch, prepared)
         out = torch.empty_like(q)
-        for start, qlen, cached, table in zip(
-            batch.query_starts, batch.query_lens, batch.cached_lens, batch.page_tables
+        for start, qlen, computed, table in zip(
+            batch.query_starts, batch.query_lens, batch.num_computed_tokens, batch.page_tables
         ):
-            total = cached + qlen
+            total = computed + qlen
             pages = torch.tensor(table, dtype=torch.int64, device=q.device)
             k, v = cache.read(layer, pages)
             k, v = k[:total], v[:total]
-            # query i sits at absolute position cached + i and sees keys 0..cached + i
-            q_pos = torch.arange(cached, total, device=q.device)
+            # query i sits at absolute position computed + i and sees keys 0..computed + i
+            q_pos = torch.arange(computed, total, device=q.device)
             mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]
             o = _attend(q[None, start : start + qlen], k[None], v[None], mask[None, None])
             out[start : start + qlen] = o[0]
@@ -88,11 +88,11 @@ class BatchedAttention:
             table[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
         starts = torch.tensor(batch.query_starts, dtype=torch.int64)
         lens = torch.tensor(batch.query_lens, dtype=torch.int64)
-        cached = torch.tensor(batch.cached_lens, dtype=torch.int64)
+        computed = torch.tensor(batch.num_computed_tokens, dtype=torch.int64)
         offs = torch.arange(q_max)
         valid = offs[None, :] < lens[:, None]
         index = torch.where(valid, starts[:, None] + offs[None, :], torch.zeros((), dtype=torch.int64))
-        q_pos = cached[:, None] + offs[None, :]  # [B, Qmax] absolute positions
+        q_pos = computed[:, None] + offs[None, :]  # [B, Qmax] absolute positions
         keys = torch.arange(max_pages * batch.page_size)
         mask = keys[None, None, :] <= q_pos[:, :, None]
         # padded query rows attend key 0 only: a fully masked row would make SDPA return NaN

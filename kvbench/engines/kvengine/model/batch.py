@@ -1,13 +1,16 @@
 """The input of one model forward: new tokens of several sequences, each with its page table.
 
-For one sequence (page_size 4, cached_len 6, a chunk of 3 new tokens, page table [7, 2, 9]):
+For one sequence (page_size 4, num_computed_tokens 6, a chunk of 3 new tokens, page table [7, 2, 9]):
 
     position   0 1 2 3 | 4 5 6 7 | 8 9 . .
     page           7   |    2    |    9
-    region     cached------>|new--->|free
+    region     computed---->|new--->|free
+
+"Computed" is vLLM's num_computed_tokens: K/V already in the pages, whether a prefix-cache hit or an
+earlier chunk of this same sequence (the scheduler's num_cached_tokens counts only the first).
 
 The new tokens' K/V go to slots page*page_size + position%page_size (here 2*4+2, 2*4+3, 9*4+0); attention
-then reads positions 0..cached_len+len-1 back through the pages.
+then reads positions 0..num_computed_tokens+len-1 back through the pages.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import torch
 class SequenceChunk:
     """One sequence's part of a batch: the tokens to compute now and where its KV lives.
 
-    `page_table` lists the page ids of positions 0.. in order; it must cover cached_len + len(token_ids).
+    `page_table` lists the page ids of positions 0.. in order; it must cover num_computed_tokens +
+    len(token_ids).
     """
 
     token_ids: Sequence[int]
-    cached_len: int
+    num_computed_tokens: int
     page_table: Sequence[int]
 
 
@@ -43,7 +47,7 @@ class ForwardBatch:
     slot_mapping: torch.Tensor  # [n] int64: page_id * page_size + offset where each new token's KV goes
     query_starts: tuple[int, ...]
     query_lens: tuple[int, ...]
-    cached_lens: tuple[int, ...]
+    num_computed_tokens: tuple[int, ...]  # per sequence: K/V already in its pages before this batch
     page_tables: tuple[tuple[int, ...], ...]
     page_size: int
     all_logits: bool
@@ -74,13 +78,13 @@ class ForwardBatch:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        starts, lens, cached, tables, last_rows = [], [], [], [], []
+        starts, lens, computed, tables, last_rows = [], [], [], [], []
         for i, chunk in enumerate(chunks):
-            n, c, table = len(chunk.token_ids), chunk.cached_len, tuple(int(p) for p in chunk.page_table)
+            n, c, table = len(chunk.token_ids), chunk.num_computed_tokens, tuple(int(p) for p in chunk.page_table)
             if n == 0:
                 raise ValueError(f"chunks[{i}].token_ids is empty: send at least one new token per sequence")
             if c < 0:
-                raise ValueError(f"chunks[{i}].cached_len={c} must be >= 0")
+                raise ValueError(f"chunks[{i}].num_computed_tokens={c} must be >= 0")
             if len(table) * page_size < c + n:
                 raise ValueError(
                     f"chunks[{i}].page_table has {len(table)} pages of {page_size} tokens but the sequence "
@@ -88,7 +92,7 @@ class ForwardBatch:
                 )
             starts.append(len(ids))
             lens.append(n)
-            cached.append(c)
+            computed.append(c)
             tables.append(table)
             ids.extend(int(t) for t in chunk.token_ids)
             for pos in range(c, c + n):
@@ -106,7 +110,7 @@ class ForwardBatch:
             slot_mapping=as_tensor(slots),
             query_starts=tuple(starts),
             query_lens=tuple(lens),
-            cached_lens=tuple(cached),
+            num_computed_tokens=tuple(computed),
             page_tables=tuple(tables),
             page_size=page_size,
             all_logits=all_logits,

@@ -57,20 +57,20 @@ def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attenti
     prompt = tokens(37, seed=1)
     table = [11, 2, 7, 19, 0, 13, 4, 17, 8, 1]  # scattered, out of order
     cache = PagedKVCache(model.config, 20, page_size)
-    cached = 0
+    computed = 0
     for chunk in (prompt[:10], prompt[10:27], prompt[27:]):
-        batch = ForwardBatch.build([SequenceChunk(chunk, cached, table)], page_size, all_logits=True)
+        batch = ForwardBatch.build([SequenceChunk(chunk, computed, table)], page_size, all_logits=True)
         got = model(batch, cache)
-        want = dense_logits(hf, prompt[: cached + len(chunk)])[cached:]
+        want = dense_logits(hf, prompt[: computed + len(chunk)])[computed:]
         assert got.shape == want.shape
         assert (got - want).abs().max() < TOL
-        cached += len(chunk)
+        computed += len(chunk)
     seq = list(prompt)
     for _ in range(5):  # greedy decode steps, one token each
         nxt = int(got[-1].argmax())
         seq.append(nxt)
-        got = model(ForwardBatch.build([SequenceChunk([nxt], cached, table)], page_size), cache)
-        cached += 1
+        got = model(ForwardBatch.build([SequenceChunk([nxt], computed, table)], page_size), cache)
+        computed += 1
         assert (got[0] - dense_logits(hf, seq)[-1]).abs().max() < TOL
 
 

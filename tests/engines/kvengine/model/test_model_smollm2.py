@@ -21,10 +21,10 @@ def loaded():
 
 def greedy(loaded, prompt: list[int], cache: PagedKVCache, max_tokens: int = 24) -> str:
     table = list(range(cache.num_pages - 1, -1, -1))  # pages used back to front
-    out, new, cached = [], prompt, 0
+    out, new, computed = [], prompt, 0
     for _ in range(max_tokens):
-        logits = loaded.model(ForwardBatch.build([SequenceChunk(new, cached, table)], cache.page_size), cache)
-        cached += len(new)
+        logits = loaded.model(ForwardBatch.build([SequenceChunk(new, computed, table)], cache.page_size), cache)
+        computed += len(new)
         tok = int(logits[0].argmax())
         if tok in loaded.eos_token_ids:
             break
