@@ -67,10 +67,6 @@ class Preset:
             raise ValueError(f"preset {self.name}: the ttl tier policy has no shared remote tier; "
                              "use write-through for remote_bytes > 0")
 
-    @property
-    def has_lower_tiers(self) -> bool:
-        return self.host_fraction > 0 or self.disk_fraction > 0 or self.remote_bytes > 0
-
 
 PRESETS: Mapping[str, Preset] = {
     p.name: p

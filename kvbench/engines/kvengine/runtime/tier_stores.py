@@ -22,7 +22,6 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
@@ -61,18 +60,6 @@ def decode_record(fingerprint: str, key: str, record: bytes) -> bytes | None:
     if key_digest != _key_digest(key) or zlib.crc32(payload) != digest:
         return None
     return payload
-
-
-class PageStore(Protocol):
-    """A lower tier's bytes. `put` returns False when the tier refused or failed (see `failures`)."""
-
-    name: str
-    failures: list[StoreFailure]
-
-    def put(self, key: str, payload: bytes) -> bool: ...
-    def get(self, key: str) -> bytes | None: ...
-    def delete(self, key: str) -> None: ...
-    def contains(self, key: str) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -229,18 +216,6 @@ class RedisStore:
             for batch in _batches(self._client.scan_iter(match=self.prefix + "*", count=1000), 1000):
                 self._client.delete(*batch)
         self._call(delete_all)
-
-    def count_present(self, keys: list[str]) -> int:
-        """How many of `keys`, in order, are present before the first absent one (one round trip)."""
-        if not keys:
-            return 0
-        pipe = self._client.pipeline(transaction=False)
-        for k in keys:
-            pipe.exists(self.prefix + k)
-        _, flags = self._call(pipe.execute)
-        if flags is None:
-            return 0
-        return next((i for i, f in enumerate(flags) if not f), len(keys))
 
 
 def _batches(items, size: int):
