@@ -1,4 +1,5 @@
-"""The results table that `kvbench run` and `kvbench simulate` print from a run folder's summary."""
+"""The results table that `kvbench run` and `kvbench simulate` print from a run folder's summary, and the
+line that names its result files."""
 
 from __future__ import annotations
 
@@ -20,12 +21,19 @@ SUMMARY_COLUMNS = {
 
 
 def print_summary(run_dir: Path) -> None:
-    from kvbench.measure.report import read_entries, summary_frame
+    from kvbench.measure.report import summary_frame
+    from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
     # Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell.
     wide = console if console.is_terminal else Console(width=200)
     wide.print(frame_table(frame, SUMMARY_COLUMNS))
+
+
+def results_line(run_dir: Path) -> str:
+    from kvbench.measure.run_folder import REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD
+
+    return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}"
 
 
 def frame_table(frame, columns: dict[str, str]) -> Table:

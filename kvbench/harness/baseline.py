@@ -17,12 +17,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvbench.harness.env import collect_env
-from kvbench.measure.report import REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD
+from kvbench.measure.run_folder import (
+    CONFIG_YAML, ENV_JSON, EVAL_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunFolderError, read_entries,
+)
 
 DEFAULT_ROOT = Path("results/baselines")
 PROVENANCE_JSON = "provenance.json"
 # summary.json is required; the rest are copied when present and listed as missing otherwise.
-BASELINE_FILES = (SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, "config.yaml", "env.json", REQUESTS_JSONL, "eval.json")
+BASELINE_FILES = (SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, EVAL_JSON)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -57,7 +59,7 @@ def promote(run_dir: Path, name: str, root: Path = DEFAULT_ROOT, promoted_by: st
         raise BaselineError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (e.g. nightly-cpu)")
     if not (run_dir / SUMMARY_JSON).is_file():
         raise BaselineError(f"{run_dir}: no {SUMMARY_JSON}; give a kvbench run folder (`kvbench run ... --out DIR`)")
-    env = _read_json(run_dir / "env.json")
+    env = _read_json(run_dir / ENV_JSON)
     present = [file for file in BASELINE_FILES if (run_dir / file).is_file()]
     provenance = Provenance(
         name=name,
@@ -99,8 +101,12 @@ def _read_json(path: Path) -> dict:
 
 
 def _run_started(run_dir: Path) -> str | None:
-    runs = _read_json(run_dir / SUMMARY_JSON).get("runs") or []
-    started = [entry["started_at"] for entry in runs if isinstance(entry, dict) and isinstance(entry.get("started_at"), (int, float))]
+    """When the first point started; None when summary.json cannot be read or no entry says."""
+    try:
+        entries = read_entries(run_dir)
+    except RunFolderError:
+        return None
+    started = [entry.started_at for entry in entries if isinstance(entry.started_at, (int, float))]
     return _iso(min(started)) if started else None
 
 

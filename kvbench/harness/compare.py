@@ -17,36 +17,25 @@ fixed seed, and each metric is recomputed on every resample at once (`bootstrap.
 repetitions the repetitions are resampled too (a two-level bootstrap), so run-to-run spread widens the
 interval. The point values are the stored `summary.json` values (the mean over repetitions).
 
-Pure apart from `read_run_folder`, which reads files: nothing here prints.
+Pure: the folders come in read (`run_folder.read_run_folder`); nothing here prints.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 
 import numpy as np
-import yaml
 
 from kvbench.harness import bootstrap
 from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS, MetricSpec, PerfMetric, RequestSamples, quality_spec
-from kvbench.measure.records import RequestRecord, read_records
-from kvbench.measure.report import REQUESTS_JSONL, SUMMARY_JSON
+from kvbench.measure.run_folder import CONFIG_YAML, EVAL_JSON, SUMMARY_MD, RunEntry, RunFolder
 
-EVAL_JSON = "eval.json"
-CONFIG_YAML = "config.yaml"
-ENV_JSON = "env.json"
 # config.yaml sections that must agree for two runs to be comparable (engines and workloads are checked per
 # setting, where a difference is attributed to the setting it belongs to).
 _CONFIG_SECTIONS = ("seed", "repeat", "stop", "client", "slo")
-
-
-class RunFolderError(ValueError):
-    """The path is not a readable kvbench run folder (bad input: the CLI exits 2)."""
 
 
 class Verdict(str, Enum):
@@ -54,9 +43,6 @@ class Verdict(str, Enum):
     IMPROVEMENT = "improvement"
     NO_CHANGE = "no change"
     MISSING = "missing"
-
-
-# --- run folders -------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -72,81 +58,24 @@ class SettingKey:
     def label(self) -> str:
         return f"{self.engine}|{self.workload}|{self.load}"
 
+    @classmethod
+    def of(cls, entry: RunEntry) -> "SettingKey":
+        return cls(entry.engine, str(entry.kv_dtype), entry.workload, entry.load)
+
 
 @dataclass(frozen=True)
 class Repetition:
-    entry: Mapping  # the summary.json entry
+    entry: RunEntry
     samples: RequestSamples | None  # None when requests.jsonl holds none of its records
 
 
-@dataclass(frozen=True)
-class RunData:
-    """What `compare` needs from a run folder."""
-
-    path: Path
-    settings: Mapping[SettingKey, tuple[Repetition, ...]]
-    config: Mapping = field(default_factory=dict)
-    env: Mapping = field(default_factory=dict)
-    evals: Mapping[str, Mapping[str, float | None]] | None = None
-
-
-def setting_key(entry: Mapping) -> SettingKey:
-    return SettingKey(str(entry["engine"]), str(entry.get("kv_dtype", "unknown")), str(entry["workload"]), str(entry["load"]))
-
-
-def read_run_folder(path: Path) -> RunData:
-    """Read summary.json (required), requests.jsonl, config.yaml, env.json and eval.json (optional)."""
-    if not path.is_dir():
-        raise RunFolderError(f"{path}: not a folder (give a kvbench run folder or a results/baselines/<name> folder)")
-    summary = path / SUMMARY_JSON
-    if not summary.exists():
-        raise RunFolderError(f"{path}: no {SUMMARY_JSON}; is this a kvbench run folder? (`kvbench run ... --out DIR`)")
-    try:
-        entries = json.loads(summary.read_text())["runs"]
-        keys = [setting_key(entry) for entry in entries]
-    except (json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise RunFolderError(f"{summary}: not a kvbench summary ({type(exc).__name__}: {exc}); rerun `kvbench report`") from None
-    records: dict[str, list[RequestRecord]] = {}
-    if (path / REQUESTS_JSONL).exists():
-        for record in read_records(path / REQUESTS_JSONL):
-            records.setdefault(record.run_id, []).append(record)
+def _settings(folder: RunFolder) -> dict[SettingKey, tuple[Repetition, ...]]:
+    """The folder's repetitions grouped by setting, in the order of summary.json."""
     settings: dict[SettingKey, list[Repetition]] = {}
-    for key, entry in zip(keys, entries):
-        own = records.get(entry.get("run_id", ""))
-        settings.setdefault(key, []).append(Repetition(entry, RequestSamples.of(own) if own else None))
-    return RunData(
-        path=path,
-        settings={key: tuple(reps) for key, reps in settings.items()},
-        config=_optional_mapping(path / CONFIG_YAML, yaml.safe_load),
-        env=_optional_mapping(path / ENV_JSON, json.loads),
-        evals=_read_evals(path / EVAL_JSON),
-    )
-
-
-def _optional_mapping(path: Path, parse: Callable[[str], object]) -> Mapping:
-    if not path.exists():
-        return {}
-    try:
-        data = parse(path.read_text())
-    except (ValueError, yaml.YAMLError) as exc:
-        raise RunFolderError(f"{path}: cannot parse ({exc})") from None
-    return data if isinstance(data, Mapping) else {}
-
-
-def _read_evals(path: Path) -> dict[str, dict[str, float | None]] | None:
-    """eval.json: {"settings": [{"kv_setting": NAME, "metrics": {METRIC: VALUE, ...}}, ...]}."""
-    if not path.exists():
-        return None
-    try:
-        settings = json.loads(path.read_text())["settings"]
-        return {
-            str(item["kv_setting"]): {str(name): None if value is None else float(value) for name, value in item["metrics"].items()}
-            for item in settings
-        }
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise RunFolderError(
-            f"{path}: expected {{\"settings\": [{{\"kv_setting\": ..., \"metrics\": {{name: number}}}}]}} ({exc})"
-        ) from None
+    for entry in folder.entries:
+        own = folder.records.get(entry.run_id)
+        settings.setdefault(SettingKey.of(entry), []).append(Repetition(entry, RequestSamples.of(own) if own else None))
+    return {key: tuple(reps) for key, reps in settings.items()}
 
 
 # --- comparison --------------------------------------------------------------------------------------------
@@ -249,12 +178,12 @@ def delta_of(spec: MetricSpec, baseline: float, new: float) -> float:
     return new / baseline - 1.0
 
 
-def compare(baseline: RunData, new: RunData, options: CompareOptions = CompareOptions()) -> Comparison:
+def compare(baseline: RunFolder, new: RunFolder, options: CompareOptions = CompareOptions()) -> Comparison:
     """Compare every setting and metric of `new` against `baseline` (see the module docstring)."""
     mismatches = _config_mismatches(baseline.config, new.config)
     notes = _env_notes(baseline.env, new.env)
     rows: list[MetricComparison] = []
-    base_settings, new_settings = baseline.settings, new.settings
+    base_settings, new_settings = _settings(baseline), _settings(new)
     keys = list(base_settings) + [key for key in new_settings if key not in base_settings]
     for index, key in enumerate(keys):
         base_reps, new_reps = base_settings.get(key), new_settings.get(key)
@@ -300,7 +229,7 @@ class _Side:
 
     def value(self, metric: PerfMetric) -> float | None:
         """The stored value, the mean over repetitions; None when a repetition lacks it."""
-        values = [metric.stored(rep.entry["summary"]["overall"]) for rep in self.reps]
+        values = [metric.stored(rep.entry.summary["overall"]) for rep in self.reps]
         return None if any(value is None for value in values) else float(np.mean(values))
 
     def replicates(self, metric: PerfMetric, rng: np.random.Generator) -> np.ndarray | None:
@@ -400,8 +329,8 @@ def _config_mismatches(base: Mapping, new: Mapping) -> list[str]:
 def _setting_mismatches(base_reps: Sequence[Repetition], new_reps: Sequence[Repetition]) -> list[str]:
     out = []
     base, new = base_reps[0].entry, new_reps[0].entry
-    out += [f"workload params differ: {diff}" for diff in _differences(base.get("workload_params") or {}, new.get("workload_params") or {})]
-    out += [f"engine settings differ: {diff}" for diff in _differences(base.get("engine_settings") or {}, new.get("engine_settings") or {})]
+    out += [f"workload params differ: {diff}" for diff in _differences(base.workload_params, new.workload_params)]
+    out += [f"engine settings differ: {diff}" for diff in _differences(base.engine_settings, new.engine_settings)]
     if len(base_reps) != len(new_reps):
         out.append(f"repetitions differ: {len(base_reps)} -> {len(new_reps)}")
     return out
@@ -411,10 +340,9 @@ def _validity_notes(base_reps: Sequence[Repetition], new_reps: Sequence[Repetiti
     out = []
     for side, reps in (("baseline", base_reps), ("new run", new_reps)):
         for rep in reps:
-            if not rep.entry.get("valid", True):
-                reason = ("; ".join(rep.entry.get("invalid_reasons") or ()) or rep.entry.get("aborted")
-                          or (rep.entry.get("client") or {}).get("reason") or "see summary.md")
-                out.append(f"{side} repetition r{rep.entry.get('repeat', 0)} is marked invalid ({reason})")
+            if not rep.entry.valid:
+                reason = "; ".join(rep.entry.invalid_reasons) or f"see {SUMMARY_MD}"
+                out.append(f"{side} repetition r{rep.entry.repeat} is marked invalid ({reason})")
     return out
 
 

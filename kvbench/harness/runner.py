@@ -11,21 +11,17 @@ How a run ends early: Ctrl-C (and SIGTERM, which `kvbench run` turns into Ctrl-C
 progress, whose entry is built from the records already in requests.jsonl, writes the summary and stops
 the engine. After a SIGKILL, `rebuild_entries` makes the entries from config.yaml and requests.jsonl alone.
 
-A run folder is used once: `RUN_FRESH` refuses a folder that holds a run, `RUN_OVERWRITE` removes that run's
-files first, `RUN_RESUME` continues it (see `open_run_dir`).
+A run folder is used once (`measure/run_folder.open_run_dir`): `RunMode.FRESH` refuses a folder that holds a run,
+`OVERWRITE` removes that run's files first, `RESUME` continues it.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import shutil
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
 
 from kvbench.engines.base import EngineAdapter, EngineError
 from kvbench.engines.prometheus import counter_deltas
@@ -35,18 +31,13 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec, load_config_file
 from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator
-from kvbench.measure.metrics import answer_sources, failure_reason, summarize_run, ttft_ms
 from kvbench.harness.reconcile import reconcile
-from kvbench.measure.records import PointId, RecordWriter, RequestRecord, read_records
-from kvbench.measure.report import (
-    CONFIG_YAML,
-    ENGINES_DIR,
-    ENV_JSON,
-    REQUESTS_JSONL,
-    RUN_FILES,
-    SUMMARY_JSON,
-    write_plots,
-    write_summaries,
+from kvbench.measure.metrics import failure_reason, ttft_values
+from kvbench.measure.records import PointId, RecordWriter, RequestRecord
+from kvbench.measure.report import write_plots, write_summaries
+from kvbench.measure.run_folder import (
+    CONFIG_YAML, INTERRUPTED, REBUILT, REQUESTS_JSONL, SUMMARY_JSON, Resumed, RunEntry, RunMode, engine_dir,
+    open_run_dir, records_by_run, write_config_and_env,
 )
 from kvbench.measure.schedule import LoadSpec
 from kvbench.settings import SettingsError
@@ -57,20 +48,9 @@ from kvbench.workloads.spec import Workload
 # Engine counters whose run deltas are kept beside the per-request sums.
 SERVER_COUNTER_PREFIXES = ("vllm:", "sglang:", "lmcache:", "kvbench:", "trtllm_")
 
-RUN_FRESH = "fresh"
-RUN_OVERWRITE = "overwrite"
-RUN_RESUME = "resume"
-
-INTERRUPTED = "interrupted: the run was stopped before this point finished"
-REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
-
 
 class UnreachableEngine(RuntimeError):
     """The first engine could not be reached before any load was sent (CLI exit code 2)."""
-
-
-class RunFolderInUse(SettingsError):
-    """`--out` names a folder that already holds a run, or one that cannot be resumed as asked."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +59,7 @@ class Progress:
 
     on_point_start: Callable[[str, int], None] = lambda run_id, total_requests: None
     on_record: Callable[[RequestRecord], None] = lambda record: None
-    on_point_end: Callable[[dict], None] = lambda entry: None
+    on_point_end: Callable[[RunEntry], None] = lambda entry: None
     on_message: Callable[[str], None] = lambda message: None  # plain text (labels contain brackets)
 
 
@@ -89,18 +69,9 @@ class RunOutcome:
     requests); `warnings` do not (e.g. an engine whose /metrics is not Prometheus text)."""
 
     run_dir: Path
-    entries: list[dict] = field(default_factory=list)
+    entries: list[RunEntry] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """What a resumed run keeps of the interrupted one: the entries of the points it finished, and the
-    finished records of every other point (by run_id), which are replayed, not sent again."""
-
-    entries: Mapping[str, dict] = field(default_factory=dict)
-    records: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -121,7 +92,7 @@ def validate_experiment(config: ExperimentConfig) -> None:
     settings (adapters only check them when built: nothing is launched or created), every workload must load."""
     for index, engine in enumerate(config.engines):
         try:
-            engine_factory(engine.engine)(engine.settings, Path(ENGINES_DIR) / _slug(engine.label))
+            engine_factory(engine.engine)(engine.settings, engine_dir(Path(), engine.label))
         except SettingsError as exc:
             raise SettingsError(f"engines[{index}] ({engine.label}): {exc}") from None
     for spec in config.workloads:
@@ -129,14 +100,12 @@ def validate_experiment(config: ExperimentConfig) -> None:
 
 
 def run_experiment(
-    config: ExperimentConfig, run_dir: Path, progress: Progress = Progress(), mode: str = RUN_FRESH
+    config: ExperimentConfig, run_dir: Path, progress: Progress = Progress(), mode: RunMode = RunMode.FRESH
 ) -> RunOutcome:
     """Run the matrix into `run_dir`; the summary files are written after every point and on any stop."""
     validate_experiment(config)
-    resumed = open_run_dir(run_dir, config, mode)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_YAML).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    (run_dir / ENV_JSON).write_text(json.dumps(collect_env(), indent=2))
+    resumed = open_run_dir(run_dir, config.to_dict(), mode)
+    write_config_and_env(run_dir, config.to_dict(), collect_env())
     outcome = RunOutcome(run_dir)
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
         experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome)
@@ -150,67 +119,7 @@ def run_experiment(
     return outcome
 
 
-def open_run_dir(run_dir: Path, config: ExperimentConfig, mode: str) -> Resumed:
-    """Check `run_dir` may take this run; for `RUN_RESUME`, what the interrupted run finished.
-
-    A request is finished when requests.jsonl holds a record with its run_id, session and turn, whether it
-    succeeded or failed (an error is an answer too; requests cut off by the interruption have no record). A
-    point is finished when summary.json holds its entry and that entry is not marked `interrupted`. Resuming
-    needs the same config (config.yaml); each unfinished point then sends only its unfinished requests, and
-    its summary is the one an uninterrupted run would have made, timing apart (the engine restarts with a
-    cold cache, and a `stop.duration_s` deadline counts from the resume).
-    """
-    if not _holds_run(run_dir):
-        return Resumed()
-    if mode == RUN_FRESH:
-        raise RunFolderInUse(f"{run_dir} already holds a run; give --resume to finish it or --overwrite to replace it")
-    if mode == RUN_OVERWRITE:
-        _remove_run(run_dir)
-        return Resumed()
-    return _resumable(run_dir, config)
-
-
-def _holds_run(run_dir: Path) -> bool:
-    """A record in requests.jsonl or an entry in summary.json (an unreadable one counts: it was written)."""
-    requests, summary = run_dir / REQUESTS_JSONL, run_dir / SUMMARY_JSON
-    if requests.exists() and requests.stat().st_size > 0:
-        return True
-    try:
-        return bool(json.loads(summary.read_text())["runs"]) if summary.exists() else False
-    except (ValueError, KeyError, TypeError):
-        return True
-
-
-def _remove_run(run_dir: Path) -> None:
-    """The files `kvbench run` writes; anything else in the folder is left alone."""
-    for name in RUN_FILES:
-        (run_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(run_dir / ENGINES_DIR, ignore_errors=True)
-
-
-def _resumable(run_dir: Path, config: ExperimentConfig) -> Resumed:
-    stored = yaml.safe_load((run_dir / CONFIG_YAML).read_text()) if (run_dir / CONFIG_YAML).exists() else None
-    if stored != config.to_dict():
-        keys = sorted(key for key, value in config.to_dict().items() if (stored or {}).get(key) != value)
-        raise RunFolderInUse(f"--resume: {run_dir / CONFIG_YAML} differs from this run's config "
-                             f"({', '.join(keys) or 'missing'}); resume with the same config, or give --overwrite")
-    entries = json.loads((run_dir / SUMMARY_JSON).read_text())["runs"] if (run_dir / SUMMARY_JSON).exists() else []
-    finished = {entry["run_id"]: entry for entry in entries if not entry.get("interrupted")}
-    records: dict[str, list[RequestRecord]] = {}
-    for record in _records(run_dir):
-        if record.run_id not in finished and record.ok and record.answer_tokens is None:
-            raise RunFolderInUse(f"--resume: {run_dir / REQUESTS_JSONL} was written before kvbench recorded answers, "
-                                 "so its sessions cannot be continued; give --overwrite")
-        records.setdefault(record.run_id, []).append(record)
-    return Resumed(finished, records)
-
-
-def _records(run_dir: Path) -> list[RequestRecord]:
-    path = run_dir / REQUESTS_JSONL
-    return list(read_records(path)) if path.exists() else []
-
-
-def rebuild_entries(run_dir: Path) -> list[dict]:
+def rebuild_entries(run_dir: Path) -> list[RunEntry]:
     """Entries for a run folder without summary.json (its run was killed), from config.yaml and requests.jsonl.
 
     Each point's summary and validity are what they would have been, since both follow from the records; what
@@ -220,37 +129,20 @@ def rebuild_entries(run_dir: Path) -> list[dict]:
     if not (run_dir / REQUESTS_JSONL).exists():
         raise FileNotFoundError(f"{run_dir}: no {SUMMARY_JSON} and no {REQUESTS_JSONL} (is this a kvbench run folder?)")
     config = load_config_file(run_dir / CONFIG_YAML)
-    by_run_id: dict[str, list[RequestRecord]] = {}
-    for record in _records(run_dir):
-        by_run_id.setdefault(record.run_id, []).append(record)
-    return [
-        {**records_entry(PointId.parse(run_id), records, config, REBUILT), **_unknown_context()}
-        for run_id, records in by_run_id.items()
-    ]
+    return [records_entry(PointId.parse(run_id), records, config, REBUILT)
+            for run_id, records in records_by_run(run_dir).items()]
 
 
 def records_entry(
     point: PointId, records: Sequence[RequestRecord], config: ExperimentConfig, aborted: str | None,
     client: ClientCheck | None = None,
-) -> dict:
-    """The part of a point's entry that follows from its records: identity, summary, validity."""
+) -> RunEntry:
+    """The part of a point's entry that follows from its records and the config: identity, engine setting,
+    summary, validity."""
     reasons = invalid_reasons(records, config.client.max_error_rate, client, aborted)
     engine = next((spec for spec in config.engines if spec.label == point.engine), None)
-    return {
-        "run_id": point.run_id,
-        "engine": point.engine,
-        "engine_name": engine.engine if engine else None,
-        "engine_settings": dict(engine.settings) if engine else {},
-        "workload": point.workload,
-        "load": point.load,
-        "repeat": point.repeat,
-        "summary": summarize_run(records, config.slo).to_dict(),
-        "valid": not reasons,
-        "invalid_reasons": reasons,
-        "aborted": aborted,
-        "interrupted": aborted in (INTERRUPTED, REBUILT),
-        "answer_sources": answer_sources(records),
-    }
+    return RunEntry.of(point, records, config.slo, reasons, aborted, engine_name=engine.engine if engine else None,
+                       engine_settings=dict(engine.settings) if engine else {})
 
 
 def invalid_reasons(
@@ -264,12 +156,6 @@ def invalid_reasons(
     if client is not None and not client.valid:
         reasons.append(f"client lag: {client.reason}")
     return reasons
-
-
-def _unknown_context() -> dict:
-    """The entry fields only a live run knows, as missing."""
-    return {"kv_dtype": "unknown", "engine_description": {}, "workload_params": {}, "started_at": None,
-            "cache_reset": None, "client": None, "reconciliation": None, "server_counters": None}
 
 
 @dataclass(slots=True)
@@ -286,7 +172,7 @@ class _Experiment:
     warned_metrics: set[str] = field(default_factory=set)
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
-        adapter = engine_factory(engine.engine)(engine.settings, self.run_dir / ENGINES_DIR / _slug(engine.label))
+        adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
         points = list(self._points(engine, adapter))
         if all(point.id.run_id in self.resumed.entries for point in points):
             for point in points:
@@ -341,20 +227,19 @@ class _Experiment:
         try:
             result = eventloop.run(generator.run(point.workload, self.writer, self.progress.on_record, finished))
         except KeyboardInterrupt:
-            records = [record for record in _records(self.run_dir) if record.run_id == run_id]
-            live = {"client": None, "reconciliation": None, "server_counters": None}
-            self._add({**records_entry(point.id, records, self.config, INTERRUPTED), **context, **live}, records)
+            records = records_by_run(self.run_dir).get(run_id, [])
+            self._add(dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records)
             raise
         after = self._scrape(engine, adapter)
         records = [*result.replayed, *result.records]
-        entry = {
-            **records_entry(point.id, records, self.config, result.aborted, result.client),
+        entry = dataclasses.replace(
+            records_entry(point.id, records, self.config, result.aborted, result.client),
             **context,
-            "client": result.client.to_dict(),
+            client=result.client.to_dict(),
             # The server counted only what was sent now, not the replayed records.
-            "reconciliation": reconcile(result.records, before, after).to_dict(),
-            "server_counters": counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
-        }
+            reconciliation=reconcile(result.records, before, after).to_dict(),
+            server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
+        )
         self._add(entry, records)
         return result.aborted is None
 
@@ -396,14 +281,12 @@ class _Experiment:
                 self.progress.on_message(f"warning: {warning}")
             return None
 
-    def _add(self, entry: dict, records: Sequence[RequestRecord]) -> None:
+    def _add(self, entry: RunEntry, records: Sequence[RequestRecord]) -> None:
         self.outcome.entries.append(entry)
-        failed = entry["aborted"] or failure_reason(records, self.config.client.max_error_rate)
-        if failed and not entry.get("interrupted"):
-            self.outcome.failures.append(f"{entry['run_id']}: {failed}")
-        self.ttfts.setdefault(entry["engine"], []).extend(
-            value for record in records if not record.warmup and (value := ttft_ms(record)) is not None
-        )
+        failed = entry.aborted or failure_reason(records, self.config.client.max_error_rate)
+        if failed and not entry.interrupted:
+            self.outcome.failures.append(f"{entry.run_id}: {failed}")
+        self.ttfts.setdefault(entry.engine, []).extend(ttft_values(records))
         self.write_summaries()
         self.progress.on_point_end(entry)
 
@@ -430,6 +313,3 @@ def _codec(tokenizer: str | None):
 
     return load_codec(tokenizer)
 
-
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label).strip("_") or "engine"

@@ -1,34 +1,22 @@
-"""Result files of a run folder: summary.json/csv/md and PNG plots. Formats numbers; computes no metrics.
+"""Result files of a run folder: summary.csv/md and PNG plots. Formats numbers; computes no metrics.
 
-A run folder holds one entry per measured run (engine setting x workload x load point x repetition). Each
-entry carries its `RunSummary.to_dict()`; the tables flatten it into one row per (run, tenant), tenant `all`
+A run folder holds one entry per measured point (engine setting x workload x load point x repetition). Each
+entry carries its `RunSummary.to_dict()`; the tables flatten it into one row per (point, tenant), tenant `all`
 being the total. An entry with `valid` false names why in `invalid_reasons`; summary.md lists them under
-Flags and summary.csv joins them in its `invalid_reasons` column.
-
-The names of a run folder's files are defined here, for every reader and writer.
+Flags and summary.csv joins them in its `invalid_reasons` column. The file names are `run_folder.py`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-SUMMARY_JSON = "summary.json"
-SUMMARY_CSV = "summary.csv"
-SUMMARY_MD = "summary.md"
-REQUESTS_JSONL = "requests.jsonl"
-CONFIG_YAML = "config.yaml"
-ENV_JSON = "env.json"
-TTFT_CDF_PNG = "ttft_cdf.png"
-THROUGHPUT_PNG = "throughput_vs_ttft_p99.png"
-ENGINES_DIR = "engines"  # one folder per engine setting: engine.log and the adapter's files
-# What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides).
-RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
+from kvbench.measure.run_folder import (
+    SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, RunEntry, replace_file, write_entries,
+)
 
 # The columns every summary.csv has, in this order (issue 2's contract), then a few more.
 COLUMNS = [
@@ -44,24 +32,24 @@ MD_COLUMNS = [
 ]
 
 
-def summary_rows(entries: Iterable[Mapping]) -> list[dict]:
+def summary_rows(entries: Iterable[RunEntry]) -> list[dict]:
     rows = []
     for entry in entries:
-        summary = entry["summary"]
+        summary = entry.summary
         groups = [summary["overall"]] + (list(summary["per_tenant"]) if len(summary["per_tenant"]) > 1 else [])
         for group in groups:
             rows.append(_row(entry, group, summary.get("ttft_fairness_jain")))
     return rows
 
 
-def _row(entry: Mapping, group: Mapping, fairness: float | None) -> dict:
+def _row(entry: RunEntry, group: Mapping, fairness: float | None) -> dict:
     cache = group["cache"]
-    reconciliation = entry.get("reconciliation") or {}
+    reconciliation = entry.reconciliation or {}
     return {
-        "engine": entry["engine"],
-        "kv_dtype": entry.get("kv_dtype", "unknown"),
-        "workload": entry["workload"],
-        "load": entry["load"],
+        "engine": entry.engine,
+        "kv_dtype": entry.kv_dtype,
+        "workload": entry.workload,
+        "load": entry.load,
         "tenant": group["tenant"],
         "requests": group["requests"],
         "errors": group["errors"],
@@ -80,13 +68,13 @@ def _row(entry: Mapping, group: Mapping, fairness: float | None) -> dict:
         "cache_hit_rate": cache["cache_hit_rate"],
         "oracle_hit_rate": cache["oracle_hit_rate"],
         "prefill_recompute_rate": cache["prefill_recompute_rate"],
-        "run_id": entry["run_id"],
-        "repeat": entry.get("repeat", 0),
-        "valid": entry.get("valid", True),
+        "run_id": entry.run_id,
+        "repeat": entry.repeat,
+        "valid": entry.valid,
         "server_cached_tokens": reconciliation.get("server_cached_tokens") if group["tenant"] == "all" else None,
         "reconciled": reconciliation.get("agree") if group["tenant"] == "all" else None,
         "ttft_fairness_jain": fairness if group["tenant"] == "all" else None,
-        "invalid_reasons": "; ".join(_invalid_reasons(entry)) or None,
+        "invalid_reasons": "; ".join(entry.invalid_reasons) or None,
     }
 
 
@@ -95,7 +83,7 @@ def _pick(group: Mapping, metric: str, stat: str) -> float | None:
     return value[stat] if value else None
 
 
-def summary_frame(entries: Iterable[Mapping]) -> pd.DataFrame:
+def summary_frame(entries: Iterable[RunEntry]) -> pd.DataFrame:
     return pd.DataFrame(summary_rows(entries), columns=COLUMNS + EXTRA_COLUMNS)
 
 
@@ -110,15 +98,15 @@ def markdown_table(frame: pd.DataFrame, columns: Sequence[str] = MD_COLUMNS) -> 
     return shown.to_markdown(index=False)
 
 
-def write_summaries(run_dir: Path, entries: Sequence[Mapping], notes: Sequence[str] = ()) -> pd.DataFrame:
+def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[str] = ()) -> pd.DataFrame:
     """(Re)write summary.json, summary.csv and summary.md from all entries so far.
 
     Each file is replaced whole (written beside, then renamed), so a run killed meanwhile leaves the
     previous version, never half a file.
     """
-    _replace(run_dir / SUMMARY_JSON, json.dumps({"runs": list(entries)}, indent=2, default=str))
+    write_entries(run_dir, entries)
     frame = summary_frame(entries)
-    _replace(run_dir / SUMMARY_CSV, frame.to_csv(index=False))
+    replace_file(run_dir / SUMMARY_CSV, frame.to_csv(index=False))
     lines = [
         f"# kvbench results: {run_dir.name}",
         "",
@@ -130,52 +118,28 @@ def write_summaries(run_dir: Path, entries: Sequence[Mapping], notes: Sequence[s
         "",
     ]
     flags = [
-        f"- `{entry['run_id']}`: {reason}"
+        f"- `{entry.run_id}`: {reason}"
         for entry in entries
         for reason in _flags(entry)
     ]
     if flags or notes:
         lines += ["## Flags", "", *flags, *[f"- {note}" for note in notes], ""]
-    _replace(run_dir / SUMMARY_MD, "\n".join(lines))
+    replace_file(run_dir / SUMMARY_MD, "\n".join(lines))
     return frame
 
 
-def _replace(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
-def _invalid_reasons(entry: Mapping) -> list[str]:
-    """The entry's reasons; entries written before reasons were recorded name only an abort and client lag."""
-    if entry.get("invalid_reasons") is not None:
-        return list(entry["invalid_reasons"])
-    client = entry.get("client") or {}
-    reasons = [f"aborted: {entry['aborted']}"] if entry.get("aborted") else []
-    if client and not client.get("valid", True):
-        reasons.append(f"client lag: {client.get('reason')}")
-    return reasons
-
-
-def _flags(entry: Mapping) -> list[str]:
-    flags = [f"INVALID: {reason}" for reason in _invalid_reasons(entry)]
-    reconciliation = entry.get("reconciliation") or {}
+def _flags(entry: RunEntry) -> list[str]:
+    flags = [f"INVALID: {reason}" for reason in entry.invalid_reasons]
+    reconciliation = entry.reconciliation or {}
     if reconciliation.get("agree") is False:
         flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
-    sources = entry.get("answer_sources") or {}
+    sources = entry.answer_sources
     if sources.get("placeholder"):
         flags.append(f"{sources['placeholder']} answers were placeholders (server gave neither ids nor a tokenizer was set)")
     return flags
 
 
-def read_entries(run_dir: Path) -> list[dict]:
-    path = run_dir / SUMMARY_JSON
-    if not path.exists():
-        raise FileNotFoundError(f"{run_dir}: no {SUMMARY_JSON} (is this a kvbench run folder?)")
-    return json.loads(path.read_text())["runs"]
-
-
-def write_plots(run_dir: Path, entries: Sequence[Mapping], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
+def write_plots(run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
     """TTFT CDF per engine setting, and throughput vs TTFT p99 across load points. Returns the files."""
     import numpy as np
 

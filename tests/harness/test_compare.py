@@ -18,12 +18,13 @@ import yaml
 from kvbench.cli import commands
 from kvbench.harness.baseline import PROVENANCE_JSON, promote
 from kvbench.harness.bootstrap import weighted_percentile
-from kvbench.harness.compare import CompareOptions, Verdict, compare, read_run_folder
+from kvbench.harness.compare import CompareOptions, Verdict, compare
 from kvbench.harness.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.cli.commands import compare_cmd
 from kvbench.measure.metrics import summarize_run
 from kvbench.measure.records import RecordWriter, RequestRecord
-from kvbench.measure.report import REQUESTS_JSONL, write_summaries
+from kvbench.measure.report import write_summaries
+from kvbench.measure.run_folder import REQUESTS_JSONL, RunEntry, read_run_folder
 
 MS = 1_000_000
 RUN_ID = "ours|rag-chat-mini|c4|r{}"
@@ -56,11 +57,11 @@ def make_records(seed, run_id=RUN_ID.format(0), n=200, ttft_factor=1.0, hit=0.8,
 
 
 def entry(records, repeat=0, engine="ours", load="c4", params=None):
-    return {
-        "run_id": records[0].run_id, "engine": engine, "kv_dtype": "fp16", "workload": "rag-chat-mini",
-        "load": load, "repeat": repeat, "workload_params": params or {"turns_mean": 4}, "engine_settings": {},
-        "summary": summarize_run(records).to_dict(), "valid": True, "started_at": 1.7e9,
-    }
+    return RunEntry(
+        run_id=records[0].run_id, engine=engine, kv_dtype="fp16", workload="rag-chat-mini",
+        load=load, repeat=repeat, workload_params=params or {"turns_mean": 4}, engine_settings={},
+        summary=summarize_run(records).to_dict(), valid=True, started_at=1.7e9,
+    )
 
 
 def write_run(path: Path, entries_records, config=None, env=None) -> Path:

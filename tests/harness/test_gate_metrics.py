@@ -7,17 +7,10 @@ import pytest
 
 from kvbench.harness.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.measure import metrics
-from kvbench.measure.records import read_records
+from kvbench.measure.run_folder import records_by_run
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 REAL_RUNS = [RESULTS / "baselines" / "nightly-cpu", RESULTS / "sim" / "validation" / "validation-run"]
-
-
-def records_by_run(run_dir):
-    out = {}
-    for record in read_records(run_dir / "requests.jsonl"):
-        out.setdefault(record.run_id, []).append(record)
-    return out
 
 
 def column(values):

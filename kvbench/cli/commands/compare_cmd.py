@@ -15,9 +15,10 @@ import pandas as pd
 from rich.console import Console
 
 from kvbench.cli.flag_types import at_least, number_between
-from kvbench.harness.baseline import DEFAULT_ROOT, BaselineError, promote
-from kvbench.harness.compare import CompareOptions, Comparison, MetricComparison, RunFolderError, compare, read_run_folder
+from kvbench.harness.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
+from kvbench.harness.compare import CompareOptions, Comparison, MetricComparison, compare
 from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS
+from kvbench.measure.run_folder import EVAL_JSON, SUMMARY_JSON, RunFolder, RunFolderError, read_run_folder
 from kvbench.settings import SettingsError
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
@@ -33,7 +34,7 @@ def register(commands, formatter) -> None:
         description="Per engine setting and metric: baseline, new value, delta, a bootstrap confidence interval "
         "of the delta (requests resampled, repetitions too), and a verdict. A regression needs both: the CI lies "
         "wholly on the bad side of 0 AND the delta exceeds the metric's tolerance. Rates are compared in "
-        "percentage points. Quality metrics of eval.json (when both folders have one) are compared by tolerance. "
+        f"percentage points. Quality metrics of {EVAL_JSON} (when both folders have one) are compared by tolerance. "
         "Exit 0: no regression; 1: a regression (or, with --strict, a mismatch); 2: bad input.",
         formatter_class=formatter,
     )
@@ -55,8 +56,8 @@ def register(commands, formatter) -> None:
     actions = baseline.add_subparsers(title="actions", metavar="ACTION")
     update = actions.add_parser(
         "update", help="promote a run folder to results/baselines/NAME",
-        description="Copy a run folder's summary files, config.yaml, env.json, requests.jsonl (and eval.json) to "
-        "ROOT/NAME, replacing what was there, and write provenance.json (commit, machine, dates, command).",
+        description=f"Copy a run folder's {', '.join(BASELINE_FILES)} (those it has; {SUMMARY_JSON} is required) to "
+        f"ROOT/NAME, replacing what was there, and write {PROVENANCE_JSON} (commit, machine, dates, command).",
         formatter_class=formatter,
     )
     update.add_argument("run_dir", type=Path, metavar="RUN_DIR")
@@ -103,7 +104,7 @@ def _metric_names(values: list[str]) -> list[str]:
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
-def _tolerances(items: list[str], baseline, new) -> dict[str, float]:
+def _tolerances(items: list[str], baseline: RunFolder, new: RunFolder) -> dict[str, float]:
     known = set(PERF_METRICS)
     for data in (baseline, new):
         for metrics in (data.evals or {}).values():
@@ -177,7 +178,7 @@ def comparison_markdown(comparison: Comparison) -> str:
     if perf:
         lines += ["## Serving metrics", "", _table(perf), ""]
     if quality:
-        lines += ["## Quality (eval.json)", "", _table(quality, with_ci=False), ""]
+        lines += [f"## Quality ({EVAL_JSON})", "", _table(quality, with_ci=False), ""]
     if comparison.mismatches:
         lines += ["## Mismatches", "", *[f"- {text}" for text in comparison.mismatches], ""]
     if comparison.notes:

@@ -14,7 +14,8 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.measure.report import SUMMARY_JSON, markdown_table, read_entries, summary_frame, write_summaries
+from kvbench.measure.report import MD_COLUMNS, markdown_table, summary_frame, write_summaries
+from kvbench.measure.run_folder import CONFIG_YAML, REQUESTS_JSONL, SUMMARY_JSON, RunEntry, read_entries
 
 error_console = Console(stderr=True, soft_wrap=True)
 
@@ -22,8 +23,8 @@ error_console = Console(stderr=True, soft_wrap=True)
 def register(commands, formatter) -> None:
     parser = commands.add_parser(
         "report", help="tables across run folders",
-        description="Print one table across run folders. A folder whose run was killed before it wrote summary.json "
-        "gets one rebuilt from its config.yaml and requests.jsonl.",
+        description=f"Print one table across run folders. A folder whose run was killed before it wrote {SUMMARY_JSON} "
+        f"gets one rebuilt from its {CONFIG_YAML} and {REQUESTS_JSONL}.",
         formatter_class=formatter,
     )
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
@@ -44,19 +45,17 @@ def handle(args: argparse.Namespace) -> int:
     if args.format == "csv":
         table.to_csv(sys.stdout, index=False)
     else:
-        from kvbench.measure.report import MD_COLUMNS
-
         print(markdown_table(table, ["run_dir", *MD_COLUMNS]))
     return 0
 
 
-def _entries(run_dir: Path) -> list[dict]:
+def _entries(run_dir: Path) -> list[RunEntry]:
     if (run_dir / SUMMARY_JSON).exists():
         return read_entries(run_dir)
     from kvbench.harness.runner import rebuild_entries
 
     entries = rebuild_entries(run_dir)
     write_summaries(run_dir, entries)
-    error_console.print(f"{escape(str(run_dir))}: no {SUMMARY_JSON}; rebuilt it from config.yaml and requests.jsonl "
+    error_console.print(f"{escape(str(run_dir))}: no {SUMMARY_JSON}; rebuilt it from {CONFIG_YAML} and {REQUESTS_JSONL} "
                         f"({len(entries)} points, marked interrupted)", highlight=False)
     return entries

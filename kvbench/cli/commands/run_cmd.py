@@ -14,10 +14,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.cli.flag_types import at_least, number_above
-from kvbench.cli.tables import print_summary
+from kvbench.cli.tables import print_summary, results_line
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import Progress as RunProgress
-from kvbench.harness.runner import RUN_FRESH, RUN_OVERWRITE, RUN_RESUME, UnreachableEngine, run_experiment
+from kvbench.harness.runner import UnreachableEngine, run_experiment
+from kvbench.measure.run_folder import (
+    CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
+)
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -36,8 +39,8 @@ def register(commands, formatter) -> None:
         "run",
         help="run a workload against one or more engines and write a results folder",
         description="Run a workload against engines. With CONFIG.yaml, run its whole matrix (flags below then "
-        "override its seed/out/stop); without it, one run from flags. Results: OUT/summary.{md,csv,json}, "
-        "requests.jsonl, config.yaml, env.json, plots.",
+        f"override its seed/out/stop); without it, one run from flags. Results: OUT/{SUMMARY_MD}, {SUMMARY_CSV}, "
+        f"{SUMMARY_JSON}, {REQUESTS_JSONL}, {CONFIG_YAML}, {ENV_JSON}, plots.",
         formatter_class=formatter,
     )
     parser.add_argument("config", nargs="?", type=Path, help="experiment matrix YAML (see kvbench/harness/config.py)")
@@ -150,49 +153,50 @@ def handle(args: argparse.Namespace) -> int:
         return _simulate(args)
     config = config_from_args(args)
     run_dir = args.out or Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    mode = RUN_RESUME if args.resume else RUN_OVERWRITE if args.overwrite else RUN_FRESH
+    mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.FRESH
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(), console=console, transient=False,
     ) as bar:
-        tasks: dict[str, int] = {}
-        errors = {"n": 0}
-
-        def start(run_id: str, total: int) -> None:
-            errors["n"] = 0
-            tasks[run_id] = bar.add_task(escape(run_id), total=total, status="")
-
-        def record(rec) -> None:
-            if rec.error:
-                errors["n"] += 1
-            task = tasks.get(rec.run_id)
-            if task is not None:
-                bar.update(task, advance=1, status=f"errors {errors['n']}" if errors["n"] else "")
-
-        def end(entry: dict) -> None:
-            overall = entry["summary"]["overall"]
-            ttft = overall["ttft_ms"]
-            task = tasks.get(entry["run_id"])
-            if task is not None:
-                bar.update(task, status=f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request")
-
         try:
             with _terminate_is_interrupt():
-                outcome = run_experiment(
-                    config, run_dir, RunProgress(on_point_start=start, on_record=record, on_point_end=end, on_message=lambda text: bar.console.print(text, markup=False, highlight=False)),
-                    mode,
-                )
+                outcome = run_experiment(config, run_dir, _bar_progress(bar), mode)
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
-    summary_md = (run_dir / "summary.md")
-    if summary_md.exists():
+    if (run_dir / SUMMARY_MD).exists():
         print_summary(run_dir)
     for failure in outcome.failures:
         console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
-    console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
+    console.print(results_line(run_dir))
     return 1 if outcome.failures or not outcome.entries else 0
+
+
+def _bar_progress(bar: Progress) -> RunProgress:
+    """One progress bar per point: requests answered, errors so far, then the point's TTFT p50."""
+    tasks: dict[str, int] = {}
+    errors = {"n": 0}
+
+    def start(run_id: str, total: int) -> None:
+        errors["n"] = 0
+        tasks[run_id] = bar.add_task(escape(run_id), total=total, status="")
+
+    def record(rec) -> None:
+        if rec.error:
+            errors["n"] += 1
+        task = tasks.get(rec.run_id)
+        if task is not None:
+            bar.update(task, advance=1, status=f"errors {errors['n']}" if errors["n"] else "")
+
+    def end(entry: RunEntry) -> None:
+        ttft = entry.summary["overall"]["ttft_ms"]
+        task = tasks.get(entry.run_id)
+        if task is not None:
+            bar.update(task, status=f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request")
+
+    return RunProgress(on_point_start=start, on_record=record, on_point_end=end,
+                       on_message=lambda text: bar.console.print(text, markup=False, highlight=False))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,309 @@
+"""The run folder, kvbench's central artefact: the names of its files, its entry type, and how it is opened,
+read back and written. Every reader and writer takes the names from here.
+
+    RUN_DIR/
+      config.yaml            the config as run (a resume must give the same one)
+      env.json               machine, versions, git commit, command
+      requests.jsonl         one RequestRecord per request, appended as it finishes: the ground truth
+      summary.json           {"runs": [RunEntry.to_json(), ...]}, one entry per point
+      summary.csv, summary.md, ttft_cdf.png, throughput_vs_ttft_p99.png     laid out by measure/report.py
+      engines/<label>/       each engine setting's adapter files: engine.log (engines/launch.py LOG_FILE),
+                             steps.jsonl of our engine (engines/kvengine/adapter.py STEP_LOG), lm-eval output
+      eval.json, eval.md, eval.csv, eval_summary.csv, eval_config.json      `kvbench eval`
+      sim-validation.json    `kvbench validate-sim`
+      compare.md             ci/nightly.sh (`kvbench compare --out`)
+
+A point is one engine setting x workload x load point x repetition. A folder is used once: `open_run_dir`
+refuses one that holds a run (`RunMode.FRESH`), removes that run's files (`OVERWRITE`) or keeps what the
+interrupted run finished (`RESUME`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from pathlib import Path
+
+import yaml
+
+from kvbench.measure.metrics import SLO, answer_sources, summarize_run
+from kvbench.measure.records import PointId, RequestRecord, read_records
+from kvbench.settings import SettingsError
+
+CONFIG_YAML = "config.yaml"
+ENV_JSON = "env.json"
+REQUESTS_JSONL = "requests.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+TTFT_CDF_PNG = "ttft_cdf.png"
+THROUGHPUT_PNG = "throughput_vs_ttft_p99.png"
+ENGINES_DIR = "engines"
+EVAL_JSON = "eval.json"
+EVAL_MD = "eval.md"
+EVAL_CSV = "eval.csv"
+EVAL_SUMMARY_CSV = "eval_summary.csv"
+EVAL_CONFIG_JSON = "eval_config.json"
+SIM_VALIDATION_JSON = "sim-validation.json"
+# What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
+RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
+
+INTERRUPTED = "interrupted: the run was stopped before this point finished"
+REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
+
+
+class RunFolderError(SettingsError):
+    """The path is not a readable kvbench run folder (bad input: the CLI exits 2)."""
+
+
+class RunFolderInUse(SettingsError):
+    """`--out` names a folder that already holds a run, or one that cannot be resumed as asked."""
+
+
+class RunMode(Enum):
+    """What to do with a folder that already holds a run."""
+
+    FRESH = "fresh"  # refuse it
+    OVERWRITE = "overwrite"  # remove its files first
+    RESUME = "resume"  # finish it
+
+
+@dataclass(frozen=True, slots=True)
+class RunEntry:
+    """One point of summary.json. What only a live run knows (the engine's description, client lag, engine
+    counters) is missing (None, "unknown", empty) in an entry rebuilt from the records.
+
+    `summary` is `RunSummary.to_dict()`; `client`, `reconciliation` are their `to_dict()` forms.
+    """
+
+    run_id: str
+    engine: str  # the engine setting's label
+    workload: str
+    load: str
+    summary: Mapping
+    repeat: int = 0
+    valid: bool = True
+    invalid_reasons: tuple[str, ...] = ()
+    aborted: str | None = None
+    interrupted: bool = False  # stopped before it finished (Ctrl-C, SIGTERM, or rebuilt after a kill)
+    engine_name: str | None = None  # the adapter ("kvengine", "vllm", ...) or "sim"
+    engine_settings: Mapping = field(default_factory=dict)
+    kv_dtype: str = "unknown"
+    engine_description: Mapping = field(default_factory=dict)
+    workload_params: Mapping = field(default_factory=dict)
+    started_at: float | None = None  # time.time() when the point started
+    cache_reset: bool | None = None
+    client: Mapping | None = None
+    answer_sources: Mapping[str, int] = field(default_factory=dict)
+    reconciliation: Mapping | None = None
+    server_counters: Mapping[str, float] | None = None
+
+    @classmethod
+    def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),
+           aborted: str | None = None, **known) -> "RunEntry":
+        """The entry of one point, real or simulated: its identity, its records' summary and answer sources,
+        valid when no reason speaks against it; `known` sets the other fields the caller knows."""
+        return cls(run_id=point.run_id, engine=point.engine, workload=point.workload, load=point.load,
+                   repeat=point.repeat, summary=summarize_run(records, slo).to_dict(),
+                   answer_sources=answer_sources(records), valid=not invalid_reasons,
+                   invalid_reasons=tuple(invalid_reasons), aborted=aborted,
+                   interrupted=aborted in (INTERRUPTED, REBUILT), **known)
+
+    def to_json(self) -> dict:
+        return {item.name: _plain(getattr(self, item.name)) for item in fields(self)}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "RunEntry":
+        """An entry of summary.json as this or an older version wrote it: unknown keys are ignored, absent ones
+        missing; an entry from before `invalid_reasons` gets the reasons it did record (an abort, client lag)."""
+        names = {item.name for item in fields(cls)}
+        values = {key: value for key, value in data.items() if key in names}
+        reasons = data.get("invalid_reasons")
+        values["invalid_reasons"] = tuple(_older_reasons(data) if reasons is None else reasons)
+        return cls(**values)
+
+
+def _older_reasons(data: Mapping) -> list[str]:
+    client = data.get("client") or {}
+    reasons = [f"aborted: {data['aborted']}"] if data.get("aborted") else []
+    if client and not client.get("valid", True):
+        reasons.append(f"client lag: {client.get('reason')}")
+    return reasons
+
+
+def _plain(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def engine_dir(run_dir: Path, label: str) -> Path:
+    """The folder of one engine setting's files (its label made a file name)."""
+    return run_dir / ENGINES_DIR / (re.sub(r"[^A-Za-z0-9_.=-]+", "_", label).strip("_") or "engine")
+
+
+# --- writing -----------------------------------------------------------------------------------------------
+
+
+def write_config_and_env(run_dir: Path, config: Mapping, env: Mapping) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_YAML).write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    (run_dir / ENV_JSON).write_text(json.dumps(env, indent=2))
+
+
+def write_entries(run_dir: Path, entries: Sequence[RunEntry]) -> None:
+    replace_file(run_dir / SUMMARY_JSON, json.dumps({"runs": [entry.to_json() for entry in entries]}, indent=2, default=str))
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write `text` beside `path`, then rename it over: a run killed meanwhile leaves the old file, never half."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# --- reading -----------------------------------------------------------------------------------------------
+
+
+def read_entries(run_dir: Path) -> list[RunEntry]:
+    path = run_dir / SUMMARY_JSON
+    if not path.exists():
+        raise RunFolderError(f"{run_dir}: no {SUMMARY_JSON}; is this a kvbench run folder? (`kvbench run ... --out DIR`)")
+    try:
+        return [RunEntry.from_json(entry) for entry in json.loads(path.read_text())["runs"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunFolderError(f"{path}: not a kvbench summary ({type(exc).__name__}: {exc}); rerun `kvbench report`") from None
+
+
+def records_by_run(run_dir: Path) -> dict[str, list[RequestRecord]]:
+    """requests.jsonl's records by run_id, in file order (none when there is no file)."""
+    out: dict[str, list[RequestRecord]] = {}
+    path = run_dir / REQUESTS_JSONL
+    for record in read_records(path) if path.exists() else ():
+        out.setdefault(record.run_id, []).append(record)
+    return out
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run folder read back whole: its entries, their records by run_id, and the optional files."""
+
+    path: Path
+    entries: tuple[RunEntry, ...]
+    records: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
+    config: Mapping = field(default_factory=dict)
+    env: Mapping = field(default_factory=dict)
+    evals: Mapping[str, Mapping[str, float | None]] | None = None  # eval.json: setting -> metric -> value
+
+
+def read_run_folder(path: Path) -> RunFolder:
+    """summary.json (required), requests.jsonl, config.yaml, env.json and eval.json (optional)."""
+    if not path.is_dir():
+        raise RunFolderError(f"{path}: not a folder (give a kvbench run folder or a results/baselines/<name> folder)")
+    return RunFolder(
+        path=path,
+        entries=tuple(read_entries(path)),
+        records=records_by_run(path),
+        config=_optional_mapping(path / CONFIG_YAML, yaml.safe_load),
+        env=_optional_mapping(path / ENV_JSON, json.loads),
+        evals=read_eval_metrics(path / EVAL_JSON),
+    )
+
+
+def _optional_mapping(path: Path, parse: Callable[[str], object]) -> Mapping:
+    if not path.exists():
+        return {}
+    try:
+        data = parse(path.read_text())
+    except (ValueError, yaml.YAMLError) as exc:
+        raise RunFolderError(f"{path}: cannot parse ({exc})") from None
+    return data if isinstance(data, Mapping) else {}
+
+
+def read_eval_metrics(path: Path) -> dict[str, dict[str, float | None]] | None:
+    """eval.json: {"settings": [{"kv_setting": NAME, "metrics": {METRIC: VALUE, ...}}, ...]}; None without one."""
+    if not path.exists():
+        return None
+    try:
+        return {
+            str(item["kv_setting"]): {str(name): None if value is None else float(value) for name, value in item["metrics"].items()}
+            for item in json.loads(path.read_text())["settings"]
+        }
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RunFolderError(
+            f"{path}: expected {{\"settings\": [{{\"kv_setting\": ..., \"metrics\": {{name: number}}}}]}} ({exc})"
+        ) from None
+
+
+# --- opening a folder for a run ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed run keeps of the interrupted one: the entries of the points it finished, and the
+    finished records of every point (by run_id); an unfinished point replays its own instead of sending them."""
+
+    entries: Mapping[str, RunEntry] = field(default_factory=dict)
+    records: Mapping[str, Sequence[RequestRecord]] = field(default_factory=dict)
+
+
+def open_run_dir(run_dir: Path, config: Mapping, mode: RunMode) -> Resumed:
+    """Check `run_dir` may take the run of `config` (its config.yaml form); for RESUME, what the interrupted
+    run finished.
+
+    A request is finished when requests.jsonl holds a record with its run_id, session and turn, whether it
+    succeeded or failed (an error is an answer too; requests cut off by the interruption have no record). A
+    point is finished when summary.json holds its entry and that entry is not marked `interrupted`. Resuming
+    needs the same config (config.yaml); each unfinished point then sends only its unfinished requests, and
+    its summary is the one an uninterrupted run would have made, timing apart (the engine restarts with a
+    cold cache, and a `stop.duration_s` deadline counts from the resume).
+    """
+    if not _holds_run(run_dir):
+        return Resumed()
+    if mode is RunMode.FRESH:
+        raise RunFolderInUse(f"{run_dir} already holds a run; give --resume to finish it or --overwrite to replace it")
+    if mode is RunMode.OVERWRITE:
+        _remove_run(run_dir)
+        return Resumed()
+    return _resumable(run_dir, config)
+
+
+def _holds_run(run_dir: Path) -> bool:
+    """A record in requests.jsonl or an entry in summary.json (an unreadable one counts: it was written)."""
+    requests = run_dir / REQUESTS_JSONL
+    if requests.exists() and requests.stat().st_size > 0:
+        return True
+    try:
+        return bool(read_entries(run_dir)) if (run_dir / SUMMARY_JSON).exists() else False
+    except RunFolderError:
+        return True
+
+
+def _remove_run(run_dir: Path) -> None:
+    """The files `kvbench run` writes; anything else in the folder is left alone."""
+    for name in RUN_FILES:
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / ENGINES_DIR, ignore_errors=True)
+
+
+def _resumable(run_dir: Path, config: Mapping) -> Resumed:
+    stored = yaml.safe_load((run_dir / CONFIG_YAML).read_text()) if (run_dir / CONFIG_YAML).exists() else None
+    if stored != config:
+        keys = sorted(key for key, value in config.items() if (stored or {}).get(key) != value)
+        raise RunFolderInUse(f"--resume: {run_dir / CONFIG_YAML} differs from this run's config "
+                             f"({', '.join(keys) or 'missing'}); resume with the same config, or give --overwrite")
+    entries = read_entries(run_dir) if (run_dir / SUMMARY_JSON).exists() else []
+    finished = {entry.run_id: entry for entry in entries if not entry.interrupted}
+    records = records_by_run(run_dir)
+    unfinished = (record for run_id, own in records.items() if run_id not in finished for record in own)
+    if any(record.ok and record.answer_tokens is None for record in unfinished):
+        raise RunFolderInUse(f"--resume: {run_dir / REQUESTS_JSONL} was written before kvbench recorded answers, "
+                             "so its sessions cannot be continued; give --overwrite")
+    return Resumed(finished, records)
