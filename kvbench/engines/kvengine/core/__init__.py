@@ -8,6 +8,11 @@ contention cap, premium reservations) and `evict_for`, which runs its victim ord
 plans restores disk -> host -> device; `scheduler` turns requests into step plans (continuous batching,
 chunked prefill, prefix reuse, preemption by recompute or swap) with time supplied by the caller; `events`
 collects stored / hit / evicted / moved events for metrics (`take_events()`); `trace_replay` replays token
-prompts through a pool + index to measure prefix hit rates (`kvbench trace stats`). Each module's
-docstring states its contracts: which calls change state and how long a result stays valid.
+prompts through a pool + index to measure prefix hit rates (`kvbench trace stats`); `adoption` turns
+restored pages into cached device pages (the offload executor's and the simulator's restores); `kv_format`
+names the KV dtypes and scale modes (`KVFormat`, the one list of names). Each module's docstring states
+its contracts: which calls change state and how long a result stays valid.
+
+Imports: only the core itself (and numpy) - no torch, asyncio, aiohttp, files or sockets, and no other room
+of kvengine; everything else imports the core.
 """

@@ -6,6 +6,9 @@
     model(ForwardBatch.build(chunks), cache)   batch.py, llama.py, attention.py
     sample / token_logprobs                    sampling.py
     tiny_model(seed)                           tiny.py (random weights for tests)
+
+Imports the core (page size, KV format names: `core.kv_format.KVFormat` is what the cache and calibration
+take; fp8.py maps its names to torch dtypes) and torch; never the runtime, the server or the config.
 """
 
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk

@@ -1,0 +1,11 @@
+"""The runtime of kvengine: what carries out the pure core's decisions on a real model and real bytes.
+
+`engine.Engine` is the step loop (schedule -> run the model -> postprocess), synchronous and single-threaded;
+`async_engine.AsyncEngine` runs it on a thread of its own for the HTTP server; `offload.OffloadExecutor`
+moves KV between the device and the lower tiers (`tier_stores`: host, disk, Redis) where `core.tiers`
+decides; `requests` is what the runtime is asked for and answers (and `RequestLimits`, which the server
+checks each request against); `tenants_config` reads a tenants file (torch-free: the adapter imports it);
+`metrics` exports Prometheus text; `step_probe` logs and probes step times for calibration.
+
+Imports the core, the model and the config; never the server or the adapter.
+"""
