@@ -8,7 +8,7 @@ from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.evals.inprocess import divergence_pass, greedy_generations, rag_chat_prompts, windows
 from kvbench.evals.kv_settings import KVSetting, kv_settings
 from kvbench.evals.runner import EvalConfig, run_eval
-from kvbench.harness.compare import _read_evals
+from kvbench.measure.run_folder import EVAL_JSON, read_eval_metrics
 from kvbench.settings import SettingsError
 
 FP32 = KVSetting("fp32")
@@ -41,7 +41,7 @@ def test_run_folder_holds_tables_and_an_eval_json_that_compare_reads(tmp_path):
                         divergence_tokens=300, divergence_window=150, greedy_prompts=2, greedy_prompt_tokens=48,
                         greedy_tokens=6)
     paths = run_eval(config, tmp_path)
-    evals = _read_evals(paths["eval.json"])
+    evals = read_eval_metrics(paths[EVAL_JSON])
     assert set(evals) == {"fp32", "fp8_e4m3/tensor"}
     assert evals["fp32"]["kl"] == 0.0 and evals["fp32"]["top1_agreement"] == 1.0
     assert evals["fp8_e4m3/tensor"]["kl"] > 0.0
