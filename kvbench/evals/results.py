@@ -22,6 +22,7 @@ import pandas as pd
 from kvbench.evals.divergence import DivergenceStats, GreedyStats
 from kvbench.evals.lm_eval_run import TaskScore
 from kvbench.evals.tasks import TASKS
+from kvbench.measure.run_folder import EVAL_CSV, EVAL_JSON, EVAL_MD, EVAL_SUMMARY_CSV
 
 LOWER_IS_BETTER = ("perplexity", "bits_per_byte", "kl")
 
@@ -145,16 +146,16 @@ def write_tables(results: Sequence[SettingResult], baseline: str, run_dir: Path,
     run_dir.mkdir(parents=True, exist_ok=True)
     rows = pd.DataFrame([row.__dict__ for row in metric_rows(results, baseline)])
     summary = summary_frame(results, baseline)
-    paths = {name: run_dir / name for name in ("eval.md", "eval.csv", "eval_summary.csv", "eval.json")}
-    rows.to_csv(paths["eval.csv"], index=False)
-    summary.to_csv(paths["eval_summary.csv"], index=False)
-    paths["eval.json"].write_text(json.dumps(eval_json(results, baseline), indent=2))
+    paths = {name: run_dir / name for name in (EVAL_MD, EVAL_CSV, EVAL_SUMMARY_CSV, EVAL_JSON)}
+    rows.to_csv(paths[EVAL_CSV], index=False)
+    summary.to_csv(paths[EVAL_SUMMARY_CSV], index=False)
+    paths[EVAL_JSON].write_text(json.dumps(eval_json(results, baseline), indent=2))
     lines = [f"# KV quality eval (baseline: {baseline})", ""]
     lines += [f"- {key}: {value}" for key, value in (notes or {}).items()]
     lines += ["", "## Summary", "", _markdown(summary, _summary_format), "", "## Every metric", "",
               "delta % is signed: negative = worse than the baseline (perplexity and KL: lower is better).", "",
               _markdown(rows, _row_format), ""]
-    paths["eval.md"].write_text("\n".join(lines))
+    paths[EVAL_MD].write_text("\n".join(lines))
     return paths
 
 

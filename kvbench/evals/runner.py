@@ -24,6 +24,7 @@ from kvbench.evals.kv_settings import DEFAULT_DTYPES, DEFAULT_SCALES, KVSetting,
 from kvbench.evals.lm_eval_run import LMEvalOptions, TaskScore, run_lm_eval
 from kvbench.evals.results import SettingResult, write_tables
 from kvbench.evals.tasks import TASKS, check_tasks
+from kvbench.measure.run_folder import EVAL_CONFIG_JSON, engine_dir
 from kvbench.settings import SettingsError, build
 
 IN_PROCESS_ENGINES = ("kvengine",)
@@ -91,7 +92,7 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
     settings = config.settings
     baseline = baseline_of(settings)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "eval_config.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, default=str))
+    (run_dir / EVAL_CONFIG_JSON).write_text(json.dumps(dataclasses.asdict(config), indent=2, default=str))
     started = time.monotonic()
     scores: dict[str, tuple[TaskScore, ...]] = {setting.label: () for setting in settings}
     if config.lm_eval:
@@ -127,7 +128,7 @@ def _adapter(config: EvalConfig, setting: KVSetting, run_dir: Path):
     values = {**config.engine_settings, "model": config.model, "kv_dtype": setting.kv_dtype}
     if setting.quantized:
         values["kv_scale"] = setting.kv_scale
-    folder = run_dir / "engines" / setting.label.replace("/", "-")
+    folder = engine_dir(run_dir, setting.label)
     folder.mkdir(parents=True, exist_ok=True)
     return engine_factory(config.engine)(values, folder)
 
@@ -139,7 +140,7 @@ def _lm_eval_setting(config: EvalConfig, setting: KVSetting, tokenizer: Path, ru
         adapter.wait_healthy(config.startup_timeout_s)
         options = LMEvalOptions(tokenizer=tokenizer, model_name=adapter.endpoint.model, limit=config.limit,
                                 num_concurrent=config.num_concurrent)
-        return run_lm_eval(adapter.endpoint.base_url, config.tasks, options, run_dir / "engines" / setting.label.replace("/", "-"))
+        return run_lm_eval(adapter.endpoint.base_url, config.tasks, options, engine_dir(run_dir, setting.label))
     finally:
         adapter.stop()
 
