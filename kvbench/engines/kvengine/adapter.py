@@ -12,7 +12,7 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
-from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
 from kvbench.engines.process import ManagedProcess
@@ -33,7 +33,7 @@ class KVEngineSettings:
 
     engine: EngineConfig
     api_key: str | None = None  # the key the load generator sends (a key of the tenants file, or --api-key)
-    port: int | None = bounded(None, ge=1, le=65535)  # None: a free port
+    port: int | None = bounded(None, **PORT_RANGE)  # where `kvbench serve` listens; None: a free port
     extra_args: tuple[str, ...] = ()  # more `kvbench serve` flags, appended as given
 
     @classmethod

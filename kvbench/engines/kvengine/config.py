@@ -38,6 +38,7 @@ from kvbench.settings import Bounds, check_bounds
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtime/engine.py maps them)
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
 DEFAULT_PORT = 8000
+PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
 
 class IsolationMode(StrEnum):
@@ -145,7 +146,7 @@ class ServeOptions:
     """The server process's own flags: where it listens, which keys it accepts, where it logs steps."""
 
     host: str = setting("127.0.0.1", "address to listen on")
-    port: int = setting(DEFAULT_PORT, "port to listen on", ge=1, le=65535)
+    port: int = setting(DEFAULT_PORT, "port to listen on", **PORT_RANGE)
     api_key: str | None = setting(None, "require this Bearer key (tenant 'default'; it administers too unless "
                                   "--admin-key is given)")
     # No default from the environment here: --help would show the key.
