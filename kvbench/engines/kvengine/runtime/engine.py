@@ -24,8 +24,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -47,11 +45,9 @@ from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
 from kvbench.engines.kvengine.core.tenants import TenantLedger
-from kvbench.engines.kvengine.core.tiers import Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
-from kvbench.engines.kvengine.runtime.offload import Admission, OffloadExecutor
+from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
-from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore
 from kvbench.engines.kvengine.runtime.requests import (
     GenerationRequest,
     LiveRequest,
@@ -117,7 +113,8 @@ class Engine:
             ),
             ledger=self._ledger(),
         )
-        self.offload = self._offload(journal)
+        self.offload = executor_for(config, self.kv_cache, self.scheduler, self.tenants, journal, self.events,
+                                    self.key_salt)
         self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
         self.limits = RequestLimits(self.max_model_len, config.page_size, self.pool.capacity, model_config.vocab_size)
         self._shared_prefixes = self._declared_prefixes()
@@ -152,23 +149,6 @@ class Engine:
             return self.tenants.ledger(self.pool.capacity)
         except ValueError as exc:  # the file's reservations exceed this device tier
             raise SettingsError(f"{self.config.tenants_file}: {exc}") from None
-
-    def _offload(self, journal: PageJournal) -> OffloadExecutor:
-        c, ps = self.config, self.config.page_size
-        capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
-        host = disk = remote = None
-        if c.host_capacity >= ps:
-            capacities[Tier.HOST] = c.host_capacity // ps
-            host = HostStore(pin=torch.cuda.is_available() and self.kv_cache.device.type == "cuda")
-        if c.disk_capacity >= ps:
-            capacities[Tier.DISK] = c.disk_capacity // ps
-            disk = DiskStore(Path(c.disk_dir), self.kv_cache.layout_fingerprint)
-        if c.remote_url:
-            remote = RedisStore(c.remote_url, self.kv_cache.layout_fingerprint)
-        default_ttl = TierTTL(c.device_ttl_s, c.host_ttl_s)
-        policy = TierPolicy(TierConfig(capacities, default_ttl, self.tenants.ttls(default_ttl)), events=self.events)
-        return OffloadExecutor(self.kv_cache, self.scheduler, policy, journal, self.events, self.key_salt,
-                               host, disk, remote, maintenance_interval_s=c.tier_interval_s)
 
     # --- requests -------------------------------------------------------------------------------------------
 
@@ -299,10 +279,7 @@ class Engine:
     def _run(self, seqs: tuple[ScheduledSeq, ...]) -> tuple[dict[RequestId, int], list[StepOutput]]:
         live = [self._live[item.request_id] for item in seqs]
         for item, request in zip(seqs, live):
-            if request.cached_tokens is None:
-                request.cached_tokens = item.num_cached_tokens
-                request.cached_tokens_by_tier = _by_tier(request.page_tiers, item.num_cached_tokens,
-                                                         self.config.page_size)
+            request.count_cached(item.num_cached_tokens, self.config.page_size)
         need_all = any(
             request.request.prompt_logprobs is not None and item.start < len(request.request.prompt_ids)
             for item, request in zip(seqs, live)
@@ -317,7 +294,8 @@ class Engine:
         if need_all:
             for index, (item, request) in enumerate(zip(seqs, live)):
                 if request.request.prompt_logprobs is not None:
-                    self._collect_prompt_logprobs(item, request, logits[batch.query_starts[index] : last_rows[index] + 1])
+                    rows = logits[batch.query_starts[index] : last_rows[index] + 1]
+                    request.collect_prompt_logprobs(item.start, item.end, rows)
             logits = logits[torch.tensor(last_rows, device=logits.device)]
         chosen = [index for index, item in enumerate(seqs) if item.samples]
         sampled: dict[RequestId, int] = {}
@@ -339,35 +317,15 @@ class Engine:
                 StepOutput(
                     request_id=item.request_id,
                     token_id=token,
-                    logprob=_token_logprob(logprobs, row, request.request.logprobs) if logprobs else None,
+                    logprob=TokenLogprob.of(logprobs, row, request.request.logprobs) if logprobs else None,
                     prompt_tokens=len(request.request.prompt_ids),
                     cached_tokens=request.cached_tokens or 0,
                     cached_tokens_by_tier=request.cached_tokens_by_tier,
-                    prompt_logprobs=self._take_prompt_logprobs(request),
+                    prompt_logprobs=request.take_prompt_logprobs(),
                 )
             )
         self.metrics.generated(len(chosen))
         return sampled, outputs
-
-    def _collect_prompt_logprobs(self, item: ScheduledSeq, request: LiveRequest, rows: torch.Tensor) -> None:
-        """Logprob of prompt token p+1 from the logits at position p, for the prompt positions in this chunk."""
-        prompt_len = len(request.request.prompt_ids)
-        first = max(item.start, len(request.prompt_logprobs))  # a recomputed chunk (after preemption) adds none
-        last = min(item.end, prompt_len - 1)  # positions p with a next prompt token
-        if last <= first:
-            return
-        count = last - first
-        offset = first - item.start
-        targets = torch.tensor(request.tokens[first + 1 : last + 1], device=rows.device)
-        result = token_logprobs(rows[offset : offset + count], targets, top_k=request.request.prompt_logprobs or 0)
-        for row in range(count):
-            request.prompt_logprobs.append(_token_logprob(result, row, request.request.prompt_logprobs))
-
-    def _take_prompt_logprobs(self, request: LiveRequest) -> tuple[TokenLogprob, ...] | None:
-        if request.request.prompt_logprobs is None or request.prompt_logprobs_sent:
-            return None
-        request.prompt_logprobs_sent = True
-        return tuple(request.prompt_logprobs)
 
     def _finish(self, finished: FinishedRequest) -> StepOutput:
         request = self._live.pop(finished.request_id, None)
@@ -434,21 +392,3 @@ def _model_digest(loaded: LoadedModel) -> str:
     if first is not None:
         h.update(first.detach().flatten()[:4096].float().cpu().numpy().tobytes())
     return h.hexdigest()
-
-
-def _by_tier(page_tiers: tuple[str, ...], cached_tokens: int, page_size: int) -> dict[str, int]:
-    """Cached tokens per source tier: the first cached pages in prompt order, by where each came from."""
-    out: dict[str, int] = {}
-    for i in range(cached_tokens // page_size):
-        tier = page_tiers[i] if i < len(page_tiers) else DEVICE_TIER
-        out[tier] = out.get(tier, 0) + page_size
-    return out
-
-
-def _token_logprob(result, row: int, top_k: int | None) -> TokenLogprob:
-    top = ()
-    if top_k:
-        ids = result.top_ids[row, :top_k].tolist()
-        values = result.top_logprobs[row, :top_k].tolist()
-        top = tuple(zip((int(i) for i in ids), (float(v) for v in values)))
-    return TokenLogprob(int(result.token_ids[row]), float(result.logprobs[row]), top)

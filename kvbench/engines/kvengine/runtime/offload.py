@@ -25,18 +25,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from kvbench.engines.kvengine.config import EngineConfig
 from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.content_keys import PageKey
 from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
 from kvbench.engines.kvengine.core.pages import PageId
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Request, Scheduler
-from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, Move, MoveKind, Tier, TierPolicy
+from kvbench.engines.kvengine.core.tiers import (
+    DEFAULT_TIER_INTERVAL_S,
+    Move,
+    MoveKind,
+    Tier,
+    TierConfig,
+    TierPolicy,
+    TierTTL,
+)
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
 
 REMOTE_TIER = "remote"
@@ -260,6 +271,26 @@ class OffloadExecutor:
 
     def close(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
+
+
+def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Scheduler, tenants: TenantsConfig,
+                 journal: PageJournal, events: EventLog, key_salt: str) -> OffloadExecutor:
+    """The executor of an engine's settings: the lower tiers they name, in whole pages, with their TTLs."""
+    ps = config.page_size
+    capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
+    host = disk = remote = None
+    if config.host_capacity >= ps:
+        capacities[Tier.HOST] = config.host_capacity // ps
+        host = HostStore(pin=torch.cuda.is_available() and kv_cache.device.type == "cuda")
+    if config.disk_capacity >= ps:
+        capacities[Tier.DISK] = config.disk_capacity // ps
+        disk = DiskStore(Path(config.disk_dir), kv_cache.layout_fingerprint)
+    if config.remote_url:
+        remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint)
+    default_ttl = TierTTL(config.device_ttl_s, config.host_ttl_s)
+    policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls(default_ttl)), events=events)
+    return OffloadExecutor(kv_cache, scheduler, policy, journal, events, key_salt, host, disk, remote,
+                           maintenance_interval_s=config.tier_interval_s)
 
 
 def _row(payload: bytes) -> torch.Tensor:

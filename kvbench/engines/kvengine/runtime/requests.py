@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvbench.engines.kvengine.model.sampling import SamplingParams
+import torch
+
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER
+from kvbench.engines.kvengine.model.sampling import SamplingParams, TokenLogprobs, token_logprobs
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,16 @@ class TokenLogprob:
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
 
+    @classmethod
+    def of(cls, result: TokenLogprobs, row: int, top_k: int | None) -> TokenLogprob:
+        """Row `row` of the model's logprobs, with its `top_k` alternatives."""
+        top = ()
+        if top_k:
+            ids = result.top_ids[row, :top_k].tolist()
+            values = result.top_logprobs[row, :top_k].tolist()
+            top = tuple(zip((int(i) for i in ids), (float(v) for v in values)))
+        return cls(int(result.token_ids[row]), float(result.logprobs[row]), top)
+
 
 @dataclass(frozen=True)
 class StepOutput:
@@ -103,3 +116,33 @@ class LiveRequest:
     cached_tokens: int | None = None
     cached_tokens_by_tier: dict[str, int] | None = None
     page_tiers: tuple[str, ...] = ()  # tier each cached prompt page came from at admission
+
+    def count_cached(self, num_cached_tokens: int, page_size: int) -> None:
+        """At its first step: the prefix-cache hits, per tier the cached pages came from, in prompt order."""
+        if self.cached_tokens is not None:
+            return
+        self.cached_tokens = num_cached_tokens
+        self.cached_tokens_by_tier = {}
+        for i in range(num_cached_tokens // page_size):
+            tier = self.page_tiers[i] if i < len(self.page_tiers) else DEVICE_TIER
+            self.cached_tokens_by_tier[tier] = self.cached_tokens_by_tier.get(tier, 0) + page_size
+
+    def collect_prompt_logprobs(self, start: int, end: int, rows: torch.Tensor) -> None:
+        """Logprob of prompt token p+1 from the logits at position p, for the prompt positions among the
+        computed tokens [start, end) whose logits are `rows`."""
+        first = max(start, len(self.prompt_logprobs))  # a recomputed chunk (after preemption) adds none
+        last = min(end, len(self.request.prompt_ids) - 1)  # positions p with a next prompt token
+        if last <= first:
+            return
+        count, offset = last - first, first - start
+        targets = torch.tensor(self.tokens[first + 1 : last + 1], device=rows.device)
+        top_k = self.request.prompt_logprobs
+        result = token_logprobs(rows[offset : offset + count], targets, top_k=top_k or 0)
+        self.prompt_logprobs.extend(TokenLogprob.of(result, row, top_k) for row in range(count))
+
+    def take_prompt_logprobs(self) -> tuple[TokenLogprob, ...] | None:
+        """The prompt logprobs, once (with the first token), when they were asked for."""
+        if self.request.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return tuple(self.prompt_logprobs)
