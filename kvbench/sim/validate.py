@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvbench.engines.kvengine.config import EngineConfig, IsolationMode
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
 from kvbench.measure.metrics import Summary, summarize
 from kvbench.measure.records import RequestRecord
@@ -47,10 +48,10 @@ def engine_geometry(model: str, override: str | None = None) -> ModelGeometry:
     return load_geometry(DEFAULT_MODEL_GEOMETRY if model == "default" else model)
 
 
-def sim_config_for_engine(settings, geometry: ModelGeometry, hardware: Hardware) -> SimConfig:
-    """A SimConfig with our engine's cache, tier and batching settings (`settings`: the adapter's
-    KVEngineSettings): the kvengine-tiers preset (the core's TierPolicy) with the run's host/disk capacities
-    and TTLs. The shared Redis tier is not simulated."""
+def sim_config_for_engine(settings: EngineConfig, geometry: ModelGeometry, hardware: Hardware) -> SimConfig:
+    """A SimConfig with our engine's cache, tier and batching settings (the same `EngineConfig` fields the
+    engine reads): the kvengine-tiers preset (the core's TierPolicy) with the run's host/disk capacities and
+    TTLs. The shared Redis tier is not simulated."""
     if not settings.prefix_caching:
         raise ValueError("engine settings: prefix_caching is off; the simulator always caches prefixes")
     if settings.remote_url:
@@ -62,10 +63,11 @@ def sim_config_for_engine(settings, geometry: ModelGeometry, hardware: Hardware)
                                  host_ttl_s=settings.host_ttl_s, tier_interval_s=settings.tier_interval_s)
     kv_tokens = settings.kv_capacity
     if settings.kv_capacity_bytes is not None:
-        kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype))
+        kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype.value))
     tenants = load_tenants(settings.tenants_file) if settings.tenants_file else TenantsConfig()
-    return SimConfig(geometry, hardware, preset, settings.kv_dtype, WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"),
-                     device_kv_tokens=kv_tokens, strict_isolation=settings.isolation == "strict", tenants=tenants,
+    return SimConfig(geometry, hardware, preset, settings.kv_dtype.value,
+                     WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"), device_kv_tokens=kv_tokens,
+                     strict_isolation=settings.isolation == IsolationMode.STRICT, tenants=tenants,
                      host_kv_tokens=settings.host_capacity, disk_kv_tokens=settings.disk_capacity)
 
 

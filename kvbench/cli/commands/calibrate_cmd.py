@@ -11,10 +11,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.cli.flag_types import at_least, number_above
+from kvbench.cli.flag_types import number_above
+from kvbench.engines.kvengine.config import EngineConfig  # torch-free
+from kvbench.engines.kvengine.flags import add_flags, from_args
 from kvbench.settings import SettingsError
 
 console = Console()
+# The engine settings a calibration needs, with `kvbench serve`'s names and defaults; the rest keep theirs.
+CALIBRATE_ENGINE_FLAGS = ("model", "kv_dtype", "compute_dtype", "max_step_tokens", "threads")
 VALIDATION_JSON = "sim-validation.json"
 
 
@@ -30,11 +34,7 @@ def register(commands, formatter) -> None:
     )
     cal.add_argument("--steps", type=Path, action="append", default=[], metavar="FILE",
                      help="a steps.jsonl logged by our engine during a run (repeatable); --model etc. must match it")
-    cal.add_argument("--model", default="default", help="our engine's model: default (SmolLM2-135M), tiny-random or a folder")
-    cal.add_argument("--kv-dtype", default="fp32", help="KV dtype of the engine (fp32, bf16, fp8_e4m3, fp8_e5m2)")
-    cal.add_argument("--compute-dtype", default="float32", help="the engine's compute dtype")
-    cal.add_argument("--max-step-tokens", type=at_least(1), default=512, help="the engine's step budget (as when serving)")
-    cal.add_argument("--threads", type=at_least(1), help="torch threads (default: all cores, with a passive OpenMP wait)")
+    add_flags(cal, EngineConfig, only=CALIBRATE_ENGINE_FLAGS)  # as `kvbench serve` has them
     cal.add_argument("--hardware", default="cpu", help="profile to start from (peaks, links); its efficiencies are refitted")
     cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
     cal.add_argument("--out", type=Path, default=Path("results/sim/cpu-calibrated.json"), help="profile JSON to write")
@@ -62,30 +62,29 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
 
-    from kvbench.engines.kvengine.runtime.engine import Engine, EngineConfig
+    from kvbench.engines.kvengine.runtime.engine import Engine
     from kvbench.engines.kvengine.runtime.step_probe import probe_steps, read_step_log
     from kvbench.sim.calibrate import fit_hardware
     from kvbench.sim.hardware import load_hardware, save_hardware
     from kvbench.sim.validate import WEIGHT_DTYPES, engine_geometry
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    config = from_args(EngineConfig, args, only=CALIBRATE_ENGINE_FLAGS)
+    if config.threads:
+        torch.set_num_threads(config.threads)
     try:
         hardware = load_hardware(args.hardware)
-        geometry = engine_geometry(args.model, args.geometry)
-        config = EngineConfig(model=args.model, kv_dtype=args.kv_dtype, compute_dtype=args.compute_dtype,
-                              max_step_tokens=args.max_step_tokens, kv_capacity_tokens=32768)
+        geometry = engine_geometry(config.model, args.geometry)
         steps = [step for path in args.steps for step in read_step_log(path)]
     except (ValueError, OSError) as error:
         raise SettingsError(f"{error}") from None
     if not args.steps:
         engine = Engine(config)
-        console.print(f"probing {engine.model_name} ({args.kv_dtype} KV, {torch.get_num_threads()} threads)...")
+        console.print(f"probing {engine.model_name} ({config.kv_format.label} KV, {torch.get_num_threads()} threads)...")
         steps = probe_steps(engine)
         engine.close()
-    weight_dtype = WEIGHT_DTYPES.get(args.compute_dtype, "fp32")
+    weight_dtype = WEIGHT_DTYPES.get(config.compute_dtype, "fp32")
     try:
-        fit = fit_hardware(hardware, geometry, args.kv_dtype, weight_dtype, steps, padded_attention=True,
+        fit = fit_hardware(hardware, geometry, config.kv_dtype.value, weight_dtype, steps, padded_attention=True,
                            page_size=config.page_size)
     except ValueError as error:
         raise SettingsError(str(error)) from None
@@ -121,7 +120,6 @@ def handle_validate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.adapter import KVEngineSettings
     from kvbench.harness.config import load_config_file
     from kvbench.measure.records import read_records
-    from kvbench.settings import build
     from kvbench.sim.hardware import load_hardware
     from kvbench.sim.validate import (
         by_run_id,
@@ -150,7 +148,8 @@ def handle_validate(args: argparse.Namespace) -> int:
     results, all_ok = [], True
     for entry in entries:
         try:
-            settings = build(KVEngineSettings, dict(entry["engine_settings"]), "engine.kvengine")
+            # run_dir only names a disk tier folder, which a simulation never opens
+            settings = KVEngineSettings.parse(entry["engine_settings"], run_dir).engine
             config = sim_config_for_engine(settings, engine_geometry(settings.model, args.geometry), hardware)
         except ValueError as error:
             raise SettingsError(f"{entry['run_id']}: {error}") from None
