@@ -17,7 +17,6 @@ the CLI import this without loading a model.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -64,15 +63,10 @@ def choices_of(f: dataclasses.Field, hint: Any) -> tuple[str, ...] | None:
     return None
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
 def check_fields(config: object) -> None:
     """Check every field of a settings dataclass against its range and choices, and turn the names of an
     enum field into its value (frozen dataclasses: through object.__setattr__). ValueError names the field."""
-    hints = _hints(type(config))
+    hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         if not f.init:
             continue
