@@ -8,7 +8,7 @@ The YAML form (every key optional except `engines`):
     engines:
       - engine: kvengine            # an adapter name (kvbench.engines entry point)
         label: ours                 # optional; defaults to the engine name plus swept values
-        settings: {kv_capacity_tokens: 8192}
+        settings: {kv_capacity: 8192}
         sweep: {kv_dtype: [fp32, fp8_e4m3]}   # optional: one engine setting per combination
     workloads:
       - name: rag-chat-mini         # a profile, a trace path, or a YAML of generator parameters

@@ -24,6 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.sim.cost import CostModel, SeqWork
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware, HardwareError
@@ -53,7 +54,7 @@ class Calibration:
 
 
 def fit_hardware(hardware: Hardware, geometry: ModelGeometry, kv_dtype: str, weight_dtype: str | None,
-                 steps: Sequence[TimedStep], padded_attention: bool = False, page_size: int = 16) -> Calibration:
+                 steps: Sequence[TimedStep], padded_attention: bool = False, page_size: int = DEFAULT_PAGE_SIZE) -> Calibration:
     """The profile whose cost model best predicts `steps` (see the module docstring)."""
     steps = [s for s in steps if s.work and s.seconds > 0]
     if len(steps) < 3:

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware, Link
@@ -71,7 +72,7 @@ class CostModel:
     # True for an engine whose attention pads every sequence of a step to the longest query and the longest
     # page-rounded context and computes the full (masked) score matrix: our engine's BatchedAttention.
     padded_attention: bool = False
-    page_size: int = 16  # padded attention reads whole pages
+    page_size: int = DEFAULT_PAGE_SIZE  # padded attention reads whole pages
 
     @property
     def weights(self) -> str:

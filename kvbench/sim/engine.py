@@ -286,7 +286,7 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
         pool = PagePool(1 + device_pages, preset.page_size)
         ledger = config.tenants.ledger(pool.capacity) if config.tenants.tenants else None
         if preset.tier_policy == TIERS_TTL and (host_pages > 0 or disk_pages > 0):
-            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(ttl), preset.tier_interval_s,
+            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(), preset.tier_interval_s,
                                     sink)
             index = PrefixIndex(pool, events=sink, journal=below.journal, key_salt=below.key_salt)
         else:

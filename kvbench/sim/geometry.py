@@ -159,9 +159,6 @@ class ModelGeometry:
             qk = v = self.head_dim
         return 2.0 * self.num_layers * self.num_heads * (qk + v) * context
 
-    def flops_per_token(self, context: float = 0.0) -> float:
-        return self.linear_flops_per_token() + self.attention_flops_per_token(context)
-
     def expert_weight_bytes_per_layer(self, weight_dtype: str | None = None) -> float:
         """Bytes of one routed expert in one layer (0 for dense models)."""
         if self.moe is None:

@@ -29,7 +29,7 @@ from kvbench.engines.kvengine.core.events import (
     PageJournal,
 )
 from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
-from kvbench.engines.kvengine.core.tiers import Tier, TierConfig, TierPolicy, TierTTL
+from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.sim.lower_tiers import Lookup
 
 SIM_KEY_SALT = "sim"
@@ -40,12 +40,12 @@ class TtlTiers:
     policy: TierPolicy
     journal: PageJournal
     events: EventSink = field(default_factory=NullEventLog)
-    interval_s: float = 1.0
+    interval_s: float = DEFAULT_TIER_INTERVAL_S
     key_salt: str = SIM_KEY_SALT
     _last_maintenance: float | None = None
 
     @classmethod
-    def create(cls, host_pages: int, disk_pages: int, ttl: TierTTL, tenant_ttls=None, interval_s: float = 1.0,
+    def create(cls, host_pages: int, disk_pages: int, ttl: TierTTL, tenant_ttls=None, interval_s: float = DEFAULT_TIER_INTERVAL_S,
                events: EventSink | None = None) -> TtlTiers:
         capacities = {Tier.DEVICE: 0}  # the device tier is the prefix index's (see core.tiers)
         if host_pages > 0:

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.cli.flag_types import at_least
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.workloads.profiles import load_workload
 
 console = Console()
@@ -27,7 +28,8 @@ def register(commands, formatter) -> None:
     stats.add_argument("file", help="trace file (Mooncake JSONL, Azure CSV, kvbench JSONL)")
     stats.add_argument("--cache-tokens", type=_capacities, default=(),
                        help="comma-separated LRU capacities in tokens, e.g. 1000000,4000000")
-    stats.add_argument("--page-size", type=at_least(1), default=16)
+    stats.add_argument("--page-size", type=at_least(1), default=DEFAULT_PAGE_SIZE,
+                       help=f"tokens per page (default {DEFAULT_PAGE_SIZE}, our engine's)")
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.set_defaults(handler=handle_stats)
 

@@ -288,7 +288,7 @@ def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Schedu
     if config.remote_url:
         remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint)
     default_ttl = TierTTL(config.device_ttl_s, config.host_ttl_s)
-    policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls(default_ttl)), events=events)
+    policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls()), events=events)
     return OffloadExecutor(kv_cache, scheduler, policy, journal, events, key_salt, host, disk, remote,
                            maintenance_interval_s=config.tier_interval_s)
 

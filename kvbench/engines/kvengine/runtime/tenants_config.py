@@ -75,7 +75,8 @@ class TenantsConfig:
         }
         return TenantLedger(device_pages, terms, self.cap_fraction)
 
-    def ttls(self, default: TierTTL) -> dict[TenantId, TierTTL]:
+    def ttls(self) -> dict[TenantId, TierTTL]:
+        """The TTLs the file sets, by tenant; a tenant without one follows the engine's."""
         return {s.tenant: s.ttl for s in self.tenants if s.ttl is not None}
 
     def quota_pages(self, device_pages: int) -> dict[TenantId, int]:

@@ -58,7 +58,7 @@ def test_a_good_file_loads_every_field(tmp_path):
     assert config.cap_fraction == 0.25
     assert config.shared_prefixes == ("You are helpful.", (1, 2, 3))
     assert [config.tenant_for(k) for k in ("k-acme-2", "k-beta", "k-acme", "")] == ["acme", "beta.team-2", None, None]
-    assert config.ttls(TierTTL()) == {"acme": TierTTL(5.0, 900.0)}
+    assert config.ttls() == {"acme": TierTTL(5.0, 900.0)}
     ledger = config.ledger(100)
     assert ledger.terms_of("acme").quota_pages == 40 and ledger.terms_of("acme").reserved_device_pages == 8
     assert ledger.terms_of("beta.team-2").quota_pages == 100
