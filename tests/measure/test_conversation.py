@@ -120,3 +120,13 @@ def test_budget_warmup_and_replay_are_counted_once():
 def test_duration_stops_asking():
     driver = ConversationDriver("run", LoadSpec(rate=1.0, duration_s=2.0))
     assert driver.may_send(1.999) and not driver.may_send(2.0)
+
+
+def test_the_oracle_has_a_rule_for_every_isolation_mode_of_our_engine():
+    """The oracle's rules are our engine's modes plus shared-all (every other engine): a mode added to the
+    engine without an oracle rule would make reusable_tokens follow the wrong rule."""
+    from kvbench.engines.kvengine.config import IsolationMode
+    from kvbench.measure.conversation import Isolation
+
+    assert {Isolation.parse(mode.value).value for mode in IsolationMode} == {mode.value for mode in IsolationMode}
+    assert set(Isolation) - {Isolation.parse(mode.value) for mode in IsolationMode} == {Isolation.SHARED_ALL}
