@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.trace_replay import replay_prefix_hits
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"

@@ -26,7 +26,8 @@ import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import TenantId
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
     Request,
     RequestId,

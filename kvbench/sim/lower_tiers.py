@@ -22,7 +22,8 @@ from typing import Protocol
 import numpy as np
 
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.tiers import Tier
 
 _INITIAL_PAGES = 1024

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.engines.kvengine.core.adoption import adopt_pages
-from kvbench.engines.kvengine.core.prefix_index import Placement, namespace_for
+from kvbench.engines.kvengine.core.namespaces import Placement, namespace_for
 from kvbench.engines.kvengine.core.scheduler import (
     FinishedRequest,
     Request,

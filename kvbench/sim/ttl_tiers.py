@@ -28,7 +28,8 @@ from kvbench.engines.kvengine.core.events import (
     PageChange,
     PageJournal,
 )
-from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.sim.lower_tiers import Lookup
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvbench.engines.kvengine.core.prefix_index import shared_tokens_of
+from kvbench.engines.kvengine.core.namespaces import shared_tokens_of
 from kvbench.measure.conversation import (
     ConversationDriver,
     Isolation,

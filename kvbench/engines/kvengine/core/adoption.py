@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.engines.kvengine.core.pages import PageId
-from kvbench.engines.kvengine.core.prefix_index import Placement, TenantId
+from kvbench.engines.kvengine.core.namespaces import Placement, TenantId
 from kvbench.engines.kvengine.core.scheduler import Scheduler
 
 

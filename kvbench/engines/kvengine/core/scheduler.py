@@ -34,14 +34,8 @@ import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventKind
 from kvbench.engines.kvengine.core.pages import PageId
-from kvbench.engines.kvengine.core.prefix_index import (
-    DEVICE_TIER,
-    Placement,
-    PrefixIndex,
-    PromptMatch,
-    TenantId,
-    placement_for,
-)
+from kvbench.engines.kvengine.core.namespaces import Placement, TenantId, placement_for
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, PromptMatch
 from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
 
 RequestId = NewType("RequestId", str)

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from kvbench.engines.kvengine.core.prefix_index import EvictResult, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import TenantId
+from kvbench.engines.kvengine.core.prefix_index import EvictResult, PrefixIndex
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from enum import Enum
 from typing import Hashable, Iterable, Mapping
 
 from kvbench.engines.kvengine.core.events import EventKind, EventSink, NullEventLog
-from kvbench.engines.kvengine.core.prefix_index import TenantId
+from kvbench.engines.kvengine.core.namespaces import TenantId
 
 
 class Tier(int, Enum):

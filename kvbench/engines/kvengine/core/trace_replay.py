@@ -14,7 +14,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE, PagePool
-from kvbench.engines.kvengine.core.prefix_index import Namespace, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 
 _NS = Namespace("trace")
 _TENANT = TenantId("trace")

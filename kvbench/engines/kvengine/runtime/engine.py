@@ -30,7 +30,8 @@ import torch
 from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, TenantId, shared_tokens_of
+from kvbench.engines.kvengine.core.namespaces import TenantId, shared_tokens_of
+from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
     FinishedRequest,
     Request,

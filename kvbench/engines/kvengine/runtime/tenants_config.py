@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvbench.engines.kvengine.core.prefix_index import TenantId
+from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.tenants import TenantLedger, TenantTerms
 from kvbench.engines.kvengine.core.tiers import TierTTL
 from kvbench.settings import SettingsError

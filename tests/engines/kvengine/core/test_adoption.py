@@ -5,7 +5,8 @@ import pytest
 
 from kvbench.engines.kvengine.core.adoption import Adoption, adopt_pages
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import Namespace, Placement, PrefixIndex, TenantId
+from kvbench.engines.kvengine.core.namespaces import Namespace, Placement, TenantId
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Scheduler
 
 PS = 4

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.prefix_index import PrefixIndex, TenantId, namespace_for
+from kvbench.engines.kvengine.core.namespaces import TenantId, namespace_for
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.tenants import TenantLedger, TenantTerms, evict_for
 
 PS = 4

@@ -6,14 +6,8 @@ import pytest
 from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
 from kvbench.engines.kvengine.core.pages import IntegrityError, PagePool, PoolExhausted
-from kvbench.engines.kvengine.core.prefix_index import (
-    SHARED_NAMESPACE,
-    Namespace,
-    Placement,
-    PrefixIndex,
-    TenantId,
-    namespace_for,
-)
+from kvbench.engines.kvengine.core.namespaces import SHARED_NAMESPACE, Namespace, Placement, TenantId, namespace_for
+from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Scheduler
 
 PS = 16

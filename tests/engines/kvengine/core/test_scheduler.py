@@ -5,7 +5,7 @@ import pytest
 
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
-from kvbench.engines.kvengine.core.prefix_index import namespace_for
+from kvbench.engines.kvengine.core.namespaces import namespace_for
 from kvbench.engines.kvengine.core.scheduler import DEFAULT_TENANT, Request, RequestId, Scheduler, SchedulerConfig
 
 PS = 16
@@ -202,7 +202,7 @@ def test_shared_prefix_isolation_shares_the_declared_prefix_and_nothing_after_it
 
 
 def test_shared_tokens_are_the_longest_common_prefix_with_a_declared_prefix():
-    from kvbench.engines.kvengine.core.prefix_index import shared_tokens_of
+    from kvbench.engines.kvengine.core.namespaces import shared_tokens_of
 
     declared = [np.arange(10), np.arange(100, 140)]
     assert shared_tokens_of(np.arange(20), declared) == 10

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
-from kvbench.engines.kvengine.core.prefix_index import TenantId
+from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.tenants import EvictionStep, TenantLedger, TenantTerms
 from kvbench.engines.kvengine.core.tiers import Move, MoveKind, Tier, TierConfig, TierPolicy, TierTTL
 from kvbench.engines.kvengine.core.trace_replay import replay_prefix_hits

@@ -94,7 +94,7 @@ def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_
     reference = tokens(run(make_engine(loaded), greedy("ref", NEXT))["ref"])
     demote_to_disk(engine, clock)
     from kvbench.engines.kvengine.core.content_keys import page_keys
-    from kvbench.engines.kvengine.core.prefix_index import namespace_for
+    from kvbench.engines.kvengine.core.namespaces import namespace_for
 
     keys = page_keys(engine.key_salt, namespace_for("default", shareable=False, strict=True), NEXT, 16)
     path = engine.offload.disk.path(keys[2])  # the third page: pages 0-1 restore, the rest is recomputed
