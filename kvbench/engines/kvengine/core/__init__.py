@@ -1,8 +1,9 @@
 """The pure KV core of kvengine: cache policies shared by the engine and the simulator (no torch, no I/O).
 
 Map: `pages` owns device page ids and their reference counts (PagePool, the null page, check_integrity);
-`prefix_index` is the radix tree of cached pages per namespace (match / lock / insert / evict, LRU over
-unlocked leaves, namespace_for for tenant isolation); `tenants` is the tenant ledger (quotas, the 50%
+`namespaces` says which tenants may share which pages (namespace_for, Placement for a declared shared
+prefix); `prefix_index` is the radix tree of cached pages per namespace (match / lock / insert / evict, LRU
+over unlocked leaves); `tenants` is the tenant ledger (quotas, the 50%
 contention cap, premium reservations) and `evict_for`, which runs its victim order on a prefix index;
 `tiers` decides where cached pages live (device / host / disk / remote by per-tenant TTL and capacity) and
 plans restores disk -> host -> device; `scheduler` turns requests into step plans (continuous batching,
