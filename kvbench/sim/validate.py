@@ -15,7 +15,7 @@ reference.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,13 +145,6 @@ def compare_records(real: Sequence[RequestRecord], sim: Sequence[RequestRecord],
 def _dist(summary: Summary, field: str, stat: str) -> float | None:
     value = getattr(summary, field)
     return None if value is None else getattr(value, stat)
-
-
-def by_run_id(records: Iterable[RequestRecord]) -> Mapping[str, list[RequestRecord]]:
-    out: dict[str, list[RequestRecord]] = {}
-    for record in records:
-        out.setdefault(record.run_id, []).append(record)
-    return out
 
 
 def workload_name_matches(spec_name: str, workload_name: str) -> bool:

@@ -14,12 +14,12 @@ from rich.table import Table
 from kvbench.cli.flag_types import number_above
 from kvbench.engines.kvengine.config import EngineConfig  # torch-free
 from kvbench.engines.kvengine.flags import add_flags, from_args
+from kvbench.measure.run_folder import CONFIG_YAML, REQUESTS_JSONL, SIM_VALIDATION_JSON, SUMMARY_JSON
 from kvbench.settings import SettingsError
 
 console = Console()
 # The engine settings a calibration needs, with `kvbench serve`'s names and defaults; the rest keep theirs.
 CALIBRATE_ENGINE_FLAGS = ("model", "kv_dtype", "compute_dtype", "max_step_tokens", "threads")
-VALIDATION_JSON = "sim-validation.json"
 
 
 def register(commands, formatter) -> None:
@@ -45,7 +45,7 @@ def register(commands, formatter) -> None:
         description="For each run of our engine (kvengine) in RUN_DIR, simulate the same workload and load with "
         "the same cache and batching settings, sending requests in the order the real run sent them, on a "
         "(calibrated) hardware profile. Prints real and simulated metrics side by side and writes "
-        f"RUN_DIR/{VALIDATION_JSON}. Exit 1 when the cache hit rates differ or TTFT p50/p99 differ by more than "
+        f"RUN_DIR/{SIM_VALIDATION_JSON}. Exit 1 when the cache hit rates differ or TTFT p50/p99 differ by more than "
         "the tolerance.", formatter_class=formatter,
     )
     val.add_argument("run_dir", type=Path, help="a `kvbench run` folder with kvengine runs")
@@ -119,10 +119,9 @@ def handle_calibrate(args: argparse.Namespace) -> int:
 def handle_validate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.adapter import KVEngineSettings
     from kvbench.harness.config import load_config_file
-    from kvbench.measure.records import read_records
+    from kvbench.measure.run_folder import read_entries, records_by_run
     from kvbench.sim.hardware import load_hardware
     from kvbench.sim.validate import (
-        by_run_id,
         compare_records,
         engine_geometry,
         sim_config_for_engine,
@@ -132,14 +131,14 @@ def handle_validate(args: argparse.Namespace) -> int:
     from kvbench.workloads.profiles import load_workload
 
     run_dir: Path = args.run_dir
-    for name in ("config.yaml", "summary.json", "requests.jsonl"):
+    for name in (CONFIG_YAML, SUMMARY_JSON, REQUESTS_JSONL):
         if not (run_dir / name).is_file():
             raise SettingsError(f"run_dir: {run_dir / name} is missing; give a folder written by `kvbench run`")
-    experiment = load_config_file(run_dir / "config.yaml")
-    entries = [e for e in json.loads((run_dir / "summary.json").read_text())["runs"] if e["engine_name"] == "kvengine"]
+    experiment = load_config_file(run_dir / CONFIG_YAML)
+    entries = [entry for entry in read_entries(run_dir) if entry.engine_name == "kvengine"]
     if not entries:
         raise SettingsError(f"run_dir: {run_dir} has no runs of our engine (kvengine); the simulator models it only")
-    records = by_run_id(read_records(run_dir / "requests.jsonl"))
+    records = records_by_run(run_dir)
     try:
         hardware = load_hardware(args.hardware)
     except ValueError as error:
@@ -149,23 +148,23 @@ def handle_validate(args: argparse.Namespace) -> int:
     for entry in entries:
         try:
             # run_dir only names a disk tier folder, which a simulation never opens
-            settings = KVEngineSettings.parse(entry["engine_settings"], run_dir).engine
+            settings = KVEngineSettings.parse(entry.engine_settings, run_dir).engine
             config = sim_config_for_engine(settings, engine_geometry(settings.model, args.geometry), hardware)
         except ValueError as error:
-            raise SettingsError(f"{entry['run_id']}: {error}") from None
-        spec = next(w for w in experiment.workloads if workload_name_matches(w.name, entry["workload"]))
-        load = next(l for l in experiment.load_specs() if l.label == entry["load"])
+            raise SettingsError(f"{entry.run_id}: {error}") from None
+        spec = next(w for w in experiment.workloads if workload_name_matches(w.name, entry.workload))
+        load = next(l for l in experiment.load_specs() if l.label == entry.load)
         workload = load_workload(spec.name, seed=experiment.seed, num_sessions=spec.num_sessions,
-                                 overrides=spec.overrides, vocab_size=entry["workload_params"].get("vocab_size"),
+                                 overrides=spec.overrides, vocab_size=entry.workload_params.get("vocab_size"),
                                  time_scale=spec.time_scale)
-        real = records.get(entry["run_id"], [])
-        simulated = simulate_run(workload, load, config, real, seed=experiment.seed + entry["repeat"])
+        real = records.get(entry.run_id, [])
+        simulated = simulate_run(workload, load, config, real, seed=experiment.seed + entry.repeat)
         validation = compare_records(real, simulated.records, args.tolerance)
         all_ok &= validation.ok
-        results.append({"run_id": entry["run_id"], "hardware": hardware.name, **validation.to_dict()})
-        _print_validation(entry["run_id"], validation)
-    (run_dir / VALIDATION_JSON).write_text(json.dumps({"hardware": args.hardware, "runs": results}, indent=2))
-    console.print(f"written: {run_dir / VALIDATION_JSON}")
+        results.append({"run_id": entry.run_id, "hardware": hardware.name, **validation.to_dict()})
+        _print_validation(entry.run_id, validation)
+    (run_dir / SIM_VALIDATION_JSON).write_text(json.dumps({"hardware": args.hardware, "runs": results}, indent=2))
+    console.print(f"written: {run_dir / SIM_VALIDATION_JSON}")
     return 0 if all_ok else 1
 
 
