@@ -29,6 +29,11 @@ class Capabilities:
     output_token_ids: bool = False
     cache_reset: bool = False
     prompt_logprobs: bool = False
+    # What the prefix cache shares across tenants, which the oracle of reusable tokens follows: our engine's
+    # `strict` | `shared-prefix` (then only `shared_prefixes`, texts or token ids), or `shared-all` (vLLM,
+    # SGLang, any server that reuses every tenant's prefixes).
+    isolation: str = "shared-all"
+    shared_prefixes: tuple[str | tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)

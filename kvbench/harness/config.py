@@ -18,7 +18,7 @@ The YAML form (every key optional except `engines`):
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
     client: {api: completions, request_timeout_s: 600, header_timeout_s: 60, first_byte_timeout_s: 300,
              stall_timeout_s: 120, max_lag_ms: 10, max_error_rate: 0.1,
-             isolation: shared-all, tokenizer: null, tenant_api_keys: {tenant-a: key-a}}
+             isolation: null, tokenizer: null, tenant_api_keys: {tenant-a: key-a}}
     slo: {ttft_ms: 500, tpot_ms: 50}
 
 Unknown keys anywhere are errors that name the valid keys.
@@ -81,16 +81,17 @@ class ClientSpec:
     first_byte_timeout_s: float = bounded(300.0, gt=0, unit="s")
     max_lag_ms: float = bounded(10.0, gt=0, unit="ms")
     max_error_rate: float = bounded(0.1, ge=0, le=1)  # a point with a larger share of failed requests (or all) is invalid
-    # The engine's isolation rule, which the oracle follows: strict | shared-prefix (our engine) | shared-all
-    # (every other engine: any tenant's prefix reused); `shared`, the older name, reads as shared-all.
-    isolation: Isolation = Isolation.SHARED_ALL
+    # The oracle follows the engine's own isolation rule (its adapter says which); set this only to override
+    # it: strict | shared-prefix | shared-all (any tenant's prefix reused); `shared` reads as shared-all.
+    isolation: Isolation | None = None
     tokenizer: str | None = None
     ignore_eos: bool = True
     health_timeout_s: float = bounded(600.0, gt=0, unit="s")
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> API key, for multi-tenant engines
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "isolation", Isolation.parse(self.isolation))
+        if self.isolation is not None:
+            object.__setattr__(self, "isolation", Isolation.parse(self.isolation))
         if self.api not in ("completions", "chat"):
             raise ValueError(f"api: unknown {self.api!r}; use completions or chat")
 

@@ -32,6 +32,7 @@ from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec, l
 from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator
 from kvbench.harness.reconcile import reconcile
+from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
 from kvbench.measure.report import write_plots, write_summaries
@@ -247,7 +248,7 @@ class _Experiment:
         return self.resumed.records.get(point.id.run_id, ())
 
     def _generator(self, adapter: EngineAdapter, point: _Point) -> LoadGenerator:
-        endpoint, client = adapter.endpoint, self.config.client
+        endpoint, client, sharing = adapter.endpoint, self.config.client, adapter.capabilities
         return LoadGenerator(
             endpoint=EndpointConfig(
                 base_url=endpoint.base_url,
@@ -263,7 +264,8 @@ class _Experiment:
             load=point.load,
             run_id=point.id.run_id,
             seed=self.config.seed + point.id.repeat,
-            isolation=client.isolation,
+            isolation=client.isolation or Isolation.parse(sharing.isolation),
+            shared_prefixes=sharing.shared_prefixes,
             codec=_codec(client.tokenizer),
             max_lag_ms=client.max_lag_ms,
             tenant_api_keys=dict(client.tenant_api_keys),

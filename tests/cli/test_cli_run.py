@@ -278,3 +278,24 @@ def test_sigkill_of_the_driver_takes_the_engine_along_and_report_rebuilds_the_su
     assert main(["report", str(out)]) == 0
     (entry,) = _entries(out)
     assert entry["summary"]["overall"]["requests"] == len(list(read_records(out / "requests.jsonl")))
+
+
+def test_the_oracle_follows_our_engines_isolation_on_a_multi_tenant_workload(tmp_path):
+    """Our engine isolates tenants strictly by default, so tenant b cannot reuse tenant a's pages although both
+    send the same 64-token context: b's first reusable_tokens is 0, and the recomputation rate is not inflated
+    by prefixes the engine may not share. (The client used to follow its own `shared` default here.)"""
+    context = list(range(100, 164))
+    trace = tmp_path / "two-tenants.jsonl"
+    rows = [{"session_id": "a", "turn": 0, "arrival_s": 0, "tenant": "a", "context_tokens": context,
+             "user_length": 8, "max_tokens": 4},
+            {"session_id": "a", "turn": 1, "user_length": 8, "max_tokens": 4},
+            {"session_id": "b", "turn": 0, "arrival_s": 1, "tenant": "b", "context_tokens": context,
+             "user_length": 8, "max_tokens": 4}]
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "run"
+    code = main(["run", "--set", "model=tiny-random", "--workload", str(trace), "--concurrency", "1",
+                 "--out", str(out)])
+    assert code == 0
+    reusable = {(r.session_id, r.turn): r.reusable_tokens for r in read_records(out / "requests.jsonl")}
+    assert reusable[("b", 0)] == 0
+    assert reusable[("a", 1)] >= len(context)  # a tenant's own earlier prompt still counts

@@ -56,8 +56,9 @@ class KVEngineAdapter:
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.settings = KVEngineSettings.parse(settings, workdir)
-        if self.settings.engine.tenants_file:
-            load_tenants(self.settings.engine.tenants_file)  # a bad file is a SettingsError now, not a failed launch
+        tenants_file = self.settings.engine.tenants_file
+        # Loaded here too: a bad file is a SettingsError before anything starts, not a failed launch.
+        self._shared_prefixes = load_tenants(tenants_file).shared_prefixes if tenants_file else ()
         self.workdir = workdir
         self.port = self.settings.port or _free_port()
         # The key of the cache reset and /metrics: a fresh one per launch, through the environment (argv
@@ -93,7 +94,8 @@ class KVEngineAdapter:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(True, True, output_token_ids=True, cache_reset=True, prompt_logprobs=True)
+        return Capabilities(True, True, output_token_ids=True, cache_reset=True, prompt_logprobs=True,
+                            isolation=self.settings.engine.isolation.value, shared_prefixes=self._shared_prefixes)
 
     def describe(self) -> Mapping[str, object]:
         e = self.settings.engine
