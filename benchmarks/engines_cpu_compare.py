@@ -25,6 +25,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from kvbench.cli.main import main as kvbench_main  # noqa: E402
+from kvbench.measure.run_folder import SUMMARY_JSON, read_entries  # noqa: E402
 from kvbench.workloads.profiles import PROFILES, load_workload  # noqa: E402
 
 WORKLOAD = "rag-chat-mini"
@@ -57,10 +58,10 @@ def run_engine(engine: str, settings: dict[str, object], sessions: int, requests
                          "--num-requests", str(requests), "--concurrency", str(args.concurrency),
                          "--seed", str(args.seed), "--out", str(out)])
     wall = time.perf_counter() - started
-    summary = out / "summary.json"
-    if not summary.exists() or not json.loads(summary.read_text())["runs"]:
+    entries = read_entries(out) if (out / SUMMARY_JSON).exists() else []
+    if not entries:
         return {"engine": engine, "error": f"exit {code}, no summary (see {out})", "wall_s": wall}
-    entry = json.loads(summary.read_text())["runs"][0]
+    entry = entries[0].to_json()
     return {"engine": engine, "entry": entry, "wall_s": wall, "code": code}
 
 

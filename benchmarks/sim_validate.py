@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from kvbench.cli.main import main as kvbench
+from kvbench.engines.kvengine.adapter import STEP_LOG
+from kvbench.measure.run_folder import engine_dir
 
 HERE = Path(__file__).parent
 SETTINGS = ["--set", "kv_capacity=8192", "--set", "max_num_seqs=8"]
@@ -40,7 +42,7 @@ def main() -> int:
     steps = [
         ["run", *SETTINGS, "--workload", "rag-chat-mini", "--num-sessions", "10", "--seed", "1",
          "--concurrency", "2", "--out", str(out / "calibration-run")],
-        ["calibrate", "--steps", str(out / "calibration-run" / "engines" / "kvengine" / "steps.jsonl"),
+        ["calibrate", "--steps", str(engine_dir(out / "calibration-run", "kvengine") / STEP_LOG),
          "--out", str(profile)],
         ["run", str(HERE / "sim_validate.yaml"), "--out", str(out / "validation-run")],
     ]

@@ -69,7 +69,9 @@ def handle(args: argparse.Namespace) -> int:
     config = load_eval_config(config_values(args), str(args.config or "flags"))
     run_dir = args.out or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"[bold]kvbench eval[/bold] -> {run_dir}")
+    from kvbench.measure.run_folder import EVAL_MD
+
     paths = run_eval(config, run_dir, progress=lambda message: console.print(f"  {message}", highlight=False))
-    console.print(paths["eval.md"].read_text().split("## Every metric")[0], markup=False, highlight=False)
+    console.print(paths[EVAL_MD].read_text().split("## Every metric")[0], markup=False, highlight=False)
     console.print(f"results: {', '.join(str(path) for path in paths.values())}")
     return 0

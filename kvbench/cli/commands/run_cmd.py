@@ -50,7 +50,8 @@ def register(commands, formatter) -> None:
     parser.add_argument("--api-key", help="API key sent as a Bearer token")
     parser.add_argument(
         "--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-        help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML",
+        help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML; with "
+        "CONFIG.yaml, it overrides that setting of every engine",
     )
     parser.add_argument("--workload", default=None, help=f"profile name or trace/param file (default {DEFAULT_WORKLOAD})")
     parser.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
@@ -96,6 +97,8 @@ def config_from_args(args: argparse.Namespace):
     if args.config is not None:
         config = load_config_file(args.config)
         data = config.to_dict()
+        for engine in data["engines"]:  # --set overrides every engine setting of the matrix
+            engine["settings"] = {**engine["settings"], **settings}
     else:
         engine = args.engine or ("endpoint" if args.url else DEFAULT_ENGINE)
         if args.url:

@@ -108,7 +108,7 @@ def handle_capacity(args: argparse.Namespace) -> int:
 
 def handle_simulate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
-    from kvbench.cli.tables import print_summary
+    from kvbench.cli.tables import print_summary, results_line
     from kvbench.measure.schedule import LoadSpec
     from kvbench.sim.engine import SimConfig, simulate
     from kvbench.sim.geometry import load_geometry
@@ -147,5 +147,5 @@ def handle_simulate(args: argparse.Namespace) -> int:
                         "tenants_file": args.tenants_file}}
     write_sim_run(run_dir, results, doc, plots=not args.no_plots)
     print_summary(run_dir)
-    console.print(f"results: {run_dir}/summary.md, summary.csv, summary.json, requests.jsonl")
+    console.print(results_line(run_dir))
     return 0

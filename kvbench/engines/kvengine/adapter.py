@@ -15,6 +15,7 @@ from kvbench.engines.http import request
 from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
+from kvbench.engines.launch import LOG_FILE
 from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import bounded, build
@@ -65,7 +66,7 @@ class KVEngineAdapter:
         # is logged and visible in ps). The run's API key may be a tenant's, which may not reset everyone.
         self._admin_key = secrets.token_urlsafe(24)
         env = {"OMP_WAIT_POLICY": "PASSIVE", ADMIN_KEY_ENV: self._admin_key}
-        self._process = ManagedProcess(self.command(), env, workdir / "engine.log")
+        self._process = ManagedProcess(self.command(), env, workdir / LOG_FILE)
 
     def serve_options(self) -> ServeOptions:
         """The server's own flags: this port, the API key unless a tenants file decides keys, and the step log
