@@ -102,7 +102,7 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
         # vLLM lives in its own venv (its pins clash with ours). CI always builds it (.ci/run sets
         # KVBENCH_REQUIRE_VLLM=1, so there a missing vLLM fails); a developer machine without it skips.
         assert not os.environ.get("KVBENCH_REQUIRE_VLLM"), "KVBENCH_REQUIRE_VLLM is set but no vLLM interpreter found"
-        pytest.skip("no vLLM interpreter: set KVBENCH_VLLM_PYTHON or build .venv-vllm as .ci/run does")
+        pytest.skip("no vLLM interpreter: set KVBENCH_VLLM_PYTHON or build .venv-vllm as ci/test.sh does")
     from kvbench.cli.main import main
 
     out = tmp_path / "run"
