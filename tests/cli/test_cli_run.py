@@ -236,11 +236,13 @@ def _wait_until_gone(pid, timeout_s=30):
 
 
 def _driver_on_our_engine(out):
-    """A run far longer than the test (4,000 requests), so a signal always lands while it is measuring."""
+    """A run far longer than the test (4,000 requests), so a signal always lands while it is measuring. It
+    starts with SIGINT ignored, as a background job of a script (CI's, say) inherits it: SIGTERM must stop
+    the run all the same (it used to do nothing then, and the run went on to its end)."""
     return subprocess.Popen(
         [sys.executable, "-m", "kvbench.cli", "run", "--set", "model=tiny-random", "--set", "kv_capacity=4096",
          "--num-sessions", "400", "--num-requests", "4000", "--concurrency", "2", "--out", str(out)],
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 

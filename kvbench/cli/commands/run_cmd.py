@@ -205,12 +205,18 @@ def _bar_progress(bar: Progress) -> RunProgress:
 @contextlib.contextmanager
 def _terminate_is_interrupt() -> Iterator[None]:
     """SIGTERM stops the run the way Ctrl-C does (the point in progress is summarised from the records on
-    disk, the engine is stopped) instead of killing the driver and leaving its engine behind."""
+    disk, the engine is stopped) instead of killing the driver and leaving its engine behind.
+
+    Ctrl-C is made to work first: a process started in the background by a script inherits SIGINT ignored,
+    and then neither Ctrl-C nor this SIGTERM would reach the run (asyncio only takes over SIGINT from its
+    default handler)."""
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _simulate(args: argparse.Namespace) -> int:
