@@ -24,7 +24,13 @@ ENGINE_NAME = "sim"
 
 
 def sim_label(config: SimConfig) -> str:
-    return f"sim:{config.preset.name}"
+    """`sim:<preset>/<kv dtype>`: one label per simulated setting, so two KV dtypes of a preset stay apart."""
+    return f"sim:{config.preset.name}/{config.kv_dtype}"
+
+
+def sim_point(config: SimConfig, workload: Workload, load: LoadSpec, repeat: int = 0) -> PointId:
+    """The load point a simulation plays: its records and its entry carry this run_id."""
+    return PointId(sim_label(config), workload.name, load.label, repeat)
 
 
 def sim_settings(config: SimConfig) -> dict:
@@ -46,7 +52,7 @@ SIM_CLIENT = MappingProxyType({"schedule_lag_ms": None, "loop_lag_ms": None, "ma
 def sim_entry(result: SimResult, workload: Workload, load: LoadSpec, config: SimConfig, repeat: int = 0,
               slo: SLO = SLO()) -> RunEntry:
     return RunEntry.of(
-        PointId(sim_label(config), workload.name, load.label, repeat), result.records, slo,
+        sim_point(config, workload, load, repeat), result.records, slo,
         engine_name=ENGINE_NAME,
         engine_settings=sim_settings(config),
         kv_dtype=config.kv_dtype,

@@ -114,7 +114,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
     from kvbench.sim.geometry import load_geometry
     from kvbench.sim.hardware import load_hardware
     from kvbench.sim.presets import PRESETS, get_preset
-    from kvbench.sim.run_folder import sim_entry, write_sim_run
+    from kvbench.sim.run_folder import sim_entry, sim_point, write_sim_run
     from kvbench.workloads.profiles import load_workload
 
     try:
@@ -134,7 +134,8 @@ def handle_simulate(args: argparse.Namespace) -> int:
             config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
                                tenants=tenants)
             try:
-                result = simulate(workload, load, config, seed=args.seed)
+                result = simulate(workload, load, config, run_id=sim_point(config, workload, load).run_id,
+                                  seed=args.seed)
             except ValueError as error:
                 raise SettingsError(str(error)) from None
             console.print(f"{preset.name} {kv_dtype}: {len(result.records)} requests, "
