@@ -37,10 +37,7 @@ def number_above(bound: float, inclusive: bool = False) -> Callable[[str], float
     """A finite float flag > `bound` (>= with `inclusive`)."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
+        value = _number(text)
         if not math.isfinite(value) or value < bound or (value == bound and not inclusive):
             raise argparse.ArgumentTypeError(f"must be a number {'>=' if inclusive else '>'} {bound:g}, got {text!r}")
         return value
@@ -52,12 +49,17 @@ def number_between(low: float, high: float) -> Callable[[str], float]:
     """A finite float flag strictly between `low` and `high`."""
 
     def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
+        value = _number(text)
         if not low < value < high:
             raise argparse.ArgumentTypeError(f"must be a number between {low:g} and {high:g}, got {text!r}")
         return value
 
     return parse
+
+
+def _number(text: str) -> float:
+    """The float of a flag's text; NaN (refused by every range) when it is not a number."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
