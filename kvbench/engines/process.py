@@ -27,9 +27,11 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 class ManagedProcess:
     """One server process. Its stdout and stderr go to `log_path`, which stays in the run folder."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None):
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None,
+                 scrub_prefixes: Sequence[str] = ()):
         self.command = list(command)
         self.env = dict(env)
+        self.scrub_prefixes = tuple(scrub_prefixes)
         self.log_path = log_path
         self.cwd = cwd
         self._process: subprocess.Popen | None = None
@@ -45,7 +47,7 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env=child_environment(os.environ, self.env, self.scrub_prefixes),
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group, so stop() reaches its children too
                 preexec_fn=_dies_with_this_thread(),
@@ -99,6 +101,12 @@ class ManagedProcess:
                 _signal_group(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
         return process.returncode
+
+
+def child_environment(parent: Mapping[str, str], env: Mapping[str, str], scrub_prefixes: Sequence[str] = ()) -> dict[str, str]:
+    """What a child sees: the parent's variables minus those starting with a scrubbed prefix, then `env` on top."""
+    kept = {key: value for key, value in parent.items() if not key.startswith(tuple(scrub_prefixes))}
+    return {**kept, **env}
 
 
 def _dies_with_this_thread() -> Callable[[], None] | None:

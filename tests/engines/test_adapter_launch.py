@@ -21,6 +21,7 @@ from kvbench.engines.launch import (
     help_choices,
     help_flags,
     probe_for,
+    respell,
     probe_tokens,
 )
 
@@ -36,6 +37,20 @@ def test_help_flags_and_choices_come_from_usage_and_option_lines():
                                 "--port"}
     assert help_choices(HELP, "--kv-cache-dtype") == {"auto", "fp8", "fp8_e5m2"}
     assert help_choices(HELP, "--model") is None
+
+
+def test_choices_in_click_and_vllm_033_styles_are_read():
+    assert help_choices("  --backend [pytorch|tensorrt|_autodeploy]\n", "--backend") == {"pytorch", "tensorrt", "_autodeploy"}
+    assert help_choices("[--kv-cache-dtype ['auto', 'fp8']]", "--kv-cache-dtype") == {"auto", "fp8"}
+    assert help_choices("  --port INTEGER  [default: 8000]", "--port") is None
+
+
+def test_respell_uses_the_first_spelling_the_help_lists():
+    spellings = {"--no-enable-prefix-caching": ("--disable-prefix-caching",)}
+    new_help = "[--enable-prefix-caching | --disable-prefix-caching]"
+    command = ("vllm", "--no-enable-prefix-caching", "--port=1")
+    assert respell(command, new_help, spellings) == ("vllm", "--disable-prefix-caching", "--port=1")
+    assert respell(command, HELP, spellings) == command  # the old help lists the flag itself
 
 
 def test_command_problems_name_unknown_flags_and_bad_choices():

