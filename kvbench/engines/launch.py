@@ -64,6 +64,13 @@ class LaunchPlan:
         return child_environment(parent, self.env, self.scrub_env_prefixes)
 
 
+def reference_dir() -> Path:
+    """Where the committed help texts live: $KVBENCH_SHARED_DIR/reference, else the repository's
+    tests/data/shared/reference (kvbench is installed from its clone)."""
+    shared = os.environ.get("KVBENCH_SHARED_DIR")
+    return Path(shared) / "reference" if shared else Path(__file__).resolve().parents[2] / "tests" / "data" / "shared" / "reference"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -261,10 +268,14 @@ class LaunchedAdapter:
 
     A subclass builds `self.settings` (with `vocab_size` and `verify_cold`) and `self.server` in its
     constructor, and supplies `name`, `capabilities`, `describe()`, `reset_cache()` and `engine_version()`.
+    `reference_help` maps each version it targets to its committed --help text (a file name in
+    `reference_dir()`); `reference_config` maps a generated file to {version: committed list of its keys}.
     """
 
     server: LaunchedServer
     settings: object
+    reference_help: Mapping[str, str] = MappingProxyType({})
+    reference_config: Mapping[str, Mapping[str, str]] = MappingProxyType({})
     _version: str | None = None
 
     @property

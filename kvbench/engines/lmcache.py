@@ -42,7 +42,7 @@ from kvbench.engines.launch import (
     kv_dtype_label,
 )
 from kvbench.engines.vllm import (
-    DISTRIBUTIONS, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,
+    DISTRIBUTIONS, REFERENCE_HELP, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,
 )
 from kvbench.settings import SettingsError, build
 
@@ -166,6 +166,8 @@ def flush_remote_store(remote_url: str, model: str) -> int:
 
 class LMCacheAdapter(LaunchedAdapter):
     name = "lmcache"
+    reference_help = REFERENCE_HELP  # vLLM's: LMCache runs inside vLLM
+    reference_config = {CONFIG_FILE: REFERENCE_KEYS}
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.lmcache, self.settings = split_settings(settings)

@@ -33,6 +33,7 @@ WRITTEN_AGAINST = "sglang 0.5.23"
 SERVER_MODULE = "sglang.launch_server"
 PYTHON_ENV = "KVBENCH_SGLANG_PYTHON"
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2", "bf16")
+REFERENCE_HELP = {"sglang 0.5.23": "sglang-0.5.23-launch-server-help.txt"}  # tests/data/shared/reference/
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ def sglang_plan(settings: SGLangSettings, model: str, port: int) -> LaunchPlan:
 
 class SGLangAdapter(LaunchedAdapter):
     name = "sglang"
+    reference_help = REFERENCE_HELP
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.settings = build(SGLangSettings, settings_values(settings), "engine.sglang")

@@ -116,6 +116,7 @@ def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) 
 
 class TRTLLMAdapter(LaunchedAdapter):
     name = "trtllm"
+    reference_help = REFERENCE_HELP
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         values = settings_values(settings)

@@ -175,6 +175,7 @@ def reset_prefix_cache(server: LaunchedServer, path: str, timeout_s: float) -> N
 
 class VLLMAdapter(LaunchedAdapter):
     name = "vllm"
+    reference_help = REFERENCE_HELP
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.settings = build(VLLMSettings, settings_values(settings), "engine.vllm")

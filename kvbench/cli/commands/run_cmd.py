@@ -76,6 +76,9 @@ def register(commands, formatter) -> None:
     reuse.add_argument("--resume", action="store_true", help="finish the interrupted run in --out (same config): its "
                        "finished requests are kept and not sent again")
     reuse.add_argument("--overwrite", action="store_true", help="replace the run in --out (its files are removed first)")
+    parser.add_argument("--dry-run", action="store_true", help="print every cell's command line, environment, "
+                        "generated files and load plan, checked against the engine's --help; launch nothing "
+                        "(exit 2 on a flag the targeted version lacks)")
     sim = parser.add_argument_group("simulated engine (--engine sim; see `kvbench simulate --help`)")
     sim.add_argument("--sim-model", default="qwen2.5-72b", help="model geometry to simulate")
     sim.add_argument("--sim-hardware", default="8xh200", help="hardware profile to simulate")
@@ -156,6 +159,10 @@ def handle(args: argparse.Namespace) -> int:
         return _simulate(args)
     config = config_from_args(args)
     run_dir = args.out or Path("runs") / f"{config.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.dry_run:
+        from kvbench.harness.dry_run import print_dry_run
+
+        return print_dry_run(config, run_dir, console, error_console)
     mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.FRESH
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
     with Progress(

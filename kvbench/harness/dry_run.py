@@ -1,0 +1,255 @@
+"""`kvbench run CONFIG.yaml --dry-run`: what every cell of the matrix would launch and send, checked, with nothing
+launched or written.
+
+For each engine cell: the exact command line (each flag spelled as the help text in use lists it), the variables
+the adapter sets (secret values masked) and the inherited ones it removes, the files it would write, and the load
+plan of every point (sessions, requests, planned rate, expected duration). The flags are checked against the
+installed engine's --help when it runs, else against the committed help text of every version the adapter
+targets (`reference_help`; `reference_config` for the keys of a generated config file, e.g. LMCache's YAML).
+A flag or key a version lacks is a problem naming both; `kvbench run` exits 2 on any.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kvbench.engines.launch import HELP_TIMEOUT_S, command_problems, help_flags, reference_dir, respell
+from kvbench.engines.registry import engine_factory
+from kvbench.harness.config import ExperimentConfig
+from kvbench.measure.run_folder import engine_dir
+from kvbench.measure.schedule import LoadSpec
+from kvbench.workloads.profiles import load_workload
+from kvbench.workloads.spec import Workload
+
+MASK = "***"
+# A name that ends in a secret's word: HF_TOKEN, --api-key, KVBENCH_ADMIN_KEY (not --max-num-batched-tokens).
+_SECRET_NAME = re.compile(r"(^|[-_])(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(\w+://[^:/@\s]*:)[^@\s]+@")
+
+
+def mask(text: str) -> str:
+    """`text` with the password of any URL in it replaced (redis://:pw@host -> redis://:***@host)."""
+    return _URL_PASSWORD.sub(rf"\g<1>{MASK}@", text)
+
+
+def masked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Variables as shown: the value of a secret-looking name masked, URL passwords masked in the rest."""
+    return {key: MASK if _SECRET_NAME.search(key) else mask(value) for key, value in env.items()}
+
+
+def masked_command(command: Sequence[str]) -> list[str]:
+    """The command as shown: the value after a secret-looking flag (--api-key X) masked, URL passwords masked."""
+    out: list[str] = []
+    for index, token in enumerate(command):
+        name, sep, _ = token.partition("=")
+        if name.startswith("--") and _SECRET_NAME.search(name) and sep:
+            out.append(f"{name}={MASK}")
+        elif index and not token.startswith("--") and command[index - 1].startswith("--") \
+                and "=" not in command[index - 1] and _SECRET_NAME.search(command[index - 1]):
+            out.append(MASK)
+        else:
+            out.append(mask(token))
+    return out
+
+
+@dataclass(frozen=True)
+class HelpCheck:
+    """The command (or a generated file's keys) checked against one help text: which, from where, what it lacks."""
+
+    version: str
+    source: str
+    problems: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PointPlan:
+    """One load point of one workload: what would be sent, and for about how long (None: the engine decides)."""
+
+    workload: str
+    sessions: int
+    requests: int
+    workload_requests: int
+    load: str
+    repeat: int
+    expected_s: float | None
+    how: str
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """One engine cell of the matrix, as it would run."""
+
+    label: str
+    engine: str
+    command: tuple[str, ...]
+    env: Mapping[str, str]
+    scrubbed: tuple[str, ...]
+    files: Mapping[str, str]
+    checks: tuple[HelpCheck, ...]
+    points: tuple[PointPlan, ...]
+    note: str = ""
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"{self.label}: {check.version}: {problem}" for check in self.checks for problem in check.problems]
+
+
+def plan_experiment(config: ExperimentConfig, run_dir: Path, use_installed: bool = True) -> list[CellPlan]:
+    """Every cell's plan; adapters are built (which checks their settings), nothing is started or written."""
+    helps: dict[tuple[str, ...], tuple[str, str] | None] = {}
+    cells = []
+    for engine in config.engines:
+        adapter = engine_factory(engine.engine)(engine.settings, engine_dir(run_dir, engine.label))
+        points = tuple(_points(config, spec, adapter) for spec in config.workloads)
+        cells.append(_cell(engine.label, engine.engine, adapter, tuple(p for group in points for p in group),
+                           helps, use_installed))
+    return cells
+
+
+def _cell(label: str, name: str, adapter, points: tuple[PointPlan, ...], helps: dict, use_installed: bool) -> CellPlan:
+    server = getattr(adapter, "server", None)
+    plan = getattr(server, "plan", None)
+    if plan is None:
+        command = tuple(adapter.command()) if hasattr(adapter, "command") else ()
+        note = ("kvbench's own server: its flags are derived from its settings (no help text to check)" if command
+                else f"nothing is launched: {name} measures a server that is already running")
+        return CellPlan(label, name, command, {}, (), {}, (), points, note)
+    installed = None
+    if use_installed and plan.help_command:
+        key = tuple(plan.help_command)
+        if key not in helps:
+            helps[key] = _installed_help(plan)
+        installed = helps[key]
+    checks: list[HelpCheck] = []
+    if installed is not None:
+        text, source = installed
+        version = f"installed {adapter.engine_version() or '(version unknown)'}"
+        command = respell(plan.command, text, plan.spellings)
+        checks.append(HelpCheck(version, source, tuple(command_problems(command, text))))
+    else:
+        command = plan.command
+        for index, (version, file_name) in enumerate(adapter.reference_help.items()):
+            path = reference_dir() / file_name
+            if not path.exists():
+                checks.append(HelpCheck(version, f"committed {path}", (f"committed help text {path} is missing",)))
+                continue
+            text = path.read_text()
+            spelled = respell(plan.command, text, plan.spellings)
+            if index == 0:
+                command = spelled  # shown as the first targeted version spells it
+            checks.append(HelpCheck(version, f"committed {path}", tuple(command_problems(spelled, text))))
+    for file_name, references in adapter.reference_config.items():
+        keys = set((yaml.safe_load(plan.files.get(file_name, "")) or {}).keys())
+        for version, reference in references.items():
+            known = _reference_keys(reference_dir() / reference)
+            checks.append(HelpCheck(f"{version} ({file_name} keys)", f"committed {reference_dir() / reference}",
+                                    tuple(f"unknown key {key}" for key in sorted(keys - known))))
+    return CellPlan(label, name, tuple(command), masked_env(plan.env), tuple(plan.scrub_env_prefixes),
+                    {file: mask(text) for file, text in plan.files.items()}, tuple(checks), points)
+
+
+def _installed_help(plan) -> tuple[str, str] | None:
+    """The installed engine's --help and where it came from, or None when that engine is not installed here."""
+    executable = plan.help_command[0]
+    if not (shutil.which(executable) or Path(executable).exists()):
+        return None
+    try:
+        done = subprocess.run(list(plan.help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
+                              env=plan.environment(os.environ))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = done.stdout + done.stderr
+    if done.returncode != 0 or not help_flags(text):
+        return None
+    return text, f"installed: {shlex.join(plan.help_command)}"
+
+
+def _reference_keys(path: Path) -> set[str]:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {line.split("\t")[0] for line in lines if line.strip() and not line.startswith("#")}
+
+
+def _points(config: ExperimentConfig, spec, adapter) -> list[PointPlan]:
+    workload = load_workload(spec.name, seed=config.seed, num_sessions=spec.num_sessions, overrides=spec.overrides,
+                             vocab_size=getattr(adapter, "vocab_size", None), time_scale=spec.time_scale)
+    return [_point(workload, load, config.repeat) for load in config.load_specs()]
+
+
+def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
+    total = workload.num_requests
+    requests = min(total, load.num_requests or total)
+    per_session = total / len(workload.sessions)
+    sessions = min(len(workload.sessions), math.ceil(requests / per_session))
+    if load.rate is not None:
+        label = f"rate {load.rate:g} sessions/s" + (f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else "")
+        expected = sessions / load.rate
+        how = (f"~{expected:.0f} s of session arrivals ({sessions} sessions at {load.rate:g}/s), then the last "
+               "sessions' remaining turns")
+    elif load.concurrency is not None:
+        label, expected = f"concurrency {load.concurrency}", None
+        how = "closed loop: as long as the engine takes to answer them"
+    else:
+        label = "the workload's own arrival times"
+        expected = workload.sessions[sessions - 1].arrival_s
+        how = f"~{expected:.0f} s of recorded arrivals, then the last sessions' remaining turns"
+    if load.duration_s is not None:
+        expected = load.duration_s if expected is None else min(expected, load.duration_s)
+        how += f"; sending stops at {load.duration_s:g} s"
+    return PointPlan(workload.name, sessions, requests, total, label, repeat, expected, how)
+
+
+def format_plan(cells: Sequence[CellPlan]) -> str:
+    """The plan as text: one block per cell."""
+    lines: list[str] = []
+    for number, cell in enumerate(cells, 1):
+        lines.append(f"== cell {number}/{len(cells)}: {cell.label} ({cell.engine}) ==")
+        if cell.note:
+            lines.append(cell.note)
+        for check in cell.checks:
+            verdict = "ok" if not check.problems else "; ".join(check.problems)
+            lines.append(f"checked against {check.version} [{check.source}]: {verdict}")
+        if cell.command:
+            lines.append("command:")
+            lines.append("  " + shlex.join(masked_command(cell.command)))
+        if cell.env or cell.scrubbed:
+            lines.append("environment (the driver's, plus these):")
+            lines += [f"  {key}={value}" for key, value in cell.env.items()]
+            if cell.scrubbed:
+                lines.append(f"  removed from the inherited environment: {', '.join(p + '*' for p in cell.scrubbed)}")
+        for file_name, text in cell.files.items():
+            lines.append(f"file {file_name}:")
+            lines += [f"  {line}" for line in text.rstrip().splitlines()]
+        lines.append("load plan:")
+        total = 0.0
+        unknown = False
+        for point in cell.points:
+            lines.append(f"  {point.workload}: {point.sessions} sessions, {point.requests} requests (of "
+                         f"{point.workload_requests} in the workload) at {point.load}, x{point.repeat}: {point.how}")
+            if point.expected_s is None:
+                unknown = True
+            else:
+                total += point.expected_s * point.repeat
+        estimate = f"~{total / 60:.0f} min of load" + (" plus the closed-loop points" if unknown else "")
+        lines.append(f"  expected: {estimate}, plus the engine's start (and a restart per point for restart_to_reset)")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def print_dry_run(config: ExperimentConfig, run_dir: Path, console, error_console) -> int:
+    """`kvbench run --dry-run`: print the plan; 2 when a targeted version lacks a flag or key, else 0."""
+    cells = plan_experiment(config, run_dir)
+    console.print(format_plan(cells), markup=False, highlight=False, soft_wrap=True)
+    problems = [problem for cell in cells for problem in cell.problems]
+    for problem in problems:
+        error_console.print(f"error: {problem} (fix the setting or extra_args)", markup=False, highlight=False)
+    return 2 if problems else 0
