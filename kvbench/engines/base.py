@@ -37,6 +37,19 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class KVVocabulary:
+    """How an adapter names KV storage for `kvbench eval`: the setting `setting` takes one of `dtypes` (the engine's
+    own names, e.g. vLLM's --kv-cache-dtype values); `unquantized` store the model's own precision (a baseline)."""
+
+    setting: str
+    dtypes: tuple[str, ...]
+    unquantized: tuple[str, ...]
+
+    def quantized(self, dtype: str) -> bool:
+        return dtype not in self.unquantized
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """Where the engine answers: an OpenAI-compatible base URL (no /v1), the model name, an optional key."""
 

@@ -42,7 +42,7 @@ from kvbench.engines.launch import (
     kv_dtype_label,
 )
 from kvbench.engines.vllm import (
-    DISTRIBUTIONS, REFERENCE_HELP, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,
+    DISTRIBUTIONS, KV_VOCABULARY, REFERENCE_HELP, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,
 )
 from kvbench.settings import SettingsError, build
 
@@ -168,6 +168,7 @@ class LMCacheAdapter(LaunchedAdapter):
     name = "lmcache"
     reference_help = REFERENCE_HELP  # vLLM's: LMCache runs inside vLLM
     reference_config = {CONFIG_FILE: REFERENCE_KEYS}
+    kv_vocabulary = KV_VOCABULARY  # vLLM's --kv-cache-dtype
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.lmcache, self.settings = split_settings(settings)
@@ -179,7 +180,8 @@ class LMCacheAdapter(LaunchedAdapter):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True)
+        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True,
+                            prompt_logprobs=True)
 
     def describe(self) -> Mapping[str, object]:
         s = self.settings

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.base import Capabilities
+from kvbench.engines.base import Capabilities, KVVocabulary
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -125,6 +125,7 @@ def sglang_plan(settings: SGLangSettings, model: str, port: int) -> LaunchPlan:
 class SGLangAdapter(LaunchedAdapter):
     name = "sglang"
     reference_help = REFERENCE_HELP
+    kv_vocabulary = KVVocabulary("kv_cache_dtype", KV_CACHE_DTYPES, ("auto", "bf16"))
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.settings = build(SGLangSettings, settings_values(settings), "engine.sglang")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.engines.base import Capabilities
+from kvbench.engines.base import Capabilities, KVVocabulary
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -117,6 +117,7 @@ def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) 
 class TRTLLMAdapter(LaunchedAdapter):
     name = "trtllm"
     reference_help = REFERENCE_HELP
+    kv_vocabulary = KVVocabulary("kv_dtype", KV_DTYPES, ("auto",))  # KvCacheConfig.dtype
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         values = settings_values(settings)

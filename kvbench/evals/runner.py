@@ -6,7 +6,8 @@
         rag-chat prompts -> greedy generations -> exact match, first divergent token
     -> eval.md, eval.csv, eval_summary.csv, eval.json in the run folder
 
-Other engines get the lm-eval part only (their top-k logprobs would give approximate KL: `divergence.topk_kl`).
+Other engines (vllm, sglang, lmcache, trtllm) are run by engine_eval.py with their own KV names (engine_kv.py):
+lm-eval through their URL, and divergence from prompt logprobs where they return them (approximate KL).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from pathlib import Path
 
 from kvbench.engines.kvengine.model.fp8 import DEFAULT_MARGIN
 from kvbench.evals.divergence import DivergenceStats, GreedyStats, compare_generations
-from kvbench.evals.kv_settings import DEFAULT_DTYPES, DEFAULT_SCALES, KVSetting, baseline_of, kv_settings
+from kvbench.evals.engine_kv import IN_PROCESS_ENGINES, adapter_values, settings_for
+from kvbench.evals.kv_settings import DEFAULT_DTYPES, DEFAULT_SCALES, KVSetting, baseline_of
 from kvbench.evals.lm_eval_run import LMEvalOptions, TaskScore, run_lm_eval
 from kvbench.evals.results import SettingResult, write_tables
 from kvbench.evals.tasks import TASKS, check_tasks
 from kvbench.measure.run_folder import EVAL_CONFIG_JSON, engine_dir
 from kvbench.settings import SettingsError, build
-
-IN_PROCESS_ENGINES = ("kvengine",)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class EvalConfig:
         object.__setattr__(self, "kv_dtypes", tuple(self.kv_dtypes))
         object.__setattr__(self, "kv_scales", tuple(self.kv_scales))
         object.__setattr__(self, "tasks", check_tasks(tuple(self.tasks)))
-        kv_settings(self.kv_dtypes, self.kv_scales)  # validates
+        settings_for(self.engine, self.kv_dtypes, self.kv_scales)  # validates
         for name in ("divergence_tokens", "divergence_window", "greedy_prompts", "greedy_prompt_tokens", "greedy_tokens"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -70,7 +70,7 @@ class EvalConfig:
 
     @property
     def settings(self) -> tuple[KVSetting, ...]:
-        return kv_settings(self.kv_dtypes, self.kv_scales)
+        return settings_for(self.engine, self.kv_dtypes, self.kv_scales)
 
 
 # The documented full run (results/evals/), sized to ~15 minutes on a 2-core CPU at ~85 tokens/s of SmolLM2
@@ -95,19 +95,21 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
     (run_dir / EVAL_CONFIG_JSON).write_text(json.dumps(dataclasses.asdict(config), indent=2, default=str))
     started = time.monotonic()
     scores: dict[str, tuple[TaskScore, ...]] = {setting.label: () for setting in settings}
-    if config.lm_eval:
+    divergence: dict[str, DivergenceStats] = {}
+    greedy: dict[str, GreedyStats] = {}
+    method = ""
+    if config.engine not in IN_PROCESS_ENGINES:
+        served = _served_by_engine(config, settings, run_dir, progress)
+        scores.update(served.scores)
+        divergence, method = served.divergence, served.method
+    elif config.lm_eval:
         tokenizer = Path(config.tokenizer) if config.tokenizer else _engine_tokenizer(config, run_dir)
         for setting in settings:
             progress(f"lm-eval: {setting.label}")
             scores[setting.label] = tuple(_lm_eval_setting(config, setting, tokenizer, run_dir))
-    divergence: dict[str, DivergenceStats] = {}
-    greedy: dict[str, GreedyStats] = {}
-    method = ""
     if config.divergence and config.engine in IN_PROCESS_ENGINES:
         divergence, greedy = _in_process(config, settings, baseline, progress)
         method = "exact (full-vocabulary logits, in-process)"
-    elif config.divergence:
-        progress(f"divergence: skipped, {config.engine} is not run in-process (lm-eval results only)")
     results = [SettingResult(s.label, scores[s.label], divergence.get(s.label), method, greedy.get(s.label))
                for s in settings]
     notes = {
@@ -116,7 +118,8 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
         "divergence": f"{method or 'not run'}; {config.divergence_tokens} corpus tokens in windows of "
                       f"{config.divergence_window}; greedy: {config.greedy_prompts} rag-chat-mini prompts x "
                       f"{config.greedy_tokens} tokens",
-        "scales": f"static, from the engine's calibration text (margin {DEFAULT_MARGIN:g}), as the engine serves",
+        "scales": f"static, from the engine's calibration text (margin {DEFAULT_MARGIN:g}), as the engine serves"
+                  if config.engine in IN_PROCESS_ENGINES else f"{config.engine}'s own (kv_scale does not apply)",
         "wall time": f"{time.monotonic() - started:.0f} s",
     }
     return write_tables(results, baseline.label, run_dir, notes)
@@ -125,9 +128,7 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
 def _adapter(config: EvalConfig, setting: KVSetting, run_dir: Path):
     from kvbench.engines.registry import engine_factory
 
-    values = {**config.engine_settings, "model": config.model, "kv_dtype": setting.kv_dtype}
-    if setting.quantized:
-        values["kv_scale"] = setting.kv_scale
+    values = {**config.engine_settings, "model": config.model, **adapter_values(setting)}
     folder = engine_dir(run_dir, setting.label)
     folder.mkdir(parents=True, exist_ok=True)
     return engine_factory(config.engine)(values, folder)
@@ -156,10 +157,31 @@ def _engine_tokenizer(config: EvalConfig, run_dir: Path) -> Path:
         byte_tokenizer().save_pretrained(folder)
         return folder
     if config.engine not in IN_PROCESS_ENGINES:
-        raise SettingsError(f"tokenizer: {config.engine} needs a local tokenizer folder for lm-eval; set tokenizer: PATH")
+        from kvbench.engines.vllm import resolve_model
+
+        folder = Path(resolve_model(config.model))  # the model's local folder holds its tokenizer
+        if not (folder / "tokenizer_config.json").exists():
+            raise SettingsError(f"tokenizer: {config.engine} needs a local tokenizer folder for lm-eval and divergence; "
+                                "set tokenizer: PATH")
+        return folder
     from kvbench.engines.kvengine.model.weights import resolve_source
 
     return resolve_source(config.model)
+
+
+def _served_by_engine(config: EvalConfig, settings, run_dir: Path, progress: Progress):
+    """Another engine: every setting served by it and measured over HTTP (engine_eval.py)."""
+    from transformers import AutoTokenizer
+
+    from kvbench.evals import inprocess
+    from kvbench.evals.engine_eval import run_engine_settings
+    from kvbench.evals.tasks import corpus_text
+
+    tokenizer = Path(config.tokenizer) if config.tokenizer else _engine_tokenizer(config, run_dir)
+    codec = AutoTokenizer.from_pretrained(str(tokenizer))
+    windows = inprocess.windows(list(codec(corpus_text())["input_ids"]), config.divergence_window, config.divergence_tokens)
+    return run_engine_settings(config, settings, lambda setting: _adapter(config, setting, run_dir), tokenizer,
+                               windows, len(codec), run_dir, progress)
 
 
 def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Progress):

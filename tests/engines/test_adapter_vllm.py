@@ -53,7 +53,7 @@ def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
     assert adapter.server.plan.help_command == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--help")
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
 def test_each_kv_dtype_is_a_choice_the_reference_accepts(tmp_path, kv_dtype):
     command = _adapter(tmp_path, kv_cache_dtype=kv_dtype).server.plan.command
     assert command_problems(command, VLLM_HELP.read_text()) == []
@@ -76,7 +76,7 @@ def test_interpreter_comes_from_the_setting_then_the_environment(tmp_path, monke
 def test_bad_settings_are_named_with_their_fix(tmp_path):
     with pytest.raises(SettingsError, match=r"engine.vllm: unknown key 'prefix_cacheing' \(did you mean 'prefix_caching'"):
         _adapter(tmp_path, prefix_cacheing=True)
-    with pytest.raises(SettingsError, match="kv_cache_dtype 'fp16' is not one of auto, fp8, fp8_e4m3, fp8_e5m2"):
+    with pytest.raises(SettingsError, match="kv_cache_dtype 'fp16' is not one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"):
         _adapter(tmp_path, kv_cache_dtype="fp16")
     with pytest.raises(SettingsError, match="engine.vllm.extra_args: expected a list"):
         _adapter(tmp_path, extra_args="--seed 1")

@@ -24,10 +24,13 @@ def register(commands, formatter) -> None:
         formatter_class=formatter,
     )
     parser.add_argument("config", nargs="?", type=Path, help="YAML with EvalConfig keys")
-    parser.add_argument("--engine", help="adapter name (default kvengine)")
+    parser.add_argument("--engine", help="kvengine (default; divergence in-process, exact) or vllm, sglang, lmcache, "
+                        "trtllm (each KV setting served by that engine; divergence from prompt logprobs where it "
+                        "returns them); engine settings go in CONFIG.yaml's engine_settings")
     parser.add_argument("--model", help="model for the engine (default: the default SmolLM2 model)")
     parser.add_argument("--kv-dtype", help="comma list, the first unquantized one is the baseline "
-                        "(default fp32,fp16,fp8_e4m3,fp8_e5m2)")
+                        "(default fp32,fp16,fp8_e4m3,fp8_e5m2; another engine takes its own names, e.g. vLLM's "
+                        "--kv-cache-dtype auto,bfloat16,fp8_e4m3, TensorRT-LLM's auto,fp8)")
     parser.add_argument("--kv-scale", help="comma list of fp8 scale modes (default tensor,channel)")
     parser.add_argument("--tasks", help="comma list of shipped lm-eval tasks (default all)")
     parser.add_argument("--limit", type=at_least(1), help="documents per lm-eval task (default 3; --full: 12)")
