@@ -116,8 +116,8 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
         "engine": config.engine, "model": config.model, "tasks": ", ".join(config.tasks),
         "lm-eval limit": "all documents" if config.limit is None else f"{config.limit} documents per task",
         "divergence": f"{method or 'not run'}; {config.divergence_tokens} corpus tokens in windows of "
-                      f"{config.divergence_window}; greedy: {config.greedy_prompts} rag-chat-mini prompts x "
-                      f"{config.greedy_tokens} tokens",
+                      f"{config.divergence_window}; greedy: " + (f"{config.greedy_prompts} rag-chat-mini prompts x "
+                      f"{config.greedy_tokens} tokens" if config.engine in IN_PROCESS_ENGINES else "in-process only"),
         "scales": f"static, from the engine's calibration text (margin {DEFAULT_MARGIN:g}), as the engine serves"
                   if config.engine in IN_PROCESS_ENGINES else f"{config.engine}'s own (kv_scale does not apply)",
         "wall time": f"{time.monotonic() - started:.0f} s",

@@ -129,9 +129,14 @@ def test_eval_on_vllm_cpu_end_to_end(tmp_path):
     code = main(["eval", str(_eval_config(tmp_path, _require_vllm(), ["auto", "bfloat16"])), "--out", str(out)])
     assert code == 0
     results = json.loads((out / "eval.json").read_text())
-    text = json.dumps(results)
-    assert "kvb_plays_mc" in text and "bfloat16" in text and "prompt logprobs" in text
-    assert (out / "engines" / "bfloat16" / "engine.log").read_text().count("--kv-cache-dtype bfloat16")
+    assert results["baseline"] == "auto"
+    auto, bf16 = ({**s["metrics"], "label": s["kv_setting"]} for s in results["settings"])
+    assert (auto["label"], bf16["label"]) == ("auto", "bfloat16")
+    assert "kvb_plays_mc/acc" in auto and "kvb_plays_mc/acc" in bf16  # lm-eval ran through each server's URL
+    assert auto["kl"] == 0.0 and auto["top1_agreement"] == 1.0  # the baseline against itself
+    assert bf16["kl"] > 0 and 0 <= bf16["top1_agreement"] <= 1 and bf16["perplexity"] > 1
+    assert "top-20 prompt logprobs over HTTP" in (out / "eval.md").read_text()
+    assert "--kv-cache-dtype bfloat16" in (out / "engines" / "bfloat16" / "engine.log").read_text()
 
 
 @pytest.mark.slow
