@@ -11,7 +11,6 @@ A flag or key a version lacks is a problem naming both; `kvbench run` exits 2 on
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import shlex
@@ -188,24 +187,37 @@ def _points(config: ExperimentConfig, spec, adapter) -> list[PointPlan]:
 def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
     total = workload.num_requests
     requests = min(total, load.num_requests or total)
-    per_session = total / len(workload.sessions)
-    sessions = min(len(workload.sessions), math.ceil(requests / per_session))
+    sends = planned_sends(workload, load.rate)[:requests]
+    sessions = len({session for _, session in sends})
     if load.rate is not None:
         label = f"rate {load.rate:g} sessions/s" + (f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else "")
-        expected = sessions / load.rate
-        how = (f"~{expected:.0f} s of session arrivals ({sessions} sessions at {load.rate:g}/s), then the last "
-               "sessions' remaining turns")
+        expected = sends[-1][0]
+        how = (f"~{expected / 60:.0f} min until the last request is sent (sessions arriving every "
+               f"{1 / load.rate:g} s on average, turns after their think times; answers' own time not counted)")
     elif load.concurrency is not None:
         label, expected = f"concurrency {load.concurrency}", None
         how = "closed loop: as long as the engine takes to answer them"
     else:
         label = "the workload's own arrival times"
-        expected = workload.sessions[sessions - 1].arrival_s
-        how = f"~{expected:.0f} s of recorded arrivals, then the last sessions' remaining turns"
+        expected = sends[-1][0]
+        how = f"~{expected / 60:.0f} min until the last request is sent (recorded arrivals and think times)"
     if load.duration_s is not None:
         expected = load.duration_s if expected is None else min(expected, load.duration_s)
         how += f"; sending stops at {load.duration_s:g} s"
     return PointPlan(workload.name, sessions, requests, total, label, repeat, expected, how)
+
+
+def planned_sends(workload: Workload, rate: float | None) -> list[tuple[float, int]]:
+    """(send time, session index) of every request in send order, if answers took no time: session i arrives at
+    i / rate (the mean of the Poisson schedule) or at its recorded time, and each turn follows the previous one by
+    its think time. The n-th time is a lower bound on when the n-th request goes out."""
+    sends = []
+    for index, session in enumerate(workload.sessions):
+        at = index / rate if rate is not None else session.arrival_s
+        for turn in session.turns:
+            at += turn.think_time_s
+            sends.append((at, index))
+    return sorted(sends)
 
 
 def format_plan(cells: Sequence[CellPlan]) -> str:
@@ -239,7 +251,7 @@ def format_plan(cells: Sequence[CellPlan]) -> str:
                 unknown = True
             else:
                 total += point.expected_s * point.repeat
-        estimate = f"~{total / 60:.0f} min of load" + (" plus the closed-loop points" if unknown else "")
+        estimate = f"at least ~{total / 60:.0f} min of load" + (" plus the closed-loop points" if unknown else "")
         lines.append(f"  expected: {estimate}, plus the engine's start (and a restart per point for restart_to_reset)")
         lines.append("")
     return "\n".join(lines)

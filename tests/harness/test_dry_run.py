@@ -79,8 +79,14 @@ def test_load_plan_gives_sessions_requests_rate_and_duration(tmp_path):
     [cell] = plan_experiment(config, tmp_path)
     open_loop, closed_loop = cell.points
     assert open_loop.requests == 20 and open_loop.load == "rate 0.5 sessions/s"
-    assert open_loop.expected_s == pytest.approx(open_loop.sessions / 0.5)
-    assert open_loop.sessions == -(-20 * 10 // open_loop.workload_requests)  # sessions holding the first 20 requests
+    # Session i arrives at i / 0.5 s and each turn waits its think time: the 20th send, answers taking no time.
+    from kvbench.workloads.profiles import load_workload
+
+    workload = load_workload("rag-chat-mini", seed=0, num_sessions=10)
+    sends = sorted((i / 0.5 + sum(t.think_time_s for t in s.turns[: k + 1]), i)
+                   for i, s in enumerate(workload.sessions) for k in range(len(s.turns)))
+    assert open_loop.expected_s == pytest.approx(sends[19][0])
+    assert open_loop.sessions == len({i for _, i in sends[:20]})  # the sessions those 20 requests belong to
     assert closed_loop.expected_s is None and closed_loop.load == "concurrency 4"
 
 
