@@ -188,6 +188,9 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
     total = workload.num_requests
     requests = min(total, load.num_requests or total)
     sends = planned_sends(workload, load.rate)[:requests]
+    if load.duration_s is not None and load.concurrency is None:
+        sends = [send for send in sends if send[0] <= load.duration_s] or sends[:1]  # none is sent after duration_s
+        requests = len(sends)
     sessions = len({session for _, session in sends})
     if load.rate is not None:
         label = f"rate {load.rate:g} sessions/s" + (f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else "")
@@ -203,7 +206,7 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
         how = f"~{expected / 60:.0f} min until the last request is sent (recorded arrivals and think times)"
     if load.duration_s is not None:
         expected = load.duration_s if expected is None else min(expected, load.duration_s)
-        how += f"; sending stops at {load.duration_s:g} s"
+        how += f"; sending stops at {load.duration_s:g} s" + ("" if load.concurrency is None else " at the latest")
     return PointPlan(workload.name, sessions, requests, total, label, repeat, expected, how)
 
 

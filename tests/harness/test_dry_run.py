@@ -111,3 +111,9 @@ def test_the_installed_engines_help_is_used_when_it_runs(tmp_path):
     [check] = cell.checks
     assert check.version.startswith("installed ") and check.source == f"installed: {executable} serve --help"
     assert check.problems == ()
+
+
+def test_a_duration_stop_bounds_the_planned_requests_and_time(tmp_path):
+    config = _config({"v": PRESETS["vllm-prefix"]}, loads=({"rate": 0.5},), stop={"duration_s": 5})
+    [point] = plan_experiment(config, tmp_path)[0].points
+    assert point.expected_s <= 5 and point.requests < point.workload_requests
