@@ -48,7 +48,7 @@ class ManagedProcess:
                 env={**os.environ, **self.env},
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group, so stop() reaches its children too
-                preexec_fn=_dies_with_this_thread(),
+                preexec_fn=dies_with_this_thread(),
             )
             log.write(f"{PID_LINE} {self._process.pid}\n".encode())
         except OSError as exc:
@@ -101,7 +101,7 @@ class ManagedProcess:
         return process.returncode
 
 
-def _dies_with_this_thread() -> Callable[[], None] | None:
+def dies_with_this_thread() -> Callable[[], None] | None:
     """A `preexec_fn` asking Linux to SIGTERM the child when its parent dies; None elsewhere.
 
     The kernel watches the thread that forks, so engines are launched from the driver's main thread.

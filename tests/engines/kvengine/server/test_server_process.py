@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -104,3 +106,33 @@ def test_the_adapter_resets_and_scrapes_with_its_admin_key_while_the_run_uses_a_
         assert samples is not None and any('tenant="acme"' in name for name in samples)
     finally:
         adapter.stop()
+
+
+@pytest.mark.slow
+def test_a_dead_worker_rank_takes_the_tensor_parallel_server_down_with_a_line_naming_it(tmp_path):
+    port, log_path = free_port(), tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", "tiny-random", "--kv-capacity",
+             "2048", "--tensor-parallel-size", "2", "--threads", "1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    worker = None
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, process)
+        reply = request("POST", url + "/v1/completions", timeout_s=60,
+                        json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        assert reply.ok, reply.error  # both ranks serve
+        started = re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", log_path.read_text())
+        assert started, log_path.read_text()
+        worker = int(started.group(1))
+        os.kill(worker, signal.SIGKILL)
+        process.wait(timeout=60)  # a bound, not a timing assertion: a hang fails here
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = log_path.read_text()
+    assert process.returncode == 1, output
+    assert f"tensor-parallel rank 1 (pid {worker}) exited with code -9" in output
+    assert "Traceback" not in output
