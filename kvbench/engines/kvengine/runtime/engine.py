@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig, IsolationMode
+from kvbench.engines.kvengine.config import AUTO, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import TenantId, shared_tokens_of
@@ -45,12 +45,14 @@ from kvbench.engines.kvengine.core.scheduler import (
     SchedulerConfig,
 )
 from kvbench.engines.kvengine.model.batch import SequenceChunk
-from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
-from kvbench.engines.kvengine.model.parallel import TensorParallel
+from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
 from kvbench.engines.kvengine.core.tenants import TenantLedger
+from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
-from kvbench.engines.kvengine.runtime.model_runner import (
+from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY_RANDOM: evals import it here
+    TINY_RANDOM,
+    TORCH_COMPUTE_DTYPES,
     DeviceOp,
     DropSwap,
     Forward,
@@ -60,6 +62,8 @@ from kvbench.engines.kvengine.runtime.model_runner import (
     SwapOut,
     build_runner,
     chunks_of,
+    load_rank_model,
+    model_config_of,
     rank_device,
 )
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
@@ -71,12 +75,9 @@ from kvbench.engines.kvengine.runtime.requests import (
     StepOutput,
     TokenLogprob,
 )
-from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.settings import SettingsError
 
 log = logging.getLogger(__name__)
-TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
-TORCH_COMPUTE_DTYPES = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +96,13 @@ class Engine:
         self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic,
         ranks: Ranks = Ranks(),
     ) -> None:
+        self.device = rank_device(config.device, ranks.parallel.rank)
+        if config.kv_capacity == AUTO:  # `kvbench serve` resolves it before it starts; others may not have
+            model_config = loaded.config if loaded is not None else model_config_of(config)
+            config, _ = fit_memory(model_config, config, free_device_bytes(self.device))
         self.config = config
         self.clock = clock
         self.ranks = ranks
-        self.device = rank_device(config.device, ranks.parallel.rank)
         dtype = TORCH_COMPUTE_DTYPES[config.compute_dtype]
         self.loaded = loaded or load_rank_model(config, ranks.parallel)
         self.model = self.loaded.model
@@ -395,15 +399,6 @@ def _is_device_error(exc: BaseException) -> bool:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def load_rank_model(config: EngineConfig, parallel: TensorParallel) -> LoadedModel:
-    """The model `config` names on this rank's device in the compute dtype (this rank's shard of it)."""
-    dtype = TORCH_COMPUTE_DTYPES[config.compute_dtype]
-    device = rank_device(config.device, parallel.rank)
-    if config.model == TINY_RANDOM:
-        return tiny_loaded_model(device=device, dtype=dtype, parallel=parallel)
-    return load_model(config.model, device=device, dtype=dtype, parallel=parallel)
 
 
 def _model_digest(loaded: LoadedModel) -> str:

@@ -18,12 +18,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
-from kvbench.engines.kvengine.model.loader import LoadedModel
+from kvbench.engines.kvengine.model.config import ModelConfig
+from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
+from kvbench.engines.kvengine.model.tiny import TINY_CONFIG
+from kvbench.engines.kvengine.model.weights import resolve_source
+from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+
+TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
+TORCH_COMPUTE_DTYPES = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,22 @@ class ModelRunner:
         else:
             raise TypeError(f"not a device op: {op!r}")
         return None
+
+
+def model_config_of(config: EngineConfig) -> ModelConfig:
+    """The geometry of the model `config` names, from its config.json alone (no weights are read)."""
+    if config.model == TINY_RANDOM:
+        return TINY_CONFIG
+    return ModelConfig.from_folder(resolve_source(config.model))
+
+
+def load_rank_model(config: EngineConfig, parallel: TensorParallel) -> LoadedModel:
+    """The model `config` names on this rank's device in the compute dtype (this rank's shard of it)."""
+    dtype = TORCH_COMPUTE_DTYPES[config.compute_dtype]
+    device = rank_device(config.device, parallel.rank)
+    if config.model == TINY_RANDOM:
+        return tiny_loaded_model(device=device, dtype=dtype, parallel=parallel)
+    return load_model(config.model, device=device, dtype=dtype, parallel=parallel)
 
 
 def capacity_pages(config: EngineConfig, bytes_per_token: int) -> int:

@@ -44,15 +44,19 @@ def serve(args: argparse.Namespace) -> int:
 
     from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
     from kvbench.engines.kvengine.runtime.engine import Engine
-    from kvbench.engines.kvengine.runtime.model_runner import Ranks
+    from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
+    from kvbench.engines.kvengine.runtime.model_runner import Ranks, model_config_of, rank_device
     from kvbench.engines.kvengine.runtime.step_probe import StepLog
     from kvbench.engines.kvengine.server.app import make_app
     from kvbench.engines.kvengine.server.ranks import RankProcesses
 
+    # Before anything is allocated or started: one line naming the setting to change if it cannot fit.
+    config, budget = fit_memory(model_config_of(config), config, free_device_bytes(rank_device(config.device, 0)))
     if config.threads:
         torch.set_num_threads(config.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("kvbench.serve")
+    log.info("memory budget per device: %s", budget.describe())
     log.info("loading %s (kv %s, %d tokens of device KV)", config.model, config.kv_format.label, config.kv_capacity)
     loop: list[asyncio.AbstractEventLoop] = []  # the server's loop, once it runs
     rank_failure: list[str] = []

@@ -29,8 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         from kvbench.engines.kvengine.model.parallel import TensorParallel
-        from kvbench.engines.kvengine.runtime.engine import TORCH_COMPUTE_DTYPES, load_rank_model
-        from kvbench.engines.kvengine.runtime.model_runner import build_runner, rank_device, serve_ops
+        from kvbench.engines.kvengine.runtime.model_runner import (
+            TORCH_COMPUTE_DTYPES,
+            build_runner,
+            load_rank_model,
+            rank_device,
+            serve_ops,
+        )
         from kvbench.engines.kvengine.server.ranks import init_rank
 
         if config.threads:
