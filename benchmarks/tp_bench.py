@@ -82,8 +82,8 @@ def step_times(engine: Engine, requests: list[GenerationRequest], skip_first: in
 
 
 def measure(engine: Engine, args: argparse.Namespace) -> dict[str, float]:
-    prefills = [s for i in range(args.prefills)
-                for s in step_times(engine, [GenerationRequest(f"p{i}", prompt(100 + i, args.prompt), 1, ignore_eos=True)])]
+    prefills = [seconds for i in range(args.prefills) for seconds in
+                step_times(engine, [GenerationRequest(f"p{i}", prompt(100 + i, args.prompt), 1, ignore_eos=True)])]
     out = {"prefill": statistics.median(prefills)}
     for batch in (1, 8):
         requests = [GenerationRequest(f"d{i}", prompt(i + 1, 256), args.decode_steps, ignore_eos=True)
