@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.process import dies_with_this_thread
 from kvbench.settings import SettingsError
@@ -67,6 +67,9 @@ class RankProcesses:
             raise SettingsError(f"tensor_parallel_size {config.tensor_parallel_size} with lower KV tiers "
                                 "(host_capacity, disk_capacity, remote_url) is not supported yet: use "
                                 "tensor_parallel_size 1 with them")
+        if config.kv_capacity == AUTO and config.kv_capacity_bytes is None:
+            # every rank must allocate the same pages: rank 0 sizes them once (`fit_memory`), before the start
+            raise ValueError("RankProcesses needs kv_capacity resolved to tokens (memory_budget.fit_memory)")
         self.config = config
         self.world_size = config.tensor_parallel_size
         self._workers: dict[int, subprocess.Popen] = {}
