@@ -14,7 +14,7 @@ HTTP event loop never waits on model compute.
 
 Tensor parallel: this engine is rank 0. It alone schedules; every op of device work (a forward, a swap) goes
 to the other ranks first (`Ranks.send`, see `model_runner`) and then runs here, so every rank executes the
-same plan on its own shard. Lower tiers need one rank (`EngineConfig` refuses them with more).
+same plan on its own shard. Lower tiers need one rank (`server/ranks.py` refuses them with more).
 
 Failures: a model run that raises for one request fails that request alone (its client gets the error, its
 pages are released, the rest of the step completes; see `_run_isolating`). Anything else that `step` raises
@@ -97,7 +97,9 @@ class Engine:
         ranks: Ranks = Ranks(),
     ) -> None:
         self.device = rank_device(config.device, ranks.parallel.rank)
-        if config.kv_capacity == AUTO:  # `kvbench serve` resolves it before it starts; others may not have
+        # `kvbench serve` resolves auto before anything starts; a caller that did not gets it here (with `loaded`
+        # given, its weights already hold memory and count once more: a conservative capacity)
+        if config.kv_capacity == AUTO:
             model_config = loaded.config if loaded is not None else model_config_of(config)
             config, _ = fit_memory(model_config, config, free_device_bytes(self.device))
         self.config = config
