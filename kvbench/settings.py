@@ -65,8 +65,9 @@ def bounded(default: Any = dataclasses.MISSING, *, gt: float | None = None, ge: 
 
 
 def check_bounds(value: Any, bounds: Bounds, where: str) -> None:
-    """SettingsError naming `where` and the range unless `value` (a number, or None) lies in it."""
-    if value is not None and not bounds.admits(value):
+    """SettingsError naming `where` and the range unless `value` lies in it; None, and the word a field may take
+    instead of a number (`kv_capacity: auto`), have no range."""
+    if isinstance(value, (int, float)) and not bounds.admits(value):
         raise SettingsError(f"{where}: must be {bounds.describe()}, got {value!r}")
 
 

@@ -50,7 +50,7 @@ class ManagedProcess:
                 env=child_environment(os.environ, self.env, self.scrub_prefixes),
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group, so stop() reaches its children too
-                preexec_fn=_dies_with_this_thread(),
+                preexec_fn=dies_with_this_thread(),
             )
             log.write(f"{PID_LINE} {self._process.pid}\n".encode())
         except OSError as exc:
@@ -109,7 +109,7 @@ def child_environment(parent: Mapping[str, str], env: Mapping[str, str], scrub_p
     return {**kept, **env}
 
 
-def _dies_with_this_thread() -> Callable[[], None] | None:
+def dies_with_this_thread() -> Callable[[], None] | None:
     """A `preexec_fn` asking Linux to SIGTERM the child when its parent dies; None elsewhere.
 
     The kernel watches the thread that forks, so engines are launched from the driver's main thread.

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.kvengine.config import EngineConfig, IsolationMode
+from kvbench.engines.kvengine.config import AUTO, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
 from kvbench.measure.metrics import Summary, summarize
 from kvbench.measure.records import RequestRecord
@@ -62,6 +62,9 @@ def sim_config_for_engine(settings: EngineConfig, geometry: ModelGeometry, hardw
                                  padded_attention=True, device_ttl_s=settings.device_ttl_s,
                                  host_ttl_s=settings.host_ttl_s, tier_interval_s=settings.tier_interval_s)
     kv_tokens = settings.kv_capacity
+    if kv_tokens == AUTO and settings.kv_capacity_bytes is None:
+        raise ValueError("engine settings: kv_capacity is auto, which the engine sized from its free memory; "
+                         "validate with kv_capacity set to the tokens its log names ('memory budget per device')")
     if settings.kv_capacity_bytes is not None:
         kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype.value))
     tenants = load_tenants(settings.tenants_file) if settings.tenants_file else TenantsConfig()

@@ -103,7 +103,7 @@ class KVEngineAdapter:
         return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity": e.kv_capacity,
                 "prefix_caching": e.prefix_caching, "host_capacity": e.host_capacity, "disk_capacity": e.disk_capacity,
                 "remote": bool(e.remote_url), "isolation": e.isolation.value, "device_ttl_s": e.device_ttl_s,
-                "host_ttl_s": e.host_ttl_s}
+                "host_ttl_s": e.host_ttl_s, "tensor_parallel_size": e.tensor_parallel_size}
 
     def start(self) -> None:
         self._process.start()

@@ -20,7 +20,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from kvbench.engines.kvengine.core.kv_format import (
     DEFAULT_KV_DTYPE,
@@ -36,6 +36,7 @@ from kvbench.settings import Bounds, check_bounds
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtime/engine.py maps them)
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
+AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
@@ -91,14 +92,22 @@ class EngineConfig:
     kv_dtype: KVDtype = setting(DEFAULT_KV_DTYPE, "KV cache storage dtype")
     kv_scale: ScaleMode = setting(DEFAULT_SCALE_MODE, "fp8 scales: per tensor, or per channel + per-token shift "
                                   "(fp8 dtypes only; others ignore it)", choices=SCALE_MODES)
-    kv_capacity: int = setting(32768, "device KV tier", unit="tokens", ge=1)
-    kv_capacity_bytes: int | None = setting(None, "device KV tier in bytes (overrides kv_capacity)", unit="bytes",
-                                            ge=1)
+    kv_capacity: int | Literal["auto"] = setting(32768, f"device KV tier ('{AUTO}': what fits in memory_utilization "
+                                                 "of the free device memory once weights and activations are "
+                                                 "counted)", unit="tokens", ge=1)
+    kv_capacity_bytes: int | None = setting(None, "device KV tier in bytes, per device (overrides kv_capacity)",
+                                            unit="bytes", ge=1)
+    memory_utilization: float = setting(0.9, "fraction of the free device memory at start (host RAM on cpu) that "
+                                        "weights, KV and activations may fill (vLLM's gpu_memory_utilization)",
+                                        gt=0, le=1)
     page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
     max_num_seqs: int = setting(16, "sequences running at once", ge=1)
     max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
     prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
-    device: str = setting("cpu", "torch device of the model and the device KV tier")
+    device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
+                          "is cuda:0 .. cuda:N-1)")
+    tensor_parallel_size: int = setting(1, "ranks the model is split over (attention heads, MLP, vocabulary), one "
+                                        "process and device each; nccl on cuda, gloo on cpu", ge=1)
     compute_dtype: str = setting("float32", "dtype of weights and activations", choices=COMPUTE_DTYPES)
     max_model_len: int | None = setting(None, "context length (default: the model's)", unit="tokens", ge=1)
     served_model_name: str | None = setting(None, "model name in the API (default: the model folder's name)")
@@ -125,7 +134,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         object.__setattr__(self, "kv_format", KVFormat.from_settings(self.kv_dtype, self.kv_scale))
-        if self.kv_capacity < self.page_size:
+        number = isinstance(self.kv_capacity, int) and not isinstance(self.kv_capacity, bool)
+        if self.kv_capacity != AUTO and not number:
+            raise ValueError(f"kv_capacity {self.kv_capacity!r} must be a number of tokens or '{AUTO}'")
+        if isinstance(self.kv_capacity, int) and self.kv_capacity < self.page_size:
             raise ValueError(f"kv_capacity ({self.kv_capacity}) must hold at least one page of {self.page_size} "
                              "tokens")
         if self.disk_capacity and not self.disk_dir:

@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -40,9 +40,27 @@ def _is_tuple(base: Any) -> bool:
     return typing.get_origin(base) is tuple
 
 
+def _words(hint: Any) -> tuple[str, ...]:
+    """The words a number field also takes (`int | Literal["auto"]`: auto)."""
+    return tuple(word for arg in typing.get_args(hint) if typing.get_origin(arg) is typing.Literal
+                 for word in typing.get_args(arg))
+
+
+def _number_or(base: type, words: tuple[str, ...]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        return text if text in words else base(text)
+
+    parse.__name__ = f"{base.__name__} or {' or '.join(words)}"  # argparse names it in "invalid ... value"
+    return parse
+
+
 def _init_fields(cls: type, only: Collection[str] | None = None) -> list[tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(cls)
     return [(f, _base(hints[f.name])) for f in dataclasses.fields(cls) if f.init and (only is None or f.name in only)]
+
+
+def _hint(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
 
 
 def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
@@ -57,6 +75,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
         kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "metavar": _metavar(f)}
         if _is_tuple(base):
             kwargs.update(nargs="*", type=str)
+        elif words := _words(_hint(cls, f.name)):
+            kwargs["type"] = _number_or(base, words)
         else:
             kwargs["type"] = str if isinstance(base, type) and issubclass(base, (Enum, str)) else base
             kwargs["choices"] = choices_of(f, base)

@@ -23,7 +23,8 @@ from kvbench.settings import SettingsError, build
 NON_DEFAULT_ENGINE = {
     "model": "tiny-random", "kv_dtype": "fp8_e4m3", "kv_scale": "channel", "kv_capacity": 4096,
     "kv_capacity_bytes": 1 << 20, "page_size": 32, "max_num_seqs": 3, "max_step_tokens": 96,
-    "prefix_caching": False, "device": "cuda:1", "compute_dtype": "bfloat16", "max_model_len": 777,
+    "prefix_caching": False, "device": "cuda:1", "tensor_parallel_size": 2, "memory_utilization": 0.5,
+    "compute_dtype": "bfloat16", "max_model_len": 777,
     "served_model_name": "tiny", "threads": 2, "host_capacity": 1024, "disk_capacity": 2048,
     "disk_dir": "/tmp/kv-disk", "remote_url": "redis://127.0.0.1:6379/1", "device_ttl_s": 2.5,
     "host_ttl_s": 1e6, "tier_interval_s": 0.125, "tenants_file": "tenants.yaml", "isolation": "shared-prefix",
@@ -113,3 +114,12 @@ def test_tuples_optionals_and_bools_round_trip():
     for value in (_Shapes(), _Shapes(("a", "b"), 0.5, False), _Shapes(("x",), 0.0)):
         assert from_args(_Shapes, parser.parse_args(to_argv(value))) == value
     assert to_argv(_Shapes(("a", "b"), None, False)) == ["--names", "a", "b", "--no-on"]
+
+
+def test_kv_capacity_auto_round_trips_and_a_bad_word_is_refused_naming_the_field():
+    config = build(EngineConfig, {"kv_capacity": "auto"}, "engine.kvengine")
+    assert from_args(EngineConfig, serve_parser().parse_args(to_argv(config))) == config
+    with pytest.raises(SettingsError, match="kv_capacity 'lots' must be a number of tokens or 'auto'"):
+        build(EngineConfig, {"kv_capacity": "lots"}, "engine.kvengine")
+    with pytest.raises(SettingsError, match="kv_capacity 1.5 must be a number of tokens"):
+        build(EngineConfig, {"kv_capacity": 1.5}, "engine.kvengine")

@@ -4,6 +4,7 @@
     PagedKVCache(config, num_pages, ...)       kv_cache.py, fp8.py (formats and codecs)
     calibrate_kv_scales(model, ids, ...)       calibration.py (static per-layer scales)
     model(ForwardBatch.build(chunks), cache)   batch.py, llama.py, attention.py
+    LlamaForCausalLM(config, parallel=...)     parallel.py (a rank's shard of a tensor-parallel model)
     sample / token_logprobs                    sampling.py
     tiny_model(seed)                           tiny.py (random weights for tests)
 

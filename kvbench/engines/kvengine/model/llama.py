@@ -2,6 +2,11 @@
 
 Module and parameter names mirror Hugging Face's `LlamaForCausalLM`, so a checkpoint's state dict loads
 as is (`load_hf_state_dict`) and tests can hand our weights to transformers as an oracle.
+
+Tensor parallel (`parallel.TensorParallel`): a rank's modules have its local geometry (its heads, its part of
+the MLP and of the vocabulary); it loads the matching slices of the checkpoint (`TensorParallel.cut`), and the
+forward adds an all-reduce after o_proj and down_proj, a masked lookup + all-reduce for the embedding and an
+all-gather of the logits. With one rank (`SINGLE`) every collective is the identity.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from kvbench.engines.kvengine.model.attention import AttentionBackend, BatchedAt
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
+from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -91,27 +97,35 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, vocab_rows: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(vocab_rows, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
-    """The decoder; `forward(batch, kv_cache)` writes the new tokens' K/V and returns fp32 logits."""
+    """The decoder; `forward(batch, kv_cache)` writes the new tokens' K/V and returns fp32 logits.
 
-    def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> None:
+    `config` is the model's; `self.config` is what this rank computes (`parallel.local_config(config)`, the
+    same with one rank), which is the geometry its KV cache takes."""
+
+    def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None,
+                 parallel: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.config = config
+        self.full_config = config
+        self.parallel = parallel
+        self.config = parallel.local_config(config)
         self.attention: AttentionBackend = attention or BatchedAttention()
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        rows = parallel.vocab_rows(config)
+        self.model = Backbone(self.config, rows)
+        self.lm_head = nn.Linear(config.hidden_size, rows, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load Hugging Face-named weights (strict: a missing or unexpected tensor is an error)."""
+        """Load Hugging Face-named weights, this rank's slices of them (`TensorParallel.shard_state_dict`, or a
+        loader that reads only those); strict: a missing or unexpected tensor is an error."""
         state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
         if self.config.tie_word_embeddings:
             state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
@@ -138,7 +152,8 @@ class LlamaForCausalLM(nn.Module):
         prepared = self.attention.prepare(batch)
         freqs = batch.positions[:, None].float() * rope_inv_freq(c, batch.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        h = self.model.embed_tokens(batch.input_ids)
+        tp = self.parallel
+        h = tp.embed(self.model.embed_tokens.weight, batch.input_ids, self.full_config)
         cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
         n = h.shape[0]
         for i, layer in enumerate(self.model.layers):
@@ -149,7 +164,7 @@ class LlamaForCausalLM(nn.Module):
             v = attn.v_proj(x).view(n, c.num_kv_heads, c.head_dim)
             kv_cache.write(i, batch.slot_mapping, k, v)  # first write, then read back through the pages
             o = self.attention(q, kv_cache, i, prepared)
-            h = h + attn.o_proj(o.reshape(n, -1))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + tp.all_reduce(attn.o_proj(o.reshape(n, -1)))
+            h = h + tp.all_reduce(layer.mlp(layer.post_attention_layernorm(h)))
         h = self.model.norm(h[batch.logit_rows])
-        return self.lm_head(h).float()
+        return tp.gather_vocab(self.lm_head(h), self.full_config).float()

@@ -12,12 +12,14 @@ import torch
 
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM
+from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
 from kvbench.engines.kvengine.model.weights import load_state_dict, resolve_source
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A ready model: `model.forward(batch, kv_cache)`, its tokenizer (transformers) and stop tokens."""
+    """A ready model: `model.forward(batch, kv_cache)`, its tokenizer (transformers) and stop tokens. `config` is
+    the whole model's geometry; a tensor-parallel rank's `model.config` is its own part of it."""
 
     model: LlamaForCausalLM
     tokenizer: Any  # transformers PreTrainedTokenizerBase
@@ -34,16 +36,18 @@ class LoadedModel:
 
 
 def load_model(
-    source: str = "default", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    source: str = "default", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    parallel: TensorParallel = SINGLE,
 ) -> LoadedModel:
-    """Load a Llama-family model from 'default', a .gguf file or a safetensors folder (see `weights.py`)."""
+    """Load a Llama-family model from 'default', a .gguf file or a safetensors folder (see `weights.py`); with
+    several ranks, this rank's shard of it."""
     from transformers import AutoTokenizer
 
     folder = resolve_source(source)
     config = ModelConfig.from_folder(folder)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.load_hf_state_dict(load_state_dict(folder))
+        model = LlamaForCausalLM(config, parallel=parallel)
+    model.load_hf_state_dict(load_state_dict(folder, parallel=parallel, config=config))
     model = model.to(device=device, dtype=dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if tokenizer.chat_template is None:

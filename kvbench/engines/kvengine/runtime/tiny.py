@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from kvbench.engines.kvengine.model.loader import LoadedModel
+from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
 
 CHAT_TEMPLATE = (
@@ -41,9 +44,11 @@ def _byte_alphabet() -> dict[int, str]:
     return {byte: chr(byte if byte in printable else next(extra)) for byte in range(256)}
 
 
-def tiny_loaded_model(seed: int = 0) -> LoadedModel:
+def tiny_loaded_model(seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                      parallel: TensorParallel = SINGLE) -> LoadedModel:
+    """The tiny model on `device` in `dtype` (this rank's shard of it with several ranks)."""
     return LoadedModel(
-        model=tiny_model(seed),
+        model=tiny_model(seed, device=device, dtype=dtype, parallel=parallel),
         tokenizer=byte_tokenizer(),
         config=TINY_CONFIG,
         eos_token_ids=frozenset({EOS_ID}),

@@ -1,4 +1,8 @@
-"""`kvbench serve`: our engine behind its OpenAI-compatible server, as a process of its own."""
+"""`kvbench serve`: our engine behind its OpenAI-compatible server, as a process of its own.
+
+With `--tensor-parallel-size N` this process is rank 0 (the scheduler and the one HTTP server) and starts
+ranks 1..N-1 (`server/ranks.py`); a rank that dies takes the server down (exit 1) with a line naming it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 
 from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, EngineConfig, ServeOptions
@@ -14,6 +19,7 @@ from kvbench.engines.kvengine.flags import add_flags, from_args
 
 EXIT_ENGINE_FAILED = 1
 EXIT_USAGE = 2  # bad settings (a bad tenants file, a bad flag value), as the kvbench CLI exits
+RANK_EXIT_GRACE_S = 10.0  # after a rank died: how long a graceful shutdown may take before the process exits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,24 +44,52 @@ def serve(args: argparse.Namespace) -> int:
 
     from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
     from kvbench.engines.kvengine.runtime.engine import Engine
+    from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
+    from kvbench.engines.kvengine.runtime.model_runner import Ranks, model_config_of, rank_device
     from kvbench.engines.kvengine.runtime.step_probe import StepLog
     from kvbench.engines.kvengine.server.app import make_app
+    from kvbench.engines.kvengine.server.ranks import RankProcesses
 
+    # Before anything is allocated or started: one line naming the setting to change if it cannot fit.
+    config, budget = fit_memory(model_config_of(config), config, free_device_bytes(rank_device(config.device, 0)))
     if config.threads:
         torch.set_num_threads(config.threads)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("kvbench.serve")
+    log.info("memory budget per device: %s", budget.describe())
     log.info("loading %s (kv %s, %d tokens of device KV)", config.model, config.kv_format.label, config.kv_capacity)
-    engine = Engine(config)
+    loop: list[asyncio.AbstractEventLoop] = []  # the server's loop, once it runs
+    rank_failure: list[str] = []
+    stopping = threading.Event()
+
+    def stop_serving() -> None:
+        """Leave `run_app` (from any thread; a second failure while stopping changes nothing)."""
+        if loop and not stopping.is_set():
+            stopping.set()
+            loop[0].call_soon_threadsafe(_graceful_exit)
+
+    workers = RankProcesses(config) if config.tensor_parallel_size > 1 else None
+    ranks = Ranks()
+    if workers is not None:
+        def rank_exited(rank: int, pid: int, code: int) -> None:
+            """A worker rank died: the model cannot run without it. Stop serving (exit 1); should the engine
+            thread hang in a collective (NCCL waits for the dead peer), exit anyway after a grace period."""
+            rank_failure.append(f"tensor-parallel rank {rank} (pid {pid}) exited with code {code}")
+            log.error("%s: stopping the server", rank_failure[0])
+            threading.Timer(RANK_EXIT_GRACE_S, os._exit, (EXIT_ENGINE_FAILED,)).start()
+            if not loop:  # still starting (the main thread may wait in the rendezvous): nothing to clean up
+                os._exit(EXIT_ENGINE_FAILED)
+            stop_serving()
+
+        ranks = workers.start(on_exit=rank_exited)
+    engine = Engine(config, ranks=ranks)
     if options.step_log:
         engine.step_listeners.append(StepLog(Path(options.step_log)))
-    loop: list[asyncio.AbstractEventLoop] = []  # the server's loop, once it runs
 
     def exit_on_failure(exc: BaseException) -> None:
         """The engine thread died: stop serving, so that `serve` returns non-zero and a supervisor sees it."""
         log.error("engine failure, exiting: %s: %s", type(exc).__name__, exc)
-        if loop:
-            loop[0].call_soon_threadsafe(_graceful_exit)
+        stop_serving()
 
     async_engine = AsyncEngine(engine, on_fatal=exit_on_failure)
     admin_key = options.admin_key or os.environ.get(ADMIN_KEY_ENV)
@@ -67,13 +101,15 @@ def serve(args: argparse.Namespace) -> int:
 
     async def stop_engine(app) -> None:
         await asyncio.get_running_loop().run_in_executor(None, async_engine.shutdown)
+        if workers is not None:
+            workers.close()
 
     app.on_startup.append(remember_loop)
     app.on_cleanup.append(stop_engine)
     log.info("serving %s on http://%s:%d (%d KV bytes per token)", engine.model_name, options.host, options.port,
              engine.bytes_per_token)
     web.run_app(app, host=options.host, port=options.port, print=None, access_log=None)
-    return EXIT_ENGINE_FAILED if async_engine.failure is not None else 0
+    return EXIT_ENGINE_FAILED if async_engine.failure is not None or rank_failure else 0
 
 
 def _graceful_exit() -> None:

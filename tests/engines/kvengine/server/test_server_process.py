@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -104,3 +106,69 @@ def test_the_adapter_resets_and_scrapes_with_its_admin_key_while_the_run_uses_a_
         assert samples is not None and any('tenant="acme"' in name for name in samples)
     finally:
         adapter.stop()
+
+
+
+def start_tp2_server(log_path: Path) -> tuple[subprocess.Popen, str, int]:
+    """`kvbench serve` at tensor_parallel_size 2, healthy and answering; returns it, its URL and rank 1's pid."""
+    port = free_port()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", "tiny-random", "--kv-capacity",
+             "2048", "--tensor-parallel-size", "2", "--threads", "1", "--port", str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process)
+        reply = request("POST", url + "/v1/completions", timeout_s=60,
+                        json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        assert reply.ok, reply.error  # both ranks serve
+        started = re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", log_path.read_text())
+        assert started, log_path.read_text()
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process, url, int(started.group(1))
+
+
+def gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+def test_a_dead_worker_rank_takes_the_tensor_parallel_server_down_with_a_line_naming_it(tmp_path):
+    process, _, worker = start_tp2_server(tmp_path / "serve.log")
+    try:
+        os.kill(worker, signal.SIGKILL)
+        process.wait(timeout=60)  # a bound, not a timing assertion: a hang fails here
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = (tmp_path / "serve.log").read_text()
+    assert process.returncode == 1, output
+    assert f"tensor-parallel rank 1 (pid {worker}) exited with code -9" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.slow
+def test_a_stopped_tensor_parallel_server_exits_0_and_its_worker_rank_with_it(tmp_path):
+    """SIGTERM (how the adapter stops it) reaches rank 0 alone, which closes the worker's stdin. (A rank 0 killed
+    outright takes its workers with it through PR_SET_PDEATHSIG, as every engine process is launched.)"""
+    process, _, worker = start_tp2_server(tmp_path / "stopped.log")
+    try:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0, (tmp_path / "stopped.log").read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert gone(worker, 30)
