@@ -1,0 +1,100 @@
+"""Several load workers (`kvbench run --workers N`) against the measurement instrument: the same requests,
+prompts and timing as one worker, one requests.jsonl, and a dead worker that fails the point loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from kvbench.harness.client import EndpointConfig
+from kvbench.harness.instrument import InstrumentBehaviour
+from kvbench.harness.loadgen import LoadGenerator
+from kvbench.harness.workers import ProcessPool, run_on_workers
+from kvbench.measure.metrics import summarize
+from kvbench.measure.records import RecordWriter, read_records
+from kvbench.measure.schedule import LoadSpec
+
+from .instrument_fixture import serving
+from .test_loadgen import TOLERANCE_MS, workload
+
+TIMING = InstrumentBehaviour(first_token_ms=30.0, chunk_interval_ms=5.0, first_token_id=700)
+
+
+def play(behaviour, wl, load, workers, path=None, pool=None, on_record=None):
+    """Records and the prompts the instrument received, for one run on `workers` workers (1: in-process)."""
+    async def go():
+        async with serving(behaviour) as (url, log):
+            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="test")
+            if workers == 1:
+                return await generator.run(wl), log
+            with RecordWriter(path) as writer:
+                result = await asyncio.to_thread(run_on_workers, generator, wl, workers, writer, on_record, pool=pool)
+            return result, log
+    return asyncio.run(go())
+
+
+def by_request(records):
+    return {(record.session_id, record.turn): record for record in records}
+
+
+def test_two_workers_send_the_same_requests_with_the_same_prompts_and_timing_as_one(tmp_path):
+    wl = workload(sessions=4, turns=3, max_tokens=4, think=0.01)
+    load = LoadSpec(concurrency=4)
+    one, one_log = play(TIMING, wl, load, workers=1)
+    two, two_log = play(TIMING, wl, load, workers=2, path=tmp_path / "requests.jsonl")
+
+    assert by_request(two.records).keys() == by_request(one.records).keys() == {
+        (f"s{s}", t) for s in range(4) for t in range(3)}
+    # Each session's turns in order, each carrying the real answer before it: every prompt the instrument got
+    # from two workers is one it got from one worker, and a session's prompts grow by answer + next user turn.
+    assert sorted(map(tuple, (body["prompt"] for body in two_log.bodies))) == \
+        sorted(map(tuple, (body["prompt"] for body in one_log.bodies)))
+    answer = [700, 701, 702, 703]
+    for session in wl.sessions:
+        records = sorted((r for r in two.records if r.session_id == session.session_id), key=lambda r: r.sent_ns)
+        assert [r.turn for r in records] == [0, 1, 2]
+        assert all(r.answer_tokens == answer for r in records)
+        lengths = [r.prompt_len_sent for r in records]
+        assert np.diff(lengths).tolist() == [len(answer) + len(session.turns[k].user_tokens) for k in (1, 2)]
+    # The driver's oracle: later turns reuse exactly what one worker's does; which first turn reached the
+    # shared context first depends on completion order, so first turns agree as a multiset.
+    ones, twos = by_request(one.records), by_request(two.records)
+    assert all(twos[key].reusable_tokens == ones[key].reusable_tokens for key in ones if key[1] > 0)
+    assert Counter(r.reusable_tokens for r in two.records if r.turn == 0) == \
+        Counter(r.reusable_tokens for r in one.records if r.turn == 0)
+    # The injected timing, measured on each worker's clock (medians: this 2-core machine is shared, and the
+    # instrument shares its process with the driver here).
+    assert all(record.ok for record in two.records)
+    summary = summarize(two.records)
+    assert summary.ttft_ms.p50 == pytest.approx(30.0, abs=TOLERANCE_MS)
+    assert summary.itl_ms.p50 == pytest.approx(5.0, abs=TOLERANCE_MS)
+    assert summary.output_tokens == 12 * 4
+    # Every record landed in the one file as it finished; the self-check has both workers.
+    assert by_request(read_records(tmp_path / "requests.jsonl")).keys() == twos.keys()
+    assert len(two.client.workers) == 2 and two.client.start_spread_ms is not None
+    assert two.aborted is None
+
+
+def test_a_killed_worker_fails_the_point_names_itself_and_every_finished_record_is_on_disk(tmp_path):
+    wl = workload(sessions=4, turns=4, max_tokens=2, think=0.05)
+    pool = ProcessPool()
+    killed = []
+
+    def kill_worker_1(record):  # sessions are dealt round-robin: s1 and s3 are worker 1's
+        if record.session_id == "s1" and not killed:
+            killed.append(pool.pids[1])
+            os.kill(killed[0], signal.SIGKILL)
+
+    result, _ = play(TIMING, wl, LoadSpec(concurrency=4), workers=2, path=tmp_path / "requests.jsonl",
+                     pool=pool, on_record=kill_worker_1)
+    assert result.aborted is not None and f"load worker 1 (pid {killed[0]}) died" in result.aborted
+    on_disk = by_request(read_records(tmp_path / "requests.jsonl"))
+    assert on_disk.keys() == by_request(result.records).keys()
+    # Worker 0 played its sessions to the end; worker 1's stopped when it was killed.
+    assert {(s, t) for s in ("s0", "s2") for t in range(4)} <= on_disk.keys()
+    assert sum(1 for s, _ in on_disk if s in ("s1", "s3")) < 8
