@@ -203,15 +203,25 @@ def _receive(pipe: multiprocessing.connection.Connection, worker: int, process) 
         return Lost(worker, f"load worker {worker} (pid {process.pid}) died: exit code {process.exitcode}")
 
 
-def _process_main(pipe: multiprocessing.connection.Connection, job: WorkerJob) -> None:
-    """A worker process: Ready, wait for the start epoch, play, Done; a crash is sent back as Lost."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops its workers
-    pipe.send(Ready(job.worker, socket.gethostname(), os.getpid(), clock_offset_ns()))
+def ready(job: WorkerJob) -> Ready:
+    """This process, as the worker of `job`."""
+    return Ready(job.worker, socket.gethostname(), os.getpid(), clock_offset_ns())
+
+
+def play_reporting(job: WorkerJob, start_at_s: float, emit: Callable[[Message], None]) -> None:
+    """`play`, with a crash sent back as Lost (the driver must hear it, not a silent end)."""
     try:
-        play(job, pipe.recv(), pipe.send)
-    except Exception as exc:  # noqa: BLE001 - whatever it was, the driver must hear it, not a silent EOF
+        play(job, start_at_s, emit)
+    except Exception as exc:  # noqa: BLE001 - whatever it was
         last = traceback.format_exception_only(exc)[-1].strip()
-        pipe.send(Lost(job.worker, f"load worker {job.worker} (pid {os.getpid()}) failed: {last}"))
+        emit(Lost(job.worker, f"load worker {job.worker} (pid {os.getpid()} on {socket.gethostname()}) failed: {last}"))
+
+
+def _process_main(pipe: multiprocessing.connection.Connection, job: WorkerJob) -> None:
+    """A worker process: Ready, wait for the start epoch, play, Done (or Lost)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops its workers
+    pipe.send(ready(job))
+    play_reporting(job, pipe.recv(), pipe.send)
     pipe.close()
 
 
