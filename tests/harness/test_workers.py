@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -98,3 +100,16 @@ def test_a_killed_worker_fails_the_point_names_itself_and_every_finished_record_
     # Worker 0 played its sessions to the end; worker 1's stopped when it was killed.
     assert {(s, t) for s in ("s0", "s2") for t in range(4)} <= on_disk.keys()
     assert sum(1 for s, _ in on_disk if s in ("s1", "s3")) < 8
+
+
+def test_without_ray_kvbench_imports_and_run_ray_says_how_to_install_it(tmp_path):
+    # `ray` made unimportable, as on a base install; --workers needs nothing of it.
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "import kvbench.harness.runner, kvbench.harness.ray_cluster, kvbench.cli.main\n"
+            "sys.exit(kvbench.cli.main.main(['run', '--url', 'http://127.0.0.1:9', '--ray', '--out', sys.argv[1]]))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'kvbench[ray]'" in lines[0]
+    assert not (tmp_path / "out").exists()  # refused before anything was written
