@@ -203,7 +203,8 @@ def run_cell(config: ExperimentConfig, index: int, resumed: Resumed) -> Iterator
         on_message=lambda text: events.put(("message", text)),
     )
     outcome = RunOutcome(run_dir)
-    node = ray.get_runtime_context().get_node_id()
+    # Load workers beside an engine that needs a node of its own; spread over the cluster otherwise (an endpoint).
+    node = ray.get_runtime_context().get_node_id() if engine.resources else None
 
     def body() -> None:
         try:

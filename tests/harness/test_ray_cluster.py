@@ -92,8 +92,8 @@ def _matrix(url: str, failing_cell: bool = False) -> dict:
     if failing_cell:  # an engine launched where it is not installed: it fails at once, and leaves a log
         engines[1] = {"engine": "vllm", "label": "cell1",
                       "settings": {"python": sys.executable, "model": "x", "check_flags": False}}
-    return {"name": "two-cells", "engines": engines, "workloads": [{"name": "rag-chat-mini", "num_sessions": 3}],
-            "loads": [{"concurrency": 2}], "stop": {"num_requests": 6}, "client": {"health_timeout_s": 30}}
+    return {"name": "two-cells", "engines": engines, "workloads": [{"name": "rag-chat-mini", "num_sessions": 2}],
+            "loads": [{"concurrency": 2}], "stop": {"num_requests": 4}, "client": {"health_timeout_s": 30}}
 
 
 def _comparable(entry) -> dict:
@@ -124,7 +124,7 @@ def test_a_failing_cell_fails_alone_with_its_log(tmp_path):
         outcome = run_experiment(parse_config(_matrix(url, failing_cell=True)), tmp_path, ray_address="auto")
     assert [failure.split(":")[0] for failure in outcome.failures] == ["cell1"]
     (entry,) = read_entries(tmp_path)
-    assert entry.engine == "cell0" and entry.summary["overall"]["completed"] == 6
+    assert entry.engine == "cell0" and entry.summary["overall"]["completed"] == 4
     # The failed engine's log, written on its node, is in the driver's run folder.
     assert "No module named 'vllm'" in (engine_dir(tmp_path, "cell1") / "engine.log").read_text()
 
