@@ -27,11 +27,12 @@ from .test_loadgen import TOLERANCE_MS, workload
 TIMING = InstrumentBehaviour(first_token_ms=30.0, chunk_interval_ms=5.0, first_token_id=700)
 
 
-def play(behaviour, wl, load, workers, path=None, pool=None, on_record=None):
+def play(behaviour, wl, load, workers, path=None, pool=None, on_record=None, max_lag_ms=10.0):
     """Records and the prompts the instrument received, for one run on `workers` workers (1: in-process)."""
     async def go():
         async with serving(behaviour) as (url, log):
-            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="test")
+            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="test",
+                                      max_lag_ms=max_lag_ms)
             if workers == 1:
                 return await generator.run(wl), log
             with RecordWriter(path) as writer:
@@ -100,6 +101,17 @@ def test_a_killed_worker_fails_the_point_names_itself_and_every_finished_record_
     # Worker 0 played its sessions to the end; worker 1's stopped when it was killed.
     assert {(s, t) for s in ("s0", "s2") for t in range(4)} <= on_disk.keys()
     assert sum(1 for s, _ in on_disk if s in ("s1", "s3")) < 8
+
+
+def test_the_point_is_invalid_when_a_worker_falls_behind_and_each_worker_has_its_own_check(tmp_path):
+    # A lag limit no process can keep (1 ns): every worker falls behind, and says so in its own check.
+    result, _ = play(TIMING, workload(sessions=4, max_tokens=2), LoadSpec(rate=50.0), workers=2,
+                     path=tmp_path / "requests.jsonl", max_lag_ms=1e-6)
+    assert not result.client.valid and "lag p99" in result.client.reason
+    assert len(result.client.workers) == 2
+    assert all(not worker.valid and worker.schedule_lag_ms is not None and worker.loop_lag_ms is not None
+               for worker in result.client.workers)
+    assert result.client.schedule_lag_ms.n == 4  # pooled over both workers' requests
 
 
 def test_without_ray_kvbench_imports_and_run_ray_says_how_to_install_it(tmp_path):
