@@ -21,6 +21,7 @@ Ray is optional (`pip install 'kvbench[ray]'`): nothing imports it until `--ray`
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import tempfile
 import threading
@@ -263,8 +264,9 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
                             _dispatch(event, writer, progress, outcome, ttfts)
                 write_summaries(run_dir, outcome.entries, [*outcome.failures, *outcome.warnings])
         finally:
-            for stream in streams:
-                ray.cancel(stream, force=True)
+            for stream in streams:  # interrupted: kill the cells still running (their engines die with them)
+                with contextlib.suppress(TypeError, ValueError, ray.exceptions.RayError):
+                    ray.cancel(stream, force=True)
             write_summaries(run_dir, outcome.entries, [*outcome.failures, *outcome.warnings])
     if outcome.entries:
         write_plots(run_dir, outcome.entries, ttfts)
