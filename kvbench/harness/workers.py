@@ -145,16 +145,18 @@ class WorkerPool(Protocol):
 
 @dataclass(slots=True)
 class ProcessPool:
-    """Workers as processes of this machine (`spawn`ed, one pipe each)."""
+    """Workers as processes of this machine (`spawn`ed, one pipe each), each on a CPU of its own where there
+    are plenty (`worker_cpus`)."""
 
     context: str = "spawn"
     _workers: list = field(default_factory=list)  # (job, process, pipe) while launched
 
     def launch(self, jobs: Sequence[WorkerJob]) -> list[Ready]:
         context = multiprocessing.get_context(self.context)
-        for job in jobs:
+        cpus = worker_cpus(len(jobs), sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
+        for job, cpu in zip(jobs, cpus):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_process_main, args=(theirs, job), name=f"kvbench-load-{job.worker}",
+            process = context.Process(target=_process_main, args=(theirs, job, cpu), name=f"kvbench-load-{job.worker}",
                                       daemon=True)
             process.start()
             theirs.close()
@@ -195,6 +197,15 @@ class ProcessPool:
         self._workers.clear()
 
 
+def worker_cpus(workers: int, cpus: Sequence[int]) -> list[int | None]:
+    """A CPU per worker, from the top of `cpus`, when there are at least twice as many CPUs as workers (the
+    rest stay for the driver, and for an engine or instrument on this machine); else None each (the OS places
+    them)."""
+    if len(cpus) < 2 * workers:
+        return [None] * workers
+    return [cpus[-1 - index] for index in range(workers)]
+
+
 def _receive(pipe: multiprocessing.connection.Connection, worker: int, process) -> Message:
     try:
         return pipe.recv()
@@ -217,9 +228,11 @@ def play_reporting(job: WorkerJob, start_at_s: float, emit: Callable[[Message], 
         emit(Lost(job.worker, f"load worker {job.worker} (pid {os.getpid()} on {socket.gethostname()}) failed: {last}"))
 
 
-def _process_main(pipe: multiprocessing.connection.Connection, job: WorkerJob) -> None:
+def _process_main(pipe: multiprocessing.connection.Connection, job: WorkerJob, cpu: int | None = None) -> None:
     """A worker process: Ready, wait for the start epoch, play, Done (or Lost)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's; it stops its workers
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     pipe.send(ready(job))
     play_reporting(job, pipe.recv(), pipe.send)
     pipe.close()

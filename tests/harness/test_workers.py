@@ -16,7 +16,7 @@ import pytest
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.instrument import InstrumentBehaviour
 from kvbench.harness.loadgen import LoadGenerator
-from kvbench.harness.workers import ProcessPool, run_on_workers
+from kvbench.harness.workers import ProcessPool, run_on_workers, worker_cpus
 from kvbench.measure.metrics import summarize
 from kvbench.measure.records import RecordWriter, read_records
 from kvbench.measure.schedule import LoadSpec
@@ -125,3 +125,10 @@ def test_without_ray_kvbench_imports_and_run_ray_says_how_to_install_it(tmp_path
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'kvbench[ray]'" in lines[0]
     assert not (tmp_path / "out").exists()  # refused before anything was written
+
+
+def test_workers_get_a_cpu_each_only_where_there_are_plenty():
+    assert worker_cpus(2, list(range(16))) == [15, 14]
+    assert worker_cpus(4, list(range(8))) == [7, 6, 5, 4]
+    assert worker_cpus(2, [0, 1]) == [None, None]  # this 2-core machine: the OS places them
+    assert worker_cpus(3, [0, 1, 2, 3, 4]) == [None, None, None]
