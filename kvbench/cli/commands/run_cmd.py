@@ -70,7 +70,8 @@ def register(commands, formatter) -> None:
                         "of one schedule (default 1: this process)")
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                         help="run on a Ray cluster (default address: auto): each engine setting as a Ray task on a "
-                        "node with its `resources`, the load workers as Ray actors; needs pip install 'kvbench[ray]'")
+                        "node with its `resources`, the load workers as Ray actors (`local`: a one-machine cluster; put CONFIG.yaml "
+                        "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
     parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
     parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
     parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
