@@ -43,6 +43,7 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
     export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 fi
 export KVBENCH_REQUIRE_VLLM=1
+export KVBENCH_REQUIRE_RAY=1  # ray comes with the test extra: its tests must run, never skip
 
 export OMP_WAIT_POLICY=PASSIVE
 exec python -m pytest tests "$@"

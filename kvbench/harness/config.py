@@ -10,6 +10,7 @@ The YAML form (every key optional except `engines`):
         label: ours                 # optional; defaults to the engine name plus swept values
         settings: {kv_capacity: 8192}
         sweep: {kv_dtype: [fp32, fp8_e4m3]}   # optional: one engine setting per combination
+        resources: {GPU: 8}         # optional: what its node needs under `kvbench run --ray`
     workloads:
       - name: rag-chat-mini         # a profile, a trace path, or a YAML of generator parameters
         num_sessions: 10
@@ -18,7 +19,7 @@ The YAML form (every key optional except `engines`):
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
     client: {api: completions, request_timeout_s: 600, header_timeout_s: 60, first_byte_timeout_s: 300,
              stall_timeout_s: 120, max_lag_ms: 10, max_error_rate: 0.1,
-             isolation: null, tokenizer: null, tenant_api_keys: {tenant-a: key-a}}
+             isolation: null, tokenizer: null, tenant_api_keys: {tenant-a: key-a}, workers: 1}
     slo: {ttft_ms: 500, tpot_ms: 50}
 
 Unknown keys anywhere are errors that name the valid keys.
@@ -46,6 +47,9 @@ class EngineSpec:
     engine: str
     settings: Mapping[str, Any] = field(default_factory=dict)
     label: str = ""
+    # What a node must have to run this engine setting under `kvbench run --ray` (Ray resource names: CPU,
+    # GPU, or a custom one), e.g. {GPU: 8}; without --ray it is not read.
+    resources: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,9 @@ class ClientSpec:
     ignore_eos: bool = True
     health_timeout_s: float = bounded(600.0, gt=0, unit="s")
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> API key, for multi-tenant engines
+    # Load-generator processes per point, each with its own event loop and whole sessions of one schedule
+    # (harness/workers.py); 1 plays the point in the driver's own process.
+    workers: int = bounded(1, ge=1)
 
     def __post_init__(self) -> None:
         if self.isolation is not None:
@@ -135,7 +142,7 @@ class _TopScalars:
     name: str = "run"
     seed: int = bounded(0, ge=0)
     repeat: int = bounded(1, ge=1)
-_ENGINE_KEYS = ("engine", "label", "settings", "sweep")
+_ENGINE_KEYS = ("engine", "label", "settings", "sweep", "resources")
 
 
 def parse_config(data: Mapping[str, Any], where: str = "config") -> ExperimentConfig:
@@ -198,6 +205,10 @@ def _engines(raw: Any, where: str) -> list[EngineSpec]:
         raise SettingsError(f"{where}: missing 'engine' (the adapter name, e.g. kvengine or endpoint)")
     settings = _mapping(raw, "settings", where)
     sweep = _mapping(raw, "sweep", where)
+    resources = _mapping(raw, "resources", where)
+    for key, amount in resources.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount >= 0:
+            raise SettingsError(f"{where}.resources.{key}: expected a number >= 0 (e.g. GPU: 8), got {amount!r:.40}")
     for key, values in sweep.items():
         if not isinstance(values, list) or not values:
             raise SettingsError(f"{where}.sweep.{key}: expected a non-empty list of values")
@@ -207,7 +218,8 @@ def _engines(raw: Any, where: str) -> list[EngineSpec]:
         swept = dict(zip(keys, combination))
         suffix = ",".join(f"{key}={value}" for key, value in swept.items())
         label = str(raw.get("label") or raw["engine"])
-        specs.append(EngineSpec(engine=str(raw["engine"]), settings={**settings, **swept}, label=f"{label}[{suffix}]" if suffix else label))
+        specs.append(EngineSpec(engine=str(raw["engine"]), settings={**settings, **swept},
+                                label=f"{label}[{suffix}]" if suffix else label, resources=resources))
     return specs
 
 

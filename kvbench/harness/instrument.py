@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--fault", choices=FAULTS, default=FAULT_NONE, help="injected into every request")
     parser.add_argument("--fault-after-chunks", type=int, default=0)
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="share the port with other instrument processes (SO_REUSEPORT: the kernel spreads connections)")
     parser.add_argument("--served-model", help="answer only this model name (others: 404)")
     parser.add_argument("--metrics-body", help="what GET /metrics returns (default: no /metrics, a 404)")
     args = parser.parse_args(argv)
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         fault_after_chunks=args.fault_after_chunks,
     )
     app = make_app(behaviour, served_model=args.served_model, metrics_body=args.metrics_body)
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, reuse_port=args.reuse_port or None)
 
 
 if __name__ == "__main__":

@@ -86,15 +86,25 @@ class ClientCheck:
     max_lag_ms: float
     valid: bool
     reason: str | None
+    # Several load workers: each one's own check, and how far apart their starts were (wall clock, ms).
+    start_offset_ms: float | None = None  # this worker's start minus the planned start epoch
+    workers: tuple[ClientCheck, ...] = ()
+    start_spread_ms: float | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "schedule_lag_ms": self.schedule_lag_ms.to_dict() if self.schedule_lag_ms else None,
             "loop_lag_ms": self.loop_lag_ms.to_dict() if self.loop_lag_ms else None,
             "max_lag_ms": self.max_lag_ms,
             "valid": self.valid,
             "reason": self.reason,
         }
+        if self.start_offset_ms is not None:
+            out["start_offset_ms"] = self.start_offset_ms
+        if self.workers:
+            out["start_spread_ms"] = self.start_spread_ms
+            out["workers"] = [worker.to_dict() for worker in self.workers]
+        return out
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,9 @@ class LoadResult:
     aborted: str | None
     answer_sources: dict[str, int]
     replayed: tuple[RequestRecord, ...] = ()
+    # The raw lags behind `client`, so that several workers' checks can be pooled.
+    schedule_lags_ms: tuple[float, ...] = ()
+    loop_lags_ms: tuple[float, ...] = ()
 
 
 @dataclass(slots=True)
@@ -170,12 +183,19 @@ class LoadGenerator:
         writer: RecordWriter | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
         finished: Sequence[RequestRecord] = (),
+        offsets: Sequence[float] | None = None,
+        start_at_s: float | None = None,
     ) -> LoadResult:
-        """Play `workload`; `finished` are this point's records from an interrupted run, replayed, not sent."""
+        """Play `workload`; `finished` are this point's records from an interrupted run, replayed, not sent.
+
+        A load worker is given its sessions' start `offsets` (fixed by the driver for all workers) and the
+        common start as a wall-clock epoch `start_at_s`; alone, the generator draws the offsets itself and
+        starts once its connections are open."""
         if self.endpoint.api == API_CHAT and self.codec is None:
             raise ValueError("api=chat needs a tokenizer to turn the workload's token ids into text: give --tokenizer")
         oracle = ReuseOracle.following(self.isolation, self.shared_prefixes, self.codec.encode if self.codec else None)
-        offsets = session_offsets(self.load, [session.arrival_s for session in workload.sessions], self.seed)
+        if offsets is None:
+            offsets = session_offsets(self.load, [session.arrival_s for session in workload.sessions], self.seed)
         state = _RunState(
             t0_ns=0,  # set once connections are open
             vocab_size=workload.vocab_size,
@@ -190,20 +210,29 @@ class LoadGenerator:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
             await self._open_connections(http, len(workload.sessions))
-            # A few ms to set everything up before the first arrival.
-            state.t0_ns = time.perf_counter_ns() + 5_000_000
+            start_offset_ms = None
+            if start_at_s is None:
+                # A few ms to set everything up before the first arrival.
+                state.t0_ns = time.perf_counter_ns() + 5_000_000
+            else:
+                state.t0_ns = time.perf_counter_ns() + int((start_at_s - time.time()) * 1e9)
+                await state.timer.sleep_until(state.t0_ns)
+                start_offset_ms = (time.time() - start_at_s) * 1e3
             probe = asyncio.create_task(_probe_loop(loop_lags))
             try:
-                await self._play(http, workload, offsets, state)
+                await self._play(http, workload, list(offsets), state)
             finally:
                 probe.cancel()
                 state.timer.close()
+        check = self.check(state.schedule_lag_ms, loop_lags)
         return LoadResult(
             records=tuple(state.records),
-            client=self._check(state.schedule_lag_ms, loop_lags),
+            client=dataclasses.replace(check, start_offset_ms=start_offset_ms),
             aborted=state.aborted,
             answer_sources=dict(state.answer_sources),
             replayed=tuple(state.replayed),
+            schedule_lags_ms=tuple(state.schedule_lag_ms),
+            loop_lags_ms=tuple(loop_lags),
         )
 
     async def _play(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
@@ -271,6 +300,7 @@ class LoadGenerator:
         queued_ns: int, state: _RunState,
     ) -> RequestRecord | None:
         """Send one turn (in a closed loop, once a slot frees up); None when the run may send no more."""
+        planned_ns = queued_ns  # when the schedule meant it to go, whatever waits follow
         slots = state.slots
         if slots is not None:
             await slots.acquire()
@@ -278,7 +308,7 @@ class LoadGenerator:
         try:
             if not state.may_send():
                 return None
-            ask = talk.ask(queued_ns)
+            ask = talk.ask(queued_ns, planned_ns)
             record = ask.record
             if chat is not None:
                 chat.asked(ask.turn)
@@ -345,9 +375,10 @@ class LoadGenerator:
                 state.abort(f"engine unreachable: {state.unanswered_in_a_row} requests in a row got no answer "
                             f"(last: {record.error})")
 
-    def _check(self, schedule_lags: list[float], loop_lags: list[float]) -> ClientCheck:
-        schedule = Distribution.of(schedule_lags)
-        loop = Distribution.of(loop_lags)
+    def check(self, schedule_lags: Sequence[float], loop_lags: Sequence[float]) -> ClientCheck:
+        """The self-check of these lags (ms) against `max_lag_ms`."""
+        schedule = Distribution.of(list(schedule_lags))
+        loop = Distribution.of(list(loop_lags))
         reason = None
         # Closed loop has no schedule to keep; only the loop lag matters there.
         if schedule is not None and self.load.mode != MODE_CONCURRENCY and schedule.p99 > self.max_lag_ms:

@@ -30,7 +30,8 @@ from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec, load_config_file
 from kvbench.harness.env import collect_env
-from kvbench.harness.loadgen import ClientCheck, LoadGenerator
+from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import failure_reason, ttft_values
@@ -101,10 +102,18 @@ def validate_experiment(config: ExperimentConfig) -> None:
 
 
 def run_experiment(
-    config: ExperimentConfig, run_dir: Path, progress: Progress = Progress(), mode: RunMode = RunMode.FRESH
+    config: ExperimentConfig, run_dir: Path, progress: Progress = Progress(), mode: RunMode = RunMode.FRESH,
+    ray_address: str | None = None,
 ) -> RunOutcome:
-    """Run the matrix into `run_dir`; the summary files are written after every point and on any stop."""
+    """Run the matrix into `run_dir`; the summary files are written after every point and on any stop.
+
+    With `ray_address` (a Ray cluster's address, or `auto`) every engine setting runs as a Ray task on a node
+    with the resources its entry declares, its load workers as Ray actors (`harness/ray_cluster.py`)."""
     validate_experiment(config)
+    if ray_address is not None:
+        from kvbench.harness.ray_cluster import run_on_ray
+
+        return run_on_ray(config, run_dir, progress, mode, ray_address)
     resumed = open_run_dir(run_dir, config.to_dict(), mode)
     write_config_and_env(run_dir, config.to_dict(), collect_env())
     outcome = RunOutcome(run_dir)
@@ -171,6 +180,7 @@ class _Experiment:
     outcome: RunOutcome
     ttfts: dict[str, list[float]] = field(default_factory=dict)
     warned_metrics: set[str] = field(default_factory=set)
+    pool: Callable[[], WorkerPool] | None = None  # where a point's load workers run (None: processes here)
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
@@ -226,7 +236,7 @@ class _Experiment:
         self.progress.on_point_start(run_id, point.total_requests)
         generator = self._generator(adapter, point)
         try:
-            result = eventloop.run(generator.run(point.workload, self.writer, self.progress.on_record, finished))
+            result = self._play(generator, point, finished)
         except KeyboardInterrupt:
             records = records_by_run(self.run_dir).get(run_id, [])
             self._add(dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records)
@@ -243,6 +253,14 @@ class _Experiment:
         )
         self._add(entry, records)
         return result.aborted is None
+
+    def _play(self, generator: LoadGenerator, point: _Point, finished: Sequence[RequestRecord]) -> LoadResult:
+        """One worker in this process, as always; several as processes (or Ray actors) on one schedule."""
+        client = self.config.client
+        if client.workers == 1:
+            return eventloop.run(generator.run(point.workload, self.writer, self.progress.on_record, finished))
+        return run_on_workers(generator, point.workload, client.workers, self.writer, self.progress.on_record,
+                              finished, tokenizer=client.tokenizer, pool=self.pool() if self.pool else None)
 
     def _finished(self, point: _Point) -> Sequence[RequestRecord]:
         return self.resumed.records.get(point.id.run_id, ())

@@ -207,8 +207,9 @@ class Conversation:
         """The pause between the previous turn's answer and the next turn (0 before the first turn)."""
         return self.session.turns[self.turn].think_time_s if self.turn else 0.0
 
-    def ask(self, queued_ns: int) -> Ask:
-        """Ask the next turn, queued at `queued_ns` on the transport's clock: counts it against the budget."""
+    def ask(self, queued_ns: int, planned_ns: int | None = None) -> Ask:
+        """Ask the next turn, queued at `queued_ns` on the transport's clock and planned by the schedule at
+        `planned_ns` (default: when queued): counts it against the budget."""
         index, spec, prompt, reusable = self._advance()
         session = self.session
         record = RequestRecord(
@@ -218,6 +219,7 @@ class Conversation:
             tenant=session.tenant,
             turn=index,
             queued_ns=queued_ns,
+            planned_ns=queued_ns if planned_ns is None else planned_ns,
             prompt_len_sent=int(prompt.size),
             reusable_tokens=reusable,
             warmup=self.driver.sent < self.driver.load.warmup_requests,
@@ -234,14 +236,15 @@ class Conversation:
         # sampled, never fed back): an unbounded cache could reuse all of that in the next turn.
         self.driver.oracle.observe(self.session.tenant, np.concatenate([self._prompt, tokens[:-1]]))
 
-    def replay(self, record: RequestRecord) -> None:
-        """Take the next turn from an interrupted run's finished `record` as if it had just been answered
-        again (counted, observed, its recorded answer carried), so later turns get the prompts they would have
-        had."""
-        self._advance()
+    def replay(self, record: RequestRecord) -> int:
+        """Take the next turn from a finished `record` as if it had just been answered again (counted, observed,
+        its recorded answer carried), so later turns get the prompts they would have had: an interrupted run's
+        record, or one a load worker sent. Returns the prompt's reusable tokens under this driver's oracle."""
+        reusable = self._advance()[3]
         self.driver.sent += 1
         if record.ok:
             self.answered(np.asarray(record.answer_tokens or (), dtype=TOKEN_DTYPE))
+        return reusable
 
     def _advance(self) -> tuple[int, Turn, np.ndarray, int]:
         if self.finished:

@@ -1,8 +1,11 @@
 """Per-request records: raw timestamps as measured, nothing derived.
 
 Every metric is computed afterwards from these records (see `metrics.py`), so a run folder's
-`requests.jsonl` is the ground truth. Times are `time.perf_counter_ns()` values from the one load-generator
-process; only differences between them mean anything.
+`requests.jsonl` is the ground truth. Times are `time.perf_counter_ns()` values; only differences between
+them mean anything. A request's own latencies are differences on the clock of the one worker process that
+sent it; records of several load workers (`kvbench run --workers`, `--ray`) are put on the driver's
+perf_counter by each worker's wall-clock offset (`shift_times`), so that spans across records (a run's
+duration) compare requests of different workers as well as the machines' wall clocks agree.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ class RequestRecord:
     `chunks` holds `[arrival_ns, tokens]` for every streamed chunk that carried output tokens; a chunk with k
     tokens contributes k inter-token gaps of gap/k. Counts are the server's `usage`; `None` means the server
     did not say (missing is never 0). `error` is set when the request failed; its timings are then partial.
+    `planned_ns` is when the schedule meant the request to go (a session's arrival, or the previous answer plus
+    the think time), `queued_ns` when it could go (in a closed loop, once a slot freed up) and `sent_ns` when it
+    went: latencies from `planned_ns` count the waits a saturated client or closed loop adds (coordinated
+    omission); records written before the field existed have None.
     `answer_tokens` are the token ids the session's next prompt carries as this turn's answer (`answer_source`
     says where they came from) and `answer_text` the answer text a chat session carries: with them a resumed
     run sends the next turn exactly as the interrupted run would have.
@@ -38,6 +45,7 @@ class RequestRecord:
     tenant: str
     turn: int
     queued_ns: int
+    planned_ns: int | None = None  # when the schedule meant it to be sent (before any wait for a slot or the client)
     sent_ns: int | None = None
     first_token_ns: int | None = None
     done_ns: int | None = None
@@ -69,6 +77,14 @@ class RequestRecord:
     def identity(self) -> tuple[str, str, int]:
         """What makes a request the same request in another process: its point, session and turn."""
         return (self.run_id, self.session_id, self.turn)
+
+    def shift_times(self, delta_ns: int) -> None:
+        """Move every timestamp by `delta_ns` (onto another process's perf_counter): differences are kept."""
+        for name in ("queued_ns", "planned_ns", "sent_ns", "first_token_ns", "done_ns"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value + delta_ns)
+        self.chunks = [[arrival_ns + delta_ns, tokens] for arrival_ns, tokens in self.chunks]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

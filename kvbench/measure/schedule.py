@@ -7,6 +7,7 @@ Closed loop: a fixed number of requests in flight. Trace: the workload's own arr
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,3 +86,54 @@ def session_offsets(load: LoadSpec, workload_arrivals: list[float], seed: int) -
         return [0.0] * count
     start = min(workload_arrivals, default=0.0)
     return [arrival - start for arrival in workload_arrivals]
+
+
+def split_exactly(total: int, weights: list[int]) -> list[int]:
+    """`total` split into parts proportional to `weights` that sum to exactly `total` (largest remainders);
+    equal weights give parts that differ by at most one, the larger ones first."""
+    weight_sum = sum(weights)
+    if weight_sum <= 0:
+        return [0] * len(weights)
+    exact = [total * weight / weight_sum for weight in weights]
+    parts = [int(value) for value in exact]
+    by_remainder = sorted(range(len(weights)), key=lambda index: (parts[index] - exact[index], index))
+    for index in by_remainder[: total - sum(parts)]:
+        parts[index] += 1
+    return parts
+
+
+@dataclass(frozen=True)
+class WorkerShare:
+    """What one load worker plays of a point: whole sessions (indices into the workload, in schedule order),
+    their start offsets from the common start, and its share of the load (the closed loop's concurrency, the
+    request budget and the warm-up, split exactly across workers)."""
+
+    worker: int
+    sessions: tuple[int, ...]
+    offsets: tuple[float, ...]
+    load: LoadSpec
+
+
+def split_schedule(load: LoadSpec, offsets: list[float], turns: list[int], workers: int) -> list[WorkerShare]:
+    """One schedule for `workers` load workers: every session's start offset is fixed here, once, and each
+    session is played whole by one worker (dealt round-robin in start order, so every worker's arrivals span
+    the run). A closed loop's concurrency is split exactly (`concurrency` workers at most); the request budget
+    and warm-up are split in proportion to the turns each worker holds. Workers left without a session or a
+    slot are not planned."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    count = min(workers, len(offsets), load.concurrency or workers)
+    order = sorted(range(len(offsets)), key=lambda index: (offsets[index], index))
+    dealt = [order[worker::count] for worker in range(count)]
+    held = [sum(turns[index] for index in indices) for indices in dealt]
+    concurrency = split_exactly(load.concurrency, [1] * count) if load.concurrency else [None] * count
+    budget = split_exactly(load.num_requests, held) if load.num_requests is not None else [None] * count
+    warmup = split_exactly(load.warmup_requests, held)
+    shares = []
+    for worker, indices in enumerate(dealt):
+        if budget[worker] == 0:
+            continue  # a budget too small to reach this worker's sessions
+        share_load = dataclasses.replace(load, concurrency=concurrency[worker], num_requests=budget[worker],
+                                         warmup_requests=warmup[worker])
+        shares.append(WorkerShare(worker, tuple(indices), tuple(offsets[index] for index in indices), share_load))
+    return shares

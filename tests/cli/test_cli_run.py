@@ -13,11 +13,13 @@ import time
 
 import pandas as pd
 import pytest
+import yaml
 
 from kvbench.engines.process import PID_LINE
 from kvbench.cli.main import main
 from kvbench.measure.records import read_records
 from kvbench.measure.report import COLUMNS
+from kvbench.workloads.profiles import load_workload
 
 from ..harness.instrument_fixture import free_port, instrument_process
 
@@ -301,3 +303,20 @@ def test_the_oracle_follows_our_engines_isolation_on_a_multi_tenant_workload(tmp
     reusable = {(r.session_id, r.turn): r.reusable_tokens for r in read_records(out / "requests.jsonl")}
     assert reusable[("b", 0)] == 0
     assert reusable[("a", 1)] >= len(context)  # a tenant's own earlier prompt still counts
+
+
+def test_run_with_two_workers_writes_one_run_folder_with_every_request_and_both_workers_checked(tmp_path):
+    with instrument_process("--first-token-ms", "10", "--chunk-interval-ms", "2") as (url, _):
+        out = tmp_path / "run"
+        code = main(["run", "--url", url, "--num-sessions", "4", "--concurrency", "4", "--workers", "2",
+                     "--out", str(out)])
+    assert code == 0
+    (entry,) = _entries(out)
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    every_turn = load_workload("rag-chat-mini", seed=0, num_sessions=4).num_requests
+    assert len(records) == entry["summary"]["overall"]["requests"] == every_turn
+    assert len({(r["session_id"], r["turn"]) for r in records}) == every_turn
+    assert [worker["valid"] is not None for worker in entry["client"]["workers"]] == [True, True]
+    assert entry["client"]["start_spread_ms"] is not None
+    assert yaml.safe_load((out / "config.yaml").read_text())["client"]["workers"] == 2
+    assert entry["summary"]["overall"]["ttft_from_schedule_ms"] is not None

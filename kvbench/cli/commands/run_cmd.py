@@ -65,6 +65,13 @@ def register(commands, formatter) -> None:
     stop.add_argument("--duration", type=number_above(0), help="stop sending after this many seconds")
     parser.add_argument("--warmup", type=at_least(0), default=None, help="requests excluded from metrics at the start")
     parser.add_argument("--repeat", type=at_least(1), default=None, help="repetitions of every load point")
+    parser.add_argument("--workers", type=at_least(1), default=None,
+                        help="load-generator processes per point, each with its own event loop and whole sessions "
+                        "of one schedule (default 1: this process)")
+    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                        help="run on a Ray cluster (default address: auto): each engine setting as a Ray task on a "
+                        "node with its `resources`, the load workers as Ray actors (`local`: a one-machine cluster; put CONFIG.yaml "
+                        "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
     parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
     parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
     parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
@@ -134,6 +141,8 @@ def config_from_args(args: argparse.Namespace):
         client["api"] = args.api
     if args.tokenizer:
         client["tokenizer"] = args.tokenizer
+    if args.workers is not None:
+        client["workers"] = args.workers
     slo = data.setdefault("slo", {})
     if args.slo_ttft_ms is not None:
         slo["ttft_ms"] = args.slo_ttft_ms
@@ -171,7 +180,7 @@ def handle(args: argparse.Namespace) -> int:
     ) as bar:
         try:
             with _terminate_is_interrupt():
-                outcome = run_experiment(config, run_dir, _bar_progress(bar), mode)
+                outcome = run_experiment(config, run_dir, _bar_progress(bar), mode, ray_address=args.ray)
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
