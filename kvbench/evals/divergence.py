@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -55,21 +56,49 @@ class DivergenceStats:
 EMPTY = DivergenceStats(0, 0.0, 0, 0.0, 0.0)
 
 
-def compare_logits(base: torch.Tensor, new: torch.Tensor, targets: torch.Tensor) -> DivergenceStats:
-    """Exact measures from full logits `[n, vocab]` of the same positions; `targets [n]` are the true next tokens."""
+@dataclass(frozen=True)
+class PositionScores:
+    """Per-position measures of one window (numpy arrays of equal length; `position[i]` is the index in the
+    window of the token whose next token is scored, so 0 has seen one token). What items, position buckets
+    and paired intervals are made of; `stats` is their sum."""
+
+    position: np.ndarray  # int
+    kl: np.ndarray  # nats
+    nll: np.ndarray  # of the true next token under the measured setting
+    base_nll: np.ndarray  # the same under the baseline
+    top1_match: np.ndarray  # bool: argmax equal to the baseline's
+    correct: np.ndarray  # bool: argmax is the true next token, under the measured setting
+    base_correct: np.ndarray  # the same under the baseline
+
+    @property
+    def stats(self) -> DivergenceStats:
+        return DivergenceStats(int(self.position.size), float(self.kl.sum()), int(self.top1_match.sum()),
+                               float(self.nll.sum()), float(self.base_nll.sum()))
+
+
+def compare_positions(base: torch.Tensor, new: torch.Tensor, targets: torch.Tensor) -> PositionScores:
+    """Exact per-position measures from full logits `[n, vocab]`; `targets [n]` are the true next tokens."""
     if base.shape != new.shape or base.shape[0] != targets.shape[0]:
         raise ValueError(f"logits {tuple(base.shape)} vs {tuple(new.shape)} and targets {tuple(targets.shape)} must align")
     base_lp = torch.log_softmax(base.double(), dim=-1)
     new_lp = torch.log_softmax(new.double(), dim=-1)
     kl = (base_lp.exp() * (base_lp - new_lp)).sum(-1).clamp_min(0.0)  # rounding can make an exact 0 slightly < 0
     rows = torch.arange(targets.shape[0])
-    return DivergenceStats(
-        positions=int(targets.shape[0]),
-        kl_sum=float(kl.sum()),
-        top1_matches=int((base.argmax(-1) == new.argmax(-1)).sum()),
-        nll_sum=float(-new_lp[rows, targets].sum()),
-        base_nll_sum=float(-base_lp[rows, targets].sum()),
+    base_top, new_top = base.argmax(-1), new.argmax(-1)
+    return PositionScores(
+        position=np.arange(int(targets.shape[0])),
+        kl=kl.numpy(),
+        nll=(-new_lp[rows, targets]).numpy(),
+        base_nll=(-base_lp[rows, targets]).numpy(),
+        top1_match=(base_top == new_top).numpy(),
+        correct=(new_top == targets).numpy(),
+        base_correct=(base_top == targets).numpy(),
     )
+
+
+def compare_logits(base: torch.Tensor, new: torch.Tensor, targets: torch.Tensor) -> DivergenceStats:
+    """Exact measures from full logits `[n, vocab]` of the same positions; `targets [n]` are the true next tokens."""
+    return compare_positions(base, new, targets).stats
 
 
 def topk_kl(base_top: Mapping[int, float], new_top: Mapping[int, float], vocab_size: int) -> float:
