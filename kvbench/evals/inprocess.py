@@ -4,7 +4,8 @@ Windows of a corpus go through `LlamaForCausalLM` over a `PagedKVCache` in the K
 static scales the engine itself installs (`calibrate_kv_scales` on the engine's fixed calibration text, same
 margin) unless a `Calibration` says otherwise (the calibration study). Each window is one forward: its tokens
 write K/V into the pages and read them back, as the engine does, so every position attends to quantized K/V.
-Greedy generations go through the real `Engine` (scheduler, chunked prefill, decode steps).
+Greedy generations go through the real `Engine` (scheduler, chunked prefill, decode steps); passkey prompts
+are teacher-forced windows scored at the answer (`passkey.retrieved`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from kvbench.engines.kvengine.config import EngineConfig
@@ -26,6 +26,7 @@ from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.evals.divergence import EMPTY, DivergenceStats, PositionScores, compare_positions
 from kvbench.evals.kv_settings import KVSetting
+from kvbench.evals.passkey import PasskeyPrompt, retrieved
 
 
 @dataclass(frozen=True)
@@ -143,14 +144,39 @@ def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
     return [outputs[str(i)] for i in range(len(prompts))]
 
 
-def rag_chat_prompts(vocab_size: int, count: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
-    """First-turn prompts (system + documents + user turn) of `rag-chat-mini` sessions, keeping the last
-    `max_prompt_tokens` tokens of each (the user turn and the documents closest to it)."""
-    from kvbench.workloads.profiles import load_workload
+def corpus_prompts(ids: Sequence[int], count: int, prompt_tokens: int) -> list[list[int]]:
+    """`count` real-text prompts of `prompt_tokens` consecutive corpus tokens, taken from the corpus's end
+    backwards (the divergence windows read it from the start), wrapping round when the corpus is short."""
+    ids = list(ids)
+    if len(ids) < prompt_tokens:
+        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one prompt of {prompt_tokens}")
+    starts = [len(ids) - (i + 1) * prompt_tokens for i in range(count)]
+    span = len(ids) - prompt_tokens + 1
+    return [ids[start % span : start % span + prompt_tokens] for start in starts]
 
-    workload = load_workload("rag-chat-mini", seed=seed, num_sessions=count, vocab_size=vocab_size)
-    prompts = []
-    for session in workload.sessions[:count]:
-        ids = np.concatenate([session.context, session.turns[0].user_tokens]).tolist()
-        prompts.append(ids[-max_prompt_tokens:])
-    return prompts
+
+def passkey_pass(loaded: LoadedModel, baseline: KVSetting, settings: Sequence[KVSetting],
+                 prompts: Sequence[PasskeyPrompt], keep: Callable[[Sequence[bool]], bool],
+                 on_prompt: Callable[[str], None] | None = None) -> dict[str, dict[int, list[bool]]]:
+    """Retrieval of every prompt, per setting and length. The baseline runs first on every length; the other
+    settings run only on the lengths whose baseline outcomes `keep` accepts (a length the baseline fails at
+    says nothing about a KV format)."""
+    lengths = list(dict.fromkeys(p.length for p in prompts))
+
+    def run(setting: KVSetting, chosen: Sequence[int]) -> dict[int, list[bool]]:
+        scales = setting_scales(loaded, setting)
+        out: dict[int, list[bool]] = {}
+        for prompt in prompts:
+            if prompt.length in chosen:
+                if on_prompt is not None:
+                    on_prompt(f"passkey: {setting.label} length {prompt.length} depth {prompt.depth:g}")
+                logits = window_logits(loaded, setting, prompt.ids, scales=scales)
+                out.setdefault(prompt.length, []).append(retrieved(logits.argmax(-1).tolist(), prompt))
+        return out
+
+    results = {baseline.label: run(baseline, lengths)}
+    kept = [length for length in lengths if keep(results[baseline.label][length])]
+    for setting in settings:
+        if setting.label != baseline.label:
+            results[setting.label] = run(setting, kept)
+    return results

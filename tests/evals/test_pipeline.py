@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
-from kvbench.evals.inprocess import divergence_pass, greedy_generations, rag_chat_prompts, windows
+from kvbench.evals.inprocess import divergence_pass, corpus_prompts, greedy_generations, windows
 from kvbench.evals.kv_settings import KVSetting, kv_settings
 from kvbench.evals.runner import EvalConfig, run_eval
 from kvbench.measure.run_folder import EVAL_JSON, read_eval_metrics
@@ -30,7 +30,7 @@ def test_unquantized_against_itself_gives_kl_zero_and_full_top1_agreement(tiny):
 
 
 def test_greedy_generations_of_the_baseline_repeat_exactly(tiny):
-    prompts = rag_chat_prompts(tiny.config.vocab_size, 2, 64)
+    prompts = corpus_prompts(list(range(40, 240)), 2, 64)
     first = greedy_generations(tiny, "tiny-random", FP32, prompts, 8)
     again = greedy_generations(tiny, "tiny-random", FP32, prompts, 8)
     assert first == again and all(len(tokens) == 8 for tokens in first)
