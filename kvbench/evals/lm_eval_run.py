@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.evals.tasks import render_tasks
+from kvbench.evals.tasks import DATA_DIR, render_tasks
 
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -43,6 +43,7 @@ class LMEvalOptions:
     num_concurrent: int = 2
     max_length: int = 2048
     bootstrap_iters: int = 1000  # perplexity stderr comes from a bootstrap; lm-eval's default 100k is slow
+    data_dir: Path = DATA_DIR  # where the tasks' YAML and JSONL live (a test points it at its own documents)
 
 
 def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, work_dir: Path) -> list[TaskScore]:
@@ -51,7 +52,7 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    task_dir = render_tasks(tasks, work_dir / "lm_eval_tasks")
+    task_dir = render_tasks(tasks, work_dir / "lm_eval_tasks", options.data_dir)
     results = lm_eval.simple_evaluate(
         model="local-completions",
         model_args={

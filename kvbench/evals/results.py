@@ -138,8 +138,10 @@ def _direct_rows(label: str, source: str, metrics: Sequence[DirectMetric]) -> li
             interval = None if m.delta.ci_low is None else (m.delta.ci_low, m.delta.ci_high)
             rows.append(_row(label, source, m.name, m.value, m.baseline, value_ci=interval, items=m.delta.items))
         else:
-            rows.append(_row(label, source, m.name, m.value, m.baseline, delta_pct=m.delta, mcnemar=m.mcnemar,
-                             items=m.delta.items))
+            row = _row(label, source, m.name, m.value, m.baseline, delta_pct=m.delta, mcnemar=m.mcnemar,
+                       items=m.delta.items)
+            # agreement measures drift, not quality: the "loss < 0.5%" claim is about perplexity and accuracy
+            rows.append(dataclasses.replace(row, verdict=None) if m.name in DRIFT_ONLY else row)
     return rows
 
 
@@ -211,6 +213,7 @@ def aggregate_delta_pct(rows: Sequence[MetricRow], setting: str) -> float | None
     return sum(changes) / len(changes)
 
 
+DRIFT_ONLY = ("top1_agreement",)
 SUMMARY_DIRECT = ("kl", "top1_agreement", "perplexity", "next_token_acc", "greedy_exact_match")
 
 
