@@ -93,8 +93,9 @@ def position_pass(
     on_window: Callable[[int, int], None] | None = None,
 ) -> dict[str, list[PositionScores]]:
     """Per-position measures of every setting against `baseline`, one `PositionScores` per window (keyed by
-    setting label). Every setting is recomputed, the baseline too: its row then checks that the pipeline is
-    deterministic (KL 0, top-1 agreement 100%). Only one window's baseline logits are held at a time."""
+    setting label). The baseline's own row compares its logits with themselves (one forward less per window;
+    that a recompute gives the same logits is tests/evals/test_pipeline.py's business). Only one window's
+    baseline logits are held at a time."""
     fixed = calibration.source == "engine"
     scales = {s.label: setting_scales(loaded, s, calibration) for s in [baseline, *settings]} if fixed else {}
     out: dict[str, list[PositionScores]] = {setting.label: [] for setting in settings}
@@ -102,7 +103,8 @@ def position_pass(
         base = window_logits(loaded, baseline, ids, calibration, scales.get(baseline.label))[:-1]
         targets = torch.tensor(ids[1:])
         for setting in settings:
-            new = window_logits(loaded, setting, ids, calibration, scales.get(setting.label))[:-1]
+            same = setting.label == baseline.label
+            new = base if same else window_logits(loaded, setting, ids, calibration, scales.get(setting.label))[:-1]
             out[setting.label].append(compare_positions(base, new, targets))
         if on_window is not None:
             on_window(index + 1, len(token_windows))

@@ -353,3 +353,90 @@ def _markdown(frame: pd.DataFrame, fmt) -> str:
                  for column, value in row.items()]
         body.append("| " + " | ".join(cells) + " |")
     return "\n".join([header, rule, *body])
+
+
+def layer_frames(errors: Sequence) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per (setting, K/V): mean and worst relative error with the worst (layer, head) and the largest outlier
+    ratio; and per (dtype, K/V, layer): tensor-scale error over channel-scale error (> 1: channel scales help)."""
+    frame = pd.DataFrame([e.__dict__ for e in errors])
+    if frame.empty:
+        return frame, frame
+    rows = []
+    for (setting, tensor), group in frame.groupby(["setting", "tensor"], sort=False):
+        worst = group.loc[group["rel_error"].idxmax()]
+        peak = group.loc[group["outlier"].idxmax()]
+        rows.append({"setting": setting, "tensor": tensor, "mean_rel_error": group["rel_error"].mean(),
+                     "worst_rel_error": worst["rel_error"], "worst_at": f"layer {worst['layer']} head {worst['head']}",
+                     "max_outlier": peak["outlier"], "outlier_at": f"layer {peak['layer']} head {peak['head']}"})
+    frame["dtype"] = frame["setting"].str.split("/").str[0]
+    frame["scale"] = frame["setting"].str.split("/").str[1]
+    per_layer = frame.groupby(["dtype", "tensor", "layer", "scale"])["rel_error"].mean().unstack("scale")
+    gains = pd.DataFrame()
+    if {"tensor", "channel"} <= set(per_layer.columns):
+        per_layer = per_layer.reset_index()
+        per_layer["tensor_over_channel"] = per_layer["tensor"] / per_layer["channel"]
+        gains = (per_layer.sort_values("tensor_over_channel", ascending=False).groupby(["dtype", "tensor"])
+                 .head(3).rename(columns={"tensor": "tensor_scale_err", "channel": "channel_scale_err"}))
+        gains = gains.rename(columns={"tensor_scale_err": "tensor_scale_err"})
+    return pd.DataFrame(rows), gains
+
+
+def write_layer_profile(errors: Sequence, run_dir: Path) -> str:
+    """eval_layers.csv and eval_layers.png; returns the markdown section for eval.md."""
+    from kvbench.evals.plots import layer_plot
+    from kvbench.measure.run_folder import EVAL_LAYERS_CSV, EVAL_LAYERS_PNG
+
+    frame = pd.DataFrame([e.__dict__ for e in errors])
+    if frame.empty:
+        return ""
+    frame.to_csv(run_dir / EVAL_LAYERS_CSV, index=False)
+    maps = {}
+    for (setting, tensor), group in frame.groupby(["setting", "tensor"], sort=False):
+        maps[f"{setting} {tensor}"] = group.pivot(index="layer", columns="head", values="rel_error").to_numpy()
+    layer_plot(maps, run_dir / EVAL_LAYERS_PNG, "Relative K/V quantisation error per layer (rows) and KV head")
+    summary, gains = layer_frames(errors)
+    lines = ["## Where the quantisation error lives (per layer and KV head)", "",
+             f"![layers]({EVAL_LAYERS_PNG}) (every value: {EVAL_LAYERS_CSV}). rel_error = ||decoded - exact|| / "
+             "||exact|| over one window of real text; outlier = max|x| / rms(x) of the head.", "",
+             _markdown(summary, _row_format), ""]
+    if not gains.empty:
+        lines += ["Layers that gain most from channel scales (mean over heads; tensor-scale error / channel-scale "
+                  "error):", "", _markdown(gains.reset_index(drop=True), _row_format), ""]
+    return "\n".join(lines)
+
+
+def write_tradeoff(frame: pd.DataFrame, run_dir: Path, source: Path) -> str:
+    """eval_tradeoff.csv/.md/.png from `tradeoff.tradeoff_frame`; returns the markdown section for eval.md."""
+    from kvbench.evals.plots import tradeoff_plot
+    from kvbench.measure.run_folder import EVAL_TRADEOFF_CSV, EVAL_TRADEOFF_MD, EVAL_TRADEOFF_PNG
+
+    frame.to_csv(run_dir / EVAL_TRADEOFF_CSV, index=False)
+    tradeoff_plot(frame.to_dict("records"), run_dir / EVAL_TRADEOFF_PNG)
+    shown = frame.copy()
+    for prefix in [c[: -len("_delta_pct")] for c in frame.columns if c.endswith("_delta_pct")]:
+        shown[f"{prefix} delta % [95% CI]"] = [
+            _with_interval(d, lo, hi) for d, lo, hi in zip(frame[f"{prefix}_delta_pct"], frame[f"{prefix}_ci_low"],
+                                                           frame[f"{prefix}_ci_high"])]
+        shown = shown.drop(columns=[f"{prefix}_delta_pct", f"{prefix}_ci_low", f"{prefix}_ci_high"])
+    section = "\n".join([
+        "## Quality beside performance", "",
+        f"Performance from the `kvbench run` folder {source} (mean over its valid points per KV setting), quality "
+        f"from this eval. ![tradeoff]({EVAL_TRADEOFF_PNG})", "", _markdown(shown, _tradeoff_format), ""])
+    (run_dir / EVAL_TRADEOFF_MD).write_text(section)
+    return section
+
+
+def _with_interval(delta, low, high) -> str:
+    if delta is None or (isinstance(delta, float) and math.isnan(delta)):
+        return "n/a"
+    if low is None or high is None or (isinstance(low, float) and math.isnan(low)):
+        return f"{delta:+.2f}%"
+    return f"{delta:+.2f}% [{low:+.2f}, {high:+.2f}]"
+
+
+def _tradeoff_format(column: str, value: object) -> str:
+    if column.endswith("_rate") or column == "top1_agreement":
+        return f"{100 * value:.1f}%"
+    if column == "kl":
+        return f"{value:.2e}"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)

@@ -61,6 +61,8 @@ class EvalConfig:
     greedy_tokens: int = 16
     passkey_lengths: tuple[int, ...] = ()
     passkey_depths: tuple[float, ...] = DEPTHS
+    layer_profile: bool = True
+    perf_run: str | None = None  # a `kvbench run` folder of the same KV settings: the quality-vs-performance table
     tokenizer: str | None = None
     engine_settings: Mapping[str, object] = field(default_factory=dict)
     startup_timeout_s: float = 600.0
@@ -98,6 +100,8 @@ FULL_RUN = {"limit": 40, "tasks": ["kvb_plays_mc", "kvb_britannica_cloze"], "div
             "passkey_lengths": [1024, 2048, 4096]}
 # A passkey length is used for the KV settings when the baseline retrieves at least this share of its prompts.
 PASSKEY_BASELINE_MIN = 0.8
+LAYERS = "layers"  # the key of the per-layer profile's markdown section among the in-process results
+LAYER_TOKENS = 1024  # tokens of real text the per-layer K/V profile encodes
 
 
 def load_eval_config(values: Mapping[str, object], where: str) -> EvalConfig:
@@ -111,6 +115,10 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
     """Run every setting, write the tables into `run_dir` and return their paths."""
     settings = config.settings
     baseline = baseline_of(settings)
+    if config.perf_run is not None:  # a bad folder fails before the long part, not after it
+        from kvbench.measure.run_folder import read_entries
+
+        read_entries(Path(config.perf_run))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / EVAL_CONFIG_JSON).write_text(json.dumps(dataclasses.asdict(config), indent=2, default=str))
     started = time.monotonic()
@@ -123,12 +131,20 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
     measured: dict[str, dict] = {}
     method = ""
     if config.divergence and config.engine in IN_PROCESS_ENGINES:
-        measured = _in_process(config, settings, baseline, progress)
+        measured = _in_process(config, settings, baseline, progress, run_dir)
         method = "exact (full-vocabulary logits, in-process)"
     elif config.divergence:
         progress(f"divergence: skipped, {config.engine} is not run in-process (lm-eval results only)")
+    sections = [measured.pop(LAYERS)] if LAYERS in measured else []
     results = [SettingResult(s.label, scores[s.label], divergence_method=method, **measured.get(s.label, {}))
                for s in settings]
+    if config.perf_run is not None:
+        from kvbench.evals.results import metric_rows, write_tradeoff
+        from kvbench.evals.tradeoff import perf_by_setting, tradeoff_frame
+
+        perf = perf_by_setting(Path(config.perf_run), config.engine)
+        frame = tradeoff_frame(perf, metric_rows(results, baseline.label), [s.label for s in settings])
+        sections.insert(0, write_tradeoff(frame, run_dir, Path(config.perf_run)))
     notes = {
         "engine": config.engine, "model": config.model, "tasks": ", ".join(config.tasks),
         "lm-eval limit": "all documents" if config.limit is None else f"{config.limit} documents per task",
@@ -143,7 +159,7 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
         "scales": f"static, from the engine's calibration text (margin {DEFAULT_MARGIN:g}), as the engine serves",
         "wall time": f"{time.monotonic() - started:.0f} s",
     }
-    return write_tables(results, baseline.label, run_dir, notes)
+    return write_tables(results, baseline.label, run_dir, notes, sections)
 
 
 def _adapter(config: EvalConfig, setting: KVSetting, run_dir: Path):
@@ -186,7 +202,7 @@ def _engine_tokenizer(config: EvalConfig, run_dir: Path) -> Path:
     return resolve_source(config.model)
 
 
-def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Progress) -> dict[str, dict]:
+def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Progress, run_dir: Path) -> dict[str, dict]:
     """Direct measures, position buckets, passkey and greedy divergence: SettingResult fields per label."""
     from kvbench.engines.kvengine.model.loader import load_model
     from kvbench.engines.kvengine.runtime.engine import TINY_RANDOM
@@ -218,6 +234,12 @@ def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Pro
             "positions": tuple((low, high, tuple(direct_metrics(make_items(windows_of, config.item_tokens, low, high))))
                                for low, high in spans),
         }
+    if config.layer_profile:
+        from kvbench.evals.layers import layer_errors
+        from kvbench.evals.results import write_layer_profile
+
+        progress("per-layer K/V error profile")
+        out[LAYERS] = write_layer_profile(layer_errors(loaded, settings, token_windows[0][:LAYER_TOKENS]), run_dir)
     if config.passkey_lengths:
         encode = lambda t: list(loaded.tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
         prompts = passkey_prompts(encode, ids, config.passkey_lengths, config.passkey_depths)

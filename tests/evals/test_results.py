@@ -1,5 +1,7 @@
 """Deltas, the aggregate and eval.json from hand-made results."""
 
+from pathlib import Path
+
 import pytest
 
 from kvbench.evals.divergence import DivergenceStats
@@ -67,3 +69,32 @@ def test_task_deltas_are_paired_by_document_with_mcnemar():
     assert row.p_value == pytest.approx(2 * (1 + 5) / 2 ** 5)  # McNemar: 4 lost, 1 gained -> 2 P(X <= 1 | 5)
     assert row.verdict.startswith("cannot resolve")  # 20 documents cannot tell 0.5% apart
     assert rows["fp32"].verdict is None and rows["fp32"].p_value == 1.0
+
+
+def test_tradeoff_puts_a_run_folders_performance_beside_the_evals_deltas(tmp_path):
+    import pandas as pd
+
+    from kvbench.evals.items import DirectMetric
+    from kvbench.evals.paired import PairedDelta
+    from kvbench.evals.results import write_tradeoff
+    from kvbench.evals.tradeoff import perf_by_setting, tradeoff_frame
+
+    run = Path(__file__).parents[2] / "results" / "baselines" / "nightly-cpu"  # a real `kvbench run` folder, fp32 KV
+    perf = perf_by_setting(run, "kvengine")  # its vLLM points are left out
+    table = pd.read_csv(run / "summary.csv")
+    overall = table[(table["tenant"] == "all") & (table["kv_dtype"] == "fp32")]
+    assert set(perf) == {"fp32", "fp8_e4m3/tensor"} and perf["fp32"]["points"] == len(overall) == 3
+    assert perf["fp32"]["output_tok_s"] == pytest.approx(overall["output_tok_s"].mean())
+    assert perf["fp32"]["prefill_recompute_rate"] == pytest.approx(overall["prefill_recompute_rate"].mean())
+    ppl = DirectMetric("perplexity", 21.5, 21.3, PairedDelta(-0.9, -1.2, -0.6, 120), "delta_pct")
+    results = [SettingResult("fp32", direct=(DirectMetric("perplexity", 21.3, 21.3, PairedDelta(0.0, 0.0, 0.0, 120),
+                                                          "delta_pct"),)),
+               SettingResult("fp8_e4m3/tensor", direct=(ppl,)), SettingResult("fp8_e5m2/tensor", direct=(ppl,))]
+    frame = tradeoff_frame(perf, metric_rows(results, "fp32"), ["fp32", "fp8_e4m3/tensor"])
+    fp8 = frame.set_index("kv_setting").loc["fp8_e4m3/tensor"]
+    assert fp8["perplexity_delta_pct"] == -0.9 and (fp8["perplexity_ci_low"], fp8["perplexity_ci_high"]) == (-1.2, -0.6)
+    assert fp8["run_points"] == 3 and fp8["output_tok_s"] > 0
+    other = tradeoff_frame(perf, metric_rows(results, "fp32"), ["fp32", "fp8_e5m2/tensor"]).set_index("kv_setting")
+    assert pd.isna(other.loc["fp8_e5m2/tensor", "output_tok_s"])  # not in the run: missing, not 0
+    section = write_tradeoff(frame, tmp_path, run)
+    assert "-0.90% [-1.20, -0.60]" in section and (tmp_path / "eval_tradeoff.png").exists()
