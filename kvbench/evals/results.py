@@ -244,8 +244,17 @@ def claims_frame(rows: Sequence[MetricRow], baseline: str) -> pd.DataFrame:
         "setting": row.setting, "source": row.source, "metric": row.name, "value": row.value,
         "baseline": row.baseline, "delta_pct": row.delta_pct, "ci_low": row.ci_low, "ci_high": row.ci_high,
         "detectable_pct": (row.ci_high - row.ci_low) / 2.0, "p_mcnemar": row.p_value, "items": row.items,
-        "verdict": row.verdict,
+        "items_for_claim": items_for_claim(row), "verdict": row.verdict,
     } for row in picked])
+
+
+def items_for_claim(row: MetricRow, claim_pct: float = CLAIM_PCT) -> int | None:
+    """Items a run would need for this delta's interval half-width to reach `claim_pct` (half-width scales as
+    1/sqrt(items) at the observed per-item variance); None without an interval."""
+    if row.ci_low is None or row.ci_high is None or not row.items:
+        return None
+    half = (row.ci_high - row.ci_low) / 2.0
+    return max(1, math.ceil(row.items * (half / claim_pct) ** 2))
 
 
 def baseline_frame(results: Sequence[SettingResult], baseline: str) -> pd.DataFrame:
@@ -303,7 +312,8 @@ def write_tables(results: Sequence[SettingResult], baseline: str, run_dir: Path,
     if not claims.empty:
         lines += [f"## Paired deltas with 95% intervals (the claim tested: loss < {CLAIM_PCT:g}%)", "",
                   "delta % is signed (negative = worse). `detectable_pct` is the interval's half-width: roughly the "
-                  "smallest change this run can tell from zero. An interval wider than the claim reads "
+                  "smallest change this run can tell from zero; `items_for_claim`: the items a run needs for a half-width of "
+                  f"{CLAIM_PCT:g}% at the observed per-item variance. An interval wider than the claim reads "
                   "'cannot resolve', never 'no loss'. p_mcnemar: exact test on items that flipped.", "",
                   _markdown(claims, _row_format), ""]
     if positions:

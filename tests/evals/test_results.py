@@ -98,3 +98,11 @@ def test_tradeoff_puts_a_run_folders_performance_beside_the_evals_deltas(tmp_pat
     assert pd.isna(other.loc["fp8_e5m2/tensor", "output_tok_s"])  # not in the run: missing, not 0
     section = write_tradeoff(frame, tmp_path, run)
     assert "-0.90% [-1.20, -0.60]" in section and (tmp_path / "eval_tradeoff.png").exists()
+
+
+def test_items_for_the_claim_scale_with_the_square_of_the_half_width():
+    from kvbench.evals.results import MetricRow, items_for_claim
+
+    row = MetricRow("fp8", "direct", "perplexity", 21.5, None, 21.3, 0.2, -0.9, -1.9, 0.1, "delta_pct", None, 100)
+    assert items_for_claim(row) == 400  # half-width 1.0% -> (1.0 / 0.5)^2 x 100 items
+    assert items_for_claim(MetricRow("fp8", "direct", "kl", 0.1, None, 0.0, 0.1, None)) is None
