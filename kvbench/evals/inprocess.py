@@ -24,7 +24,7 @@ from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
-from kvbench.evals.divergence import EMPTY, DivergenceStats, PositionScores, compare_positions
+from kvbench.evals.divergence import EMPTY, DivergenceStats, PositionScores, Reference, compare_positions
 from kvbench.evals.kv_settings import KVSetting
 from kvbench.evals.passkey import PasskeyPrompt, retrieved
 
@@ -101,11 +101,12 @@ def position_pass(
     out: dict[str, list[PositionScores]] = {setting.label: [] for setting in settings}
     for index, ids in enumerate(token_windows):
         base = window_logits(loaded, baseline, ids, calibration, scales.get(baseline.label))[:-1]
-        targets = torch.tensor(ids[1:])
+        reference = Reference.of(base, torch.tensor(ids[1:]))
         for setting in settings:
             same = setting.label == baseline.label
             new = base if same else window_logits(loaded, setting, ids, calibration, scales.get(setting.label))[:-1]
-            out[setting.label].append(compare_positions(base, new, targets))
+            out[setting.label].append(compare_positions(reference, new))
+        del reference
         if on_window is not None:
             on_window(index + 1, len(token_windows))
     return out
