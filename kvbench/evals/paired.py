@@ -10,8 +10,9 @@ resampling code, `kvbench.harness.bootstrap`: a resample is a row of counts, a r
 Accuracy flips (item right under one side, wrong under the other) get McNemar's exact test: under "no
 difference" the b flips right->wrong and c flips wrong->right are Binomial(b + c, 1/2).
 
-A claim "the loss is under `claim`" is resolvable only when the interval's half-width is under `claim`:
-`verdict` says "cannot resolve" otherwise, so a small run never reads as "no loss".
+A claim "the loss is under `claim`" is decided when the interval lies wholly on one side of -claim; an
+interval that spans it and is wider than the claim reads "cannot resolve", so a small run never reads as
+"no loss".
 """
 
 from __future__ import annotations
@@ -107,14 +108,18 @@ def proportion_ci(successes: int, trials: int, confidence: float = CONFIDENCE) -
 
 
 def verdict(delta_pct: PairedDelta, claim_pct: float = CLAIM_PCT) -> str:
-    """What a signed delta in % (negative = a loss) says about "the loss is under `claim_pct`%"."""
+    """What a signed delta in % (negative = a loss) says about "the loss is under `claim_pct`%".
+
+    An interval wholly above -claim shows the loss is under it; wholly below, that it is over it (however wide
+    the interval). An interval that spans -claim cannot decide; when it is also wider than the claim itself
+    (half-width > claim) the run "cannot resolve" a loss of that size at all."""
     half = delta_pct.half_width
     if half is None or not math.isfinite(half):
         return "cannot resolve (too few items)"
-    if half > claim_pct:
-        return f"cannot resolve (CI half-width {half:.2f}% > {claim_pct:g}%)"
     if delta_pct.ci_low >= -claim_pct:
         return f"loss < {claim_pct:g}%"
     if delta_pct.ci_high < -claim_pct:
         return f"loss > {claim_pct:g}%"
-    return f"loss near {claim_pct:g}% (CI spans it)"
+    if half > claim_pct:
+        return f"cannot resolve (CI half-width {half:.2f}% > {claim_pct:g}%)"
+    return f"undecided at {claim_pct:g}% (CI spans it)"

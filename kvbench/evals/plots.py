@@ -10,7 +10,7 @@ import numpy as np
 
 
 @contextlib.contextmanager
-def _figure(path: Path, panels: int, title: str, width: float = 4.2):
+def _figure(path: Path, panels: int, title: str, width: float = 4.2, tight: bool = True):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,7 +20,8 @@ def _figure(path: Path, panels: int, title: str, width: float = 4.2):
     try:
         yield figure, axes[0]
         figure.suptitle(title)
-        figure.tight_layout()
+        if tight:
+            figure.tight_layout()
         figure.savefig(path, dpi=110)
     finally:
         plt.close(figure)
@@ -59,7 +60,7 @@ def _mid(source: str) -> float:
 def layer_plot(errors: dict[str, np.ndarray], path: Path, title: str) -> None:
     """Heatmaps of relative quantisation error [layer, kv head], one per (setting, K or V) in `errors`."""
     names = list(errors)
-    with _figure(path, len(names), title, width=2.6) as (figure, axes):
+    with _figure(path, len(names), title, width=2.6, tight=False) as (figure, axes):  # a shared colorbar
         top = max(float(np.nanmax(values)) for values in errors.values())
         for axis, name in zip(axes, names):
             image = axis.imshow(errors[name], aspect="auto", cmap="viridis", vmin=0.0, vmax=top)

@@ -380,14 +380,14 @@ def layer_frames(errors: Sequence) -> tuple[pd.DataFrame, pd.DataFrame]:
                      "max_outlier": peak["outlier"], "outlier_at": f"layer {peak['layer']} head {peak['head']}"})
     frame["dtype"] = frame["setting"].str.split("/").str[0]
     frame["scale"] = frame["setting"].str.split("/").str[1]
-    per_layer = frame.groupby(["dtype", "tensor", "layer", "scale"])["rel_error"].mean().unstack("scale")
+    per_layer = (frame.rename(columns={"tensor": "kv"}).groupby(["dtype", "kv", "layer", "scale"])["rel_error"]
+                 .mean().unstack("scale"))
     gains = pd.DataFrame()
     if {"tensor", "channel"} <= set(per_layer.columns):
-        per_layer = per_layer.reset_index()
-        per_layer["tensor_over_channel"] = per_layer["tensor"] / per_layer["channel"]
-        gains = (per_layer.sort_values("tensor_over_channel", ascending=False).groupby(["dtype", "tensor"])
-                 .head(3).rename(columns={"tensor": "tensor_scale_err", "channel": "channel_scale_err"}))
-        gains = gains.rename(columns={"tensor_scale_err": "tensor_scale_err"})
+        per_layer = per_layer[["tensor", "channel"]].rename(columns={"tensor": "tensor_scale_err",
+                                                                     "channel": "channel_scale_err"}).reset_index()
+        per_layer["tensor_over_channel"] = per_layer["tensor_scale_err"] / per_layer["channel_scale_err"]
+        gains = per_layer.sort_values("tensor_over_channel", ascending=False).groupby(["dtype", "kv"]).head(3)
     return pd.DataFrame(rows), gains
 
 

@@ -53,7 +53,9 @@ def test_clopper_pearson_interval():
 def test_verdict_names_what_the_interval_can_resolve():
     assert verdict(PairedDelta(-0.2, -0.4, 0.0, 100)) == "loss < 0.5%"
     assert verdict(PairedDelta(-1.0, -1.3, -0.7, 100)) == "loss > 0.5%"
-    assert verdict(PairedDelta(-0.5, -0.8, -0.2, 100)) == "loss near 0.5% (CI spans it)"
+    assert verdict(PairedDelta(-0.5, -0.8, -0.2, 100)) == "undecided at 0.5% (CI spans it)"
+    assert verdict(PairedDelta(-3.0, -4.5, -1.5, 100)) == "loss > 0.5%"  # wide, but wholly beyond the claim
+    assert verdict(PairedDelta(0.1, -0.45, 0.9, 100)) == "loss < 0.5%"  # wide, but wholly inside it
     assert verdict(PairedDelta(-0.2, -1.2, 0.8, 100)).startswith("cannot resolve (CI half-width 1.00% > 0.5%)")
     assert verdict(PairedDelta(0.0, None, None, 1)).startswith("cannot resolve")
 
