@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -55,21 +56,70 @@ class DivergenceStats:
 EMPTY = DivergenceStats(0, 0.0, 0, 0.0, 0.0)
 
 
+@dataclass(frozen=True)
+class PositionScores:
+    """Per-position measures of one window (numpy arrays of equal length; `position[i]` is the index in the
+    window of the token whose next token is scored, so 0 has seen one token). What items, position buckets
+    and paired intervals are made of; `stats` is their sum."""
+
+    position: np.ndarray  # int
+    kl: np.ndarray  # nats
+    nll: np.ndarray  # of the true next token under the measured setting
+    base_nll: np.ndarray  # the same under the baseline
+    top1_match: np.ndarray  # bool: argmax equal to the baseline's
+    correct: np.ndarray  # bool: argmax is the true next token, under the measured setting
+    base_correct: np.ndarray  # the same under the baseline
+
+    @property
+    def stats(self) -> DivergenceStats:
+        return DivergenceStats(int(self.position.size), float(self.kl.sum()), int(self.top1_match.sum()),
+                               float(self.nll.sum()), float(self.base_nll.sum()))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The baseline's side of a comparison, computed once per window and reused for every setting."""
+
+    log_probs: torch.Tensor  # [n, vocab] float64
+    probs: torch.Tensor
+    top: torch.Tensor  # [n] argmax
+    targets: torch.Tensor  # [n] the true next tokens
+    nll: np.ndarray
+
+    @classmethod
+    def of(cls, base: torch.Tensor, targets: torch.Tensor) -> Reference:
+        if base.shape[0] != targets.shape[0]:
+            raise ValueError(f"logits {tuple(base.shape)} and targets {tuple(targets.shape)} must align")
+        log_probs = torch.log_softmax(base.double(), dim=-1)
+        rows = torch.arange(targets.shape[0])
+        return cls(log_probs, log_probs.exp(), base.argmax(-1), targets, (-log_probs[rows, targets]).numpy())
+
+
+def compare_positions(base: torch.Tensor | Reference, new: torch.Tensor, targets: torch.Tensor | None = None) -> PositionScores:
+    """Exact per-position measures from full logits `[n, vocab]`; `targets [n]` are the true next tokens
+    (or `base` is a `Reference` that holds them)."""
+    ref = base if isinstance(base, Reference) else Reference.of(base, targets)
+    if ref.log_probs.shape != new.shape:
+        raise ValueError(f"logits {tuple(ref.log_probs.shape)} vs {tuple(new.shape)} and targets "
+                         f"{tuple(ref.targets.shape)} must align")
+    new_lp = torch.log_softmax(new.double(), dim=-1)
+    kl = (ref.probs * (ref.log_probs - new_lp)).sum(-1).clamp_min(0.0)  # rounding can make an exact 0 slightly < 0
+    rows = torch.arange(ref.targets.shape[0])
+    new_top = new.argmax(-1)
+    return PositionScores(
+        position=np.arange(int(ref.targets.shape[0])),
+        kl=kl.numpy(),
+        nll=(-new_lp[rows, ref.targets]).numpy(),
+        base_nll=ref.nll,
+        top1_match=(ref.top == new_top).numpy(),
+        correct=(new_top == ref.targets).numpy(),
+        base_correct=(ref.top == ref.targets).numpy(),
+    )
+
+
 def compare_logits(base: torch.Tensor, new: torch.Tensor, targets: torch.Tensor) -> DivergenceStats:
     """Exact measures from full logits `[n, vocab]` of the same positions; `targets [n]` are the true next tokens."""
-    if base.shape != new.shape or base.shape[0] != targets.shape[0]:
-        raise ValueError(f"logits {tuple(base.shape)} vs {tuple(new.shape)} and targets {tuple(targets.shape)} must align")
-    base_lp = torch.log_softmax(base.double(), dim=-1)
-    new_lp = torch.log_softmax(new.double(), dim=-1)
-    kl = (base_lp.exp() * (base_lp - new_lp)).sum(-1).clamp_min(0.0)  # rounding can make an exact 0 slightly < 0
-    rows = torch.arange(targets.shape[0])
-    return DivergenceStats(
-        positions=int(targets.shape[0]),
-        kl_sum=float(kl.sum()),
-        top1_matches=int((base.argmax(-1) == new.argmax(-1)).sum()),
-        nll_sum=float(-new_lp[rows, targets].sum()),
-        base_nll_sum=float(-base_lp[rows, targets].sum()),
-    )
+    return compare_positions(base, new, targets).stats
 
 
 def topk_kl(base_top: Mapping[int, float], new_top: Mapping[int, float], vocab_size: int) -> float:

@@ -4,7 +4,8 @@ Windows of a corpus go through `LlamaForCausalLM` over a `PagedKVCache` in the K
 static scales the engine itself installs (`calibrate_kv_scales` on the engine's fixed calibration text, same
 margin) unless a `Calibration` says otherwise (the calibration study). Each window is one forward: its tokens
 write K/V into the pages and read them back, as the engine does, so every position attends to quantized K/V.
-Greedy generations go through the real `Engine` (scheduler, chunked prefill, decode steps).
+Greedy generations go through the real `Engine` (scheduler, chunked prefill, decode steps); passkey prompts
+are teacher-forced windows scored at the answer (`passkey.retrieved`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from kvbench.engines.kvengine.config import EngineConfig
@@ -24,8 +24,9 @@ from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
-from kvbench.evals.divergence import EMPTY, DivergenceStats, compare_logits
+from kvbench.evals.divergence import EMPTY, DivergenceStats, PositionScores, Reference, compare_positions
 from kvbench.evals.kv_settings import KVSetting
+from kvbench.evals.passkey import PasskeyPrompt, retrieved
 
 
 @dataclass(frozen=True)
@@ -45,19 +46,35 @@ class Calibration:
 ENGINE_CALIBRATION = Calibration()
 
 
-def window_logits(loaded: LoadedModel, setting: KVSetting, ids: Sequence[int],
-                  calibration: Calibration = ENGINE_CALIBRATION) -> torch.Tensor:
-    """Logits `[len(ids), vocab]` (fp32) of one window run from an empty cache in `setting`'s KV format."""
-    model = loaded.model
+def setting_scales(loaded: LoadedModel, setting: KVSetting, calibration: Calibration = ENGINE_CALIBRATION,
+                   ids: Sequence[int] = ()) -> KVScales:
+    """The static scales `setting` is served with: from the engine's calibration text, or (source "window")
+    from `ids`. Computed once per setting and pass: each is a forward over the calibration text."""
     calib_ids = calibration_token_ids(loaded.tokenizer) if calibration.source == "engine" else list(ids)
-    scales: KVScales = calibrate_kv_scales(model, calib_ids, setting.kv_format, margin=calibration.margin)
+    return calibrate_kv_scales(loaded.model, calib_ids, setting.kv_format, margin=calibration.margin)
+
+
+def window_logits(loaded: LoadedModel, setting: KVSetting, ids: Sequence[int],
+                  calibration: Calibration = ENGINE_CALIBRATION, scales: KVScales | None = None) -> torch.Tensor:
+    """Logits `[len(ids), vocab]` (fp32) of one window run from an empty cache in `setting`'s KV format.
+
+    A setting with a `new_cache(config, num_pages, page_size, device, compute_dtype)` method (a test
+    instrument, such as planted rounding noise) supplies its own cache."""
+    model = loaded.model
+    if scales is None:
+        scales = setting_scales(loaded, setting, calibration, ids)
     num_pages = -(-len(ids) // DEFAULT_PAGE_SIZE)
     device = model.lm_head.weight.device
-    cache = PagedKVCache(loaded.config, num_pages, DEFAULT_PAGE_SIZE, setting.kv_format, device, scales=scales,
-                         compute_dtype=model.lm_head.weight.dtype)
+    dtype = model.lm_head.weight.dtype
+    if hasattr(setting, "new_cache"):
+        cache = setting.new_cache(loaded.config, num_pages, DEFAULT_PAGE_SIZE, device, dtype)
+    else:
+        cache = PagedKVCache(loaded.config, num_pages, DEFAULT_PAGE_SIZE, setting.kv_format, device, scales=scales,
+                             compute_dtype=dtype)
     chunk = SequenceChunk(list(ids), 0, range(num_pages))
     batch = ForwardBatch.build([chunk], DEFAULT_PAGE_SIZE, all_logits=True, device=device)
-    return model(batch, cache)
+    with torch.inference_mode():
+        return model(batch, cache)
 
 
 def windows(ids: Sequence[int], window: int, max_tokens: int | None) -> list[list[int]]:
@@ -65,6 +82,34 @@ def windows(ids: Sequence[int], window: int, max_tokens: int | None) -> list[lis
     but at least 2 tokens so that it scores a position)."""
     ids = list(ids[:max_tokens] if max_tokens else ids)
     return [ids[start : start + window] for start in range(0, len(ids), window) if len(ids[start : start + window]) > 1]
+
+
+def position_pass(
+    loaded: LoadedModel,
+    baseline: KVSetting,
+    settings: Sequence[KVSetting],
+    token_windows: Sequence[Sequence[int]],
+    calibration: Calibration = ENGINE_CALIBRATION,
+    on_window: Callable[[int, int], None] | None = None,
+) -> dict[str, list[PositionScores]]:
+    """Per-position measures of every setting against `baseline`, one `PositionScores` per window (keyed by
+    setting label). The baseline's own row compares its logits with themselves (one forward less per window;
+    that a recompute gives the same logits is tests/evals/test_pipeline.py's business). Only one window's
+    baseline logits are held at a time."""
+    fixed = calibration.source == "engine"
+    scales = {s.label: setting_scales(loaded, s, calibration) for s in [baseline, *settings]} if fixed else {}
+    out: dict[str, list[PositionScores]] = {setting.label: [] for setting in settings}
+    for index, ids in enumerate(token_windows):
+        base = window_logits(loaded, baseline, ids, calibration, scales.get(baseline.label))[:-1]
+        reference = Reference.of(base, torch.tensor(ids[1:]))
+        for setting in settings:
+            same = setting.label == baseline.label
+            new = base if same else window_logits(loaded, setting, ids, calibration, scales.get(setting.label))[:-1]
+            out[setting.label].append(compare_positions(reference, new))
+        del reference
+        if on_window is not None:
+            on_window(index + 1, len(token_windows))
+    return out
 
 
 def divergence_pass(
@@ -75,21 +120,9 @@ def divergence_pass(
     calibration: Calibration = ENGINE_CALIBRATION,
     on_window: Callable[[int, int], None] | None = None,
 ) -> dict[str, DivergenceStats]:
-    """Exact divergence of every setting against `baseline`, summed over windows (keyed by setting label).
-
-    Every setting is recomputed, the baseline too: its row then checks that the pipeline is deterministic
-    (KL 0, top-1 agreement 100%). Only one window's baseline logits are held at a time.
-    """
-    totals = {setting.label: EMPTY for setting in settings}
-    for index, ids in enumerate(token_windows):
-        base = window_logits(loaded, baseline, ids, calibration)[:-1]
-        targets = torch.tensor(ids[1:])
-        for setting in settings:
-            new = window_logits(loaded, setting, ids, calibration)[:-1]
-            totals[setting.label] = totals[setting.label] + compare_logits(base, new, targets)
-        if on_window is not None:
-            on_window(index + 1, len(token_windows))
-    return totals
+    """Exact divergence of every setting against `baseline`, summed over windows (see `position_pass`)."""
+    scored = position_pass(loaded, baseline, settings, token_windows, calibration, on_window)
+    return {label: sum((w.stats for w in scores), EMPTY) for label, scores in scored.items()}
 
 
 def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
@@ -114,14 +147,39 @@ def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
     return [outputs[str(i)] for i in range(len(prompts))]
 
 
-def rag_chat_prompts(vocab_size: int, count: int, max_prompt_tokens: int, seed: int = 0) -> list[list[int]]:
-    """First-turn prompts (system + documents + user turn) of `rag-chat-mini` sessions, keeping the last
-    `max_prompt_tokens` tokens of each (the user turn and the documents closest to it)."""
-    from kvbench.workloads.profiles import load_workload
+def corpus_prompts(ids: Sequence[int], count: int, prompt_tokens: int) -> list[list[int]]:
+    """`count` real-text prompts of `prompt_tokens` consecutive corpus tokens, taken from the corpus's end
+    backwards (the divergence windows read it from the start), wrapping round when the corpus is short."""
+    ids = list(ids)
+    if len(ids) < prompt_tokens:
+        raise ValueError(f"the corpus has {len(ids)} tokens, fewer than one prompt of {prompt_tokens}")
+    starts = [len(ids) - (i + 1) * prompt_tokens for i in range(count)]
+    span = len(ids) - prompt_tokens + 1
+    return [ids[start % span : start % span + prompt_tokens] for start in starts]
 
-    workload = load_workload("rag-chat-mini", seed=seed, num_sessions=count, vocab_size=vocab_size)
-    prompts = []
-    for session in workload.sessions[:count]:
-        ids = np.concatenate([session.context, session.turns[0].user_tokens]).tolist()
-        prompts.append(ids[-max_prompt_tokens:])
-    return prompts
+
+def passkey_pass(loaded: LoadedModel, baseline: KVSetting, settings: Sequence[KVSetting],
+                 prompts: Sequence[PasskeyPrompt], keep: Callable[[Sequence[bool]], bool],
+                 on_prompt: Callable[[str], None] | None = None) -> dict[str, dict[int, list[bool]]]:
+    """Retrieval of every prompt, per setting and length. The baseline runs first on every length; the other
+    settings run only on the lengths whose baseline outcomes `keep` accepts (a length the baseline fails at
+    says nothing about a KV format)."""
+    lengths = list(dict.fromkeys(p.length for p in prompts))
+
+    def run(setting: KVSetting, chosen: Sequence[int]) -> dict[int, list[bool]]:
+        scales = setting_scales(loaded, setting)
+        out: dict[int, list[bool]] = {}
+        for prompt in prompts:
+            if prompt.length in chosen:
+                if on_prompt is not None:
+                    on_prompt(f"passkey: {setting.label} length {prompt.length} depth {prompt.depth:g}")
+                logits = window_logits(loaded, setting, prompt.ids, scales=scales)
+                out.setdefault(prompt.length, []).append(retrieved(logits.argmax(-1).tolist(), prompt))
+        return out
+
+    results = {baseline.label: run(baseline, lengths)}
+    kept = [length for length in lengths if keep(results[baseline.label][length])]
+    for setting in settings:
+        if setting.label != baseline.label:
+            results[setting.label] = run(setting, kept)
+    return results

@@ -13,20 +13,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.evals.tasks import render_tasks
+from kvbench.evals.tasks import DATA_DIR, render_tasks
 
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass(frozen=True)
 class TaskScore:
-    """One metric of one task; `stderr` is None where lm-eval gives none (e.g. a single document)."""
+    """One metric of one task; `stderr` is None where lm-eval gives none (e.g. a single document).
+
+    `per_doc` holds the metric of every document in doc_id order where it is one number per document (accuracy,
+    exact match): what paired deltas and McNemar need. Empty for corpus-level metrics (perplexity)."""
 
     task: str
     metric: str
     value: float
     stderr: float | None
     samples: int
+    per_doc: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class LMEvalOptions:
     num_concurrent: int = 2
     max_length: int = 2048
     bootstrap_iters: int = 1000  # perplexity stderr comes from a bootstrap; lm-eval's default 100k is slow
+    data_dir: Path = DATA_DIR  # where the tasks' YAML and JSONL live (a test points it at its own documents)
 
 
 def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, work_dir: Path) -> list[TaskScore]:
@@ -47,7 +52,7 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    task_dir = render_tasks(tasks, work_dir / "lm_eval_tasks")
+    task_dir = render_tasks(tasks, work_dir / "lm_eval_tasks", options.data_dir)
     results = lm_eval.simple_evaluate(
         model="local-completions",
         model_args={
@@ -64,7 +69,7 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
         limit=options.limit,
         task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
         bootstrap_iters=options.bootstrap_iters,
-        log_samples=False,
+        log_samples=True,  # per-document metrics: the paired deltas
         random_seed=0,
         numpy_random_seed=0,
         torch_random_seed=0,
@@ -74,15 +79,24 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
 
 
 def scores_from_results(results: Mapping) -> list[TaskScore]:
-    """lm-eval's {"results": {task: {"metric,filter": v, "metric_stderr,filter": se}}} as TaskScores."""
+    """lm-eval's {"results": {task: {"metric,filter": v, "metric_stderr,filter": se}}} as TaskScores, with
+    every document's value from {"samples": {task: [{"doc_id", "filter", metric: value}]}} where logged."""
     out = []
     for task, values in results["results"].items():
         samples = int(results.get("n-samples", {}).get(task, {}).get("effective", 0))
+        logged = results.get("samples", {}).get(task, [])
         for key, value in values.items():
             metric, _, filter_name = key.partition(",")
             if metric.endswith("_stderr") or metric == "sample_len" or not isinstance(value, (int, float)):
                 continue
             stderr = values.get(f"{metric}_stderr,{filter_name}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
-            out.append(TaskScore(task, metric, float(value), stderr, samples))
+            out.append(TaskScore(task, metric, float(value), stderr, samples, _per_doc(logged, metric, filter_name)))
     return out
+
+
+def _per_doc(logged, metric: str, filter_name: str) -> tuple[float, ...]:
+    rows = sorted((s for s in logged if s.get("filter") == filter_name), key=lambda s: s["doc_id"])
+    if not rows or not all(isinstance(s.get(metric), (int, float, bool)) for s in rows):
+        return ()
+    return tuple(float(s[metric]) for s in rows)

@@ -49,6 +49,12 @@ EVAL_MD = "eval.md"
 EVAL_CSV = "eval.csv"
 EVAL_SUMMARY_CSV = "eval_summary.csv"
 EVAL_CONFIG_JSON = "eval_config.json"
+EVAL_POSITIONS_PNG = "eval_positions.png"
+EVAL_LAYERS_PNG = "eval_layers.png"
+EVAL_LAYERS_CSV = "eval_layers.csv"
+EVAL_TRADEOFF_MD = "eval_tradeoff.md"
+EVAL_TRADEOFF_CSV = "eval_tradeoff.csv"
+EVAL_TRADEOFF_PNG = "eval_tradeoff.png"
 SIM_VALIDATION_JSON = "sim-validation.json"
 # What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
 RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)

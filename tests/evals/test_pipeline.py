@@ -3,9 +3,10 @@
 import json
 
 import pytest
+import torch
 
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
-from kvbench.evals.inprocess import divergence_pass, greedy_generations, rag_chat_prompts, windows
+from kvbench.evals.inprocess import corpus_prompts, divergence_pass, greedy_generations, window_logits, windows
 from kvbench.evals.kv_settings import KVSetting, kv_settings
 from kvbench.evals.runner import EvalConfig, run_eval
 from kvbench.measure.run_folder import EVAL_JSON, read_eval_metrics
@@ -21,6 +22,7 @@ def tiny():
 
 def test_unquantized_against_itself_gives_kl_zero_and_full_top1_agreement(tiny):
     ids = list(range(40, 240))
+    assert torch.equal(window_logits(tiny, FP32, ids), window_logits(tiny, FP32, ids))  # a recompute is identical
     stats = divergence_pass(tiny, FP32, [FP32, KVSetting("fp8_e5m2", "tensor")], windows(ids, 96, None))
     assert stats["fp32"].positions == 199 - 2  # windows 96 + 96 + 8 tokens score 95 + 95 + 7 positions
     assert stats["fp32"].kl_sum == 0.0
@@ -30,7 +32,7 @@ def test_unquantized_against_itself_gives_kl_zero_and_full_top1_agreement(tiny):
 
 
 def test_greedy_generations_of_the_baseline_repeat_exactly(tiny):
-    prompts = rag_chat_prompts(tiny.config.vocab_size, 2, 64)
+    prompts = corpus_prompts(list(range(40, 240)), 2, 64)
     first = greedy_generations(tiny, "tiny-random", FP32, prompts, 8)
     again = greedy_generations(tiny, "tiny-random", FP32, prompts, 8)
     assert first == again and all(len(tokens) == 8 for tokens in first)

@@ -19,7 +19,8 @@ def register(commands, formatter) -> None:
         help="quality of each KV setting against the unquantized baseline",
         description="For each KV setting: start the engine, run the shipped lm-eval tasks through local-completions, "
         "then (our engine) measure KL, top-1 agreement, perplexity and greedy divergence in-process. Writes "
-        "OUT/eval.md, eval.csv, eval_summary.csv and eval.json. Defaults are the CI size; --full is the documented "
+        "OUT/eval.md, eval.csv (paired deltas with 95% intervals), eval_summary.csv, eval.json and the position "
+        "and per-layer plots. Defaults are the CI size; --full is the documented "
         "full run. Flags override CONFIG.yaml (keys: kvbench/evals/runner.py EvalConfig).",
         formatter_class=formatter,
     )
@@ -34,7 +35,10 @@ def register(commands, formatter) -> None:
     parser.add_argument("--kv-scale", help="comma list of fp8 scale modes (default tensor,channel)")
     parser.add_argument("--tasks", help="comma list of shipped lm-eval tasks (default all)")
     parser.add_argument("--limit", type=at_least(1), help="documents per lm-eval task (default 3; --full: 12)")
-    parser.add_argument("--full", action="store_true", help="the documented full run (12 documents per task, 2k corpus tokens, 3 prompts; ~15 min on 2 CPU cores)")
+    parser.add_argument("--full", action="store_true", help="the documented full run (results/evals/: kvbench/evals/runner.py "
+                        "FULL_RUN; ~25 min on 2 shared CPU cores)")
+    parser.add_argument("--perf-run", type=Path, help="a `kvbench run` folder of the same KV settings: adds the "
+                        "quality-vs-performance table and plot (eval_tradeoff.md/.csv/.png)")
     parser.add_argument("--no-lm-eval", action="store_true", help="direct divergence only")
     parser.add_argument("--no-divergence", action="store_true", help="lm-eval only")
     parser.add_argument("--out", type=Path, help="run folder (default runs/eval-<time>)")
@@ -59,6 +63,8 @@ def config_values(args: argparse.Namespace) -> dict:
     for key, value in (("kv_dtypes", args.kv_dtype), ("kv_scales", args.kv_scale), ("tasks", args.tasks)):
         if value is not None:
             values[key] = [item.strip() for item in value.split(",") if item.strip()]
+    if args.perf_run is not None:
+        values["perf_run"] = str(args.perf_run)
     if args.no_lm_eval:
         values["lm_eval"] = False
     if args.no_divergence:
