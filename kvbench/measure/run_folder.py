@@ -50,6 +50,9 @@ EVAL_CSV = "eval.csv"
 EVAL_SUMMARY_CSV = "eval_summary.csv"
 EVAL_CONFIG_JSON = "eval_config.json"
 SIM_VALIDATION_JSON = "sim-validation.json"
+PLAN_JSON = "plan.json"  # `kvbench plan`: every node count tried, per preset and KV dtype
+PLAN_MD = "plan.md"
+PLAN_PNG = "plan_slo_vs_nodes.png"
 # What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
 RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
 
