@@ -108,7 +108,7 @@ class Hardware:
             return f"{speeds}, fitted to {self.fitted_on}"
         return (f"assumption: {speeds} are typical values, not fitted on a {d.name} (every simulated time scales "
                 f"with them); fit them to a GPU run's step log with `kvbench calibrate --steps "
-                f"RUN/engines/kvengine/steps.jsonl --hardware {self.name} --compute-dtype bf16`")
+                f"RUN/engines/kvengine/steps.jsonl --hardware {self.name} --compute-dtype bfloat16`")
 
     def with_devices(self, num_devices: int) -> Hardware:
         return dataclasses.replace(self, name=f"{num_devices}x{self.device.name}", num_devices=num_devices)

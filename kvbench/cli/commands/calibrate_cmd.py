@@ -30,7 +30,7 @@ def register(commands, formatter) -> None:
         "measured steps, and write a hardware profile JSON for `kvbench simulate --hardware` and `kvbench "
         "validate-sim --hardware`. The steps come from the engine serving a real run (--steps: the "
         "engines/<label>/steps.jsonl every `kvbench run` of kvengine writes; this includes the load generator's "
-        "share of the CPU; a run on a GPU logs the same file: `--steps it --hardware h200 --compute-dtype bf16` "
+        "share of the CPU; a run on a GPU logs the same file: `--steps it --hardware h200 --compute-dtype bfloat16` "
         "fits the H200 profile, whose efficiencies are otherwise assumptions) or, without --steps, from running the engine in this process on a fixed set of request "
         "shapes (prefills of 64-2048 tokens, decode batches of 1-8 sequences).", formatter_class=formatter,
     )
