@@ -147,6 +147,7 @@ class _Sim:
     parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
     routed: int = 0  # requests routed so far (round-robin)
     node_of: dict = field(default_factory=dict)  # request id -> node
+    routed_pages: list = field(default_factory=list)  # per node: prompt pages routed there, not yet finished
 
     def push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
@@ -195,6 +196,7 @@ class _Sim:
         request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(talk.session.tenant))
         node = self.route(session_index, request)
         self.node_of[rid] = node
+        self.routed_pages[node] += len(prompt) // self.config.preset.page_size
         restore = self.nodes[node].plan_restore(request, now)
         self.live[rid] = _Live(record, session_index, prompt, answer, node,
                                {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
@@ -229,7 +231,10 @@ class _Sim:
         best = min(range(len(nodes)), key=lambda i: (-cached[i], loads[i], i))
         if cached[best] * self.config.preset.page_size > ROUTER_CACHE_THRESHOLD * len(request.prompt):
             return best
-        return min(range(len(nodes)), key=lambda i: (nodes[i].scheduler.index.cached_pages, loads[i], i))
+        # The router's tree holds what it sent, computed yet or not: a node's cache plus its in-flight prompts.
+        # (The device cache alone lags routing, and a burst of new sessions all went to one node.)
+        tree = [node.scheduler.index.cached_pages + self.routed_pages[i] for i, node in enumerate(nodes)]
+        return min(range(len(nodes)), key=lambda i: (tree[i], loads[i], i))
 
     def release_slot(self, now: float) -> None:
         if self.load.mode != MODE_CONCURRENCY:
@@ -239,6 +244,7 @@ class _Sim:
             self.push(now, _TURN, self.slot_waiters.popleft())
 
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
+        self.routed_pages[live.node] -= len(live.prompt) // self.config.preset.page_size
         record = live.record
         record.done_ns = int(round(now * NS))
         record.prompt_tokens = int(live.prompt.size)
@@ -350,7 +356,7 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
     sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
-               send_order=tuple(send_order) if send_order is not None else None)
+               send_order=tuple(send_order) if send_order is not None else None, routed_pages=[0] * len(nodes))
     sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "busy_s": n.stats.busy_s,
