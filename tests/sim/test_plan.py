@@ -135,3 +135,16 @@ def test_round_robin_moves_a_session_between_nodes_and_loses_its_cache(chats):
     assert any(len(used) > 1 for used in by_session(result, chats).values())
     later = [r for r in result.records if r.turn > 0]
     assert any(r.reusable_tokens - r.cached_tokens >= 16 for r in later)
+
+
+def test_the_cache_aware_router_spreads_a_burst_of_new_sessions(chats):
+    """All 12 sessions ready at once (closed loop): no node caches anything yet, so SGLang's router sends each
+    new session to the node whose tree (cache plus prompts routed there) is smallest. Counting only the device
+    cache, which fills only after a prefill has run, sent the whole burst to node 0."""
+    base = get_preset("sglang-radix")
+    fields = {f: getattr(base, f) for f in base.__slots__}
+    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"),
+                       base.__class__(**{**fields, "num_nodes": 3}), "fp8", "fp8")
+    result = simulate(chats, LoadSpec(concurrency=12), config)
+    first = [result.node_of[f"{s.session_id}/0"] for s in chats.sessions]
+    assert sorted(first.count(n) for n in range(3)) == [4, 4, 4]
