@@ -56,6 +56,9 @@ EVAL_TRADEOFF_MD = "eval_tradeoff.md"
 EVAL_TRADEOFF_CSV = "eval_tradeoff.csv"
 EVAL_TRADEOFF_PNG = "eval_tradeoff.png"
 SIM_VALIDATION_JSON = "sim-validation.json"
+PLAN_JSON = "plan.json"  # `kvbench plan`: every node count tried, per preset and KV dtype
+PLAN_MD = "plan.md"
+PLAN_PNG = "plan_slo_vs_nodes.png"
 # What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
 RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
 

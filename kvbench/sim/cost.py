@@ -17,8 +17,8 @@ other stage (the pipeline's fill), plus each stage's latency.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
@@ -73,6 +73,21 @@ class CostModel:
     # page-rounded context and computes the full (masked) score matrix: our engine's BatchedAttention.
     padded_attention: bool = False
     page_size: int = DEFAULT_PAGE_SIZE  # padded attention reads whole pages
+    # Per-step constants, computed once (each step used to recompute them from the geometry).
+    _linear_flops: float = field(init=False, repr=False, compare=False)
+    _attention_flops: float = field(init=False, repr=False, compare=False)
+    _kv_bytes: float = field(init=False, repr=False, compare=False)
+    _weight_bytes: float = field(init=False, repr=False, compare=False)
+    _flops_rate: float = field(init=False, repr=False, compare=False)
+    _bw_rate: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        g, hw, tp = self.geometry, self.hardware, self.hardware.num_devices
+        constants = {"_linear_flops": g.linear_flops_per_token(), "_attention_flops": g.attention_flops_per_token(1.0),
+                     "_kv_bytes": g.kv_bytes_per_token(self.kv_dtype), "_weight_bytes": g.weight_bytes(self.weights),
+                     "_flops_rate": tp * hw.device.flops(self.weights), "_bw_rate": tp * hw.device.effective_bw}
+        for name, value in constants.items():
+            object.__setattr__(self, name, value)
 
     @property
     def weights(self) -> str:
@@ -82,9 +97,12 @@ class CostModel:
     def kv_bytes_per_token(self) -> float:
         return self.geometry.kv_bytes_per_token(self.kv_dtype)
 
-    def step(self, work: Iterable[Span]) -> StepCost:
-        """The time of one engine step computing `work` (prefill chunks and decodes together)."""
-        g, hw = self.geometry, self.hardware
+    def step(self, work: Iterable[Span], decode_starts: Sequence[int] = ()) -> StepCost:
+        """The time of one engine step computing `work` (prefill chunks and decodes together), plus one
+        decode token per sequence at each of `decode_starts` (spans [s, s + 1), summed without a loop).
+
+        Every sum here is of integers or halves of integers, exact in a float far beyond any step's size, so
+        the order in which spans are added (and adding the decodes as one integer sum) changes no bit."""
         tokens = attn_ctx = kv_read = 0.0
         seqs = longest_query = longest_context = 0
         for w in work:
@@ -94,16 +112,25 @@ class CostModel:
             kv_read += w.end
             seqs += 1
             longest_query, longest_context = max(longest_query, n), max(longest_context, w.end)
+        if decode_starts:
+            k, total = len(decode_starts), sum(decode_starts) + len(decode_starts)  # sum of (s + 1)
+            tokens, attn_ctx, kv_read, seqs = tokens + k, attn_ctx + total, kv_read + total, seqs + k
+            longest_query, longest_context = max(longest_query, 1), max(longest_context, max(decode_starts) + 1)
+        return self._step_cost(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context)
+
+    def _step_cost(self, tokens: float, attn_ctx: float, kv_read: float, seqs: int, longest_query: int,
+                   longest_context: int) -> StepCost:
+        g, hw = self.geometry, self.hardware
         if tokens == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         if self.padded_attention:
             context = -(-longest_context // self.page_size) * self.page_size
             attn_ctx, kv_read = seqs * longest_query * context, seqs * context
-        flops = tokens * g.linear_flops_per_token() + g.attention_flops_per_token(1.0) * attn_ctx
-        nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self.kv_bytes_per_token
+        flops = tokens * self._linear_flops + self._attention_flops * attn_ctx
+        nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self._kv_bytes
         tp = hw.num_devices
-        compute = flops / (tp * hw.device.flops(self.weights))
-        memory = nbytes / (tp * hw.device.effective_bw)
+        compute = flops / self._flops_rate
+        memory = nbytes / self._bw_rate
         comm = 0.0
         if tp > 1:
             per = 2 * (tp - 1) / tp * tokens * g.hidden_size * ACTIVATION_BYTES / hw.device.interconnect_bw
@@ -113,7 +140,7 @@ class CostModel:
 
     def _weight_bytes_touched(self, tokens: float) -> float:
         g = self.geometry
-        total = g.weight_bytes(self.weights)
+        total = self._weight_bytes
         if g.moe is None:
             return total
         m = g.moe

@@ -10,7 +10,8 @@ Sources of the defaults (H200 SXM datasheet; the article for PCIe and NVMe):
     PCIe host   ~40 GB/s per device (the article's number; Gen5 x16 is 64 GB/s raw)
     NVMe        ~12 GB/s (one Gen5 drive, the article's number)
     network     25 GB/s (a 200 Gb/s NIC) to the shared tier
-Efficiencies: 0.5 of peak FLOP/s and 0.8 of peak bandwidth are typical of large-batch serving kernels; the
+Efficiencies: 0.5 of peak FLOP/s and 0.8 of peak bandwidth are typical of large-batch serving kernels, and
+for the H200 they are assumptions (`Hardware.fitted_on` is None; simulate and plan say so in their output): the
 device machine measured bf16 matmuls at ~790 TFLOP/s (0.8 of peak), but whole prefill steps (attention,
 norms, all-reduce) land nearer 0.5. `sim/calibrate.py` fits them (and the per-step overhead) to measured
 steps of a real engine; `kvbench calibrate` does so for our engine on this machine and saves a profile.
@@ -88,12 +89,26 @@ class Hardware:
     memory_fraction: float = 0.9
     activation_reserve_bytes: float = 6 * GB
     step_overhead_s: float = 0.002  # scheduler + launch per engine step (CPU side), not overlapped
+    # What the efficiencies and step overhead were fitted to (`kvbench calibrate`); None: assumed values,
+    # never fitted on this device (see `assumptions`).
+    fitted_on: str | None = None
 
     def __post_init__(self) -> None:
         if self.num_devices < 1:
             raise HardwareError(f"{self.name}: num_devices must be >= 1")
         if not 0 < self.memory_fraction <= 1:
             raise HardwareError(f"{self.name}: memory_fraction must be in (0, 1], e.g. 0.9")
+
+    def assumptions(self) -> str:
+        """One line for a simulation's output: whether its device speeds are fitted or assumed."""
+        d = self.device
+        speeds = (f"{d.name} efficiencies: FLOP/s {d.flops_efficiency:.2f} of peak, bandwidth {d.bw_efficiency:.2f} of "
+                  f"peak, step overhead {self.step_overhead_s * 1e3:.1f} ms")
+        if self.fitted_on is not None:
+            return f"{speeds}, fitted to {self.fitted_on}"
+        return (f"assumption: {speeds} are typical values, not fitted on a {d.name} (every simulated time scales "
+                f"with them); fit them to a GPU run's step log with `kvbench calibrate --steps "
+                f"RUN/engines/kvengine/steps.jsonl --hardware {self.name} --compute-dtype bfloat16`")
 
     def with_devices(self, num_devices: int) -> Hardware:
         return dataclasses.replace(self, name=f"{num_devices}x{self.device.name}", num_devices=num_devices)
@@ -125,7 +140,8 @@ CPU = Device("cpu", memory_bytes=24 * GB, memory_bw=20 * GB, flops_bf16=192e9, f
              overlap=False)
 _CPU_NODE = Hardware("cpu", CPU, 1, Link("memcpy", 10 * GB), Link("disk", 1 * GB, 1e-4), Link("redis", 1 * GB, 1e-4),
                      host_memory_bytes=8 * GB, disk_bytes=50 * GB, memory_fraction=0.5, activation_reserve_bytes=1 * GB,
-                     step_overhead_s=0.0)
+                     step_overhead_s=0.0,
+                     fitted_on="our engine's steps serving SmolLM2-135M on kvbench's development CPU (kvbench calibrate)")
 
 PROFILES: Mapping[str, Hardware] = {
     "h200": _H200_NODE.with_devices(1),
@@ -144,7 +160,10 @@ def load_hardware(name_or_path: str) -> Hardware:
         return PROFILES[base].with_devices(int(count))
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
-        return hardware_from_dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "fitted_on" not in data:  # written before profiles said what they were fitted to
+            data["fitted_on"] = f"the profile {path.name}"
+        return hardware_from_dict(data)
     raise HardwareError(f"hardware {name_or_path!r}: use one of {', '.join(PROFILES)}, NxPROFILE (e.g. 4xh200) "
                         "or a profile .json")
 

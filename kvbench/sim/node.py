@@ -2,9 +2,9 @@
 
 This is the only module that drives the KV core; it mirrors the engine runtime's loop
 
-    plan = scheduler.schedule(now)                    # begin_step
+    plan = scheduler.schedule_compact(now)            # begin_step (schedule(now) without page tables)
     seconds = cost(plan)                              #   (the real engine runs the model here)
-    finished = scheduler.postprocess(plan, sampled, now + seconds)   # end_step
+    finished = scheduler.postprocess_compact(plan, sampled, now + seconds)   # end_step
 
 so `sim/validate.py` can compare the two. Around it, the tiers below device (`below`: LMCache-style
 write-through copies, or our engine's TTL tier policy) are driven at the engine's fixed points: on arrival
@@ -23,11 +23,10 @@ import numpy as np
 from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.namespaces import Placement, namespace_for
 from kvbench.engines.kvengine.core.scheduler import (
+    CompactPlan,
     FinishedRequest,
     Request,
-    RequestId,
     Scheduler,
-    StepPlan,
 )
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel
@@ -84,6 +83,10 @@ class SimNode:
     def _namespace(self, request: Request):
         return namespace_for(request.tenant, shareable=request.shareable,
                              strict=self.scheduler.config.strict_isolation)
+
+    def cached_pages(self, request: Request) -> int:
+        """Leading prompt pages this node's device cache holds now (what a cache-aware router asks)."""
+        return self.scheduler.index.match_prompt(self.scheduler.placement(request), request.prompt).num_pages
 
     # ---- arrival -----------------------------------------------------------------------------------------
     def plan_restore(self, request: Request, now: float) -> Restore:
@@ -145,15 +148,15 @@ class SimNode:
     def has_work(self) -> bool:
         return bool(self._pending) or self.scheduler.has_work()
 
-    def begin_step(self, now: float) -> tuple[StepPlan, float] | None:
+    def begin_step(self, now: float) -> tuple[CompactPlan, float] | None:
         """Schedule one step at `now`; returns the plan and its duration, or None when nothing can run."""
         self.below.maintain(self.scheduler.index, now)
         self._feed(now)
-        plan = self.scheduler.schedule(now)
+        plan = self.scheduler.schedule_compact(now)  # what schedule(now) decides, without a page table per decode
         self.below.sync(now)  # pages evicted by the installs and the schedule
-        if not plan.seqs and not plan.swap_in and not plan.swap_out:
+        if not plan.entries and not plan.swap_in and not plan.swap_out:
             return None
-        seconds = self.cost.step(plan.seqs).seconds
+        seconds = self.cost.step(plan.others, plan.decode_starts).seconds
         swapped = sum(len(s.pages) for s in plan.swap_out) + sum(len(s.pages) for s in plan.swap_in)
         if swapped:
             seconds += self.cost.transfer_seconds(Tier.HOST, swapped * self.page_size)
@@ -163,15 +166,15 @@ class SimNode:
         self.busy = True
         return plan, seconds
 
-    def end_step(self, plan: StepPlan, now: float) -> tuple[FinishedRequest, ...]:
+    def end_step(self, plan: CompactPlan, now: float) -> tuple[FinishedRequest, ...]:
         """Commit `plan` at `now` (its end); write finished requests through to the lower tiers."""
-        sampled: dict[RequestId, int] = {}
-        for s in plan.seqs:
-            if s.samples:
-                k = self._produced[s.request_id]
-                sampled[s.request_id] = self._live[s.request_id][1][k]
-                self._produced[s.request_id] = k + 1
-        finished = self.scheduler.postprocess(plan, sampled, now)
+        live, produced = self._live, self._produced
+        tokens = []
+        for rid in plan.sampled_ids:
+            k = produced[rid]
+            tokens.append(live[rid][1][k])
+            produced[rid] = k + 1
+        finished = self.scheduler.postprocess_compact(plan, tokens, now)
         self.busy = False
         for f in finished:
             request, _ = self._live.pop(f.request_id)
@@ -179,7 +182,3 @@ class SimNode:
             self.below.store(self._namespace(request), request.prompt, f.output, request.tenant, now)
         return finished
 
-    @staticmethod
-    def sampled_ids(plan: StepPlan) -> list[RequestId]:
-        """Requests that receive a token at the end of `plan`."""
-        return [s.request_id for s in plan.seqs if s.samples]

@@ -11,6 +11,10 @@ only where the systems differ in how KV is kept and found:
                     prefix at admission, restores pipelined NVMe -> CPU -> GPU
     lmcache-shared  vLLM + LMCache with a shared remote store (NVMe behind the network) used by several
                     nodes; requests go to the least-loaded node, so a session's next turn may land anywhere
+
+Over several nodes (`num_nodes`, or `kvbench plan`), requests are routed as the system would be deployed:
+sglang-radix behind SGLang's cache-aware router (prefix), lmcache-shared least-loaded (any node reaches
+the shared tier), the others with sticky sessions (a session's turns on one node, where its KV is).
     kvengine-tiers  our engine's own tiers: the core's TierPolicy moves idle pages device -> host -> disk by
                     per-tenant TTL (exclusive tiers, one copy), restored on demand at admission
 
@@ -29,8 +33,13 @@ from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, DEFAULT
 
 ADMIT_FCFS = "fcfs"
 ADMIT_LPM = "lpm"
-ROUTE_SESSION = "session"  # a session's turns stay on one node
-ROUTE_LEAST_LOADED = "least-loaded"
+# How a multi-node deployment spreads requests over its nodes (SimConfig.route, `kvbench plan --route`):
+ROUTE_SESSION = "session"  # a session's turns stay on one node (sticky sessions at the load balancer)
+ROUTE_LEAST_LOADED = "least-loaded"  # the node with the fewest requests in flight
+ROUTE_ROUND_ROBIN = "round-robin"  # request k goes to node k mod N
+ROUTE_PREFIX = "prefix"  # SGLang's cache-aware router: the node caching the longest prefix when it covers
+#                          over half the prompt, else the emptiest cache; shortest queue when loads are imbalanced
+ROUTES = (ROUTE_SESSION, ROUTE_LEAST_LOADED, ROUTE_ROUND_ROBIN, ROUTE_PREFIX)
 TIERS_WRITE_THROUGH = "write-through"  # LMCache: copies in every lower tier, written when a request finishes
 TIERS_TTL = "ttl"  # our engine: one copy, placed by the core's TierPolicy (idle time, capacity)
 
@@ -43,7 +52,7 @@ class Preset:
     disk_fraction: float = 0.0  # share of the node's NVMe given to the KV disk tier
     remote_bytes: float = 0.0  # size of the shared remote tier (0: none)
     num_nodes: int = 1
-    route: str = ROUTE_SESSION
+    route: str = ROUTE_SESSION  # the real system's routing over several nodes (ROUTES); one node: unused
     admission: str = ADMIT_FCFS
     page_size: int = DEFAULT_PAGE_SIZE
     max_num_seqs: int = 256
@@ -57,8 +66,8 @@ class Preset:
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):
             raise ValueError(f"preset {self.name}: admission {self.admission!r}; use fcfs or lpm")
-        if self.route not in (ROUTE_SESSION, ROUTE_LEAST_LOADED):
-            raise ValueError(f"preset {self.name}: route {self.route!r}; use session or least-loaded")
+        if self.route not in ROUTES:
+            raise ValueError(f"preset {self.name}: route {self.route!r}; use one of {', '.join(ROUTES)}")
         if self.num_nodes < 1:
             raise ValueError(f"preset {self.name}: num_nodes must be >= 1")
         if self.tier_policy not in (TIERS_WRITE_THROUGH, TIERS_TTL):
@@ -73,7 +82,7 @@ PRESETS: Mapping[str, Preset] = {
     for p in (
         Preset("vllm-prefix", "vLLM prefix caching only (hash-block LRU, device only)"),
         Preset("sglang-radix", "SGLang RadixAttention (leaf LRU, device only, longest-prefix-first admission)",
-               admission=ADMIT_LPM),
+               admission=ADMIT_LPM, route=ROUTE_PREFIX),
         Preset("lmcache-local", "vLLM + LMCache, local CPU + NVMe (write-through, pipelined restore)",
                host_fraction=0.5, disk_fraction=0.5),
         Preset("lmcache-shared", "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",

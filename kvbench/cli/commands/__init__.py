@@ -5,6 +5,7 @@ from kvbench.cli.commands import (
     calibrate_cmd,
     compare_cmd,
     eval_cmd,
+    plan_cmd,
     report_cmd,
     run_cmd,
     serve_cmd,
@@ -13,4 +14,5 @@ from kvbench.cli.commands import (
     workload_cmd,
 )
 
-ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, calibrate_cmd, bench_cmd)
+ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, plan_cmd, calibrate_cmd,
+       bench_cmd)

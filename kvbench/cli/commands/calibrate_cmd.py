@@ -4,6 +4,7 @@ of our engine next to its simulation)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -29,7 +30,8 @@ def register(commands, formatter) -> None:
         "measured steps, and write a hardware profile JSON for `kvbench simulate --hardware` and `kvbench "
         "validate-sim --hardware`. The steps come from the engine serving a real run (--steps: the "
         "engines/<label>/steps.jsonl every `kvbench run` of kvengine writes; this includes the load generator's "
-        "share of the CPU) or, without --steps, from running the engine in this process on a fixed set of request "
+        "share of the CPU; a run on a GPU logs the same file: `--steps it --hardware h200 --compute-dtype bfloat16` "
+        "fits the H200 profile, whose efficiencies are otherwise assumptions) or, without --steps, from running the engine in this process on a fixed set of request "
         "shapes (prefills of 64-2048 tokens, decode batches of 1-8 sequences).", formatter_class=formatter,
     )
     cal.add_argument("--steps", type=Path, action="append", default=[], metavar="FILE",
@@ -37,7 +39,8 @@ def register(commands, formatter) -> None:
     add_flags(cal, EngineConfig, only=CALIBRATE_ENGINE_FLAGS)  # as `kvbench serve` has them
     cal.add_argument("--hardware", default="cpu", help="profile to start from (peaks, links); its efficiencies are refitted")
     cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
-    cal.add_argument("--out", type=Path, default=Path("results/sim/cpu-calibrated.json"), help="profile JSON to write")
+    cal.add_argument("--out", type=Path, default=None,
+                     help="profile JSON to write (default results/sim/<hardware>-calibrated.json)")
     cal.set_defaults(handler=handle_calibrate)
 
     val = commands.add_parser(
@@ -88,6 +91,10 @@ def handle_calibrate(args: argparse.Namespace) -> int:
                            page_size=config.page_size)
     except ValueError as error:
         raise SettingsError(str(error)) from None
+    source = (f"{len(steps)} steps of our engine logged in {', '.join(str(p) for p in args.steps)}" if args.steps
+              else f"{len(steps)} steps of our engine probed in `kvbench calibrate`")
+    fit = dataclasses.replace(fit, hardware=dataclasses.replace(fit.hardware, fitted_on=f"{source} ({config.model})"))
+    args.out = args.out or Path("results/sim") / f"{hardware.name}-calibrated.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_hardware(fit.hardware, args.out)
 

@@ -128,6 +128,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
     workload = load_workload(args.workload, seed=args.seed, num_sessions=args.num_sessions,
                              time_scale=args.time_scale, vocab_size=min(geometry.vocab_size, 32000))
     run_dir = args.out or Path("runs") / f"sim-{Path(workload.name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    console.print(f"[yellow]{hardware.assumptions()}[/yellow]")
     results = []
     for preset in presets:
         for kv_dtype in args.kv_dtype or ["fp8"]:
@@ -145,7 +146,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
                         "num_sessions": args.num_sessions, "presets": [p.name for p in presets],
                         "kv_dtypes": args.kv_dtype or ["fp8"], "load": load.label, "seed": args.seed,
                         "time_scale": args.time_scale, "device_kv_tokens": args.device_kv_tokens,
-                        "tenants_file": args.tenants_file}}
+                        "tenants_file": args.tenants_file, "assumptions": hardware.assumptions()}}
     write_sim_run(run_dir, results, doc, plots=not args.no_plots)
     print_summary(run_dir)
     console.print(results_line(run_dir))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping, NewType
+from typing import Mapping, NewType, Sequence
 
 import numpy as np
 
@@ -113,6 +113,31 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(s.end - s.start for s in self.seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactPlan:
+    """A StepPlan as the simulator needs it (see `schedule_compact`): the same step, in the same order, but a
+    sequence that decodes (computes the one token it sampled last) is its sequence's state, not a
+    ScheduledSeq; its span is [start, start + 1) with start in `decode_starts` (in entry order)."""
+
+    now: float
+    entries: tuple  # ScheduledSeq, or the _Seq of a decoding sequence
+    decode_starts: tuple[int, ...]
+    preempted: tuple[RequestId, ...] = ()
+    swap_out: tuple[SwapOut, ...] = ()
+    swap_in: tuple[SwapIn, ...] = ()
+
+    @property
+    def others(self) -> tuple[ScheduledSeq, ...]:
+        """The entries that are not decodes (prefill chunks, the last of which samples)."""
+        return tuple(e for e in self.entries if type(e) is ScheduledSeq)
+
+    @property
+    def sampled_ids(self) -> list[RequestId]:
+        """Requests that receive a token at the end of the step, in entry order."""
+        return [e.request_id if type(e) is ScheduledSeq else e.request.request_id
+                for e in self.entries if type(e) is not ScheduledSeq or e.samples]
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,16 +242,30 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         """Decide this step: running sequences first (decode or next prefill chunk), then admissions."""
+        items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=False)
+        return StepPlan(now, tuple(items), tuple(preempted), tuple(swap_out), tuple(swap_in))
+
+    def schedule_compact(self, now: float) -> CompactPlan:
+        """`schedule(now)`, the same decisions and allocations in the same order, as a CompactPlan: a
+        decoding sequence's entry is its own state instead of a new ScheduledSeq with a copy of its page
+        table. For a caller that needs no page tables (the simulator): building a ScheduledSeq per sequence
+        per step was most of a long simulation's time. Commit it with `postprocess_compact`."""
+        items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=True)
+        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in))
+
+    def _schedule(self, now: float, compact: bool) -> tuple[list, list, list, list, list]:
         budget = self.config.max_step_tokens
-        items: list[ScheduledSeq] = []
+        items: list = []
+        starts: list[int] = []
         preempted: list[RequestId] = []
         swap_out: list[SwapOut] = []
         swap_in: list[SwapIn] = []
-        i = 0
+        i, ps = 0, self.index.page_size
         while i < len(self._running) and budget > 0:
             seq = self._running[i]
-            n = min(seq.length - seq.num_computed, budget)
-            need = self._pages_for(seq.num_computed + n) - len(seq.pages)
+            length = len(seq.request.prompt) + len(seq.output)  # seq.length, inlined: once per sequence per step
+            n = min(length - seq.num_computed, budget)
+            need = -(-(seq.num_computed + n) // ps) - len(seq.pages)  # _pages_for, inlined
             if need > 0:  # most decode steps stay inside their last page: nothing to allocate or preempt
                 while not self.can_allocate(need, seq.request.tenant, now) and self._running[-1] is not seq:
                     self._preempt(self._running.pop(), now, preempted, swap_out)
@@ -234,7 +273,11 @@ class Scheduler:
                     self._preempt(self._running.pop(i), now, preempted, swap_out)
                     continue
                 self.allocate(seq, need)
-            items.append(self._item(seq, n))
+            if compact and n == 1 and seq.num_computed + 1 == length:  # a decode
+                items.append(seq)
+                starts.append(seq.num_computed)
+            else:
+                items.append(self._item(seq, n))
             budget -= n
             i += 1
         while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs and not preempted:
@@ -251,7 +294,7 @@ class Scheduler:
                 break
             budget -= items[-1].end - items[-1].start
             self._running.append(self._waiting.popleft())
-        return StepPlan(now, tuple(items), tuple(preempted), tuple(swap_out), tuple(swap_in))
+        return items, starts, preempted, swap_out, swap_in
 
     def _admit(self, seq: _Seq, budget: int, now: float, items: list[ScheduledSeq]) -> bool:
         req, ps = seq.request, self.index.page_size
@@ -346,7 +389,7 @@ class Scheduler:
         """Record that `plan` was computed; append `sampled[id]` for each sequence with `samples`.
 
         Finished requests cache their computed pages in the prefix index and release everything else."""
-        finished = []
+        finished: list[FinishedRequest] = []
         for item in plan.seqs:
             seq = self._seqs[item.request_id]
             seq.num_computed = item.end
@@ -355,14 +398,45 @@ class Scheduler:
                 continue
             if item.request_id not in sampled:
                 raise ValueError(f"sampled: no token for request {item.request_id!r}, whose plan item samples")
-            tok = int(sampled[item.request_id])
-            seq.output.append(tok)
-            req = seq.request
-            stop = tok in req.stop_token_ids
-            if stop or len(seq.output) >= req.max_new_tokens:
-                self._release(seq, now, cache=True)
-                self._running.remove(seq)
-                del self._seqs[item.request_id]
-                finished.append(FinishedRequest(item.request_id, len(req.prompt), seq.num_cached_tokens or 0,
-                                                tuple(seq.output), "stop" if stop else "length"))
+            self._sampled(seq, int(sampled[item.request_id]), now, finished)
         return tuple(finished)
+
+    def postprocess_compact(self, plan: CompactPlan, tokens: Sequence[int], now: float) -> tuple[FinishedRequest, ...]:
+        """`postprocess` for a CompactPlan: `tokens[i]` is the token sampled for `plan.sampled_ids[i]`."""
+        finished: list[FinishedRequest] = []
+        k = 0
+        ps, caching = self.index.page_size, self.config.prefix_caching
+        for entry in plan.entries:
+            if type(entry) is ScheduledSeq:
+                seq = self._seqs[entry.request_id]
+                seq.num_computed = entry.end
+                self._index_computed(seq, now)
+                if not entry.samples:
+                    continue
+            else:
+                seq = entry
+                seq.num_computed += 1
+                if caching and min(seq.num_computed, len(seq.request.prompt)) // ps > seq.indexed_pages:
+                    self._index_computed(seq, now)  # the quick check above is the first line of that
+            if k >= len(tokens):
+                raise ValueError(f"tokens: {len(tokens)} given, the plan samples more")
+            tok = int(tokens[k])
+            k += 1
+            req = seq.request
+            if tok in req.stop_token_ids or len(seq.output) + 1 >= req.max_new_tokens:
+                self._sampled(seq, tok, now, finished)
+            else:  # what _sampled does when the request goes on: once per sequence per step
+                seq.output.append(tok)
+        return tuple(finished)
+
+    def _sampled(self, seq: _Seq, tok: int, now: float, finished: list[FinishedRequest]) -> None:
+        """Append a sampled token; a request that stops or reaches max_new_tokens finishes."""
+        seq.output.append(tok)
+        req = seq.request
+        stop = tok in req.stop_token_ids
+        if stop or len(seq.output) >= req.max_new_tokens:
+            self._release(seq, now, cache=True)
+            self._running.remove(seq)
+            del self._seqs[req.request_id]
+            finished.append(FinishedRequest(req.request_id, len(req.prompt), seq.num_cached_tokens or 0,
+                                            tuple(seq.output), "stop" if stop else "length"))
