@@ -22,7 +22,9 @@ a page decodes the same for every reader. Values beyond the calibrated range sat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from functools import cache
 
 import torch
 
@@ -46,6 +48,53 @@ def storage_dtype(fmt: KVFormat) -> torch.dtype:
 def fp8_max(dtype: torch.dtype) -> float:
     """Largest finite value of an fp8 dtype (448 for e4m3fn, 57344 for e5m2)."""
     return float(torch.finfo(dtype).max)
+
+
+# Bit layout of each fp8 format: (exponent bits, mantissa bits, exponent bias, IEEE-style inf/NaN at the top
+# exponent). e4m3fn ("fn": finite, NaN only) has no inf and one NaN pattern per sign (S.1111.111); e5m2 is the
+# top byte of an IEEE fp16.
+_FP8_BITS: Mapping[torch.dtype, tuple[int, int, int, bool]] = {
+    torch.float8_e4m3fn: (4, 3, 7, False), torch.float8_e5m2: (5, 2, 15, True),
+}
+
+
+def fp8_code_value(code: int, dtype: torch.dtype) -> float:
+    """The value of one fp8 byte `code` (0..255), from the format's definition (not through a torch cast)."""
+    exp_bits, man_bits, bias, ieee = _FP8_BITS[dtype]
+    sign = -1.0 if code & 0x80 else 1.0
+    exponent = (code >> man_bits) & ((1 << exp_bits) - 1)
+    mantissa = code & ((1 << man_bits) - 1)
+    top = (1 << exp_bits) - 1
+    if ieee and exponent == top:
+        return sign * math.inf if mantissa == 0 else math.nan
+    if not ieee and exponent == top and mantissa == (1 << man_bits) - 1:
+        return math.nan
+    if exponent == 0:  # subnormal
+        return sign * math.ldexp(mantissa / (1 << man_bits), 1 - bias)
+    return sign * math.ldexp(1 + mantissa / (1 << man_bits), exponent - bias)
+
+
+@cache
+def _decode_table_cpu(dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor([fp8_code_value(code, dtype) for code in range(256)], dtype=torch.float32)
+
+
+def decode_table(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """float32 [256]: the value of every fp8 byte, indexed by the byte (`payload.view(torch.uint8)`).
+
+    Decoding by table lookup (as llama.cpp does for its quants) is ~10x faster on CPU than torch's
+    float8_e4m3fn -> float cast, and a table scaled once per layer folds the tensor scale into the lookup.
+    """
+    return _decode_table_cpu(dtype).to(device)
+
+
+def lut_decode(codes: torch.Tensor, table: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`table[codes]` for uint8 `codes [...]` and a [256] table -> [...] in the table's dtype (into `out`)."""
+    index = codes.reshape(-1).to(torch.int32)
+    if out is None:
+        return table.index_select(0, index).view(codes.shape)
+    torch.index_select(table, 0, index, out=out.view(-1))
+    return out
 
 
 def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, margin: float = DEFAULT_MARGIN) -> torch.Tensor:
@@ -101,11 +150,34 @@ def decode(
     shift: torch.Tensor | None,
     scale: torch.Tensor,
     out_dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Inverse of `encode`: payload [..., H, D] (+ shift [..., H]) -> values in `out_dtype`."""
+    """Inverse of `encode`: payload [..., H, D] (+ shift [..., H]) -> values in `out_dtype` (into `out`).
+
+    fp8 decodes by table lookup (`decode_table`); a tensor scale is folded into the table, so a decode is one
+    pass over the bytes. For fp32 output it equals `decode_reference` bit for bit.
+    """
+    if not fmt.quantized:
+        return payload.to(out_dtype) if out is None else out.copy_(payload)
+    table = decode_table(payload.dtype, payload.device)
+    if not fmt.shifted:
+        return lut_decode(payload.view(torch.uint8), table.mul(scale.float()).to(out_dtype), out)
+    values = lut_decode(payload.view(torch.uint8), table).mul_(scale.float())
+    values.add_(shift.float().unsqueeze(-1))
+    return values.to(out_dtype) if out is None else out.copy_(values)
+
+
+def decode_reference(
+    fmt: KVFormat,
+    payload: torch.Tensor,
+    shift: torch.Tensor | None,
+    scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The slow, obvious decode through torch's casts: what `decode` and every fast read are checked against."""
     if not fmt.quantized:
         return payload.to(out_dtype)
-    out = payload.to(out_dtype).mul_(scale.to(out_dtype))
+    out = payload.float().mul_(scale.float())
     if shift is not None:
-        out.add_(shift.to(out_dtype).unsqueeze(-1))
-    return out
+        out.add_(shift.float().unsqueeze(-1))
+    return out.to(out_dtype)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvbench.engines.kvengine.model.attention import AttentionBackend, BatchedAttention
+from kvbench.engines.kvengine.model.attention import AttentionBackend, VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
@@ -104,7 +104,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None) -> None:
         super().__init__()
         self.config = config
-        self.attention: AttentionBackend = attention or BatchedAttention()
+        self.attention: AttentionBackend = attention or VarlenAttention()
         self.model = Backbone(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
