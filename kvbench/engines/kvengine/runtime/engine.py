@@ -98,6 +98,13 @@ class Engine:
         scales = calibrate_kv_scales(self.model, calibration_token_ids(self.loaded.tokenizer), fmt)
         self.kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, config.device, scales=scales,
                                      compute_dtype=dtype)
+        # The forward of a step: the model itself, or with cuda_graphs its decode steps replayed from graphs.
+        self.forward: Callable[[ForwardBatch, PagedKVCache], torch.Tensor] = self.model
+        if config.cuda_graphs:
+            from kvbench.engines.kvengine.model.cuda_graphs import DecodeGraphs
+
+            max_pages = -(-self.max_model_len // config.page_size)
+            self.forward = DecodeGraphs(self.model, self.kv_cache, config.max_num_seqs, max_pages)
         self.events = EventLog()
         self.pool = PagePool(num_pages, config.page_size)
         self.key_salt = f"{self.model_name}:{_model_digest(self.loaded)}:{self.kv_cache.layout_fingerprint}"
@@ -291,7 +298,7 @@ class Engine:
             for item, request in zip(seqs, live)
         ]
         batch = ForwardBatch.build(chunks, self.config.page_size, all_logits=need_all, device=self.config.device)
-        logits = self.model(batch, self.kv_cache)
+        logits = self.forward(batch, self.kv_cache)
         last_rows = [start + length - 1 for start, length in zip(batch.query_starts, batch.query_lens)]
         if need_all:
             for index, (item, request) in enumerate(zip(seqs, live)):
@@ -383,7 +390,7 @@ def _describe(exc: BaseException) -> str:
 
 def _load(config: EngineConfig, dtype: torch.dtype) -> LoadedModel:
     if config.model == TINY_RANDOM:
-        return tiny_loaded_model()
+        return tiny_loaded_model(device=config.device, dtype=dtype)
     return load_model(config.model, device=config.device, dtype=dtype)
 
 

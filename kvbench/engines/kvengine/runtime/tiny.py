@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
 
@@ -41,9 +43,11 @@ def _byte_alphabet() -> dict[int, str]:
     return {byte: chr(byte if byte in printable else next(extra)) for byte in range(256)}
 
 
-def tiny_loaded_model(seed: int = 0) -> LoadedModel:
+def tiny_loaded_model(seed: int = 0, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The tiny model on `device` in `dtype` (the engine's settings), with the byte tokenizer."""
     return LoadedModel(
-        model=tiny_model(seed),
+        model=tiny_model(seed, device=device, dtype=dtype),
         tokenizer=byte_tokenizer(),
         config=TINY_CONFIG,
         eos_token_ids=frozenset({EOS_ID}),
