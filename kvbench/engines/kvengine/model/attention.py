@@ -146,13 +146,17 @@ class VarlenLayout:
 class VarlenAttention:
     """Packed per-sequence attention over only the live tokens; equal to `ReferenceAttention` up to rounding."""
 
-    def prepare(self, batch: ForwardBatch) -> VarlenLayout:
+    def prepare(self, batch: ForwardBatch, *, decodes: bool = True) -> VarlenLayout:
+        """The packed layout of the batch's sequences (without its decode rows when `decodes` is False: a
+        kernel backend attends those itself)."""
         ps = batch.page_size
         offsets = np.arange(ps, dtype=np.int64)
-        slots, spans, k_start = [], [], 0
+        slots, spans, k_start = [np.zeros(0, dtype=np.int64)], [], 0
         for start, qlen, computed, table in zip(
             batch.query_starts, batch.query_lens, batch.num_computed_tokens, batch.page_tables
         ):
+            if qlen == 1 and not decodes:
+                continue
             total = computed + qlen
             pages = np.asarray(table[: -(-total // ps)], dtype=np.int64)
             slots.append((pages[:, None] * ps + offsets[None, :]).reshape(-1)[:total])
@@ -166,10 +170,17 @@ class VarlenAttention:
         return VarlenLayout(flat, tuple(spans))
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, layer: int, prepared: object) -> torch.Tensor:
-        layout = cast(VarlenLayout, prepared)
+        out = torch.empty_like(q)
+        self.attend(q, cache, layer, cast(VarlenLayout, prepared), out)
+        return out
+
+    @staticmethod
+    def attend(q: torch.Tensor, cache: PagedKVCache, layer: int, layout: VarlenLayout, out: torch.Tensor) -> None:
+        """Write the attention of the layout's spans into their rows of `out`."""
+        if not layout.spans:
+            return
         k, v = cache.gather(layer, layout.slots, out=layout.buffers)
         layout.buffers = (k, v)
-        out = torch.empty_like(q)
         hq, hkv = q.shape[1], k.shape[1]
         # 4-D [1, heads, tokens, D] views: 3-D inputs take a slower SDPA path on CPU (measured: 1.5x)
         for s in layout.spans:
@@ -187,4 +198,3 @@ class VarlenAttention:
                 qs.transpose(0, 1)[None], ks, vs, attn_mask=mask, is_causal=s.causal, enable_gqa=True
             )
             out[s.q_start : s.q_start + s.q_len] = o[0].transpose(0, 1)
-        return out

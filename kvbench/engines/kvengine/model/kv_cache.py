@@ -93,6 +93,16 @@ class PagedKVCache:
         k, v = ((table[None, :] * s[:, None]).to(self.compute_dtype) for s in (self.scales.k, self.scales.v))
         return k, v
 
+    def decode_tables(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """fp32 [256] decode tables of one layer's K and V for a kernel: the tensor scale folded in, or bare
+        in channel mode (the kernel applies the per-channel scale and the shift). None when unquantized."""
+        if not self.fmt.quantized:
+            return None
+        table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
+        if self.fmt.shifted:
+            return table, table
+        return table * self.scales.k[layer], table * self.scales.v[layer]
+
     # ---- sizes ---------------------------------------------------------------------------------------------
     @property
     def bytes_per_token(self) -> int:

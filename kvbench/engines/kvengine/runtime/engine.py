@@ -42,6 +42,7 @@ from kvbench.engines.kvengine.core.scheduler import (
 )
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
+from kvbench.engines.kvengine.model.gpu_attention import attention_for
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
@@ -98,6 +99,8 @@ class Engine:
         scales = calibrate_kv_scales(self.model, calibration_token_ids(self.loaded.tokenizer), fmt)
         self.kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, config.device, scales=scales,
                                      compute_dtype=dtype)
+        # Paged attention for this device and format: a kernel on CUDA where one is installed (model/gpu_attention.py).
+        self.model.attention = attention_for(config.device, fmt, dtype)
         # The forward of a step: the model itself, or with cuda_graphs its decode steps replayed from graphs.
         self.forward: Callable[[ForwardBatch, PagedKVCache], torch.Tensor] = self.model
         if config.cuda_graphs:
