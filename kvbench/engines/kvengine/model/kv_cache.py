@@ -219,7 +219,7 @@ class PagedKVCache:
                 f"data must be uint8 [{len(ids)}, {self.page_bytes}] as made by read_pages; got "
                 f"{data.dtype} {tuple(data.shape)}"
             )
-        data = data.to(self.device)
+        data = data.to(self.device, non_blocking=data.is_pinned())  # ordered before the next kernel that reads it
         offset = 0
         for t in self._parts():
             per_page = t[:, 0].numel() * t.element_size()

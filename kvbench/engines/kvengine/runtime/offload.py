@@ -184,7 +184,10 @@ class OffloadExecutor:
 
         def write(first: int, pages: Sequence[PageId]) -> None:
             self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
-            self.kv_cache.write_pages(list(pages), torch.stack(rows[first - job.start:]))
+            data = torch.stack(rows[first - job.start:])
+            if self.kv_cache.device.type == "cuda":  # pinned: the copy up runs without blocking the step thread
+                data = data.pin_memory()
+            self.kv_cache.write_pages(list(pages), data)
 
         end = (job.start + num_read) * self.index.page_size
         adoption = adopt_pages(self.scheduler, self.scheduler.placement(request), request.prompt[:end],
