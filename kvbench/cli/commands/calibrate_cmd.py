@@ -87,7 +87,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         engine.close()
     weight_dtype = WEIGHT_DTYPES.get(config.compute_dtype, "fp32")
     try:
-        fit = fit_hardware(hardware, geometry, config.kv_dtype.value, weight_dtype, steps, padded_attention=True,
+        fit = fit_hardware(hardware, geometry, config.kv_dtype.value, weight_dtype, steps, padded_attention=False,
                            page_size=config.page_size)
     except ValueError as error:
         raise SettingsError(str(error)) from None

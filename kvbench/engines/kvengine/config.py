@@ -113,6 +113,8 @@ class EngineConfig:
     served_model_name: str | None = setting(None, "model name in the API (default: the model folder's name)")
     threads: int | None = setting(None, "torch threads, set by `kvbench serve` (default: all cores, with a passive "
                                   "OpenMP wait)", ge=1)
+    cuda_graphs: bool = setting(False, "replay decode steps as CUDA graphs, one per batch-size and context bucket, "
+                                "captured on first use (needs a cuda device; refused on others)")
     # Lower tiers (0 / None: not used), in tokens like kv_capacity.
     host_capacity: int = setting(0, "host-memory KV tier (0: none)", unit="tokens", ge=0)
     disk_capacity: int = setting(0, "disk KV tier (0: none; needs disk_dir)", unit="tokens", ge=0)
@@ -140,6 +142,9 @@ class EngineConfig:
         if isinstance(self.kv_capacity, int) and self.kv_capacity < self.page_size:
             raise ValueError(f"kv_capacity ({self.kv_capacity}) must hold at least one page of {self.page_size} "
                              "tokens")
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise ValueError(f"cuda_graphs needs a cuda device, but device is {self.device!r}: set device=cuda "
+                             "or leave cuda_graphs off")
         if self.disk_capacity and not self.disk_dir:
             raise ValueError("disk_capacity > 0 needs disk_dir, a directory for the disk tier's page files")
         if self.device_ttl_s > self.host_ttl_s:

@@ -25,7 +25,7 @@ NON_DEFAULT_ENGINE = {
     "kv_capacity_bytes": 1 << 20, "page_size": 32, "max_num_seqs": 3, "max_step_tokens": 96,
     "prefix_caching": False, "device": "cuda:1", "tensor_parallel_size": 2, "memory_utilization": 0.5,
     "compute_dtype": "bfloat16", "max_model_len": 777,
-    "served_model_name": "tiny", "threads": 2, "host_capacity": 1024, "disk_capacity": 2048,
+    "served_model_name": "tiny", "threads": 2, "cuda_graphs": True, "host_capacity": 1024, "disk_capacity": 2048,
     "disk_dir": "/tmp/kv-disk", "remote_url": "redis://127.0.0.1:6379/1", "device_ttl_s": 2.5,
     "host_ttl_s": 1e6, "tier_interval_s": 0.125, "tenants_file": "tenants.yaml", "isolation": "shared-prefix",
 }

@@ -3,8 +3,10 @@
     load_model(source) -> LoadedModel          weights.py, loader.py (GGUF converted once to safetensors)
     PagedKVCache(config, num_pages, ...)       kv_cache.py, fp8.py (formats and codecs)
     calibrate_kv_scales(model, ids, ...)       calibration.py (static per-layer scales)
-    model(ForwardBatch.build(chunks), cache)   batch.py, llama.py, attention.py
+    model(ForwardBatch.build(chunks), cache)   batch.py, llama.py, attention.py (reference, packed varlen)
     LlamaForCausalLM(config, parallel=...)     parallel.py (a rank's shard of a tensor-parallel model)
+    attention_for(device, fmt, dtype)          gpu_attention.py, triton_kernels.py (FlashInfer / Triton / varlen)
+    DecodeGraphs(model, cache, ...)            cuda_graphs.py (decode steps replayed as CUDA graphs)
     sample / token_logprobs                    sampling.py
     tiny_model(seed)                           tiny.py (random weights for tests)
 

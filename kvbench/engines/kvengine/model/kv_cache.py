@@ -82,6 +82,26 @@ class PagedKVCache:
             if not torch.isfinite(t).all() or (t <= 0).any():
                 raise ValueError(f"scales.{name} must be finite and positive")
         self.scales = KVScales(scales.k.float().to(self.device), scales.v.float().to(self.device))
+        self._tables = self._decode_tables()
+
+    def _decode_tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Per-layer fp8 decode tables for `gather` in tensor mode: [L, 256] in the compute dtype, the layer's
+        scale folded in, so that decoding a token is one table lookup per value. None for other formats."""
+        if not self.fmt.quantized or self.fmt.shifted:
+            return None
+        table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
+        k, v = ((table[None, :] * s[:, None]).to(self.compute_dtype) for s in (self.scales.k, self.scales.v))
+        return k, v
+
+    def decode_tables(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """fp32 [256] decode tables of one layer's K and V for a kernel: the tensor scale folded in, or bare
+        in channel mode (the kernel applies the per-channel scale and the shift). None when unquantized."""
+        if not self.fmt.quantized:
+            return None
+        table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
+        if self.fmt.shifted:
+            return table, table
+        return table * self.scales.k[layer], table * self.scales.v[layer]
 
     # ---- sizes ---------------------------------------------------------------------------------------------
     @property
@@ -128,8 +148,42 @@ class PagedKVCache:
             if shift is not None:
                 shift[layer].view(-1, shift.shape[3])[slots] = token_shift
 
+    def gather(
+        self, layer: int, slots: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode the tokens at flat `slots [N]` -> k, v [N, H, D] in `compute_dtype` (into `out`'s first N rows).
+
+        What fast attention reads: only the live tokens it names, fp8 decoded by table lookup in the same pass
+        (the stored bytes are gathered first, at one byte a value). Equal to `read` of the same tokens within
+        the compute dtype's rounding (bit for bit in fp32).
+        """
+        n = slots.shape[0]
+        H, D = self.config.num_kv_heads, self.config.head_dim
+        result = []
+        for i, (data, shift, scale) in enumerate((
+            (self.k_data, self.k_shift, self.scales.k[layer]),
+            (self.v_data, self.v_shift, self.scales.v[layer]),
+        )):
+            dst = None if out is None else out[i][:n]
+            rows = data[layer].view(-1, H, D)
+            if self._tables is not None:  # fp8, tensor scale
+                x = fp8.lut_decode(rows.view(torch.uint8).index_select(0, slots), self._tables[i][layer], dst)
+            elif shift is not None:  # fp8, channel scale and shift
+                payload = rows.view(torch.uint8).index_select(0, slots).view(rows.dtype)
+                token_shift = shift[layer].view(-1, H).index_select(0, slots)
+                x = fp8.decode(self.fmt, payload, token_shift, scale, self.compute_dtype, dst)
+            elif dst is not None and dst.dtype == rows.dtype:
+                x = torch.index_select(rows, 0, slots, out=dst)
+            else:
+                picked = rows.index_select(0, slots)
+                x = picked.to(self.compute_dtype) if dst is None else dst.copy_(picked)
+            result.append(x)
+        return result[0], result[1]
+
     def read(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode whole pages: `page_ids [..., P]` -> k, v [..., P * page_size, H, D] in `compute_dtype`."""
+        """Decode whole pages: `page_ids [..., P]` -> k, v [..., P * page_size, H, D] in `compute_dtype`.
+
+        The slow, obvious read (torch's casts, `fp8.decode_reference`) that the reference attention uses."""
         lead = page_ids.shape[:-1]
         flat = page_ids.reshape(-1)
         out = []
@@ -139,7 +193,7 @@ class PagedKVCache:
         ):
             payload = data[layer].index_select(0, flat)
             token_shift = None if shift is None else shift[layer].index_select(0, flat)
-            x = fp8.decode(self.fmt, payload, token_shift, scale, self.compute_dtype)
+            x = fp8.decode_reference(self.fmt, payload, token_shift, scale, self.compute_dtype)
             out.append(x.reshape(*lead, -1, *x.shape[-2:]))
         return out[0], out[1]
 
@@ -165,7 +219,7 @@ class PagedKVCache:
                 f"data must be uint8 [{len(ids)}, {self.page_bytes}] as made by read_pages; got "
                 f"{data.dtype} {tuple(data.shape)}"
             )
-        data = data.to(self.device)
+        data = data.to(self.device, non_blocking=data.is_pinned())  # ordered before the next kernel that reads it
         offset = 0
         for t in self._parts():
             per_page = t[:, 0].numel() * t.element_size()

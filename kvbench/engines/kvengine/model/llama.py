@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvbench.engines.kvengine.model.attention import AttentionBackend, BatchedAttention
+from kvbench.engines.kvengine.model.attention import AttentionBackend, VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
@@ -116,7 +116,7 @@ class LlamaForCausalLM(nn.Module):
         self.full_config = config
         self.parallel = parallel
         self.config = parallel.local_config(config)
-        self.attention: AttentionBackend = attention or BatchedAttention()
+        self.attention: AttentionBackend = attention or VarlenAttention()
         rows = parallel.vocab_rows(config)
         self.model = Backbone(self.config, rows)
         self.lm_head = nn.Linear(config.hidden_size, rows, bias=False)

@@ -47,31 +47,63 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
 ) -> torch.Tensor:
-    """Next token id per row of `logits [B, V]`; row i uses params[i] and generators[i]."""
+    """Next token id per row of `logits [B, V]`; row i uses params[i] and generators[i].
+
+    Vectorised over rows: greedy rows take the argmax; the others are softmaxed at their own temperature,
+    cut to their own top-p nucleus and sampled by inverse CDF (the first token whose cumulative probability
+    exceeds u * total) with one uniform u per row, all in batched ops. The only per-row step is drawing u from
+    a seeded row's own generator (a request's seed must give the same tokens whatever its neighbours; vLLM
+    loops over seeded requests the same way); unseeded rows share one draw from torch's default generator.
+    """
     if not (len(params) == len(generators) == logits.shape[0]):
         raise ValueError(
             f"logits has {logits.shape[0]} rows but {len(params)} params and {len(generators)} generators"
         )
-    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    for i, (p, gen) in enumerate(zip(params, generators)):
-        row = logits[i].float()
-        if p.greedy:
-            out[i] = row.argmax()
-            continue
-        probs = torch.softmax(row / p.temperature, dim=-1)
-        if p.top_p < 1:
-            probs = _top_p(probs, p.top_p)
-        out[i] = torch.multinomial(probs, 1, generator=gen)[0]
+    logits = logits.float()
+    out = logits.argmax(-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return out
+    device = logits.device
+    index = torch.tensor(rows, device=device)
+    temperature = torch.tensor([params[i].temperature for i in rows], device=device)[:, None]
+    probs = torch.softmax(logits[index] / temperature, dim=-1)
+    top_p = [params[i].top_p for i in rows]
+    if min(top_p) < 1:
+        probs = _top_p(probs, torch.tensor(top_p, device=device)[:, None])
+    out[index] = _inverse_cdf(probs, _uniforms([generators[i] for i in rows], device))
     return out
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (always at least one)."""
-    sorted_probs, order = probs.sort(descending=True)
+def _uniforms(generators: Sequence[torch.Generator | None], device: torch.device) -> torch.Tensor:
+    """One U[0, 1) draw per row: seeded rows from their generator, the rest in one draw."""
+    u = torch.empty(len(generators), device=device)
+    unseeded = [j for j, gen in enumerate(generators) if gen is None]
+    if unseeded:
+        u[torch.tensor(unseeded, device=device)] = torch.rand(len(unseeded), device=device)
+    for j, gen in enumerate(generators):
+        if gen is not None:
+            u[j] = torch.rand((), generator=gen, device=gen.device)
+    return u
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of `probs [B, V]` (rows need not sum to 1): the first token whose cumulative mass exceeds
+    u * total; never a zero-probability token (the last kept token when rounding pushes u * total past)."""
+    cdf = probs.cumsum(-1)
+    chosen = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True)[:, 0]
+    last_kept = probs.shape[-1] - 1 - (probs > 0).flip(-1).to(torch.int8).argmax(-1)
+    return torch.minimum(chosen, last_kept)
+
+
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row, keep the smallest set of most likely tokens whose mass reaches the row's top_p [B, 1]
+    (always at least one); a row with top_p 1 keeps every token."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    sorted_probs[mass_before >= top_p] = 0
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0)
     kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return kept / kept.sum()
+    return kept / kept.sum(-1, keepdim=True)
 
 
 @dataclass(frozen=True)

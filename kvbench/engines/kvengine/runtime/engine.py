@@ -252,6 +252,7 @@ class Engine:
                 outputs.append(self._finish(finished))
             outputs.extend(self._fail(request_id, error) for request_id, error in failed.items())
         self.offload.sync_pages(now)  # pages just cached go to the shared tier
+        self.offload.end_step()  # this step's demotions, written while the model ran, enter the tier policy
         events = self.events.take_events()
         for listener in self.event_listeners:
             listener(events)

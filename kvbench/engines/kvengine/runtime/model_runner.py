@@ -21,6 +21,7 @@ import torch
 from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
+from kvbench.engines.kvengine.model.gpu_attention import attention_for
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
@@ -102,12 +103,18 @@ class ModelRunner:
     kv_cache: PagedKVCache
     page_size: int
     device: str
+    # The forward of a step: the model itself, or with cuda_graphs its decode steps replayed from graphs.
+    forward: Callable[[ForwardBatch, PagedKVCache], torch.Tensor] | None = None
     swapped: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.forward is None:
+            self.forward = self.model
 
     def execute(self, op: DeviceOp) -> ForwardResult | None:
         if isinstance(op, Forward):
             batch = ForwardBatch.build(op.chunks, self.page_size, all_logits=op.all_logits, device=self.device)
-            return ForwardResult(batch, self.model(batch, self.kv_cache))
+            return ForwardResult(batch, self.forward(batch, self.kv_cache))
         if isinstance(op, SwapOut):
             self.swapped[op.request_id] = self.kv_cache.read_pages(list(op.pages)).clone()
         elif isinstance(op, SwapIn):
@@ -154,7 +161,15 @@ def build_runner(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, 
     scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), fmt)
     kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, device, scales=scales,
                             compute_dtype=dtype)
-    return ModelRunner(loaded.model, kv_cache, config.page_size, device)
+    # Paged attention for this device and format: a kernel on CUDA where one is installed (model/gpu_attention.py).
+    loaded.model.attention = attention_for(device, fmt, dtype)
+    forward = None
+    if config.cuda_graphs:
+        from kvbench.engines.kvengine.model.cuda_graphs import DecodeGraphs
+
+        max_model_len = config.max_model_len or loaded.config.max_position_embeddings
+        forward = DecodeGraphs(loaded.model, kv_cache, config.max_num_seqs, -(-max_model_len // config.page_size))
+    return ModelRunner(loaded.model, kv_cache, config.page_size, device, forward)
 
 
 def serve_ops(runner: ModelRunner, receive: Callable[[], DeviceOp | None]) -> None:

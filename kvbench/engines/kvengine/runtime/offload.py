@@ -8,6 +8,13 @@ The step loop calls it at fixed points (nothing else moves KV between tiers):
     offload.sync_pages(now)           # pages the schedule evicted: copied down before their ids are reused
     ... run the model, postprocess ...
     offload.sync_pages(now)           # pages just stored: published to the shared remote tier
+    offload.end_step()                # the step's demotions are in their tiers (policy and events updated)
+
+Demotions leave the step thread: `sync_pages` only gathers the pages' bytes (they must be copied before the
+step overwrites their ids; on CUDA the copy to host runs on a side stream, so the forward does not wait for
+it) and hands them to a demotion worker, which writes them into their tier (host slab, disk file) while the
+model runs; `end_step` then records them in the tier policy on the step thread (the pure core is not
+thread-safe). Publishing to the shared remote tier needs no record: it finishes whenever it does.
 
 Decisions come from the core: which device pages are idle (`PrefixIndex.evict_idle` with the policy's
 per-tenant device TTL), where an evicted page goes (`TierPolicy.tier_for_evicted`), host/disk placement and
@@ -22,8 +29,8 @@ A page that cannot be read or verified ends the restore there: the rest of the p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +92,10 @@ class OffloadExecutor:
     maintenance_interval_s: float = DEFAULT_TIER_INTERVAL_S
     _restores: list[_Restore] = field(default_factory=list)
     _workers: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, "kvengine-restore"))
+    _demoter: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "kvengine-demote"))
+    _demotions: list[tuple[Future, float]] = field(default_factory=list)  # (-> [(record, tier, stored?)], now)
+    _publishes: list[Future] = field(default_factory=list)
+    _copy_stream: object = None  # a torch.cuda.Stream for device -> host copies, made on first use
     _last_maintenance: float | None = None
 
     @property
@@ -111,6 +122,7 @@ class OffloadExecutor:
     def submit(self, request: Request, now: float) -> Admission | None:
         """An Admission if nothing below device can extend the request's cached prefix; else None, and
         stage 1 of a restore starts (the request comes back from `begin_step` once its pages are on device)."""
+        self.end_step()  # pages demoted by the last step are findable in their tier
         if not (request.use_cached_prefix and self.scheduler.config.prefix_caching):
             return Admission(request)
         placement = self.scheduler.placement(request)
@@ -155,6 +167,7 @@ class OffloadExecutor:
     def begin_step(self, now: float, wait_s: float = 0.0) -> list[Admission]:
         """Finish restores whose stage 1 is done (waiting up to `wait_s` for one when asked), then keep the
         tiers in order. Returns the requests to hand to the scheduler."""
+        self.end_step()
         if wait_s and self._restores and not any(r.rows.done() for r in self._restores):
             self._restores[0].rows.exception(timeout=wait_s)
         ready = [r for r in self._restores if r.rows.done()]
@@ -171,7 +184,10 @@ class OffloadExecutor:
 
         def write(first: int, pages: Sequence[PageId]) -> None:
             self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
-            self.kv_cache.write_pages(list(pages), torch.stack(rows[first - job.start:]))
+            data = torch.stack(rows[first - job.start:])
+            if self.kv_cache.device.type == "cuda":  # pinned: the copy up runs without blocking the step thread
+                data = data.pin_memory()
+            self.kv_cache.write_pages(list(pages), data)
 
         end = (job.start + num_read) * self.index.page_size
         adoption = adopt_pages(self.scheduler, self.scheduler.placement(request), request.prompt[:end],
@@ -208,27 +224,68 @@ class OffloadExecutor:
         return next((r.request for r in self._restores if r.request.request_id == request_id), None)
 
     def sync_pages(self, now: float) -> None:
-        """Copy pages the prefix index dropped to their lower tier; publish stored pages to the remote tier."""
+        """Copy pages the prefix index dropped to their lower tier; publish stored pages to the remote tier.
+
+        Returns once the pages' bytes are gathered (their ids may be reused right after); the writes into the
+        tiers run on the demotion worker (`end_step` records them)."""
         records = self.journal.take_pages()
         dropped = [(r, t) for r in records if r.change == PageChange.DROPPED
                    and (t := self.policy.tier_for_evicted(r.tenant, r.last_access, now)) is not None]
         stored = [r for r in records if r.change == PageChange.STORED] if self.remote is not None else []
         if not dropped and not stored:
             return
-        data = self.kv_cache.read_pages([r.page for r, _ in dropped] + [r.page for r in stored]).cpu()
+        data, ready = self._copy_to_host([r.page for r, _ in dropped] + [r.page for r in stored])
+        if dropped:
+            self._demotions.append((self._demoter.submit(self._put_down, dropped, data, ready), now))
+        if stored:
+            self._publishes.append(self._demoter.submit(self._publish, stored, data, len(dropped), ready))
+
+    def _copy_to_host(self, pages: list[PageId]) -> tuple[torch.Tensor, Callable[[], None]]:
+        """The pages' rows on host, and a wait for the copy. The gather runs on the step's stream (so it reads
+        the pages before this step overwrites them); on CUDA the copy to pinned host memory runs on a side
+        stream, overlapping the step, and the worker waits for its event."""
+        rows = self.kv_cache.read_pages(pages)
+        if rows.device.type != "cuda":
+            return rows, lambda: None
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(rows.device)
+        stream = self._copy_stream
+        stream.wait_stream(torch.cuda.current_stream(rows.device))
+        host = torch.empty(rows.shape, dtype=torch.uint8, pin_memory=True)  # cached by torch's host allocator
+        with torch.cuda.stream(stream):
+            host.copy_(rows, non_blocking=True)
+            rows.record_stream(stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return host, done.synchronize
+
+    def _put_down(self, dropped: list[tuple[PageRecord, Tier]], data: torch.Tensor,
+                  ready: Callable[[], None]) -> list[tuple[PageRecord, Tier, bool]]:
+        """Demotion worker: write each dropped page into its tier."""
+        ready()
+        out = []
         for i, (record, tier) in enumerate(dropped):
-            self._demote_from_device(record, tier, data[i], now)
-        for i, record in enumerate(stored, start=len(dropped)):
+            store, row = self._store(tier), data[i]
+            ok = store.put_tensor(record.key, row) if tier == Tier.HOST else store.put(record.key, row.numpy().tobytes())
+            out.append((record, tier, ok))
+        return out
+
+    def _publish(self, stored: list[PageRecord], data: torch.Tensor, first: int, ready: Callable[[], None]) -> None:
+        ready()
+        for i, record in enumerate(stored, start=first):
             self.remote.put(record.key, data[i].numpy().tobytes())
 
-    def _demote_from_device(self, record: PageRecord, tier: Tier, row: torch.Tensor, now: float) -> None:
-        store = self._store(tier)
-        ok = store.put_tensor(record.key, row) if tier == Tier.HOST else store.put(record.key, row.numpy().tobytes())
-        if ok:
-            self.policy.track(record.key, record.tenant, record.last_access, tier)
-            self.events.record(EventKind.MOVED, record.tenant, tier.name.lower(), 1, now)
-        else:
-            self.events.record(EventKind.EVICTED, record.tenant, tier.name.lower(), 1, now)
+    def end_step(self) -> None:
+        """Wait for the demotions handed to the worker and record them in the tier policy and the events."""
+        demotions, self._demotions = self._demotions, []
+        for job, now in demotions:
+            for record, tier, ok in job.result():
+                if ok:
+                    self.policy.track(record.key, record.tenant, record.last_access, tier)
+                    self.events.record(EventKind.MOVED, record.tenant, tier.name.lower(), 1, now)
+                else:
+                    self.events.record(EventKind.EVICTED, record.tenant, tier.name.lower(), 1, now)
+        self._publishes = [job for job in self._publishes if not job.done()]
 
     def _maintain(self, now: float) -> None:
         """Demote idle device pages (per-tenant device TTL) and carry out the policy's moves among the lower
@@ -238,6 +295,7 @@ class OffloadExecutor:
         self._last_maintenance = now
         self.index.evict_idle(now, self.policy.device_ttl)
         self.sync_pages(now)
+        self.end_step()  # the plan below must see the pages just demoted
         for move in self.policy.plan(now):
             self._carry_out(move, now)
 
@@ -259,6 +317,8 @@ class OffloadExecutor:
         """Forget every lower-tier page (a prefix cache reset); waits for restores in flight."""
         for job in self._restores:
             job.rows.exception()
+        self.end_step()
+        wait(self._publishes)
         self.journal.take_pages()
         for key in self.policy.keys():
             self._forget(key)
@@ -271,6 +331,7 @@ class OffloadExecutor:
 
     def close(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
+        self._demoter.shutdown(wait=True)
 
 
 def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Scheduler, tenants: TenantsConfig,
@@ -281,7 +342,8 @@ def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Schedu
     host = disk = remote = None
     if config.host_capacity >= ps:
         capacities[Tier.HOST] = config.host_capacity // ps
-        host = HostStore(pin=torch.cuda.is_available() and kv_cache.device.type == "cuda")
+        host = HostStore(capacities[Tier.HOST], kv_cache.page_bytes,
+                         pin=torch.cuda.is_available() and kv_cache.device.type == "cuda")
     if config.disk_capacity >= ps:
         capacities[Tier.DISK] = config.disk_capacity // ps
         disk = DiskStore(Path(config.disk_dir), kv_cache.layout_fingerprint)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,38 +65,73 @@ def decode_record(fingerprint: str, key: str, record: bytes) -> bytes | None:
 
 @dataclass(slots=True)
 class HostStore:
-    """Pages in host memory, one uint8 tensor each (pinned when a GPU exists, for fast async copies)."""
+    """Pages in host memory: rows of slabs allocated ahead (pinned when the device is a GPU, for async
+    copies), not one allocation per page (a pinned allocation costs far more than a page's copy).
+    Thread-safe: the offload executor's demotion worker puts while the step thread gets and deletes.
 
+    `capacity` pages are allocated at start (`torch.empty`: on CPU memory is committed as rows fill). The tier
+    policy keeps the tier within its budget by moving pages on after they arrive, so the store may briefly
+    hold more: it then adds a slab of `capacity // 4` rows (at least 16) rather than refuse a page."""
+
+    capacity: int
+    page_bytes: int
     pin: bool = False
     name: str = "host"
     failures: list[StoreFailure] = field(default_factory=list)
-    _pages: dict[str, torch.Tensor] = field(default_factory=dict)
+    _slabs: list[torch.Tensor] = field(default_factory=list)
+    _rows: list[torch.Tensor] = field(default_factory=list)
+    _free: list[int] = field(default_factory=list)
+    _slots: dict[str, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._grow(max(self.capacity, 1))
+
+    def _grow(self, pages: int) -> None:
+        slab = torch.empty((pages, self.page_bytes), dtype=torch.uint8, pin_memory=self.pin)
+        first = len(self._rows)
+        self._slabs.append(slab)
+        self._rows.extend(slab.unbind(0))
+        self._free.extend(range(first + pages - 1, first - 1, -1))
 
     def put(self, key: str, payload: bytes) -> bool:
         return self.put_tensor(key, torch.frombuffer(bytearray(payload), dtype=torch.uint8))
 
     def put_tensor(self, key: str, row: torch.Tensor) -> bool:
         """Keep a copy of one page row (uint8 [page_bytes]) from any device."""
-        buf = torch.empty(row.shape, dtype=torch.uint8, pin_memory=self.pin)
-        buf.copy_(row)
-        self._pages[key] = buf
+        if tuple(row.shape) != (self.page_bytes,):
+            raise ValueError(f"a host page row is uint8 [{self.page_bytes}]; got {tuple(row.shape)}")
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                if not self._free:
+                    self._grow(max(self.capacity // 4, 16))
+                slot = self._free.pop()
+                self._slots[key] = slot
+            self._rows[slot].copy_(row)
         return True
 
     def get(self, key: str) -> bytes | None:
-        row = self._pages.get(key)
+        row = self.get_tensor(key)
         return None if row is None else row.numpy().tobytes()
 
     def get_tensor(self, key: str) -> torch.Tensor | None:
-        return self._pages.get(key)
+        """A copy of the page's row (the slab row itself may be reused once the page is deleted)."""
+        with self._lock:
+            slot = self._slots.get(key)
+            return None if slot is None else self._rows[slot].clone()
 
     def delete(self, key: str) -> None:
-        self._pages.pop(key, None)
+        with self._lock:
+            slot = self._slots.pop(key, None)
+            if slot is not None:
+                self._free.append(slot)
 
     def contains(self, key: str) -> bool:
-        return key in self._pages
+        return key in self._slots
 
     def __len__(self) -> int:
-        return len(self._pages)
+        return len(self._slots)
 
 
 @dataclass(slots=True)

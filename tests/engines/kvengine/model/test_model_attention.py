@@ -8,11 +8,13 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
-from kvbench.engines.kvengine.model.attention import BatchedAttention, ReferenceAttention
+from kvbench.engines.kvengine.model.attention import PaddedAttention, ReferenceAttention, VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.config import RopeScaling
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
+
+from .attention_cases import ALL_FORMATS, max_error_against_reference
 
 TOL = 1e-4
 
@@ -51,7 +53,7 @@ def hf(model):
 
 
 @pytest.mark.parametrize("page_size", [16, 5])
-@pytest.mark.parametrize("attention", [ReferenceAttention(), BatchedAttention()], ids=["reference", "batched"])
+@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention()], ids=["reference", "padded", "varlen"])
 def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attention):
     model.attention = attention
     prompt = tokens(37, seed=1)
@@ -74,7 +76,7 @@ def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attenti
         assert (got[0] - dense_logits(hf, seq)[-1]).abs().max() < TOL
 
 
-@pytest.mark.parametrize("attention", [ReferenceAttention(), BatchedAttention()], ids=["reference", "batched"])
+@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention()], ids=["reference", "padded", "varlen"])
 def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
     model.attention = attention
     page_size = 4
@@ -95,25 +97,22 @@ def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
     assert (got - torch.cat([want_b, want_a])).abs().max() < TOL
 
 
-def test_batched_backend_equals_reference_on_fp8_pages(model):
-    """The fast path reads the same decoded pages as the oracle, for a mixed prefill + decode batch."""
-    page_size = 16
-    results = []
-    for backend in (ReferenceAttention(), BatchedAttention()):
-        model.attention = backend
-        cache = PagedKVCache(model.config, 12, page_size, KVFormat.parse("fp8_e4m3", "channel"))
-        model(ForwardBatch.build([SequenceChunk(tokens(20, 6), 0, [3, 8])], page_size), cache)
-        batch = ForwardBatch.build(
-            [
-                SequenceChunk(tokens(1, 7), 20, [3, 8]),
-                SequenceChunk(tokens(33, 8), 0, [5, 0, 11]),
-                SequenceChunk(tokens(4, 9), 16, [3, 1]),  # shares page 3, its own tail page
-            ],
-            page_size,
-            all_logits=True,
-        )
-        results.append(model(batch, cache))
-    assert (results[0] - results[1]).abs().max() < 1e-5
+FAST_BACKENDS = [PaddedAttention(), VarlenAttention()]
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
+@pytest.mark.parametrize("backend", FAST_BACKENDS, ids=["padded", "varlen"])
+def test_fast_backends_equal_reference_on_every_format(model, fmt, backend):
+    """Every layer's output of the fast path equals the oracle's up to fp32 rounding on a mixed batch of
+    ragged decodes, a prompt, and a chunk continuing a shared prefix: it reads the stored bytes as the
+    oracle does."""
+    assert max_error_against_reference(model, fmt, backend) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", [("bf16", None), ("fp8_e4m3", "tensor"), ("fp8_e5m2", "channel")], ids=str)
+def test_varlen_backend_in_bf16_compute_is_within_bf16_rounding_of_the_reference(fmt):
+    model = tiny_model(seed=0, dtype=torch.bfloat16)
+    assert max_error_against_reference(model, fmt, VarlenAttention(), compute_dtype=torch.bfloat16) < 2e-2
 
 
 def test_qwen2_bias_and_llama3_rope_scaling_match_transformers():

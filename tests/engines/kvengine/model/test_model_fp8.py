@@ -88,3 +88,31 @@ def test_parse_rejects_bad_names():
     with pytest.raises(ValueError, match="scale_mode"):
         KVFormat.parse("fp8_e4m3", "block")
     assert KVFormat.parse("fp8_e5m2").scale_mode == "tensor"
+
+
+@pytest.mark.parametrize("kv_dtype", FP8_DTYPES)
+def test_decode_table_equals_torch_cast_bit_for_bit_for_all_256_codes(kv_dtype):
+    """The table is built from the format's bit layout, not through torch; torch's cast is the judge."""
+    dtype = fp8.storage_dtype(KVFormat.parse(kv_dtype))
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    want = codes.view(dtype).float()
+    got = fp8.decode_table(dtype)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert int(got.isnan().sum()) == {"fp8_e4m3": 2, "fp8_e5m2": 6}[kv_dtype]
+    finite = ~want.isnan()
+    assert torch.equal(got[finite].view(torch.int32), want[finite].view(torch.int32))  # -0.0 and inf included
+    assert torch.equal(fp8.lut_decode(codes.view(16, 16), got).view(torch.int32)[finite.view(16, 16)],
+                       want.view(16, 16).view(torch.int32)[finite.view(16, 16)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_table_decode_equals_the_cast_reference_bit_for_bit_in_fp32(fmt):
+    x = random_kv(seed=3, outliers=True)
+    scale = calibrated_scale(fmt, x)
+    payload, shift = fp8.encode(fmt, x, scale)
+    want = fp8.decode_reference(fmt, payload, shift, scale, torch.float32)
+    assert torch.equal(fp8.decode(fmt, payload, shift, scale, torch.float32), want)
+    out = torch.empty_like(want)
+    assert fp8.decode(fmt, payload, shift, scale, torch.float32, out=out) is out and torch.equal(out, want)
+    # in bf16 the table decodes in fp32 and rounds once, the reference rounds the same fp32 value once too
+    assert torch.equal(fp8.decode(fmt, payload, shift, scale, torch.bfloat16), want.to(torch.bfloat16))

@@ -118,3 +118,28 @@ def test_layout_fingerprint_changes_with_scales():
     b = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"), scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
     assert a.layout_fingerprint != b.layout_fingerprint
     assert a.layout_fingerprint == PagedKVCache(TINY_CONFIG, 5, 16, KVFormat.parse("fp8_e4m3")).layout_fingerprint
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_gather_of_live_slots_equals_read_of_whole_pages(fmt):
+    """The fast read (only the named tokens, fp8 by table lookup, into reused buffers) returns what the
+    reference read of the whole pages holds at those tokens: bit for bit in fp32, one rounding in bf16."""
+    cache = filled_cache(fmt, seed=3)
+    pages = torch.tensor([6, 1, 3])
+    slots = (pages[:, None] * 4 + torch.arange(4)).reshape(-1)[:10]  # 10 live tokens of 3 pages of 4
+    H, D = TINY_CONFIG.num_kv_heads, TINY_CONFIG.head_dim
+    buffers = (torch.full((10, H, D), float("nan")), torch.full((10, H, D), float("nan")))
+    for layer in range(TINY_CONFIG.num_layers):
+        want = cache.read(layer, pages)
+        got = cache.gather(layer, slots, out=buffers)
+        for g, w, buffer in zip(got, want, buffers):
+            assert g.data_ptr() == buffer.data_ptr()
+            assert torch.equal(g, w[:10])
+        assert all(torch.equal(g, w[:10]) for g, w in zip(cache.gather(layer, slots), want))
+    bf16 = PagedKVCache(TINY_CONFIG, 8, 4, KVFormat.parse(*fmt), compute_dtype=torch.bfloat16)
+    bf16.k_data.copy_(cache.k_data), bf16.v_data.copy_(cache.v_data)
+    if cache.k_shift is not None:
+        bf16.k_shift.copy_(cache.k_shift), bf16.v_shift.copy_(cache.v_shift)
+    bf16.set_scales(cache.scales)
+    for g, w in zip(bf16.gather(0, slots), cache.read(0, pages)):
+        assert g.dtype == torch.bfloat16 and torch.equal(g, w[:10].to(torch.bfloat16))

@@ -74,3 +74,43 @@ def test_a_temperature_below_1e_5_is_greedy_where_dividing_by_it_would_give_nan(
 def test_values_torch_would_fail_on_mid_step_are_refused_up_front(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
+
+
+def sample_per_row(logits, params, generators):
+    """The per-row version: each row alone, its own softmax, nucleus and inverse-CDF draw (the oracle)."""
+    out = []
+    for row, p, gen in zip(logits.float(), params, generators):
+        if p.greedy:
+            out.append(int(row.argmax()))
+            continue
+        probs = torch.softmax(row / p.temperature, dim=-1)
+        if p.top_p < 1:
+            ordered, order = probs.sort(descending=True)
+            ordered[ordered.cumsum(-1) - ordered >= p.top_p] = 0
+            probs = torch.zeros_like(probs).scatter_(-1, order, ordered)
+        u = float(torch.rand((), generator=gen)) if gen is not None else float(torch.rand(()))
+        cdf = probs.cumsum(-1)
+        out.append(min(int((cdf <= u * cdf[-1]).sum()), int(probs.nonzero().max())))
+    return out
+
+
+def test_vectorised_sampling_equals_the_per_row_version_for_fixed_seeds():
+    """Mixed rows: greedy, hot and cold temperatures, nuclei from tiny to full, peaked and flat logits."""
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(12, 300, generator=gen) * torch.tensor([0.1, 1.0, 4.0, 10.0] * 3)[:, None]
+    temperatures = [0.0, 0.7, 1.0, 1.5, 1e-6, 0.3, 2.0, 1.0, 0.9, 0.0, 5.0, 0.5]
+    top_ps = [1.0, 0.9, 0.5, 1.0, 0.3, 0.05, 1.0, 0.99, 0.7, 0.2, 0.8, 1.0]
+    params = [SamplingParams(temperature=t, top_p=p, seed=100 + i) for i, (t, p) in enumerate(zip(temperatures, top_ps))]
+    fast = [p.generator() for p in params]
+    slow = [p.generator() for p in params]
+    for step in range(20):  # the generators advance together, step after step
+        want = sample_per_row(logits, params, slow)
+        got = sample(logits, params, fast).tolist()
+        assert got == want, step
+        logits = logits.roll(step + 1, dims=-1)
+    # unseeded rows draw from torch's default generator, in row order: the same draws as one at a time
+    unseeded = [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=0), SamplingParams(2.0)] * 3
+    torch.manual_seed(5)
+    want = sample_per_row(logits[:9], unseeded, [None] * 9)
+    torch.manual_seed(5)
+    assert sample(logits[:9], unseeded, [None] * 9).tolist() == want

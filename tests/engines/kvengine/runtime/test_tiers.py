@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import stat
+import threading
 
 import pytest
+import torch
 
 from kvbench.engines.kvengine.core.tiers import Tier
-from kvbench.engines.kvengine.runtime.tier_stores import DiskStore
+from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
 from .tiers_fixtures import FakeClock, greedy, make_engine, run, tokens
@@ -157,3 +159,39 @@ def test_host_capacity_pushes_the_least_recent_pages_to_disk(loaded, tmp_path):
     usage = engine.offload.policy.usage()
     assert usage[Tier.HOST] == 4 and usage[Tier.DISK] == 1
     engine.close()
+
+
+def test_pages_evicted_by_the_schedule_are_written_down_off_the_step_thread(loaded, monkeypatch):
+    """The step only gathers the evicted pages' bytes; the demotion worker writes them into the host tier
+    while the model runs, and the step records them before it returns: the next request finds them."""
+    writers: list[str] = []
+    put_tensor = HostStore.put_tensor
+
+    def spy(self, key, row):
+        writers.append(threading.current_thread().name)
+        return put_tensor(self, key, row)
+
+    reference = tokens(run(make_engine(loaded), greedy("ref", PROMPT))["ref"])
+    engine = make_engine(loaded, kv_capacity=96, host_capacity=1024)  # 6 device pages
+    monkeypatch.setattr(HostStore, "put_tensor", spy)
+    run(engine, greedy("a", PROMPT))  # 5 pages of 6
+    run(engine, greedy("b", list(range(400, 480))))  # needs the device: a's pages leave for host
+    assert writers and all(name.startswith("kvengine-demote") for name in writers), writers
+    assert tier_usage(engine)["host"] == len(writers)
+    out = run(engine, greedy("a2", PROMPT))["a2"]
+    assert tokens(out) == reference
+    assert out[-1].cached_tokens_by_tier.get("host", 0) > 0
+    engine.close()
+
+
+def test_host_store_rows_are_preallocated_copies_and_the_slab_grows_past_its_budget():
+    store = HostStore(capacity=2, page_bytes=8)
+    rows = [torch.full((8,), i, dtype=torch.uint8) for i in range(4)]
+    assert all(store.put_tensor(f"k{i}", row) for i, row in enumerate(rows))  # past the 2-page budget
+    held = store.get_tensor("k0")
+    store.delete("k0")
+    store.put_tensor("k9", torch.full((8,), 9, dtype=torch.uint8))  # reuses k0's row
+    assert torch.equal(held, rows[0])  # what a restore took is a copy: unchanged
+    assert store.get("k9") == bytes([9] * 8) and store.get("k0") is None and len(store) == 4
+    with pytest.raises(ValueError, match="page row"):
+        store.put_tensor("bad", torch.zeros(3, dtype=torch.uint8))
