@@ -71,7 +71,7 @@ def test_calibrate_fits_the_h200_profile_to_a_gpu_runs_step_log_and_drops_the_as
     assert h200.fitted_on is None and h200.assumptions().startswith("assumption:")
     device = dataclasses.replace(h200.device, flops_efficiency=0.62, bw_efficiency=0.71)
     truth = dataclasses.replace(h200, device=device, step_overhead_s=0.003)
-    model = CostModel(SMOL, truth, "bf16", "bf16", padded_attention=True)  # our engine pads attention
+    model = CostModel(SMOL, truth, "bf16", "bf16", padded_attention=False)  # our engine reads live tokens only
     log = tmp_path / "steps.jsonl"
     with open(log, "w") as out:
         for work in SHAPES + (((0, 4096),), ((0, 8192),), tuple((4000 + i, 4001 + i) for i in range(64))):

@@ -4,7 +4,9 @@ different.
 
 The expected digest was computed at commit ae4c19f (before the compact-plan optimisation of issue 19) with
 exactly this configuration: every record's `to_json()` line, in the order `simulate` returns them, hashed
-with SHA-256. It changes when a record gains a field or the simulator's behaviour changes on purpose; then
+with SHA-256. Records then gained `planned_ns` (issue 16, the planned send time); the digest was recomputed on
+93a5fbb, main just before the optimisation was merged, and the optimised simulator gives the same. It changes
+when a record gains a field or the simulator's behaviour changes on purpose; then
 recompute it on the commit before the change and say so here.
 """
 
@@ -19,8 +21,9 @@ from kvbench.sim.presets import get_preset
 from kvbench.workloads.profiles import load_workload
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
-# ae4c19f, qwen2.5-72b on 8xh200, vllm-prefix, fp8 KV, fp8 weights, the trace's own arrivals, seed 0.
-DIGEST_AT_AE4C19F = "36dfcee4294352fe52e66c273c1ca64573190016e6b1c7fc87dc8dd54c3b84d8"
+# 93a5fbb (ae4c19f's simulator, records with planned_ns), qwen2.5-72b on 8xh200, vllm-prefix, fp8 KV, fp8
+# weights, the trace's own arrivals, seed 0. At ae4c19f itself (no planned_ns) it was 36dfcee4...84d8.
+DIGEST_BEFORE_OPTIMISATION = "316a25e1bbaba59d4cd749df66c983110abd609d81f762b63c6bd6bfad06daf3"
 
 
 def record_stream_digest(records) -> str:
@@ -35,4 +38,4 @@ def test_the_synthetic_trace_simulates_to_the_records_of_the_unoptimised_simulat
     config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8")
     result = simulate(load_workload(str(TRACE)), LoadSpec(), config)
     assert len(result.records) == 3993 and all(r.ok for r in result.records)
-    assert record_stream_digest(result.records) == DIGEST_AT_AE4C19F
+    assert record_stream_digest(result.records) == DIGEST_BEFORE_OPTIMISATION
