@@ -25,9 +25,31 @@ def print_summary(run_dir: Path) -> None:
     from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
-    # Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell.
-    wide = console if console.is_terminal else Console(width=200)
-    wide.print(frame_table(frame, SUMMARY_COLUMNS))
+    _wide().print(frame_table(frame, SUMMARY_COLUMNS))
+
+
+def _wide() -> Console:
+    """Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell."""
+    return console if console.is_terminal else Console(width=200)
+
+
+def print_tradeoff(run_dir: Path, baseline: str, other: str, same: str) -> None:
+    """One line under the table: what `other` changed against `baseline` (engine labels) in `same` resources."""
+    from kvbench.measure.report import summary_frame
+    from kvbench.measure.run_folder import read_entries
+
+    frame = summary_frame(read_entries(run_dir))
+    rows = frame[frame["tenant"] == "all"].set_index("engine")
+    if baseline not in rows.index or other not in rows.index:
+        return
+    a, b = rows.loc[baseline], rows.loc[other]
+    changes = ", ".join(f"{title} {_fmt(column, a[column])} -> {_fmt(column, b[column])}"
+                        for column, title in TRADEOFF_COLUMNS.items())
+    _wide().print(f"{escape(other)} against {escape(baseline)} in {same}: {changes}", highlight=False)
+
+
+TRADEOFF_COLUMNS = {"cache_hit_rate": "cache hit", "prefill_recompute_rate": "prefill recompute",
+                    "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "output_tok_s": "out tok/s"}
 
 
 def results_line(run_dir: Path) -> str:

@@ -320,3 +320,32 @@ def test_run_with_two_workers_writes_one_run_folder_with_every_request_and_both_
     assert entry["client"]["start_spread_ms"] is not None
     assert yaml.safe_load((out / "config.yaml").read_text())["client"]["workers"] == 2
     assert entry["summary"]["overall"]["ttft_from_schedule_ms"] is not None
+
+
+def _run_config(*flags):
+    from kvbench.cli.commands.run_cmd import config_from_args
+    from kvbench.cli.main import build_parser
+
+    return config_from_args(build_parser().parse_args(["run", *flags]))
+
+
+def test_the_main_job_compares_fp32_and_fp8_in_the_same_kv_bytes_below_the_working_set():
+    """`kvbench run` with no flags: two settings of our engine in one device KV size that holds less than
+    rag-chat-mini's distinct tokens in fp32 and all of them in fp8_e4m3 (SmolLM2-135M's KV geometry), so the
+    table shows what FP8 buys; a KV setting or another engine given on the command line runs just that."""
+    from kvbench.sim.geometry import load_geometry
+    from kvbench.workloads.stats import workload_stats
+
+    config = _run_config()
+    assert [(e.engine, e.settings["kv_dtype"]) for e in config.engines] == [("kvengine", "fp32"),
+                                                                             ("kvengine", "fp8_e4m3")]
+    kv_bytes = {e.settings["kv_capacity_bytes"] for e in config.engines}
+    assert len(kv_bytes) == 1
+    stats = workload_stats(load_workload(config.workloads[0].name))
+    distinct = stats.prompt_tokens_total - stats.reusable_tokens_total
+    geometry = load_geometry("smollm2-135m")
+    (kv,) = kv_bytes
+    assert kv / geometry.kv_bytes_per_token("fp32") < distinct <= kv / geometry.kv_bytes_per_token("fp8_e4m3")
+    assert [e.engine for e in _run_config("--set", "kv_dtype=fp8_e5m2").engines] == ["kvengine"]
+    assert [e.engine for e in _run_config("--set", "kv_capacity=4096").engines] == ["kvengine"]
+    assert [e.engine for e in _run_config("--engine", "kvengine").engines] == ["kvengine"]
