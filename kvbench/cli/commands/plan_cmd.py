@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.cli.flag_types import at_least, number_above
+from kvbench.cli.flag_types import at_least
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -34,6 +34,7 @@ def _preset(name: str) -> str:
 
 
 def register(commands, formatter) -> None:
+    from kvbench.cli.commands.sim_cmd import add_simulated_load_flags
     from kvbench.sim.geometry import known_models
     from kvbench.sim.plan import SLO_EXAMPLE, SLO_METRICS, SLO_STATS
     from kvbench.sim.presets import PRESETS, ROUTES
@@ -61,14 +62,7 @@ def register(commands, formatter) -> None:
     plan.add_argument("--max-nodes", type=at_least(1), default=64, help="largest node count to try")
     plan.add_argument("--device-kv-tokens", type=at_least(1), help="override the device KV budget (tokens per node)")
     plan.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
-    load = plan.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=number_above(0), help="open loop: new sessions per second")
-    load.add_argument("--concurrency", type=at_least(1), help="closed loop: requests in flight")
-    plan.add_argument("--time-scale", type=number_above(0), default=1.0, help="multiply arrival gaps and think times")
-    plan.add_argument("--num-requests", type=at_least(1), help="stop after this many requests")
-    plan.add_argument("--seed", type=at_least(0), default=0)
-    plan.add_argument("--out", type=Path, help="results folder (default runs/plan-<workload>-<time>)")
-    plan.add_argument("--no-plots", action="store_true", help="skip the PNG plot")
+    add_simulated_load_flags(plan, "plan")
     plan.set_defaults(handler=handle_plan)
 
 

@@ -53,15 +53,20 @@ def register(commands, formatter) -> None:
     sim.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
     sim.add_argument("--device-kv-tokens", type=at_least(1), help="override the device KV budget (tokens per node)")
     sim.add_argument("--tenants-file", help="tenant quotas and reservations (the format `kvbench serve` reads)")
-    load = sim.add_mutually_exclusive_group()
+    add_simulated_load_flags(sim, "sim")
+    sim.set_defaults(handler=handle_simulate)
+
+
+def add_simulated_load_flags(parser: argparse.ArgumentParser, out_prefix: str) -> None:
+    """The load, stop, seed and output flags of a simulated run (`simulate`, and each point `plan` tries)."""
+    load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=number_above(0), help="open loop: new sessions per second")
     load.add_argument("--concurrency", type=at_least(1), help="closed loop: requests in flight")
-    sim.add_argument("--time-scale", type=number_above(0), default=1.0, help="multiply arrival gaps and think times")
-    sim.add_argument("--num-requests", type=at_least(1), help="stop after this many requests")
-    sim.add_argument("--seed", type=at_least(0), default=0)
-    sim.add_argument("--out", type=Path, help="results folder (default runs/sim-<workload>-<time>)")
-    sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    sim.set_defaults(handler=handle_simulate)
+    parser.add_argument("--time-scale", type=number_above(0), default=1.0, help="multiply arrival gaps and think times")
+    parser.add_argument("--num-requests", type=at_least(1), help="stop after this many requests")
+    parser.add_argument("--seed", type=at_least(0), default=0)
+    parser.add_argument("--out", type=Path, help=f"results folder (default runs/{out_prefix}-<workload>-<time>)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
 def handle_capacity(args: argparse.Namespace) -> int:
