@@ -20,7 +20,8 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -29,6 +30,8 @@ from kvbench.engines.base import Endpoint, EngineError
 from kvbench.engines.http import HttpReply, request
 from kvbench.engines.process import ManagedProcess, child_environment
 from kvbench.engines.prometheus import parse_samples
+
+RESET_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait between attempts of a refused cache reset
 
 HELP_FILE = "engine-help.txt"
 LOG_FILE = "engine.log"
@@ -216,6 +219,29 @@ class LaunchedServer:
         if not reply.ok:
             raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n{self.log_tail()}")
         return reply
+
+    def post_until_accepted(self, path: str, timeout_s: float, refusal: Callable[[HttpReply], str | None]) -> HttpReply:
+        """POST `path` until the engine accepts it. `refusal(reply)` says why a reply is a refusal worth retrying
+        (the engine is busy: blocks held, requests running), or None when it is accepted; any other non-2xx
+        answer raises at once. Retries back off from RESET_BACKOFF_S[0] to RESET_BACKOFF_S[1] seconds and give
+        up with one clear error after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        wait, longest = RESET_BACKOFF_S
+        attempts = 0
+        while True:
+            reply = request("POST", self.base_url + path, timeout_s=60.0)
+            attempts += 1
+            reason = refusal(reply)
+            if reason is None:
+                if not reply.ok:
+                    raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n"
+                                      f"{self.log_tail()}")
+                return reply
+            if time.monotonic() + wait > deadline:
+                raise EngineError(f"POST {path}: the engine refused {attempts} times over {timeout_s:g} s ({reason}); "
+                                  f"raise reset_timeout_s or let the previous load drain\n{self.log_tail()}")
+            time.sleep(wait)
+            wait = min(wait * 2, longest)
 
     def verify_cold(self, model: str, tokens: Sequence[int]) -> ProbeResult:
         """Send the fixed probe prompt; after a reset it must find nothing cached.

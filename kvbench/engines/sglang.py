@@ -3,7 +3,8 @@
 Written against sglang 0.5.23 (`shared/reference/sglang-0.5.23-launch-server-help.txt`, `...-cpu-metrics.txt`);
 every launch first checks its flags against the installed version's --help. Always on: `--enable-metrics`
 (/metrics) and `--enable-cache-report` (usage.prompt_tokens_details.cached_tokens per request). Cache reset is
-POST /flush_cache. The counters to difference are `sglang:cached_tokens_total` (by cache_source) and
+POST /flush_cache, retried while SGLang answers 400 "will not be performed" (requests still running) for up to
+`reset_timeout_s`. The counters to difference are `sglang:cached_tokens_total` (by cache_source) and
 `sglang:realtime_tokens_total` (mode=prefill_compute / prefill_cache / decode); the `sglang:cache_hit_rate` gauge
 covers one batch only and is not used. SGLang is meant for GPUs; the `python` setting (or $KVBENCH_SGLANG_PYTHON)
 names its interpreter.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.engines.base import Capabilities, KVVocabulary
+from kvbench.engines.http import HttpReply
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -27,7 +29,7 @@ from kvbench.engines.launch import (
     kv_dtype_label,
 )
 from kvbench.engines.vllm import resolve_model, settings_values
-from kvbench.settings import build
+from kvbench.settings import bounded, build
 
 WRITTEN_AGAINST = "sglang 0.5.23"
 SERVER_MODULE = "sglang.launch_server"
@@ -64,6 +66,7 @@ class SGLangSettings:
     port: int | None = None
     check_flags: bool = True
     verify_cold: bool = True
+    reset_timeout_s: float = bounded(60.0, gt=0, unit="s")  # how long a refused flush (requests running) is retried
     env: Mapping[str, str] | None = None
     extra_args: tuple[str, ...] = ()
 
@@ -150,7 +153,14 @@ class SGLangAdapter(LaunchedAdapter):
         return installed_version(sglang_python(self.settings), ("sglang",))
 
     def reset_cache(self) -> bool:
-        self.server.post("/flush_cache")
+        self.server.post_until_accepted("/flush_cache", self.settings.reset_timeout_s, _flush_refusal)
         # Without the radix cache there is nothing to reuse, and nothing to check.
         return self.verify_cold(self.settings.context_length) if self.settings.radix_cache else True
 
+
+def _flush_refusal(reply: HttpReply) -> str | None:
+    """SGLang (0.5: http_server.py `flush_cache`) answers 400 with the same "Cache flushed. ... (When there are
+    running or waiting requests, the operation will not be performed.)" text when it did not flush."""
+    if reply.status == 400 and "will not be performed" in reply.body:
+        return "400: requests still running or waiting"
+    return None

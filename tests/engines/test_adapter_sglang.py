@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kvbench.engines.base import EngineError
 from kvbench.engines.launch import command_problems
 from kvbench.engines.prometheus import parse_samples, sum_samples
 from kvbench.engines.sglang import SGLangAdapter
@@ -14,6 +15,7 @@ from kvbench.harness.reconcile import reconcile
 from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
 
+from tests.engines.reset_server import ResetAnswers, reset_server
 from tests.paths import REFERENCE  # noqa: E402
 SGLANG_HELP = REFERENCE / "sglang-0.5.23-launch-server-help.txt"
 SGLANG_METRICS = REFERENCE / "sglang-0.5.23-cpu-metrics.txt"
@@ -61,3 +63,29 @@ def test_reference_metrics_hold_the_counters_reconciliation_uses():
     assert sum_samples(samples, "sglang:realtime_tokens_total", mode="prefill_compute") == 8313
     result = reconcile([RequestRecord("r", "1", "s", "t", 0, 0, cached_tokens=8346)], {}, samples)
     assert (result.counter, result.agree) == ("sglang:cached_tokens_total", True)
+
+
+# SGLang 0.5's /flush_cache (python/sglang/srt/entrypoints/http_server.py): one text, 200 when it flushed,
+# 400 when requests were running or waiting and it did not.
+FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+              "requests, the operation will not be performed.)\n")
+
+
+class _FlushAnswers(ResetAnswers):
+    def answer(self, accepted):
+        return (200 if accepted else 400), FLUSH_TEXT.encode(), "text/plain"
+
+
+def test_flush_retries_while_sglang_answers_400_with_requests_running(tmp_path):
+    with reset_server(_FlushAnswers, refusals=2) as server:
+        adapter = _adapter(tmp_path, port=server.server_address[1], radix_cache=False)
+        assert adapter.reset_cache() is True
+        assert server.paths == ["/flush_cache"] * 3
+
+
+def test_a_flush_sglang_keeps_refusing_is_a_clear_error(tmp_path):
+    with reset_server(_FlushAnswers, refusals=10**6) as server:
+        adapter = _adapter(tmp_path, port=server.server_address[1], radix_cache=False, reset_timeout_s=0.5)
+        with pytest.raises(EngineError, match=r"the engine refused \d+ times over 0.5 s \(400: requests still running"):
+            adapter.reset_cache()
+        assert len(server.paths) >= 2

