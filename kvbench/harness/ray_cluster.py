@@ -130,23 +130,14 @@ class RayPool:
         self._streams = {handle.play.remote(start_at_s): worker for worker, handle in self.actors.items()}
 
     def events(self) -> Iterator[Sent | Done | Lost]:
-        ray = import_ray()
         pending = dict(self._streams)
-        while pending:
-            ready_streams, _ = ray.wait(list(pending), num_returns=1)
-            for stream in ready_streams:
-                worker = pending[stream]
-                try:
-                    batch = ray.get(next(stream))
-                except StopIteration:
-                    del pending[stream]
-                    yield Lost(worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) ended without a result")
-                    continue
-                except ray.exceptions.RayError as exc:
-                    del pending[stream]
-                    yield Lost(worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) died: "
-                                       f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-                    continue
+        for stream, worker, batch in stream_batches(import_ray(), pending):
+            if isinstance(batch, StopIteration):
+                yield Lost(worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) ended without a result")
+            elif isinstance(batch, BaseException):
+                yield Lost(worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) died: "
+                                   f"{type(batch).__name__}: {str(batch).splitlines()[0]}")
+            else:
                 for message in batch:
                     if isinstance(message, (Done, Lost)):
                         del pending[stream]
@@ -244,24 +235,18 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
                for index, engine in enumerate(config.engines)}
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
         try:
-            while streams:
-                ready_streams, _ = ray.wait(list(streams), num_returns=1)
-                for stream in ready_streams:
-                    engine = streams[stream]
-                    try:
-                        batch = ray.get(next(stream))
-                    except (StopIteration, ray.exceptions.RayError) as exc:
+            for stream, engine, batch in stream_batches(ray, streams):
+                if isinstance(batch, BaseException):
+                    reason = str(batch).splitlines()[0] if str(batch) else "ended without a result"
+                    outcome.failures.append(f"{engine.label}: its Ray task failed: {reason}")
+                    progress.on_message(f"{engine.label} failed on Ray: {reason}")
+                    continue
+                for event in batch:
+                    if isinstance(event, _CellEnd):
                         del streams[stream]
-                        reason = str(exc).splitlines()[0] if str(exc) else "ended without a result"
-                        outcome.failures.append(f"{engine.label}: its Ray task failed: {reason}")
-                        progress.on_message(f"{engine.label} failed on Ray: {reason}")
-                        continue
-                    for event in batch:
-                        if isinstance(event, _CellEnd):
-                            del streams[stream]
-                            _cell_end(run_dir, engine, event, outcome)
-                        else:
-                            _dispatch(event, writer, progress, outcome, ttfts)
+                        _cell_end(run_dir, engine, event, outcome)
+                    else:
+                        _dispatch(event, writer, progress, outcome, ttfts)
                 write_summaries(run_dir, outcome.entries, [*outcome.failures, *outcome.warnings])
         finally:
             for stream in streams:  # interrupted: kill the cells still running (their engines die with them)
@@ -271,6 +256,23 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
     if outcome.entries:
         write_plots(run_dir, outcome.entries, ttfts)
     return outcome
+
+
+def stream_batches(ray, streams: dict) -> Iterator[tuple[object, object, list | BaseException]]:
+    """(stream, owner, batch) from Ray streaming generators as batches arrive, until `streams` (stream -> owner)
+    is empty. A stream that ends (StopIteration) or fails (RayError) is dropped and yields that exception in
+    place of a batch; a caller drops a stream it has seen the last message of by deleting it from `streams`."""
+    while streams:
+        ready, _ = ray.wait(list(streams), num_returns=1)
+        for stream in ready:
+            owner = streams[stream]
+            try:
+                batch = ray.get(next(stream))
+            except (StopIteration, ray.exceptions.RayError) as exc:
+                del streams[stream]
+                yield stream, owner, exc
+                continue
+            yield stream, owner, batch
 
 
 def _dispatch(event: tuple, writer: RecordWriter, progress, outcome, ttfts: dict[str, list[float]]) -> None:
