@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from kvbench.engines.http import request
 from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
-from kvbench.engines.launch import LOG_FILE
+from kvbench.engines.launch import LOG_FILE, free_port
 from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import bounded, build
@@ -61,7 +60,7 @@ class KVEngineAdapter:
         # Loaded here too: a bad file is a SettingsError before anything starts, not a failed launch.
         self._shared_prefixes = load_tenants(tenants_file).shared_prefixes if tenants_file else ()
         self.workdir = workdir
-        self.port = self.settings.port or _free_port()
+        self.port = self.settings.port or free_port()
         # The key of the cache reset and /metrics: a fresh one per launch, through the environment (argv
         # is logged and visible in ps). The run's API key may be a tenant's, which may not reset everyone.
         self._admin_key = secrets.token_urlsafe(24)
@@ -124,8 +123,3 @@ class KVEngineAdapter:
     def stop(self) -> None:
         self._process.stop()
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -79,8 +79,10 @@ def _decode_table_cpu(dtype: torch.dtype) -> torch.Tensor:
     return torch.tensor([fp8_code_value(code, dtype) for code in range(256)], dtype=torch.float32)
 
 
+@cache
 def decode_table(dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """float32 [256]: the value of every fp8 byte, indexed by the byte (`payload.view(torch.uint8)`).
+    """float32 [256]: the value of every fp8 byte, indexed by the byte (`payload.view(torch.uint8)`); one shared
+    tensor per (dtype, device), built once (callers read it, never write it).
 
     Decoding by table lookup (as llama.cpp does for its quants) is ~10x faster on CPU than torch's
     float8_e4m3fn -> float cast, and a table scaled once per layer folds the tensor scale into the lookup.

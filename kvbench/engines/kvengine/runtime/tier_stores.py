@@ -112,8 +112,9 @@ class HostStore:
         return True
 
     def get(self, key: str) -> bytes | None:
-        row = self.get_tensor(key)
-        return None if row is None else row.numpy().tobytes()
+        with self._lock:  # tobytes copies the row, so no clone first (get_tensor's)
+            slot = self._slots.get(key)
+            return None if slot is None else self._rows[slot].numpy().tobytes()
 
     def get_tensor(self, key: str) -> torch.Tensor | None:
         """A copy of the page's row (the slab row itself may be reused once the page is deleted)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from datetime import timedelta
 
 from kvbench.engines.kvengine.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.flags import to_argv
+from kvbench.engines.launch import free_port
 from kvbench.engines.process import dies_with_this_thread
 from kvbench.settings import SettingsError
 
@@ -83,7 +83,7 @@ class RankProcesses:
         from kvbench.engines.kvengine.model.parallel import TensorParallel
         from kvbench.engines.kvengine.runtime.model_runner import Ranks
 
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        init_method = f"tcp://127.0.0.1:{free_port()}"
         argv = to_argv(self.config)
         for rank in range(1, self.world_size):
             command = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), "--init-method", init_method, *argv]
@@ -137,8 +137,3 @@ class RankProcesses:
                 process.kill()
                 process.wait()
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
