@@ -236,18 +236,23 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
         try:
             for stream, engine, batch in stream_batches(ray, streams):
-                if isinstance(batch, BaseException):
+                # The summaries change with an entry, a cell's end or a failed task; most batches are records only.
+                changed = isinstance(batch, BaseException)
+                if changed:
                     reason = str(batch).splitlines()[0] if str(batch) else "ended without a result"
                     outcome.failures.append(f"{engine.label}: its Ray task failed: {reason}")
                     progress.on_message(f"{engine.label} failed on Ray: {reason}")
-                    continue
+                    batch = []
                 for event in batch:
                     if isinstance(event, _CellEnd):
                         del streams[stream]
                         _cell_end(run_dir, engine, event, outcome)
+                        changed = True
                     else:
                         _dispatch(event, writer, progress, outcome, ttfts)
-                write_summaries(run_dir, outcome.entries, [*outcome.failures, *outcome.warnings])
+                        changed = changed or event[0] == "entry"
+                if changed:
+                    write_summaries(run_dir, outcome.entries, [*outcome.failures, *outcome.warnings])
         finally:
             for stream in streams:  # interrupted: kill the cells still running (their engines die with them)
                 with contextlib.suppress(TypeError, ValueError, ray.exceptions.RayError):
