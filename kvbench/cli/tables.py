@@ -20,12 +20,14 @@ SUMMARY_COLUMNS = {
 }
 
 
-def print_summary(run_dir: Path) -> None:
+def print_summary(run_dir: Path):
+    """Print the run folder's results table; returns the summary frame it printed (for `print_tradeoff`)."""
     from kvbench.measure.report import summary_frame
     from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
     _wide().print(frame_table(frame, SUMMARY_COLUMNS))
+    return frame
 
 
 def _wide() -> Console:
@@ -33,12 +35,9 @@ def _wide() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
-def print_tradeoff(run_dir: Path, baseline: str, other: str, same: str) -> None:
-    """One line under the table: what `other` changed against `baseline` (engine labels) in `same` resources."""
-    from kvbench.measure.report import summary_frame
-    from kvbench.measure.run_folder import read_entries
-
-    frame = summary_frame(read_entries(run_dir))
+def print_tradeoff(frame, baseline: str, other: str, same: str) -> None:
+    """One line under the table: what `other` changed against `baseline` (engine labels of the summary `frame`)
+    in `same` resources."""
     rows = frame[frame["tenant"] == "all"].set_index("engine")
     if baseline not in rows.index or other not in rows.index:
         return

@@ -205,10 +205,10 @@ def handle(args: argparse.Namespace) -> int:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
     if (run_dir / SUMMARY_MD).exists():
-        print_summary(run_dir)
+        frame = print_summary(run_dir)
         labels = [_main_job_label(DEFAULT_ENGINE, dtype) for dtype in MAIN_JOB_KV_DTYPES]
         if [engine.label for engine in config.engines] == labels:
-            print_tradeoff(run_dir, *labels, f"the same {MAIN_JOB_KV_BYTES / 2**20:.0f} MiB of device KV")
+            print_tradeoff(frame, *labels, f"the same {MAIN_JOB_KV_BYTES / 2**20:.0f} MiB of device KV")
     for failure in outcome.failures:
         console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
     console.print(results_line(run_dir))
