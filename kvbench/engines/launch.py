@@ -215,7 +215,10 @@ class LaunchedServer:
 
     def post(self, path: str, timeout_s: float = 60.0) -> HttpReply:
         """POST `path`; a non-2xx answer raises, a 2xx one is returned (some engines say more in the body)."""
-        reply = request("POST", self.base_url + path, timeout_s=timeout_s)
+        return self._accepted(path, request("POST", self.base_url + path, timeout_s=timeout_s))
+
+    def _accepted(self, path: str, reply: HttpReply) -> HttpReply:
+        """`reply` when it is 2xx; else the one error that names the POST, the answer and the engine's log tail."""
         if not reply.ok:
             raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n{self.log_tail()}")
         return reply
@@ -233,10 +236,7 @@ class LaunchedServer:
             attempts += 1
             reason = refusal(reply)
             if reason is None:
-                if not reply.ok:
-                    raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n"
-                                      f"{self.log_tail()}")
-                return reply
+                return self._accepted(path, reply)
             if time.monotonic() + wait > deadline:
                 raise EngineError(f"POST {path}: the engine refused {attempts} times over {timeout_s:g} s ({reason}); "
                                   f"raise reset_timeout_s or let the previous load drain\n{self.log_tail()}")

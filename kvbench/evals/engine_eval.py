@@ -19,6 +19,7 @@ from pathlib import Path
 from kvbench.engines.base import EngineError
 from kvbench.evals.divergence import DivergenceStats
 from kvbench.evals.engine_kv import EngineKVSetting
+from kvbench.evals.kv_settings import baseline_of
 from kvbench.evals.http_divergence import METHOD, PromptLogprobs, compare_prompt_logprobs, fetch_prompt_logprobs
 from kvbench.evals.lm_eval_run import LMEvalOptions, TaskScore, run_lm_eval
 from kvbench.measure.run_folder import engine_dir
@@ -80,7 +81,7 @@ def run_engine_settings(
         finally:
             adapter.stop()
     if logprobs:
-        baseline = next(setting for setting in settings if not setting.quantized)
+        baseline = baseline_of(settings)
         result.divergence = {label: compare_prompt_logprobs(logprobs[baseline.label], values, vocab_size)
                              for label, values in logprobs.items()}
         result.method = METHOD
