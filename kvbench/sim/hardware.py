@@ -160,7 +160,10 @@ def load_hardware(name_or_path: str) -> Hardware:
         return PROFILES[base].with_devices(int(count))
     path = Path(name_or_path)
     if path.suffix == ".json" and path.is_file():
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise HardwareError(f"hardware {name_or_path!r}: not valid JSON ({error})") from None
         if isinstance(data, dict) and "fitted_on" not in data:  # written before profiles said what they were fitted to
             data["fitted_on"] = f"the profile {path.name}"
         return hardware_from_dict(data)
