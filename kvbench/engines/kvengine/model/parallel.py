@@ -1,5 +1,5 @@
 """Tensor parallelism (Megatron-style, as vLLM shards Llama): which slice of every weight a rank holds, and the
-three collectives a sharded forward needs.
+collectives a sharded forward needs.
 
     weight (HF name)                 split                       after the matmul
     embed_tokens                     vocab rows (padded)         masked lookup, all-reduce (sum)
@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -60,13 +60,42 @@ class Cut:
         return part.contiguous()
 
 
+class Collectives(Protocol):
+    """How the ranks exchange tensors: every rank calls each method in the same order with the same shapes."""
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x` summed, into `x` (the same bits on every rank)."""
+        ...
+
+    def concat(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's `x`, concatenated along the last dimension in rank order (a new tensor)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DistributedCollectives:
+    """Collectives over a torch.distributed process group (None: the default one): NCCL on CUDA, gloo on CPU."""
+
+    group: Any = None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        torch.distributed.all_reduce(x, group=self.group)
+        return x
+
+    def concat(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size(self.group))]
+        torch.distributed.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
+
 @dataclass(frozen=True)
 class TensorParallel:
-    """Rank `rank` of `size` ranks of one model; collectives run on `group` (None: the default process group)."""
+    """Rank `rank` of `size` ranks of one model; `collectives` carry the exchanges (the default: the default
+    torch.distributed process group; `server/shm_collectives.py` has a faster one for CPU ranks on one host)."""
 
     rank: int = 0
     size: int = 1
-    group: Any = None  # a torch.distributed ProcessGroup
+    collectives: Collectives = DistributedCollectives()
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -140,9 +169,7 @@ class TensorParallel:
     # ---- collectives -----------------------------------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's `x` (the output of a row-parallel layer), in place."""
-        if self.size > 1:
-            torch.distributed.all_reduce(x, group=self.group)
-        return x
+        return self.collectives.all_reduce(x) if self.size > 1 else x
 
     def embed(self, weight: torch.Tensor, ids: torch.Tensor, config: ModelConfig) -> torch.Tensor:
         """Embedding lookup over vocabulary-sharded rows: each rank looks up the ids it holds, zeros elsewhere,
@@ -158,9 +185,7 @@ class TensorParallel:
         """Logits [n, vocab] from every rank's [n, vocab_rows] (all-gather, the padding cut off)."""
         if self.size == 1:
             return logits
-        parts = [torch.empty_like(logits) for _ in range(self.size)]
-        torch.distributed.all_gather(parts, logits.contiguous(), group=self.group)
-        return torch.cat(parts, dim=-1)[..., : config.vocab_size]
+        return self.collectives.concat(logits)[..., : config.vocab_size]
 
 
 SINGLE = TensorParallel()

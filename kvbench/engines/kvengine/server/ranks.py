@@ -7,7 +7,8 @@ server); ranks 1..N-1 are children (`server/worker.py`), each on its own device.
     Engine(config, ranks)                        loop: op = read(stdin) -> runner.execute(op)
     each op: pickle -> every worker's stdin ---> (EOF: rank 0 is gone or done -> exit 0)
 
-Collectives (all-reduce, all-gather) go over torch.distributed: NCCL on CUDA, gloo on CPU. The ops themselves
+Collectives (all-reduce, all-gather) go over torch.distributed (NCCL on CUDA), or for CPU ranks through shared
+memory (`shm_collectives.py`; gloo for what does not fit there). The ops themselves
 go down each worker's stdin, so an idle server waits on a pipe, not on a collective that could time out.
 
 Failure: a watchdog thread polls the workers; one that exits while the engine runs is reported by `on_exit`
@@ -45,17 +46,22 @@ def backend_of(device: str) -> str:
     return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def init_rank(device: str, rank: int, world_size: int, init_method: str) -> None:
-    """Join the engine's process group (every rank calls it; rank 0 hosts the rendezvous)."""
+def init_rank(device: str, rank: int, world_size: int, init_method: str):
+    """Join the engine's process group (every rank calls it; rank 0 hosts the rendezvous); returns this rank's
+    `TensorParallel`, with the fastest collectives the ranks share (`shm_collectives.collectives_for`)."""
     import torch
     import torch.distributed as dist
 
+    from kvbench.engines.kvengine.model.parallel import TensorParallel
     from kvbench.engines.kvengine.runtime.model_runner import rank_device
+    from kvbench.engines.kvengine.server.shm_collectives import collectives_for
 
     if device.startswith("cuda"):
         torch.cuda.set_device(rank_device(device, rank))
     dist.init_process_group(backend_of(device), init_method=init_method, rank=rank, world_size=world_size,
                             timeout=RENDEZVOUS_TIMEOUT)
+    collectives = collectives_for(device, rank, world_size, RENDEZVOUS_TIMEOUT.total_seconds())
+    return TensorParallel(rank, world_size, collectives)
 
 
 class RankProcesses:
@@ -80,7 +86,6 @@ class RankProcesses:
         """Launch the workers, watch them (`on_exit(rank, pid, code)` from a daemon thread when one exits before
         `close`, from the start: a worker that fails to load is reported while rank 0 waits for it), and join
         the process group as rank 0; returns the engine's `Ranks`."""
-        from kvbench.engines.kvengine.model.parallel import TensorParallel
         from kvbench.engines.kvengine.runtime.model_runner import Ranks
 
         init_method = f"tcp://127.0.0.1:{free_port()}"
@@ -92,8 +97,7 @@ class RankProcesses:
                                                    env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
             log.info("tensor-parallel rank %d started (pid %d)", rank, self._workers[rank].pid)
         self._watch(on_exit)
-        init_rank(self.config.device, 0, self.world_size, init_method)
-        return Ranks(TensorParallel(0, self.world_size), self.send)
+        return Ranks(init_rank(self.config.device, 0, self.world_size, init_method), self.send)
 
     @property
     def pids(self) -> dict[int, int]:

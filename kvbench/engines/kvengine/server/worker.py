@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
 
-        from kvbench.engines.kvengine.model.parallel import TensorParallel
         from kvbench.engines.kvengine.runtime.model_runner import (
             TORCH_COMPUTE_DTYPES,
             build_runner,
@@ -40,8 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if config.threads:
             torch.set_num_threads(config.threads)
-        init_rank(config.device, args.rank, config.tensor_parallel_size, args.init_method)
-        parallel = TensorParallel(args.rank, config.tensor_parallel_size)
+        parallel = init_rank(config.device, args.rank, config.tensor_parallel_size, args.init_method)
         loaded = load_rank_model(config, parallel)
         device = rank_device(config.device, args.rank)
         runner = build_runner(config, loaded, TORCH_COMPUTE_DTYPES[config.compute_dtype], device)

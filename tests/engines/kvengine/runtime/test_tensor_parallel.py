@@ -3,6 +3,8 @@ by `RankProcesses`, as `kvbench serve` starts it) against the same engine at TP=
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -15,6 +17,7 @@ from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.model_runner import Forward
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.server.ranks import RankProcesses
+from kvbench.engines.kvengine.server.shm_collectives import SharedMemoryCollectives
 
 from .tiers_fixtures import run, tokens
 
@@ -87,6 +90,8 @@ def test_tp2_gives_the_same_greedy_tokens_logprobs_and_cached_tokens_as_tp1(engi
 
 def test_tp2_logits_equal_tp1_within_1e_4(engines):
     single, sharded, ranks = engines
+    if platform.machine().lower() in ("x86_64", "amd64"):  # the exchanges above went through shared memory
+        assert isinstance(ranks.parallel.collectives, SharedMemoryCollectives)
     # a fresh sequence in pages no request holds any more: a prefill of 40 tokens and one decode token
     op = Forward((SequenceChunk(list(range(40, 80)), 0, (1, 2, 3)), SequenceChunk([5], 16, (4, 5))))
     ranks.send(op)
