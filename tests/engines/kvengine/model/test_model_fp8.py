@@ -105,6 +105,28 @@ def test_decode_table_equals_torch_cast_bit_for_bit_for_all_256_codes(kv_dtype):
                        want.view(16, 16).view(torch.int32)[finite.view(16, 16)])
 
 
+@pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_dtype", FP8_DTYPES)
+def test_the_two_byte_lookup_of_a_bulk_decode_equals_the_one_byte_lookup_for_every_pair(kv_dtype, table_dtype,
+                                                                                         monkeypatch):
+    """Every (lo, hi) byte pair, in a [256, 256, 2] block: the 65,536-entry pair table (taken from
+    PAIR_DECODE_MIN values on) gives the same bits as looking each byte up alone."""
+    dtype = fp8.storage_dtype(KVFormat.parse(kv_dtype))
+    table = (fp8.decode_table(dtype) * 0.37).to(table_dtype)
+    pairs = torch.cartesian_prod(torch.arange(256), torch.arange(256)).to(torch.uint8).view(256, 256, 2)
+    monkeypatch.setattr(fp8, "PAIR_DECODE_MIN", 10**9)
+    one = fp8.lut_decode(pairs, table)
+    monkeypatch.setattr(fp8, "PAIR_DECODE_MIN", pairs.numel())
+    calls = []
+    monkeypatch.setattr(fp8, "_pair_table", lambda t, real=fp8._pair_table: calls.append(1) or real(t))
+    two = fp8.lut_decode(pairs, table)
+    assert calls == [1]  # the pair path ran
+    bits = torch.int16 if table_dtype == torch.bfloat16 else torch.int32  # NaN codes compare by their bits
+    assert torch.equal(one.view(bits), two.view(bits))
+    odd = fp8.lut_decode(pairs.view(-1)[1:], table)  # an odd count takes the one-byte path
+    assert calls == [1] and torch.equal(odd.view(bits), one.view(-1)[1:].view(bits))
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 def test_table_decode_equals_the_cast_reference_bit_for_bit_in_fp32(fmt):
     x = random_kv(seed=3, outliers=True)
