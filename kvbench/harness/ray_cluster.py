@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import shutil
 import tempfile
 import threading
 import time
@@ -208,6 +209,7 @@ def run_cell(config: ExperimentConfig, index: int, resumed: Resumed) -> Iterator
         folder = engine_dir(run_dir, engine.label)
         files = {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()} \
             if folder.exists() else {}
+        shutil.rmtree(run_dir, ignore_errors=True)  # everything in it went to the driver as events and files
         events.put(_CellEnd(tuple(outcome.failures), tuple(outcome.warnings), files))
 
     threading.Thread(target=body, daemon=True).start()

@@ -13,6 +13,8 @@ ray = pytest.importorskip("ray") if not os.environ.get("KVBENCH_REQUIRE_RAY") el
 
 import asyncio  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from kvbench.harness.client import EndpointConfig  # noqa: E402
 from kvbench.harness.config import parse_config  # noqa: E402
@@ -102,7 +104,12 @@ def _comparable(entry) -> dict:
             "output_tokens": overall["output_tokens"], "cache": overall["cache"]}
 
 
+def _scratch_folders() -> set[Path]:
+    return set(Path(tempfile.gettempdir()).glob("kvbench-cell-*"))
+
+
 def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_path):
+    scratch = _scratch_folders()
     with instrument_process("--served-model", "instrument", "--first-token-ms", "20", "--chunk-interval-ms", "5") as (url, _):
         config = parse_config(_matrix(url))
         here = run_experiment(config, tmp_path / "here")
@@ -115,6 +122,7 @@ def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_p
         assert _comparable(theirs[run_id]) == _comparable(entry)
         ttft = theirs[run_id].summary["overall"]["ttft_ms"]["p50"]
         assert ttft == pytest.approx(20.0, abs=TOLERANCE_MS)
+    assert _scratch_folders() == scratch  # each cell's scratch run folder on its node is gone
     records = list(read_records(tmp_path / "ray" / REQUESTS_JSONL))
     assert sorted(r.request_id for r in records) == sorted(r.request_id for r in read_records(tmp_path / "here" / REQUESTS_JSONL))
 
