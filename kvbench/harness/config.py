@@ -38,6 +38,8 @@ from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import SLO
 from kvbench.measure.schedule import LoadSpec
 from kvbench.settings import SettingsError, bounded, build, read_yaml
+from kvbench.workloads.profiles import load_workload
+from kvbench.workloads.spec import Workload
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,11 @@ class WorkloadSpec:
     num_sessions: int | None = bounded(None, ge=1)
     overrides: Mapping[str, Any] = field(default_factory=dict)
     time_scale: float = bounded(1.0, gt=0)
+
+    def load(self, seed: int, vocab_size: int | None = None) -> Workload:
+        """The workload this names, generated (or read) with `seed`, token ids within `vocab_size`."""
+        return load_workload(self.name, seed=seed, num_sessions=self.num_sessions, overrides=self.overrides,
+                             vocab_size=vocab_size, time_scale=self.time_scale)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ A flag or key a version lacks is a problem naming both; `kvbench run` exits 2 on
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -22,12 +21,11 @@ from pathlib import Path
 
 import yaml
 
-from kvbench.engines.launch import HELP_TIMEOUT_S, command_problems, help_flags, reference_dir, respell
+from kvbench.engines.launch import command_problems, help_flags, reference_dir, respell
 from kvbench.engines.registry import engine_factory
 from kvbench.harness.config import ExperimentConfig
 from kvbench.measure.run_folder import engine_dir
 from kvbench.measure.schedule import LoadSpec
-from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
 
 MASK = "***"
@@ -163,12 +161,10 @@ def _installed_help(plan) -> tuple[str, str] | None:
     if not (shutil.which(executable) or Path(executable).exists()):
         return None
     try:
-        done = subprocess.run(list(plan.help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
-                              env=plan.environment(os.environ))
+        code, text = plan.run_help()
     except (OSError, subprocess.TimeoutExpired):
         return None
-    text = done.stdout + done.stderr
-    if done.returncode != 0 or not help_flags(text):
+    if code != 0 or not help_flags(text):
         return None
     return text, f"installed: {shlex.join(plan.help_command)}"
 
@@ -179,8 +175,7 @@ def _reference_keys(path: Path) -> set[str]:
 
 
 def _points(config: ExperimentConfig, spec, adapter) -> list[PointPlan]:
-    workload = load_workload(spec.name, seed=config.seed, num_sessions=spec.num_sessions, overrides=spec.overrides,
-                             vocab_size=getattr(adapter, "vocab_size", None), time_scale=spec.time_scale)
+    workload = spec.load(config.seed, getattr(adapter, "vocab_size", None))
     return [_point(workload, load, config.repeat) for load in config.load_specs()]
 
 

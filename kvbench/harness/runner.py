@@ -28,7 +28,7 @@ from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
-from kvbench.harness.config import EngineSpec, ExperimentConfig, WorkloadSpec, load_config_file
+from kvbench.harness.config import EngineSpec, ExperimentConfig, load_config_file
 from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.workers import WorkerPool, run_on_workers
@@ -205,7 +205,7 @@ class _Experiment:
 
     def _points(self, engine: EngineSpec, adapter: EngineAdapter) -> Iterator[_Point]:
         for spec in self.config.workloads:
-            workload = _load_workload(spec, self.config, adapter)
+            workload = spec.load(self.config.seed, getattr(adapter, "vocab_size", None))
             for load in self.config.load_specs():
                 for repeat in range(self.config.repeat):
                     yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, load)
@@ -312,18 +312,6 @@ class _Experiment:
 
     def write_summaries(self) -> None:
         write_summaries(self.run_dir, self.outcome.entries, [*self.outcome.failures, *self.outcome.warnings])
-
-
-def _load_workload(spec: WorkloadSpec, config: ExperimentConfig, adapter: EngineAdapter) -> Workload:
-    vocab = getattr(adapter, "vocab_size", None)
-    return load_workload(
-        spec.name,
-        seed=config.seed,
-        num_sessions=spec.num_sessions,
-        overrides=spec.overrides,
-        vocab_size=vocab,
-        time_scale=spec.time_scale,
-    )
 
 
 def _codec(tokenizer: str | None):
