@@ -91,15 +91,13 @@ class EvalConfig:
         return settings_for(self.engine, self.kv_dtypes, self.kv_scales)
 
 
-# The documented full run (results/evals/), sized to <= 25 minutes on the shared 2-core CPU (measured rates
-# and what it resolves: results/evals/README.md). The direct pass is where 0.5% can be resolved (blocks of 128
-# positions of exact logits: 64 items, position buckets to 2K); lm-eval is off here because its documents cost ~100x a direct position
-# on this CPU (prompt logprobs bypass the prefix cache; multiple choice recomputes its context per choice):
-# a YAML with `lm_eval: true` and `limit: N` (plus `kvbench eval CONFIG.yaml --full`... flags win) runs it.
-FULL_RUN = {"lm_eval": False, "limit": 40, "tasks": ["kvb_plays_mc", "kvb_britannica_cloze"],
-            "kv_dtypes": ["fp32", "fp8_e4m3", "fp8_e5m2"], "divergence_tokens": 8192, "divergence_window": 2048,
-            "greedy_prompts": 12, "greedy_prompt_tokens": 192, "greedy_tokens": 16, "passkey_lengths": [1024],
-            "passkey_depths": [0.1, 0.5, 0.9]}
+# The documented full run (results/evals/; its measured time and what it resolves: results/evals/README.md):
+# the direct pass over 4 windows of the model's whole 8K window of real text (256 paired items of 128 positions,
+# position buckets to 8K), passkey at 1K-8K, 24 greedy prompts, and the lm-eval tasks on 40 documents each.
+FULL_RUN = {"lm_eval": True, "limit": 40, "tasks": ["kvb_plays_mc", "kvb_britannica_cloze"],
+            "kv_dtypes": ["fp32", "fp8_e4m3", "fp8_e5m2"], "divergence_tokens": 32768, "divergence_window": 8192,
+            "greedy_prompts": 24, "greedy_prompt_tokens": 192, "greedy_tokens": 16,
+            "passkey_lengths": [1024, 2048, 4096, 8192], "passkey_depths": [0.1, 0.5, 0.9]}
 # A passkey length is used for the KV settings when the baseline retrieves at least this share of its prompts.
 PASSKEY_BASELINE_MIN = 0.8
 LAYERS = "layers"  # the key of the per-layer profile's markdown section among the in-process results
