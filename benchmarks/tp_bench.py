@@ -1,5 +1,6 @@
-"""Tensor parallel on this CPU: the engine's step time at TP=2 (two ranks, one torch thread each, over gloo)
-against TP=1 (one process, two torch threads), on the same two cores.
+"""Tensor parallel on this CPU: the engine's step time at TP=2 (two ranks, one torch thread each; collectives
+through shared memory, gloo for large tensors) against TP=1 (one process, two torch threads), on the same two
+cores.
 
     python benchmarks/tp_bench.py [--prompt 512] [--prefills 3] [--decode-steps 24]
 
@@ -115,7 +116,7 @@ def main() -> None:
     if died:
         raise SystemExit(f"a worker rank died: {died}")
     load = os.getloadavg()
-    table = Table(title=f"kvengine step time: TP=2 (2 ranks x 1 thread, gloo) vs TP=1 (1 process, 2 threads)\n"
+    table = Table(title=f"kvengine step time: TP=2 (2 ranks x 1 thread, shared memory) vs TP=1 (1 process, 2 threads)\n"
                         f"{folder.name}, fp32, {os.cpu_count()} cores, load average after the run "
                         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     for column in ("step", "TP=1 ms", "TP=2 ms", "TP=2 / TP=1"):

@@ -107,7 +107,7 @@ class EngineConfig:
     device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
                           "is cuda:0 .. cuda:N-1)")
     tensor_parallel_size: int = setting(1, "ranks the model is split over (attention heads, MLP, vocabulary), one "
-                                        "process and device each; nccl on cuda, gloo on cpu", ge=1)
+                                        "process and device each; nccl on cuda, shared memory + gloo on cpu", ge=1)
     compute_dtype: str = setting("float32", "dtype of weights and activations", choices=COMPUTE_DTYPES)
     max_model_len: int | None = setting(None, "context length (default: the model's)", unit="tokens", ge=1)
     served_model_name: str | None = setting(None, "model name in the API (default: the model folder's name)")

@@ -1,4 +1,4 @@
-"""Tensor parallel over gloo: the engine at TP=2 (this process is rank 0, rank 1 a real worker process started
+"""Tensor parallel on CPU (a gloo group; collectives through shared memory): the engine at TP=2 (this process is rank 0, rank 1 a real worker process started
 by `RankProcesses`, as `kvbench serve` starts it) against the same engine at TP=1, on the tiny model."""
 
 from __future__ import annotations
