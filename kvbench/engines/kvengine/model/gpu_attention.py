@@ -160,8 +160,8 @@ class FlashInferAttention:
             if not self._planned:
                 self._plan(layout, cache, q)
             scales = {}
-            if cache.fmt.quantized:
-                scales = {"k_scale": float(cache.scales.k[layer]), "v_scale": float(cache.scales.v[layer])}
+            if cache.tensor_scales is not None:
+                scales = {"k_scale": cache.tensor_scales[0][layer], "v_scale": cache.tensor_scales[1][layer]}
             o = self._wrapper.run(q[layout.rows].contiguous(), (cache.k_data[layer], cache.v_data[layer]), **scales)
             out[layout.rows] = o
         return out

@@ -83,6 +83,11 @@ class PagedKVCache:
                 raise ValueError(f"scales.{name} must be finite and positive")
         self.scales = KVScales(scales.k.float().to(self.device), scales.v.float().to(self.device))
         self._tables = self._decode_tables()
+        # tensor mode: every layer's K and V scale as a Python float, read once here, for kernels that take the
+        # scale as an argument (FlashInfer): reading it from a device tensor per layer would sync every layer
+        self.tensor_scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+        if self.fmt.quantized and not self.fmt.shifted:
+            self.tensor_scales = (tuple(self.scales.k.tolist()), tuple(self.scales.v.tolist()))
 
     def _decode_tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-layer fp8 decode tables for `gather` in tensor mode: [L, 256] in the compute dtype, the layer's

@@ -113,6 +113,16 @@ def test_set_scales_checks_shape_and_sign():
         cache.set_scales(KVScales(torch.zeros(2, 2, 16), torch.ones(2, 2, 16)))
 
 
+def test_tensor_scales_are_each_layers_installed_scales_as_floats_and_follow_a_new_install():
+    cache = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"),
+                         scales=KVScales(torch.tensor([0.25, 0.5]), torch.tensor([2.0, 4.0])))
+    assert cache.tensor_scales == ((0.25, 0.5), (2.0, 4.0))
+    cache.set_scales(KVScales(torch.tensor([1.5, 3.0]), torch.tensor([0.125, 8.0])))
+    assert cache.tensor_scales == ((1.5, 3.0), (0.125, 8.0))
+    assert PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3", "channel")).tensor_scales is None
+    assert PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp32")).tensor_scales is None
+
+
 def test_layout_fingerprint_changes_with_scales():
     a = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"))
     b = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"), scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
