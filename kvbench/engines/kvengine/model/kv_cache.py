@@ -83,6 +83,7 @@ class PagedKVCache:
                 raise ValueError(f"scales.{name} must be finite and positive")
         self.scales = KVScales(scales.k.float().to(self.device), scales.v.float().to(self.device))
         self._tables = self._decode_tables()
+        self._kernel_tables = self._fp32_kernel_tables()
         # tensor mode: every layer's K and V scale as a Python float, read once here, for kernels that take the
         # scale as an argument (FlashInfer): reading it from a device tensor per layer would sync every layer
         self.tensor_scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -100,13 +101,21 @@ class PagedKVCache:
 
     def decode_tables(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """fp32 [256] decode tables of one layer's K and V for a kernel: the tensor scale folded in, or bare
-        in channel mode (the kernel applies the per-channel scale and the shift). None when unquantized."""
+        in channel mode (the kernel applies the per-channel scale and the shift). None when unquantized.
+        Built once per `set_scales` (a kernel launch per layer must not build them again)."""
+        if self._kernel_tables is None:
+            return None
+        k, v = self._kernel_tables
+        return k[layer], v[layer]
+
+    def _fp32_kernel_tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.fmt.quantized:
             return None
         table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
         if self.fmt.shifted:
-            return table, table
-        return table * self.scales.k[layer], table * self.scales.v[layer]
+            bare = table.expand(self.config.num_layers, -1)
+            return bare, bare
+        return table[None, :] * self.scales.k[:, None], table[None, :] * self.scales.v[:, None]
 
     # ---- sizes ---------------------------------------------------------------------------------------------
     @property

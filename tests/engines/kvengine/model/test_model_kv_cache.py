@@ -123,6 +123,21 @@ def test_tensor_scales_are_each_layers_installed_scales_as_floats_and_follow_a_n
     assert PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp32")).tensor_scales is None
 
 
+def test_kernel_decode_tables_fold_each_layers_tensor_scale_and_are_bare_in_channel_mode():
+    from kvbench.engines.kvengine.model import fp8
+
+    table = fp8.decode_table(torch.float8_e4m3fn)
+    cache = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"),
+                         scales=KVScales(torch.tensor([0.25, 0.5]), torch.tensor([2.0, 4.0])))
+    for layer, (k_scale, v_scale) in enumerate([(0.25, 2.0), (0.5, 4.0)]):
+        k, v = cache.decode_tables(layer)
+        assert torch.equal(k.view(torch.int32), (table * k_scale).view(torch.int32))  # NaN codes by their bits
+        assert torch.equal(v.view(torch.int32), (table * v_scale).view(torch.int32))
+    channel = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3", "channel"))
+    assert all(torch.equal(t.view(torch.int32), table.view(torch.int32)) for t in channel.decode_tables(1))
+    assert PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp32")).decode_tables(0) is None
+
+
 def test_layout_fingerprint_changes_with_scales():
     a = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"))
     b = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"), scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
