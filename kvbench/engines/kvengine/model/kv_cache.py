@@ -84,11 +84,7 @@ class PagedKVCache:
         self.scales = KVScales(scales.k.float().to(self.device), scales.v.float().to(self.device))
         self._tables = self._decode_tables()
         self._kernel_tables = self._fp32_kernel_tables()
-        # tensor mode: every layer's K and V scale as a Python float, read once here, for kernels that take the
-        # scale as an argument (FlashInfer): reading it from a device tensor per layer would sync every layer
-        self.tensor_scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-        if self.fmt.quantized and not self.fmt.shifted:
-            self.tensor_scales = (tuple(self.scales.k.tolist()), tuple(self.scales.v.tolist()))
+        self._tensor_scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def _decode_tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Per-layer fp8 decode tables for `gather` in tensor mode: [L, 256] in the compute dtype, the layer's
@@ -98,6 +94,15 @@ class PagedKVCache:
         table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
         k, v = ((table[None, :] * s[:, None]).to(self.compute_dtype) for s in (self.scales.k, self.scales.v))
         return k, v
+
+    @property
+    def tensor_scales(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """Tensor mode: every layer's K and V scale as a Python float, read once per `set_scales`, for kernels
+        that take the scale as an argument (FlashInfer): reading a device tensor per layer syncs every layer.
+        None for other formats."""
+        if self._tensor_scales is None and self.fmt.quantized and not self.fmt.shifted:
+            self._tensor_scales = (tuple(self.scales.k.tolist()), tuple(self.scales.v.tolist()))
+        return self._tensor_scales
 
     def decode_tables(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """fp32 [256] decode tables of one layer's K and V for a kernel: the tensor scale folded in, or bare
