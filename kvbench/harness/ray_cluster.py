@@ -232,6 +232,8 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
     write_config_and_env(run_dir, config.to_dict(), collect_env())
     outcome = RunOutcome(run_dir)
     ttfts: dict[str, list[float]] = {}
+    for run_id, kept in resumed.records.items():  # the cells send only what they measure now
+        ttfts.setdefault(PointId.parse(run_id).engine, []).extend(ttft_values(kept))
     cell = ray.remote(run_cell)
     streams = {cell.options(**cell_options(engine, config.client.workers)).remote(config, index, resumed): engine
                for index, engine in enumerate(config.engines)}

@@ -21,11 +21,12 @@ from kvbench.harness.config import parse_config  # noqa: E402
 from kvbench.harness.loadgen import LoadGenerator  # noqa: E402
 from kvbench.harness.workers import run_on_workers  # noqa: E402
 from kvbench.measure.records import RecordWriter  # noqa: E402
+from kvbench.harness import ray_cluster  # noqa: E402
 from kvbench.harness.ray_cluster import RayPool, cell_options  # noqa: E402
 from kvbench.harness.runner import run_experiment  # noqa: E402
-from kvbench.measure.metrics import summarize  # noqa: E402
-from kvbench.measure.records import read_records  # noqa: E402
-from kvbench.measure.run_folder import REQUESTS_JSONL, engine_dir, read_entries  # noqa: E402
+from kvbench.measure.metrics import summarize, ttft_values  # noqa: E402
+from kvbench.measure.records import PointId, read_records  # noqa: E402
+from kvbench.measure.run_folder import REQUESTS_JSONL, RunMode, engine_dir, read_entries  # noqa: E402
 from kvbench.measure.schedule import LoadSpec  # noqa: E402
 
 from .instrument_fixture import instrument_process  # noqa: E402
@@ -125,6 +126,21 @@ def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_p
     assert _scratch_folders() == scratch  # each cell's scratch run folder on its node is gone
     records = list(read_records(tmp_path / "ray" / REQUESTS_JSONL))
     assert sorted(r.request_id for r in records) == sorted(r.request_id for r in read_records(tmp_path / "here" / REQUESTS_JSONL))
+
+
+def test_a_resumed_run_on_ray_plots_the_requests_it_kept(tmp_path, monkeypatch):
+    with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (url, _):
+        config = parse_config(_matrix(url))
+        run_experiment(config, tmp_path, ray_address="auto")
+        plotted: dict[str, list[float]] = {}
+        monkeypatch.setattr(ray_cluster, "write_plots", lambda run_dir, entries, ttfts: plotted.update(ttfts))
+        outcome = run_experiment(config, tmp_path, mode=RunMode.RESUME, ray_address="auto")
+    assert not outcome.failures
+    kept: dict[str, list[float]] = {}
+    for record in read_records(tmp_path / REQUESTS_JSONL):
+        kept.setdefault(PointId.parse(record.run_id).engine, []).extend(ttft_values([record]))
+    assert sum(len(v) for v in kept.values()) == 8  # both cells' 4 requests, all finished before the resume
+    assert {engine: sorted(v) for engine, v in plotted.items()} == {engine: sorted(v) for engine, v in kept.items()}
 
 
 def test_a_failing_cell_fails_alone_with_its_log(tmp_path):
