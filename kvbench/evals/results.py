@@ -62,6 +62,7 @@ class SettingResult:
     direct: tuple[DirectMetric, ...] = ()
     positions: tuple[tuple[int, int, tuple[DirectMetric, ...]], ...] = ()
     passkey: tuple[PasskeyOutcome, ...] = ()
+    refused: str | None = None  # the engine would not serve this setting: its reason (nothing else measured)
 
 
 @dataclass(frozen=True)
@@ -283,7 +284,8 @@ def eval_json(results: Sequence[SettingResult], baseline: str) -> dict:
     for result in results:
         metrics = {row.name: row.value for row in rows if row.setting == result.label}
         metrics["aggregate_delta_pct"] = aggregate_delta_pct(rows, result.label)
-        settings.append({"kv_setting": result.label, "metrics": metrics})
+        settings.append({"kv_setting": result.label, "metrics": metrics,
+                         **({"refused": result.refused} if result.refused else {})})
     return {"baseline": baseline, "settings": settings}
 
 
@@ -303,6 +305,10 @@ def write_tables(results: Sequence[SettingResult], baseline: str, run_dir: Path,
     lines = [f"# KV quality eval (baseline: {baseline})", ""]
     lines += [f"- {key}: {value}" for key, value in (notes or {}).items()]
     lines += ["", "## Summary", "", _markdown(summary, _summary_format), ""]
+    refused = [r for r in results if r.refused]
+    if refused:
+        lines += ["## Settings the engine refused", "", "Nothing was measured for them; the reason is the engine's.",
+                  "", *[f"- {r.label}: {r.refused}" for r in refused], ""]
     base_table = baseline_frame(results, baseline)
     if not base_table.empty:
         lines += ["## The baseline's own scores", "", "A task whose baseline is at or below chance cannot show a "

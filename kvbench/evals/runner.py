@@ -129,6 +129,8 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
         served = _served_by_engine(config, settings, run_dir, progress)
         scores.update(served.scores)
         measured = {label: {"divergence": stats} for label, stats in served.divergence.items()}
+        for label, reason in served.refused.items():
+            measured[label] = {"refused": reason}
         method = served.method
     elif config.lm_eval:
         tokenizer = Path(config.tokenizer) if config.tokenizer else _engine_tokenizer(config, run_dir)

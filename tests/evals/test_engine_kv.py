@@ -139,12 +139,30 @@ def test_eval_on_vllm_cpu_end_to_end(tmp_path):
     assert "--kv-cache-dtype bfloat16" in (out / "engines" / "bfloat16" / "engine.log").read_text()
 
 
+REFUSAL = "vllm cannot serve kv_cache_dtype=fp8_e4m3: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+
+
 @pytest.mark.slow
-def test_fp8_kv_on_vllm_cpu_is_refused_in_one_line(tmp_path, capsys):
+def test_fp8_kv_on_vllm_cpu_is_a_refused_row_and_the_baseline_still_runs(tmp_path, capsys):
     from kvbench.cli.main import main
 
-    config = _eval_config(tmp_path, _require_vllm(), ["fp8_e4m3", "auto"], lm_eval=False, divergence=False)
+    out = tmp_path / "out"
+    config = _eval_config(tmp_path, _require_vllm(), ["fp8_e4m3", "auto"], divergence=False)
+    assert main(["eval", str(config), "--out", str(out)]) == 0
+    results = {s["kv_setting"]: s for s in json.loads((out / "eval.json").read_text())["settings"]}
+    assert REFUSAL in results["fp8_e4m3"]["refused"]
+    assert "kvb_plays_mc/acc" in results["auto"]["metrics"] and "refused" not in results["auto"]
+    assert f"- fp8_e4m3: {REFUSAL}" in (out / "eval.md").read_text()
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_refused_baseline_stops_the_eval_in_one_line(tmp_path, capsys):
+    """The baseline's interpreter exits at once: there is nothing to compare the other settings with."""
+    from kvbench.cli.main import main
+
+    config = _eval_config(tmp_path, "/bin/false", ["auto", "bfloat16"], lm_eval=False)
     assert main(["eval", str(config), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "vllm cannot serve kv_cache_dtype=fp8_e4m3: FP8 KV cache on CPU requires x86 with AVX-512 or AMX." in err
+    assert err.startswith("error: vllm cannot serve kv_cache_dtype=auto: ")
+    assert not (tmp_path / "out" / "engines" / "bfloat16").exists()  # the eval stopped at the baseline
