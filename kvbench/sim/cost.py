@@ -119,6 +119,12 @@ class CostModel:
             longest_query, longest_context = max(longest_query, 1), max(longest_context, max(decode_starts) + 1)
         return self._step_cost(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context)
 
+    def decodes(self, num_seqs: int, starts_sum: int, longest_start: int) -> StepCost:
+        """`step((), starts)` for `num_seqs` decode starts summing to `starts_sum`, the largest `longest_start`:
+        the same floats, without the list (a run of decode steps is timed from these three numbers)."""
+        total = float(starts_sum + num_seqs)  # sum of (s + 1), as `step` adds it to 0.0
+        return self._step_cost(float(num_seqs), total, total, num_seqs, 1, longest_start + 1)
+
     def _step_cost(self, tokens: float, attn_ctx: float, kv_read: float, seqs: int, longest_query: int,
                    longest_context: int) -> StepCost:
         g, hw = self.geometry, self.hardware

@@ -17,6 +17,7 @@ Events, in virtual seconds, processed in (time, sequence) order so that runs are
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -69,6 +70,9 @@ class SimConfig:
     tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
     host_kv_tokens: int | None = None  # override the host tier (default: the preset's share of host memory)
     disk_kv_tokens: int | None = None  # ... and the disk tier
+    # Run stretches of pure decode steps between events in one pass (SimNode.fast_forward); False: step one by
+    # one. The records are the same either way: a switch for checking that, not a setting of what is simulated.
+    decode_runs: bool = True
 
     @property
     def cost(self) -> CostModel:
@@ -268,20 +272,29 @@ class _Sim:
         node = self.nodes[node_index]
         if node.busy or not node.has_work():
             return
+        # Steps that end before the next event (nothing else can happen meanwhile) may run in one pass.
+        skipped = node.fast_forward(now, self.events[0][0] if self.events else math.inf)
+        if skipped is not None:
+            self.stream(skipped.request_ids, skipped.ends)
+            now = skipped.ends[-1]  # where the last of them ended: the next step begins
         started = node.begin_step(now)
         if started is None:
             return  # nothing fits now; a finishing request or a new arrival will kick again
         plan, seconds = started
         self.push(now + seconds, _STEP, (node_index, plan))
 
-    def step_done(self, node_index: int, plan, now: float) -> None:
-        node = self.nodes[node_index]
-        t_ns = int(round(now * NS))
-        for rid in plan.sampled_ids:
+    def stream(self, request_ids, ends: Sequence[float]) -> None:
+        """Each of `request_ids` received one token at the end of each step that ended at `ends`."""
+        times = [int(round(t * NS)) for t in ends]
+        for rid in request_ids:
             record = self.live[rid].record
             if record.first_token_ns is None:
-                record.first_token_ns = t_ns
-            record.chunks.append([t_ns, 1])
+                record.first_token_ns = times[0]
+            record.chunks.extend([[t, 1] for t in times])
+
+    def step_done(self, node_index: int, plan, now: float) -> None:
+        node = self.nodes[node_index]
+        self.stream(plan.sampled_ids, (now,))
         for f in node.end_step(plan, now):
             self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
         self.kick(node_index, now)
@@ -336,7 +349,8 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
                 tiers.append(remote)
             below = WriteThroughTiers(tuple(tiers))
             index = PrefixIndex(pool, events=sink)
-        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission))
+        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission,
+                             config.decode_runs))
     return nodes
 
 
@@ -359,7 +373,8 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
                send_order=tuple(send_order) if send_order is not None else None, routed_pages=[0] * len(nodes))
     sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
-    stats = tuple({"node": n.node_id, "steps": n.stats.steps, "busy_s": n.stats.busy_s,
+    stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
+                   "busy_s": n.stats.busy_s,
                    "preempted": n.stats.preempted, "restored_tokens": dict(n.stats.restored_tokens),
                    "restore_link_s": n.stats.restore_s} for n in nodes)
     records = tuple(sorted(sim.records, key=lambda r: (r.queued_ns, r.request_id)))
