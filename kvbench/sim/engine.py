@@ -16,11 +16,13 @@ Events, in virtual seconds, processed in (time, sequence) order so that runs are
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -284,13 +286,18 @@ class _Sim:
         self.push(now + seconds, _STEP, (node_index, plan))
 
     def stream(self, request_ids, ends: Sequence[float]) -> None:
-        """Each of `request_ids` received one token at the end of each step that ended at `ends`."""
+        """Each of `request_ids` received one token at the end of each step that ended at `ends`.
+
+        One chunk list per step, the same object in every record the step streamed to: a step of 200
+        sequences made 200 equal lists, millions in a long run, and the collector walked them all. Records
+        are never edited in place once made (`RequestRecord.shift_times` builds new chunks)."""
         times = [int(round(t * NS)) for t in ends]
+        chunks = [[t, 1] for t in times]
         for rid in request_ids:
             record = self.live[rid].record
             if record.first_token_ns is None:
                 record.first_token_ns = times[0]
-            record.chunks.extend([[t, 1] for t in times])
+            record.chunks.extend(chunks)
 
     def step_done(self, node_index: int, plan, now: float) -> None:
         node = self.nodes[node_index]
@@ -354,6 +361,21 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
     return nodes
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, then as it was. A simulation allocates millions
+    of small containers (plans, chunk lists, heap entries) and frees them by reference counting; the
+    collector's passes over everything still alive (the records, the radix tree) were over a tenth of a long
+    run's CPU time, for a few thousand cyclic objects (split radix nodes) that the next pass after it frees."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str = "sim", seed: int = 0,
              send_order: Sequence[str] | None = None, events: EventSink | None = None) -> SimResult:
     """Replay `workload` at `load` on the simulated system. Deterministic: same inputs, same records.
@@ -371,7 +393,8 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     driver = ConversationDriver(run_id, load, oracle)
     sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                send_order=tuple(send_order) if send_order is not None else None, routed_pages=[0] * len(nodes))
-    sim.run()
+    with _collector_paused():
+        sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
                    "busy_s": n.stats.busy_s,

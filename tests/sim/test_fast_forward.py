@@ -3,6 +3,7 @@ record: with it off, every step goes through schedule/postprocess one at a time,
 per-node step counts are the same; with it on, it does run most steps."""
 
 import dataclasses
+import gc
 
 import pytest
 
@@ -58,3 +59,16 @@ def test_decodes_cost_what_a_step_of_those_decodes_costs():
         assert cost.decodes(len(starts), sum(starts), max(starts)) == cost.step((), starts)
     padded = dataclasses.replace(cost, padded_attention=True)
     assert padded.decodes(3, 300, 200) == padded.step((), [50, 50, 200])
+
+
+def test_simulate_leaves_the_garbage_collector_as_it_found_it(mini):
+    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8")
+    assert gc.isenabled()
+    simulate(mini, LoadSpec(num_requests=3), config)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        simulate(mini, LoadSpec(num_requests=3), config)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
