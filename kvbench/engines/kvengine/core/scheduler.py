@@ -356,8 +356,7 @@ class Scheduler:
             return
         req = seq.request
         tokens = req.prompt[: full * self.index.page_size]
-        self.index.insert_prompt(seq.placement, tokens, seq.pages[:full], req.tenant, now)
-        match = self.index.match_prompt(seq.placement, tokens)
+        match = PromptMatch(self.index.insert_prompt(seq.placement, tokens, seq.pages[:full], req.tenant, now).matches)
         self.index.lock_prompt(match, now)
         if seq.match is not None:
             self.index.unlock_prompt(seq.match)
