@@ -119,17 +119,23 @@ class CostModel:
             longest_query, longest_context = max(longest_query, 1), max(longest_context, max(decode_starts) + 1)
         return self._step_cost(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context)
 
-    def decodes(self, num_seqs: int, starts_sum: int, longest_start: int) -> StepCost:
-        """`step((), starts)` for `num_seqs` decode starts summing to `starts_sum`, the largest `longest_start`:
-        the same floats, without the list (a run of decode steps is timed from these three numbers)."""
+    def decode_seconds(self, num_seqs: int, starts_sum: int, longest_start: int) -> float:
+        """`step((), starts).seconds` for `num_seqs` decode starts summing to `starts_sum`, the largest
+        `longest_start`: the same float, without the list or the StepCost (a run of decode steps is timed
+        from these three numbers, once per step)."""
         total = float(starts_sum + num_seqs)  # sum of (s + 1), as `step` adds it to 0.0
-        return self._step_cost(float(num_seqs), total, total, num_seqs, 1, longest_start + 1)
+        return self._parts(float(num_seqs), total, total, num_seqs, 1, longest_start + 1)[0]
 
     def _step_cost(self, tokens: float, attn_ctx: float, kv_read: float, seqs: int, longest_query: int,
                    longest_context: int) -> StepCost:
+        return StepCost(*self._parts(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context))
+
+    def _parts(self, tokens: float, attn_ctx: float, kv_read: float, seqs: int, longest_query: int,
+               longest_context: int) -> tuple[float, float, float, float, float, float]:
+        """StepCost's fields, in its order."""
         g, hw = self.geometry, self.hardware
         if tokens == 0:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            return (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         if self.padded_attention:
             context = -(-longest_context // self.page_size) * self.page_size
             attn_ctx, kv_read = seqs * longest_query * context, seqs * context
@@ -143,7 +149,7 @@ class CostModel:
             per = 2 * (tp - 1) / tp * tokens * g.hidden_size * ACTIVATION_BYTES / hw.device.interconnect_bw
             comm = 2 * g.num_layers * (per + hw.device.interconnect_latency_s)
         busy = max(compute, memory) if hw.device.overlap else compute + memory
-        return StepCost(busy + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
+        return (busy + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
 
     def _weight_bytes_touched(self, tokens: float) -> float:
         g = self.geometry

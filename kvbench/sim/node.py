@@ -210,7 +210,7 @@ class SimNode:
         n, cost, stats = len(run.request_ids), self.cost, self.stats
         begins, ends = [], []
         for j in range(run.steps):
-            seconds = cost.decodes(n, run.starts_sum + j * n, run.longest_start + j).seconds
+            seconds = cost.decode_seconds(n, run.starts_sum + j * n, run.longest_start + j)
             end = now + seconds
             if end >= horizon:
                 break

@@ -53,12 +53,13 @@ def test_the_ttl_tiers_are_never_fast_forwarded(mini):
     assert all(n["fast_forwarded"] == 0 for n in result.nodes) and all(r.ok for r in result.records)
 
 
-def test_decodes_cost_what_a_step_of_those_decodes_costs():
+def test_a_run_step_costs_what_a_step_of_those_decodes_costs():
     cost = CostModel(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), "fp8", "fp8")
     for starts in ([5], [100, 2_000, 37], list(range(1_000, 60_000, 250))):
-        assert cost.decodes(len(starts), sum(starts), max(starts)) == cost.step((), starts)
+        assert cost.decode_seconds(len(starts), sum(starts), max(starts)) == cost.step((), starts).seconds
     padded = dataclasses.replace(cost, padded_attention=True)
-    assert padded.decodes(3, 300, 200) == padded.step((), [50, 50, 200])
+    assert padded.decode_seconds(3, 300, 200) == padded.step((), [50, 50, 200]).seconds
+    assert padded.decode_seconds(3, 300, 200) != cost.decode_seconds(3, 300, 200)
 
 
 def test_simulate_leaves_the_garbage_collector_as_it_found_it(mini):

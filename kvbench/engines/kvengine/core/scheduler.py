@@ -127,17 +127,12 @@ class CompactPlan:
     preempted: tuple[RequestId, ...] = ()
     swap_out: tuple[SwapOut, ...] = ()
     swap_in: tuple[SwapIn, ...] = ()
+    sampled_ids: tuple[RequestId, ...] = ()  # requests that receive a token at the end of the step, in entry order
 
     @property
     def others(self) -> tuple[ScheduledSeq, ...]:
         """The entries that are not decodes (prefill chunks, the last of which samples)."""
         return tuple(e for e in self.entries if type(e) is ScheduledSeq)
-
-    @property
-    def sampled_ids(self) -> list[RequestId]:
-        """Requests that receive a token at the end of the step, in entry order."""
-        return [e.request_id if type(e) is ScheduledSeq else e.request.request_id
-                for e in self.entries if type(e) is not ScheduledSeq or e.samples]
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +264,10 @@ class Scheduler:
         table. For a caller that needs no page tables (the simulator): building a ScheduledSeq per sequence
         per step was most of a long simulation's time. Commit it with `postprocess_compact`."""
         items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=True)
-        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in))
+        sampled = tuple(e.request_id if type(e) is ScheduledSeq else e.request.request_id
+                        for e in items if type(e) is not ScheduledSeq or e.samples)
+        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in),
+                           sampled)
 
     def _schedule(self, now: float, compact: bool) -> tuple[list, list, list, list, list]:
         budget = self.config.max_step_tokens
