@@ -11,7 +11,8 @@ Events, in virtual seconds, processed in (time, sequence) order so that runs are
 
     TURN     a session's next turn is due: build the prompt, pick a node, plan its restore
     ARRIVE   the restore (if any) is done: the request joins the node's queue
-    STEP     a node's step ends: postprocess, stream tokens, finish requests, start the next step
+    STEP     a node's step ends: postprocess, stream tokens, finish requests, start the next step (first
+             running in one pass the pure decode steps that end before the next event, `SimNode.fast_forward`)
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ the prompt is looked up below and the part the device lacks is restored (pipelin
 restore link, in FIFO order); before each step the tiers keep their placement; after anything that may evict,
 dropped pages go down; on completion computed pages may be written through. "Sampling" returns the
 workload's planned answer tokens, so the next turn's prompt is exact.
+
+Between events most steps decode the same running set: `fast_forward` runs those (the ones certain to be pure
+decodes, up to the next event) in one pass, `scheduler.decode_run` then `commit_decode_run`, with what the
+loop above would have done step by step (`SimConfig.decode_runs=False` steps one by one, for comparison).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ simulator in virtual time. The model is not called here; a step is
     sampled = model(plan)                  # executor: swap_out copies first, then swap_in, then the model
     finished = scheduler.postprocess(plan, sampled, now)
 
+The simulator takes the same decisions as CompactPlans (`schedule_compact`, `postprocess_compact`: no page
+table per decode), and runs of steps certain to be pure decodes in one pass (`decode_run`,
+`commit_decode_run`: the same pages, evictions and tokens as step by step).
+
 Token regions of a sequence (tokens = prompt + generated so far) in one step:
 
     | cached at admission | computed earlier | this step: [start, end) | not yet |
