@@ -57,10 +57,11 @@ class Restore:
 @dataclass(frozen=True, slots=True)
 class DecodeSteps:
     """Steps a node ran in one pass (`SimNode.fast_forward`): each ended at `ends[j]`, sampling one token for
-    every one of `request_ids`."""
+    every one of `request_ids`; `finished` finished with the last."""
 
     request_ids: tuple[str, ...]
     ends: tuple[float, ...]
+    finished: tuple[FinishedRequest, ...]
 
 
 @dataclass(slots=True)
@@ -203,10 +204,11 @@ class SimNode:
             p = produced[rid]
             tokens.append(live[rid][1][p: p + k])
             produced[rid] = p + k
-        self.scheduler.commit_decode_run(run, begins, tokens)
+        finished = self.scheduler.commit_decode_run(run, begins, tokens, ends[-1])
+        self._finished(finished, ends[-1])
         self.stats.steps += k
         self.stats.fast_forwarded += k
-        return DecodeSteps(run.request_ids, tuple(ends))
+        return DecodeSteps(run.request_ids, tuple(ends), finished)
 
     def _time_run(self, run: DecodeRun, now: float, horizon: float) -> tuple[list[float], list[float]]:
         """When the run's steps begin and end, one after the other from `now`, up to the last that ends before
@@ -234,9 +236,12 @@ class SimNode:
             produced[rid] = k + 1
         finished = self.scheduler.postprocess_compact(plan, tokens, now)
         self.busy = False
+        self._finished(finished, now)
+        return finished
+
+    def _finished(self, finished: tuple[FinishedRequest, ...], now: float) -> None:
         for f in finished:
             request, _ = self._live.pop(f.request_id)
             del self._produced[f.request_id]
             self.below.store(self._namespace(request), request.prompt, f.output, request.tenant, now)
-        return finished
 

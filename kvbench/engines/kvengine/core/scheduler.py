@@ -448,10 +448,11 @@ class Scheduler:
 
         Certain means that `schedule` step by step would admit nobody (nothing waiting, or no seat for another
         sequence), preempt nobody (every page the decodes reach is free or an evictable cached page; eviction
-        is plain LRU: with a tenant ledger it depends on usage, and no run is offered), finish nobody (each
-        has more than the run's tokens of room; a request with stop tokens is never in a run, since its
-        finish depends on what it samples), and index no prompt page (every prompt is computed). Commit the
-        run with `commit_decode_run`; nothing may change the scheduler in between."""
+        is plain LRU: with a tenant ledger it depends on usage, and no run is offered), finish nobody before
+        the run's last step (the sequences with the least room finish at its end; a request with stop tokens
+        is never in a run, since its finish depends on what it samples), and index no prompt page (every
+        prompt is computed). Commit the run with `commit_decode_run`; nothing may change the scheduler in
+        between."""
         running, config, ps = self._running, self.config, self.index.page_size
         if (not running or self.ledger is not None or len(running) > config.max_step_tokens
                 or (self._waiting and len(running) < config.max_num_seqs)):
@@ -465,7 +466,7 @@ class Scheduler:
             if (not seq.output or seq.num_computed + 1 != prompt + len(seq.output) or req.stop_token_ids
                     or (caching and prompt // ps > seq.indexed_pages)):
                 return None
-            room = seq.room - 1
+            room = seq.room
             steps = room if steps is None else min(steps, room)
             firsts.append(len(seq.pages) * ps - seq.num_computed + 1)
         available = self.index.pool.num_free + self.index.evictable_pages
@@ -473,8 +474,8 @@ class Scheduler:
         def pages_for(k: int) -> int:  # pages the first k steps of the run allocate
             return sum((k - f) // ps + 1 for f in firsts if f <= k)
 
-        low, high = 0, steps  # the longest run whose pages can be had: pages_for grows with k
-        while low < high:
+        low, high = (steps, steps) if pages_for(steps) <= available else (0, steps - 1)
+        while low < high:  # the longest run whose pages can be had (pages_for grows with k)
             mid = (low + high + 1) // 2
             low, high = (mid, high) if pages_for(mid) <= available else (low, mid - 1)
         if low < 1:
@@ -482,11 +483,13 @@ class Scheduler:
         return DecodeRun(low, tuple(seq.request.request_id for seq in running),
                          sum(seq.num_computed for seq in running), max(seq.num_computed for seq in running))
 
-    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float], tokens: Sequence[Sequence[int]]) -> None:
-        """Carry out the first `len(begins)` steps of `run` (step j began at `begins[j]`; `tokens[i]` holds the
-        tokens sequence i samples in them) exactly as `schedule` and `postprocess` one step at a time would:
-        the same pages allocated in the same order, evicting the same cached pages at the same times."""
-        running, ps, k = self._running, self.index.page_size, len(begins)
+    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float], tokens: Sequence[Sequence[int]],
+                          end: float) -> tuple[FinishedRequest, ...]:
+        """Carry out the first `len(begins)` steps of `run` (step j began at `begins[j]`, the last ends at `end`;
+        `tokens[i]` holds the tokens sequence i samples in them) exactly as `schedule` and `postprocess` one
+        step at a time would: the same pages allocated in the same order, evicting the same cached pages at the
+        same times, and the requests that finish with the last step finished at `end` (in running order)."""
+        running, ps, k = list(self._running), self.index.page_size, len(begins)
         if not 0 < k <= run.steps or len(running) != len(run.request_ids) or len(tokens) != len(running):
             raise ValueError(f"commit_decode_run: {k} steps of a run of {run.steps}, {len(tokens)} token lists "
                              f"for {len(running)} running sequences; the run is not the scheduler's now")
@@ -504,7 +507,11 @@ class Scheduler:
             if len(sampled) != k:
                 raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, {k} steps")
             seq.num_computed += k
-            seq.output.extend(sampled)
+            seq.output.extend(sampled[:-1])
+        finished: list[FinishedRequest] = []
+        for seq, sampled in zip(running, tokens):  # the last step's tokens, as its postprocess takes them
+            self._sampled(seq, int(sampled[-1]), end, finished)
+        return tuple(finished)
 
     def _sampled(self, seq: _Seq, tok: int, now: float, finished: list[FinishedRequest]) -> None:
         """Append a sampled token; a request that stops or reaches max_new_tokens finishes."""

@@ -97,7 +97,8 @@ class Driver:
             next_arrival = min((s for s in due if s > t), default=STEPS)
             k = min(run.steps, next_arrival - t, STEPS - t)
             tokens = [[self.sample(rid) for _ in range(k)] for rid in run.request_ids]
-            self.sched.commit_decode_run(run, [float(t + j) for j in range(k)], tokens)
+            self.finish(t + k - 1, self.sched.commit_decode_run(run, [float(t + j) for j in range(k)], tokens,
+                                                                float(t + k)))
             self.run_steps += k
             t += k
         self.sched.index.check_integrity()
@@ -128,15 +129,19 @@ def test_decode_runs_in_one_pass_give_the_steps_one_by_one_give():
     assert runs.sched.index.cached_page_ids() == engine.sched.index.cached_page_ids()
 
 
-def test_a_decode_run_stops_before_a_finish_and_before_the_pool_runs_out():
+def test_a_decode_run_ends_with_a_finish_and_before_the_pool_runs_out():
     sched = Scheduler(PrefixIndex(PagePool(1 + 12, PS)), SchedulerConfig(max_step_tokens=256))
     sched.add(Request(RequestId("x"), prompt(20, 5), max_new_tokens=10))
+    sched.add(Request(RequestId("w"), prompt(20, 7), max_new_tokens=30))
     plan = sched.schedule(0.0)
-    sched.postprocess(plan, {"x": 1}, 1.0)  # prefilled 20 tokens (2 pages), sampled 1 of 10
+    sched.postprocess(plan, {"x": 1, "w": 1}, 1.0)  # each prefilled 20 tokens (2 pages), sampled 1
     run = sched.decode_run()
-    # 9 tokens left: the run holds the 8 that do not finish it; the 9th finishes it in an ordinary step.
-    assert run is not None and run.steps == 8 and run.request_ids == ("x",)
-    assert (run.starts_sum, run.longest_start) == (20, 20)
+    # x has 9 tokens left: the run holds them, and x finishes with its last step (w goes on).
+    assert run is not None and run.steps == 9 and run.request_ids == ("x", "w")
+    assert (run.starts_sum, run.longest_start) == (40, 20)
+    finished = sched.commit_decode_run(run, [1.0 + j for j in range(9)], [[2] * 9, [3] * 9], 10.0)
+    assert [(f.request_id, f.output, f.finish_reason) for f in finished] == [("x", (1,) + (2,) * 9, "length")]
+    assert sched.num_running == 1 and sched.decode_run().steps == 20  # w's 20 tokens left
 
     sched = Scheduler(PrefixIndex(PagePool(1 + 12, PS)), SchedulerConfig(max_step_tokens=256))
     sched.add(Request(RequestId("x"), prompt(20, 5), max_new_tokens=100))
@@ -149,7 +154,7 @@ def test_a_decode_run_stops_before_a_finish_and_before_the_pool_runs_out():
     run = sched.decode_run()
     assert run is not None and run.request_ids == ("x", "y") and run.steps == 28
     assert (run.starts_sum, run.longest_start) == (120, 100)
-    sched.commit_decode_run(run, [1.0 + j for j in range(run.steps)], [[1] * run.steps, [1] * run.steps])
+    assert sched.commit_decode_run(run, [1.0 + j for j in range(run.steps)], [[1] * run.steps] * 2, 29.0) == ()
     assert sched.index.pool.num_free == 1
     plan = sched.schedule(29.0)
     assert plan.preempted == ("y",) and [(s.request_id, s.start) for s in plan.seqs] == [("x", 48)]
