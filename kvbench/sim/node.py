@@ -213,10 +213,8 @@ class SimNode:
     def _time_run(self, run: DecodeRun, now: float, horizon: float) -> tuple[list[float], list[float]]:
         """When the run's steps begin and end, one after the other from `now`, up to the last that ends before
         `horizon`; their seconds are added to busy time in order, as `begin_step` adds them."""
-        n, cost, stats = len(run.request_ids), self.cost, self.stats
-        begins, ends = [], []
-        for j in range(run.steps):
-            seconds = cost.decode_seconds(n, run.starts_sum + j * n, run.longest_start + j)
+        stats, begins, ends = self.stats, [], []
+        for seconds in self.cost.decode_seconds(len(run.request_ids), run.starts_sum, run.longest_start, run.steps):
             end = now + seconds
             if end >= horizon:
                 break

@@ -55,10 +55,13 @@ def test_the_ttl_tiers_are_never_fast_forwarded(mini):
 
 def test_a_run_step_costs_what_a_step_of_those_decodes_costs():
     cost = CostModel(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), "fp8", "fp8")
-    for starts in ([5], [100, 2_000, 37], list(range(1_000, 60_000, 250))):
-        assert cost.decode_seconds(len(starts), sum(starts), max(starts)) == cost.step((), starts).seconds
     padded = dataclasses.replace(cost, padded_attention=True)
-    assert padded.decode_seconds(3, 300, 200) == padded.step((), [50, 50, 200]).seconds
+    moe = CostModel(load_geometry("qwen3-235b-a22b"), load_hardware("8xh200"), "fp8", "fp8")
+    cpu = CostModel(load_geometry("tiny-random"), load_hardware("cpu"))  # no overlap: compute + memory
+    for model in (cost, padded, moe, cpu):
+        for starts in ([5], [100, 2_000, 37], list(range(1_000, 60_000, 250))):
+            run = model.decode_seconds(len(starts), sum(starts), max(starts), steps=40)
+            assert run == [model.step((), [s + j for s in starts]).seconds for j in range(40)]
     assert padded.decode_seconds(3, 300, 200) != cost.decode_seconds(3, 300, 200)
 
 
