@@ -395,8 +395,12 @@ class PrefixIndex:
 
         With `tenants`, only leaves charged to those tenants are candidates (LRU among them).
         """
-        pb = 4 * self.page_size
-        heaps = [self._heaps[t] for t in (self._heaps if tenants is None else tenants) if t in self._heaps]
+        pb = 4 * self.pool.page_size
+        if tenants is None:  # a decode step in a full pool evicts one page: this runs once per page
+            heaps = list(self._heaps.values())
+        else:
+            heaps = [self._heaps[t] for t in tenants if t in self._heaps]
+        journaling = self._journaling
         dropped = freed = 0
         by_tenant: dict[TenantId, int] = {}
         while dropped < num_pages:
@@ -411,7 +415,7 @@ class PrefixIndex:
             leaf: _Node = best[0][2]
             k = min(num_pages - dropped, len(leaf.pages))
             tail = leaf.pages[len(leaf.pages) - k :]
-            if self._journaling:
+            if journaling:
                 for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
                     self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
             if k == len(leaf.pages):
