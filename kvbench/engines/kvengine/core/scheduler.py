@@ -142,8 +142,8 @@ class CompactPlan:
 @dataclass(frozen=True, slots=True)
 class DecodeRun:
     """The next `steps` steps are certain to be pure decodes of the running sequences `request_ids` (in running
-    order), each computing the token it sampled last, with nothing admitted, preempted or finished (see
-    `decode_run`). In the run's step j (from 0) sequence i computes position `starts[i] + j`, so the step's
+    order), each computing the token it sampled last, with nothing admitted or preempted, and nothing finished
+    before the last step (see `decode_run`). In the run's step j (from 0) sequence i computes position `starts[i] + j`, so the step's
     decode spans sum to `starts_sum + j * len(request_ids)` and the longest starts at `longest_start + j`."""
 
     steps: int
