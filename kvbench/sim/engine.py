@@ -275,21 +275,17 @@ class _Sim:
         node = self.nodes[node_index]
         if node.busy or not node.has_work():
             return
-        # Steps that end before the next event (nothing else can happen meanwhile) may run in one pass; one
-        # that finishes requests ends it, as its STEP event would: the finishes, then this kick again.
-        while (skipped := node.fast_forward(now, self.events[0][0] if self.events else math.inf)) is not None:
-            now = skipped.ends[-1]  # where the last of them ended: the next step begins
-            self.stream(skipped.request_ids, skipped.ends)
-            for f in skipped.finished:
-                self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
-            if not node.has_work():
-                return
-            if not skipped.finished:
-                break  # the run stopped at something the next step must take one step at a time
-        started = node.begin_step(now)
-        if started is None:
-            return  # nothing fits now; a finishing request or a new arrival will kick again
-        plan, seconds = started
+        # Steps that end before the next event (nothing else can happen meanwhile) may run in one pass.
+        skipped = node.fast_forward(now, self.events[0][0] if self.events else math.inf)
+        if skipped is not None:
+            if skipped.ends:
+                self.stream(skipped.request_ids, skipped.ends)
+            plan, now, seconds = skipped.plan, skipped.begin, skipped.seconds
+        else:
+            started = node.begin_step(now)
+            if started is None:
+                return  # nothing fits now; a finishing request or a new arrival will kick again
+            plan, seconds = started
         self.push(now + seconds, _STEP, (node_index, plan))
 
     def stream(self, request_ids, ends: Sequence[float]) -> None:

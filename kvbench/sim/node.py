@@ -56,12 +56,15 @@ class Restore:
 
 @dataclass(frozen=True, slots=True)
 class DecodeSteps:
-    """Steps a node ran in one pass (`SimNode.fast_forward`): each ended at `ends[j]`, sampling one token for
-    every one of `request_ids`; `finished` finished with the last."""
+    """A run of decode steps a node took in one pass (`SimNode.fast_forward`): the steps carried out ended at
+    `ends`, each sampling one token for every one of `request_ids`; then `plan` began at `begin`, to end
+    `seconds` later like a step of `begin_step`."""
 
     request_ids: tuple[str, ...]
     ends: tuple[float, ...]
-    finished: tuple[FinishedRequest, ...]
+    plan: CompactPlan
+    begin: float
+    seconds: float
 
 
 @dataclass(slots=True)
@@ -184,45 +187,43 @@ class SimNode:
         return plan, seconds
 
     def fast_forward(self, now: float, horizon: float) -> DecodeSteps | None:
-        """Run, from `now`, the steps that are certain to be pure decodes and that end before `horizon` (when
-        anything else happens: an arrival, another node's step) in one pass: each step is timed from three
-        numbers instead of a plan, and the scheduler commits them at once (`Scheduler.decode_run`). What
-        `begin_step` and `end_step` one step at a time would do, to the bit; None when not even one step is
-        certain. The tiers below must be passive (nothing to do at a step's fixed points)."""
+        """Instead of `begin_step(now)`: take, in one pass, the steps from `now` that are certain to be pure
+        decodes (`Scheduler.decode_run`) and end before `horizon` (when anything else happens: an arrival,
+        another node's step), and begin the next one, whose plan `end_step` commits at its end as any other.
+        Each step is timed from three numbers instead of a plan; what `begin_step` and `end_step` one step at a
+        time would do, to the bit. None when no step is certain (then `begin_step`). The tiers below must be
+        passive (nothing to do at a step's fixed points)."""
         if (not self.decode_runs or not self.below.passive
                 or (self._pending and self.scheduler.num_waiting < ADMIT_WINDOW)):  # else `_feed` would admit
             return None
         run = self.scheduler.decode_run()
         if run is None:
             return None
-        begins, ends = self._time_run(run, now, horizon)
-        if not ends:
-            return None
-        k, live, produced = len(ends), self._live, self._produced
+        begins, seconds = self._time_run(run, now, horizon)
+        k, live, produced = len(begins), self._live, self._produced
         tokens = []
         for rid in run.request_ids:
             p = produced[rid]
-            tokens.append(live[rid][1][p: p + k])
-            produced[rid] = p + k
-        finished = self.scheduler.commit_decode_run(run, begins, tokens, ends[-1])
-        self._finished(finished, ends[-1])
+            tokens.append(live[rid][1][p: p + k - 1])
+            produced[rid] = p + k - 1
+        plan = self.scheduler.commit_decode_run(run, begins, tokens)
         self.stats.steps += k
         self.stats.fast_forwarded += k
-        return DecodeSteps(run.request_ids, tuple(ends), finished)
+        self.busy = True
+        return DecodeSteps(run.request_ids, tuple(begins[1:]), plan, begins[-1], seconds)
 
-    def _time_run(self, run: DecodeRun, now: float, horizon: float) -> tuple[list[float], list[float]]:
-        """When the run's steps begin and end, one after the other from `now`, up to the last that ends before
-        `horizon`; their seconds are added to busy time in order, as `begin_step` adds them."""
-        stats, begins, ends = self.stats, [], []
+    def _time_run(self, run: DecodeRun, now: float, horizon: float) -> tuple[list[float], float]:
+        """When the run's steps begin, one after the other from `now`, while the one before ended before
+        `horizon`, and the last one's seconds; every step's seconds are added to busy time in order, as
+        `begin_step` adds them."""
+        stats, begins = self.stats, []
         for seconds in self.cost.decode_seconds(len(run.request_ids), run.starts_sum, run.longest_start, run.steps):
-            end = now + seconds
-            if end >= horizon:
-                break
             begins.append(now)
-            ends.append(end)
             stats.busy_s += seconds
-            now = end
-        return begins, ends
+            now += seconds
+            if now >= horizon:
+                break
+        return begins, seconds
 
     def end_step(self, plan: CompactPlan, now: float) -> tuple[FinishedRequest, ...]:
         """Commit `plan` at `now` (its end); write finished requests through to the lower tiers."""
@@ -234,12 +235,9 @@ class SimNode:
             produced[rid] = k + 1
         finished = self.scheduler.postprocess_compact(plan, tokens, now)
         self.busy = False
-        self._finished(finished, now)
-        return finished
-
-    def _finished(self, finished: tuple[FinishedRequest, ...], now: float) -> None:
         for f in finished:
             request, _ = self._live.pop(f.request_id)
             del self._produced[f.request_id]
             self.below.store(self._namespace(request), request.prompt, f.output, request.tenant, now)
+        return finished
 

@@ -451,7 +451,7 @@ class Scheduler:
         is plain LRU: with a tenant ledger it depends on usage, and no run is offered), finish nobody before
         the run's last step (the sequences with the least room finish at its end; a request with stop tokens
         is never in a run, since its finish depends on what it samples), and index no prompt page (every
-        prompt is computed). Commit the run with `commit_decode_run`; nothing may change the scheduler in
+        prompt is computed). Carry it out with `commit_decode_run`; nothing may change the scheduler in
         between."""
         running, config, ps = self._running, self.config, self.index.page_size
         if (not running or self.ledger is not None or len(running) > config.max_step_tokens
@@ -483,13 +483,14 @@ class Scheduler:
         return DecodeRun(low, tuple(seq.request.request_id for seq in running),
                          sum(seq.num_computed for seq in running), max(seq.num_computed for seq in running))
 
-    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float], tokens: Sequence[Sequence[int]],
-                          end: float) -> tuple[FinishedRequest, ...]:
-        """Carry out the first `len(begins)` steps of `run` (step j began at `begins[j]`, the last ends at `end`;
-        `tokens[i]` holds the tokens sequence i samples in them) exactly as `schedule` and `postprocess` one
-        step at a time would: the same pages allocated in the same order, evicting the same cached pages at the
-        same times, and the requests that finish with the last step finished at `end` (in running order)."""
-        running, ps, k = list(self._running), self.index.page_size, len(begins)
+    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float],
+                          tokens: Sequence[Sequence[int]]) -> CompactPlan:
+        """Carry out the first `len(begins) - 1` steps of `run` and schedule the next one (step j begins at
+        `begins[j]`; `tokens[i]` holds the tokens sequence i samples in the steps carried out) exactly as
+        `schedule` and `postprocess` one step at a time would: the same pages allocated in the same order,
+        evicting the same cached pages at the same times. Returns the last step's plan, which
+        `postprocess_compact` commits like any other (its finishes, if any, then happen at its end)."""
+        running, ps, k = self._running, self.index.page_size, len(begins)
         if not 0 < k <= run.steps or len(running) != len(run.request_ids) or len(tokens) != len(running):
             raise ValueError(f"commit_decode_run: {k} steps of a run of {run.steps}, {len(tokens)} token lists "
                              f"for {len(running)} running sequences; the run is not the scheduler's now")
@@ -504,14 +505,13 @@ class Scheduler:
                                      "run whose pages were all free or evictable")
             self.allocate(seq, 1)
         for seq, sampled in zip(running, tokens):
-            if len(sampled) != k:
-                raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, {k} steps")
-            seq.num_computed += k
-            seq.output.extend(sampled[:-1])
-        finished: list[FinishedRequest] = []
-        for seq, sampled in zip(running, tokens):  # the last step's tokens, as its postprocess takes them
-            self._sampled(seq, int(sampled[-1]), end, finished)
-        return tuple(finished)
+            if len(sampled) != k - 1:
+                raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, "
+                                 f"{k - 1} steps carried out")
+            seq.num_computed += k - 1
+            seq.output.extend(sampled)
+        return CompactPlan(begins[-1], tuple(running), tuple(seq.num_computed for seq in running),
+                           sampled_ids=run.request_ids)
 
     def _sampled(self, seq: _Seq, tok: int, now: float, finished: list[FinishedRequest]) -> None:
         """Append a sampled token; a request that stops or reaches max_new_tokens finishes."""

@@ -96,11 +96,14 @@ class Driver:
                 continue
             next_arrival = min((s for s in due if s > t), default=STEPS)
             k = min(run.steps, next_arrival - t, STEPS - t)
-            tokens = [[self.sample(rid) for _ in range(k)] for rid in run.request_ids]
-            self.finish(t + k - 1, self.sched.commit_decode_run(run, [float(t + j) for j in range(k)], tokens,
-                                                                float(t + k)))
-            self.run_steps += k
-            t += k
+            tokens = [[self.sample(rid) for _ in range(k - 1)] for rid in run.request_ids]
+            plan = self.sched.commit_decode_run(run, [float(t + j) for j in range(k)], tokens)
+            self.run_steps += k - 1  # carried out in one pass; the last is planned, and committed below
+            t += k - 1
+            self.plans[t] = (normalized(compact_items(plan)), plan.preempted)
+            tokens = [self.sample(rid) for rid in plan.sampled_ids]
+            self.finish(t, self.sched.postprocess_compact(plan, tokens, t + 1.0))
+            t += 1
         self.sched.index.check_integrity()
         self.sched.index.pool.check_integrity()
         return self
@@ -121,8 +124,8 @@ def test_decode_runs_in_one_pass_give_the_steps_one_by_one_give():
     engine = Driver().play(Driver.engine_step)
     runs = Driver().play(Driver.compact_step, use_runs=True)
     assert runs.run_steps > 20, "the decodes between arrivals, finishes and preemptions are meant to run"
-    # Every step the run path took one at a time (arrivals, prefills, preemptions, finishes, and the steps right
-    # after a run, whose page ids show the run allocated and evicted as step by step) decided the same.
+    # Every step the run path planned (arrivals, prefills, preemptions, and each run's last step, whose page ids
+    # show the run allocated and evicted as step by step) decided the same.
     assert len(runs.plans) + runs.run_steps == STEPS
     assert all(runs.plans[t] == engine.plans[t] for t in runs.plans)
     assert runs.finished == engine.finished
@@ -139,7 +142,9 @@ def test_a_decode_run_ends_with_a_finish_and_before_the_pool_runs_out():
     # x has 9 tokens left: the run holds them, and x finishes with its last step (w goes on).
     assert run is not None and run.steps == 9 and run.request_ids == ("x", "w")
     assert (run.starts_sum, run.longest_start) == (40, 20)
-    finished = sched.commit_decode_run(run, [1.0 + j for j in range(9)], [[2] * 9, [3] * 9], 10.0)
+    plan = sched.commit_decode_run(run, [1.0 + j for j in range(9)], [[2] * 8, [3] * 8])
+    assert plan.decode_starts == (28, 28) and plan.sampled_ids == ("x", "w")  # the 9th step, planned
+    finished = sched.postprocess_compact(plan, [2, 3], 10.0)
     assert [(f.request_id, f.output, f.finish_reason) for f in finished] == [("x", (1,) + (2,) * 9, "length")]
     assert sched.num_running == 1 and sched.decode_run().steps == 20  # w's 20 tokens left
 
@@ -154,7 +159,8 @@ def test_a_decode_run_ends_with_a_finish_and_before_the_pool_runs_out():
     run = sched.decode_run()
     assert run is not None and run.request_ids == ("x", "y") and run.steps == 28
     assert (run.starts_sum, run.longest_start) == (120, 100)
-    assert sched.commit_decode_run(run, [1.0 + j for j in range(run.steps)], [[1] * run.steps] * 2, 29.0) == ()
+    plan = sched.commit_decode_run(run, [1.0 + j for j in range(run.steps)], [[1] * (run.steps - 1)] * 2)
+    assert sched.postprocess_compact(plan, [1, 1], 29.0) == ()
     assert sched.index.pool.num_free == 1
     plan = sched.schedule(29.0)
     assert plan.preempted == ("y",) and [(s.request_id, s.start) for s in plan.seqs] == [("x", 48)]
