@@ -98,7 +98,9 @@ def timed(argv: list[str], pythonpath: Path) -> tuple[float, float, str]:
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_WAIT_POLICY": "PASSIVE"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
+    # In `pythonpath`: `python -c` and `-m` put the working directory first on sys.path, ahead of PYTHONPATH,
+    # so run from a checkout's root the "baseline" imported that checkout instead of the baseline.
+    out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True, cwd=pythonpath).stdout
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), out

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.geometry import ModelGeometry
@@ -119,11 +121,26 @@ class CostModel:
             longest_query, longest_context = max(longest_query, 1), max(longest_context, max(decode_starts) + 1)
         return self._step_cost(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context)
 
+    def decode_seconds(self, num_seqs: int, starts_sum: int, longest_start: int, steps: int = 1) -> list[float]:
+        """`step((), starts).seconds` for `steps` decode steps in a row of `num_seqs` sequences whose decode
+        starts sum to `starts_sum` and reach `longest_start` in the first, each one position further in every
+        next step: the same floats, computed at once without a list of starts (a run of decode steps)."""
+        j = np.arange(steps, dtype=np.int64)
+        total = (starts_sum + num_seqs + num_seqs * j).astype(np.float64)  # sum of (s + 1), as `step` adds it
+        seconds = self._parts(float(num_seqs), total, total, num_seqs, 1, longest_start + 1 + j, np.maximum)[0]
+        return seconds.tolist()
+
     def _step_cost(self, tokens: float, attn_ctx: float, kv_read: float, seqs: int, longest_query: int,
                    longest_context: int) -> StepCost:
+        return StepCost(*self._parts(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context))
+
+    def _parts(self, tokens: float, attn_ctx, kv_read, seqs: int, longest_query: int, longest_context,
+               maximum=max) -> tuple:
+        """StepCost's fields, in its order. `attn_ctx`, `kv_read` and `longest_context` may be arrays (one
+        step each, with `maximum=np.maximum`): numpy does the same IEEE operations, element by element."""
         g, hw = self.geometry, self.hardware
         if tokens == 0:
-            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            return (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         if self.padded_attention:
             context = -(-longest_context // self.page_size) * self.page_size
             attn_ctx, kv_read = seqs * longest_query * context, seqs * context
@@ -136,8 +153,8 @@ class CostModel:
         if tp > 1:
             per = 2 * (tp - 1) / tp * tokens * g.hidden_size * ACTIVATION_BYTES / hw.device.interconnect_bw
             comm = 2 * g.num_layers * (per + hw.device.interconnect_latency_s)
-        busy = max(compute, memory) if hw.device.overlap else compute + memory
-        return StepCost(busy + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
+        busy = maximum(compute, memory) if hw.device.overlap else compute + memory
+        return (busy + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
 
     def _weight_bytes_touched(self, tokens: float) -> float:
         g = self.geometry

@@ -11,15 +11,19 @@ Events, in virtual seconds, processed in (time, sequence) order so that runs are
 
     TURN     a session's next turn is due: build the prompt, pick a node, plan its restore
     ARRIVE   the restore (if any) is done: the request joins the node's queue
-    STEP     a node's step ends: postprocess, stream tokens, finish requests, start the next step
+    STEP     a node's step ends: postprocess, stream tokens, finish requests, start the next step (first
+             running in one pass the pure decode steps that end before the next event, `SimNode.fast_forward`)
 """
 
 from __future__ import annotations
 
+import gc
 import heapq
+import math
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +73,9 @@ class SimConfig:
     tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
     host_kv_tokens: int | None = None  # override the host tier (default: the preset's share of host memory)
     disk_kv_tokens: int | None = None  # ... and the disk tier
+    # Run stretches of pure decode steps between events in one pass (SimNode.fast_forward); False: step one by
+    # one. The records are the same either way: a switch for checking that, not a setting of what is simulated.
+    decode_runs: bool = True
 
     @property
     def cost(self) -> CostModel:
@@ -268,20 +275,36 @@ class _Sim:
         node = self.nodes[node_index]
         if node.busy or not node.has_work():
             return
-        started = node.begin_step(now)
-        if started is None:
-            return  # nothing fits now; a finishing request or a new arrival will kick again
-        plan, seconds = started
+        # Steps that end before the next event (nothing else can happen meanwhile) may run in one pass.
+        skipped = node.fast_forward(now, self.events[0][0] if self.events else math.inf)
+        if skipped is not None:
+            if skipped.ends:
+                self.stream(skipped.request_ids, skipped.ends)
+            plan, now, seconds = skipped.plan, skipped.begin, skipped.seconds
+        else:
+            started = node.begin_step(now)
+            if started is None:
+                return  # nothing fits now; a finishing request or a new arrival will kick again
+            plan, seconds = started
         self.push(now + seconds, _STEP, (node_index, plan))
+
+    def stream(self, request_ids, ends: Sequence[float]) -> None:
+        """Each of `request_ids` received one token at the end of each step that ended at `ends`.
+
+        One chunk list per step, the same object in every record the step streamed to: a step of 200
+        sequences made 200 equal lists, millions in a long run, and the collector walked them all. Records
+        are never edited in place once made (`RequestRecord.shift_times` builds new chunks)."""
+        times = [int(round(t * NS)) for t in ends]
+        chunks = [[t, 1] for t in times]
+        for rid in request_ids:
+            record = self.live[rid].record
+            if record.first_token_ns is None:
+                record.first_token_ns = times[0]
+            record.chunks.extend(chunks)
 
     def step_done(self, node_index: int, plan, now: float) -> None:
         node = self.nodes[node_index]
-        t_ns = int(round(now * NS))
-        for rid in plan.sampled_ids:
-            record = self.live[rid].record
-            if record.first_token_ns is None:
-                record.first_token_ns = t_ns
-            record.chunks.append([t_ns, 1])
+        self.stream(plan.sampled_ids, (now,))
         for f in node.end_step(plan, now):
             self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
         self.kick(node_index, now)
@@ -336,8 +359,24 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
                 tiers.append(remote)
             below = WriteThroughTiers(tuple(tiers))
             index = PrefixIndex(pool, events=sink)
-        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission))
+        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission,
+                             config.decode_runs))
     return nodes
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, then as it was. A simulation allocates millions
+    of small containers (plans, chunk lists, heap entries) and frees them by reference counting; the
+    collector's passes over everything still alive (the records, the radix tree) were over a tenth of a long
+    run's CPU time, for a few thousand cyclic objects (split radix nodes) that the next pass after it frees."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str = "sim", seed: int = 0,
@@ -357,9 +396,11 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     driver = ConversationDriver(run_id, load, oracle)
     sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                send_order=tuple(send_order) if send_order is not None else None, routed_pages=[0] * len(nodes))
-    sim.run()
+    with _collector_paused():
+        sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
-    stats = tuple({"node": n.node_id, "steps": n.stats.steps, "busy_s": n.stats.busy_s,
+    stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
+                   "busy_s": n.stats.busy_s,
                    "preempted": n.stats.preempted, "restored_tokens": dict(n.stats.restored_tokens),
                    "restore_link_s": n.stats.restore_s} for n in nodes)
     records = tuple(sorted(sim.records, key=lambda r: (r.queued_ns, r.request_id)))

@@ -54,6 +54,10 @@ class BelowDevice(Protocol):
     def installed(self, lookup: Lookup, device_pages: int) -> None:
         """The restore reached device (the device held `device_pages` of the prompt just before)."""
 
+    @property
+    def passive(self) -> bool:
+        """True when `maintain` and `sync` never do anything: a node may then run steps without calling them."""
+
     def maintain(self, index: PrefixIndex, now: float) -> None:
         """Before each step: placement by age (TTL tiers)."""
 
@@ -139,6 +143,10 @@ class WriteThroughTiers:
 
     def installed(self, lookup: Lookup, device_pages: int) -> None:
         return None
+
+    @property
+    def passive(self) -> bool:
+        return True  # copies are written when a request finishes, never at a step's fixed points
 
     def maintain(self, index: PrefixIndex, now: float) -> None:
         return None

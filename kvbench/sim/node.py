@@ -12,6 +12,10 @@ the prompt is looked up below and the part the device lacks is restored (pipelin
 restore link, in FIFO order); before each step the tiers keep their placement; after anything that may evict,
 dropped pages go down; on completion computed pages may be written through. "Sampling" returns the
 workload's planned answer tokens, so the next turn's prompt is exact.
+
+Between events most steps decode the same running set: `fast_forward` runs those (the ones certain to be pure
+decodes, up to the next event) in one pass, `scheduler.decode_run` then `commit_decode_run`, with what the
+loop above would have done step by step (`SimConfig.decode_runs=False` steps one by one, for comparison).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.namespaces import Placement, namespace_for
 from kvbench.engines.kvengine.core.scheduler import (
     CompactPlan,
+    DecodeRun,
     FinishedRequest,
     Request,
     Scheduler,
@@ -49,9 +54,23 @@ class Restore:
         return self.lookup.tokens_by_tier if self.lookup is not None else {}
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeSteps:
+    """A run of decode steps a node took in one pass (`SimNode.fast_forward`): the steps carried out ended at
+    `ends`, each sampling one token for every one of `request_ids`; then `plan` began at `begin`, to end
+    `seconds` later like a step of `begin_step`."""
+
+    request_ids: tuple[str, ...]
+    ends: tuple[float, ...]
+    plan: CompactPlan
+    begin: float
+    seconds: float
+
+
 @dataclass(slots=True)
 class NodeStats:
     steps: int = 0
+    fast_forwarded: int = 0  # of the steps, those run in one pass as runs of pure decodes
     busy_s: float = 0.0
     preempted: int = 0
     restored_tokens: dict[str, int] = field(default_factory=dict)
@@ -65,6 +84,7 @@ class SimNode:
     cost: CostModel
     below: BelowDevice = field(default_factory=WriteThroughTiers)  # default: device only
     admission: str = "fcfs"
+    decode_runs: bool = True  # False: every step goes through schedule/postprocess (the records are the same)
     stats: NodeStats = field(default_factory=NodeStats)
     busy: bool = False
     _pending: list = field(default_factory=list)
@@ -165,6 +185,45 @@ class SimNode:
         self.stats.preempted += len(plan.preempted)
         self.busy = True
         return plan, seconds
+
+    def fast_forward(self, now: float, horizon: float) -> DecodeSteps | None:
+        """Instead of `begin_step(now)`: take, in one pass, the steps from `now` that are certain to be pure
+        decodes (`Scheduler.decode_run`) and end before `horizon` (when anything else happens: an arrival,
+        another node's step), and begin the next one, whose plan `end_step` commits at its end as any other.
+        Each step is timed from three numbers instead of a plan; what `begin_step` and `end_step` one step at a
+        time would do, to the bit. None when no step is certain (then `begin_step`). The tiers below must be
+        passive (nothing to do at a step's fixed points)."""
+        if (not self.decode_runs or not self.below.passive
+                or (self._pending and self.scheduler.num_waiting < ADMIT_WINDOW)):  # else `_feed` would admit
+            return None
+        run = self.scheduler.decode_run()
+        if run is None:
+            return None
+        begins, seconds = self._time_run(run, now, horizon)
+        k, live, produced = len(begins), self._live, self._produced
+        tokens = []
+        for rid in run.request_ids:
+            p = produced[rid]
+            tokens.append(live[rid][1][p: p + k - 1])
+            produced[rid] = p + k - 1
+        plan = self.scheduler.commit_decode_run(run, begins, tokens)
+        self.stats.steps += k
+        self.stats.fast_forwarded += k
+        self.busy = True
+        return DecodeSteps(run.request_ids, tuple(begins[1:]), plan, begins[-1], seconds)
+
+    def _time_run(self, run: DecodeRun, now: float, horizon: float) -> tuple[list[float], float]:
+        """When the run's steps begin, one after the other from `now`, while the one before ended before
+        `horizon`, and the last one's seconds; every step's seconds are added to busy time in order, as
+        `begin_step` adds them."""
+        stats, begins = self.stats, []
+        for seconds in self.cost.decode_seconds(len(run.request_ids), run.starts_sum, run.longest_start, run.steps):
+            begins.append(now)
+            stats.busy_s += seconds
+            now += seconds
+            if now >= horizon:
+                break
+        return begins, seconds
 
     def end_step(self, plan: CompactPlan, now: float) -> tuple[FinishedRequest, ...]:
         """Commit `plan` at `now` (its end); write finished requests through to the lower tiers."""

@@ -91,6 +91,10 @@ class TtlTiers:
         return None  # pages go down only when the device drops them (see `sync`)
 
     # ---- the step's fixed points -------------------------------------------------------------------------
+    @property
+    def passive(self) -> bool:
+        return False  # evicted pages go down and idle pages leave at each step's fixed points
+
     def sync(self, now: float) -> None:
         """Pages the prefix index dropped go down to their TTL tier."""
         for record in self.journal.take_pages():

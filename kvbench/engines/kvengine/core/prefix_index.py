@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Collection
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -107,6 +107,9 @@ class PromptMatch:
 class InsertResult:
     num_pages: int  # full pages in the inserted tokens
     num_cached: int  # of those, already in the index (the caller's copies were not adopted)
+    # The inserted tokens as `match` (one per namespace part, as `match_prompt`'s parts) would find them now:
+    # what a caller that locks what it inserted needs, without walking the tree again.
+    matches: tuple[PrefixMatch, ...] = ()
 
     @property
     def num_new(self) -> int:
@@ -292,7 +295,7 @@ class PrefixIndex:
         if root is None:
             root = self._roots[namespace] = _Node(0, None, bytearray(), [], tenant,
                                                   [root_key(self.key_salt, namespace)])
-        node, pos = root, 0
+        node, pos, matched = root, 0, []
         while pos < n:
             child = node.children.get(kb[pos * pb : (pos + 1) * pb])
             if child is None:
@@ -304,6 +307,7 @@ class PrefixIndex:
                 child = self._split(child, m)
             child.tick = self._tick
             child.last_access = now
+            matched.extend(child.pages)
             node, pos = child, pos + m
         if pos < n:
             new_pages = list(pages[pos:n])
@@ -325,9 +329,11 @@ class PrefixIndex:
             self._pages_by_tenant[tenant] = self._pages_by_tenant.get(tenant, 0) + k
             self._push_if_leaf(leaf)
             self.events.record(EventKind.STORED, tenant, DEVICE_TIER, k, now)
+            matched.extend(new_pages)
+            node = leaf
         elif node is not root:
             self._push_if_leaf(node)
-        return InsertResult(num_pages=n, num_cached=pos)
+        return InsertResult(num_pages=n, num_cached=pos, matches=(PrefixMatch(namespace, tuple(matched), ps, node),))
 
     def insert_prompt(
         self, placement: Placement, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float
@@ -335,10 +341,12 @@ class PrefixIndex:
         """`insert` of each part of `placement` (the full pages of `tokens`, one page id per full page)."""
         ps = self.page_size
         num_pages = num_cached = 0
+        matches: list[PrefixMatch] = []
         for ns, start, end in placement.parts(len(tokens) // ps):
             part = self.insert(ns, tokens[start * ps : end * ps], pages[start:end], tenant, now)
             num_pages, num_cached = num_pages + part.num_pages, num_cached + part.num_cached
-        return InsertResult(num_pages, num_cached)
+            matches.extend(part.matches)
+        return InsertResult(num_pages, num_cached, tuple(matches))
 
     @staticmethod
     def _pages_above(node: _Node) -> int:
@@ -387,8 +395,12 @@ class PrefixIndex:
 
         With `tenants`, only leaves charged to those tenants are candidates (LRU among them).
         """
-        pb = 4 * self.page_size
-        heaps = [self._heaps[t] for t in (self._heaps if tenants is None else tenants) if t in self._heaps]
+        pb = 4 * self.pool.page_size
+        if tenants is None:  # a decode step in a full pool evicts one page: this runs once per page
+            heaps = list(self._heaps.values())
+        else:
+            heaps = [self._heaps[t] for t in tenants if t in self._heaps]
+        journaling = self._journaling
         dropped = freed = 0
         by_tenant: dict[TenantId, int] = {}
         while dropped < num_pages:
@@ -403,7 +415,7 @@ class PrefixIndex:
             leaf: _Node = best[0][2]
             k = min(num_pages - dropped, len(leaf.pages))
             tail = leaf.pages[len(leaf.pages) - k :]
-            if self._journaling:
+            if journaling:
                 for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
                     self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
             if k == len(leaf.pages):

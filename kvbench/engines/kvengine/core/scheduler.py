@@ -7,6 +7,10 @@ simulator in virtual time. The model is not called here; a step is
     sampled = model(plan)                  # executor: swap_out copies first, then swap_in, then the model
     finished = scheduler.postprocess(plan, sampled, now)
 
+The simulator takes the same decisions as CompactPlans (`schedule_compact`, `postprocess_compact`: no page
+table per decode), and runs of steps certain to be pure decodes in one pass (`decode_run`,
+`commit_decode_run`: the same pages, evictions and tokens as step by step).
+
 Token regions of a sequence (tokens = prompt + generated so far) in one step:
 
     | cached at admission | computed earlier | this step: [start, end) | not yet |
@@ -33,7 +37,7 @@ from typing import Mapping, NewType, Sequence
 import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventKind
-from kvbench.engines.kvengine.core.pages import PageId
+from kvbench.engines.kvengine.core.pages import IntegrityError, PageId
 from kvbench.engines.kvengine.core.namespaces import Placement, TenantId, placement_for
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, PromptMatch
 from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
@@ -127,17 +131,25 @@ class CompactPlan:
     preempted: tuple[RequestId, ...] = ()
     swap_out: tuple[SwapOut, ...] = ()
     swap_in: tuple[SwapIn, ...] = ()
+    sampled_ids: tuple[RequestId, ...] = ()  # requests that receive a token at the end of the step, in entry order
 
     @property
     def others(self) -> tuple[ScheduledSeq, ...]:
         """The entries that are not decodes (prefill chunks, the last of which samples)."""
         return tuple(e for e in self.entries if type(e) is ScheduledSeq)
 
-    @property
-    def sampled_ids(self) -> list[RequestId]:
-        """Requests that receive a token at the end of the step, in entry order."""
-        return [e.request_id if type(e) is ScheduledSeq else e.request.request_id
-                for e in self.entries if type(e) is not ScheduledSeq or e.samples]
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """The next `steps` steps are certain to be pure decodes of the running sequences `request_ids` (in running
+    order), each computing the token it sampled last, with nothing admitted or preempted, and nothing finished
+    before the last step (see `decode_run`). In the run's step j (from 0) sequence i computes position `starts[i] + j`, so the step's
+    decode spans sum to `starts_sum + j * len(request_ids)` and the longest starts at `longest_start + j`."""
+
+    steps: int
+    request_ids: tuple[RequestId, ...]
+    starts_sum: int
+    longest_start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +184,11 @@ class _Seq:
     @property
     def length(self) -> int:
         return len(self.request.prompt) + len(self.output)
+
+    @property
+    def room(self) -> int:
+        """Tokens it may still sample: the one that reaches max_new_tokens finishes it (see `_sampled`)."""
+        return self.request.max_new_tokens - len(self.output)
 
     def tokens(self) -> np.ndarray:
         return np.concatenate([np.asarray(self.request.prompt, np.int32), np.asarray(self.output, np.int32)])
@@ -251,7 +268,10 @@ class Scheduler:
         table. For a caller that needs no page tables (the simulator): building a ScheduledSeq per sequence
         per step was most of a long simulation's time. Commit it with `postprocess_compact`."""
         items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=True)
-        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in))
+        sampled = tuple(e.request_id if type(e) is ScheduledSeq else e.request.request_id
+                        for e in items if type(e) is not ScheduledSeq or e.samples)
+        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in),
+                           sampled)
 
     def _schedule(self, now: float, compact: bool) -> tuple[list, list, list, list, list]:
         budget = self.config.max_step_tokens
@@ -338,8 +358,7 @@ class Scheduler:
             return
         req = seq.request
         tokens = req.prompt[: full * self.index.page_size]
-        self.index.insert_prompt(seq.placement, tokens, seq.pages[:full], req.tenant, now)
-        match = self.index.match_prompt(seq.placement, tokens)
+        match = PromptMatch(self.index.insert_prompt(seq.placement, tokens, seq.pages[:full], req.tenant, now).matches)
         self.index.lock_prompt(match, now)
         if seq.match is not None:
             self.index.unlock_prompt(seq.match)
@@ -420,21 +439,86 @@ class Scheduler:
                     self._index_computed(seq, now)  # the quick check above is the first line of that
             if k >= len(tokens):
                 raise ValueError(f"tokens: {len(tokens)} given, the plan samples more")
-            tok = int(tokens[k])
+            self._sampled(seq, int(tokens[k]), now, finished)
             k += 1
-            req = seq.request
-            if tok in req.stop_token_ids or len(seq.output) + 1 >= req.max_new_tokens:
-                self._sampled(seq, tok, now, finished)
-            else:  # what _sampled does when the request goes on: once per sequence per step
-                seq.output.append(tok)
         return tuple(finished)
+
+    def decode_run(self) -> DecodeRun | None:
+        """How many next steps are certain to be pure decodes of the running sequences, or None (not even one).
+
+        Certain means that `schedule` step by step would admit nobody (nothing waiting, or no seat for another
+        sequence), preempt nobody (every page the decodes reach is free or an evictable cached page; eviction
+        is plain LRU: with a tenant ledger it depends on usage, and no run is offered), finish nobody before
+        the run's last step (the sequences with the least room finish at its end; a request with stop tokens
+        is never in a run, since its finish depends on what it samples), and index no prompt page (every
+        prompt is computed). Carry it out with `commit_decode_run`; nothing may change the scheduler in
+        between."""
+        running, config, ps = self._running, self.config, self.index.page_size
+        if (not running or self.ledger is not None or len(running) > config.max_step_tokens
+                or (self._waiting and len(running) < config.max_num_seqs)):
+            return None
+        caching = config.prefix_caching
+        steps = None
+        firsts = []  # per sequence: the run step (from 1) whose token is the first beyond its pages
+        for seq in running:
+            req = seq.request
+            prompt = len(req.prompt)
+            if (not seq.output or seq.num_computed + 1 != prompt + len(seq.output) or req.stop_token_ids
+                    or (caching and prompt // ps > seq.indexed_pages)):
+                return None
+            room = seq.room
+            steps = room if steps is None else min(steps, room)
+            firsts.append(len(seq.pages) * ps - seq.num_computed + 1)
+        available = self.index.pool.num_free + self.index.evictable_pages
+
+        def pages_for(k: int) -> int:  # pages the first k steps of the run allocate
+            return sum((k - f) // ps + 1 for f in firsts if f <= k)
+
+        low, high = (steps, steps) if pages_for(steps) <= available else (0, steps - 1)
+        while low < high:  # the longest run whose pages can be had (pages_for grows with k)
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if pages_for(mid) <= available else (low, mid - 1)
+        if low < 1:
+            return None
+        return DecodeRun(low, tuple(seq.request.request_id for seq in running),
+                         sum(seq.num_computed for seq in running), max(seq.num_computed for seq in running))
+
+    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float],
+                          tokens: Sequence[Sequence[int]]) -> CompactPlan:
+        """Carry out the first `len(begins) - 1` steps of `run` and schedule the next one (step j begins at
+        `begins[j]`; `tokens[i]` holds the tokens sequence i samples in the steps carried out) exactly as
+        `schedule` and `postprocess` one step at a time would: the same pages allocated in the same order,
+        evicting the same cached pages at the same times. Returns the last step's plan, which
+        `postprocess_compact` commits like any other (its finishes, if any, then happen at its end)."""
+        running, ps, k = self._running, self.index.page_size, len(begins)
+        if not 0 < k <= run.steps or len(running) != len(run.request_ids) or len(tokens) != len(running):
+            raise ValueError(f"commit_decode_run: {k} steps of a run of {run.steps}, {len(tokens)} token lists "
+                             f"for {len(running)} running sequences; the run is not the scheduler's now")
+        grows = []  # (step, running position): a step's new pages go in running order, as schedule takes them
+        for i, seq in enumerate(running):
+            grows.extend((j, i) for j in range(len(seq.pages) * ps - seq.num_computed, k, ps))
+        grows.sort()
+        for j, i in grows:
+            seq = running[i]
+            if not self.can_allocate(1, seq.request.tenant, begins[j]):
+                raise IntegrityError(f"commit_decode_run: no page for {seq.request.request_id} in step {j} of a "
+                                     "run whose pages were all free or evictable")
+            self.allocate(seq, 1)
+        for seq, sampled in zip(running, tokens):
+            if len(sampled) != k - 1:
+                raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, "
+                                 f"{k - 1} steps carried out")
+            seq.num_computed += k - 1
+            seq.output.extend(sampled)
+        return CompactPlan(begins[-1], tuple(running), tuple(seq.num_computed for seq in running),
+                           sampled_ids=run.request_ids)
 
     def _sampled(self, seq: _Seq, tok: int, now: float, finished: list[FinishedRequest]) -> None:
         """Append a sampled token; a request that stops or reaches max_new_tokens finishes."""
         seq.output.append(tok)
         req = seq.request
         stop = tok in req.stop_token_ids
-        if stop or len(seq.output) >= req.max_new_tokens:
+        if stop or seq.room <= 0:
             self._release(seq, now, cache=True)
             self._running.remove(seq)
             del self._seqs[req.request_id]

@@ -113,3 +113,19 @@ def test_insert_rejects_too_few_pages():
     index = PrefixIndex(PagePool(11, PS))
     with pytest.raises(ValueError, match="pages"):
         index.insert(NS, toks(1, 2, 3), [1, 2], A, 0.0)
+
+
+def test_insert_returns_what_match_then_finds():
+    """An insert's `matches` are what `match` returns right after it: a new leaf, a path that ends inside an
+    existing node (split there), one that extends a cached prefix, and one that is all cached already."""
+    pool = PagePool(21, PS)
+    index = PrefixIndex(pool)
+    for tokens in (toks(1, 2, 3, 4), toks(1, 2, extra=5), toks(1, 2, 3, 4, 5, 6), toks(1, 2, 3), toks(7)):
+        pages = pool.allocate(len(tokens) // PS)
+        result = index.insert(NS, tokens, pages, A, 1.0)
+        pool.release(pages)
+        found = index.match(NS, tokens)
+        (inserted,) = result.matches
+        assert inserted == found and inserted._node is found._node
+    index.check_integrity()
+    pool.check_integrity()
