@@ -8,7 +8,9 @@ resampling code, `kvbench.harness.bootstrap`: a resample is a row of counts, a r
     delta = sum_i num_i / sum_i den_i          resampled as   counts @ num / counts @ den
 
 Accuracy flips (item right under one side, wrong under the other) get McNemar's exact test: under "no
-difference" the b flips right->wrong and c flips wrong->right are Binomial(b + c, 1/2).
+difference" the b flips right->wrong and c flips wrong->right are Binomial(b + c, 1/2). A difference of 0/1
+outcomes (a task's documents) takes Bonett and Price's interval instead of the bootstrap, which has no width
+when nothing flipped (`paired_binary_difference`).
 
 A claim "the loss is under `claim`" is decided when the interval lies wholly on one side of -claim; an
 interval that spans it and is wider than the claim reads "cannot resolve", so a small run never reads as
@@ -21,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import binomtest
+from scipy.stats import binomtest, norm
 
 from kvbench.harness.bootstrap import percentile_interval, ratio_of_sums, resample_counts
 
@@ -76,6 +78,27 @@ def paired_mean_difference(new: np.ndarray, base: np.ndarray, **options) -> Pair
     if new.shape != base.shape:
         raise ValueError(f"paired items must align: {new.shape} vs {base.shape}")
     return paired_ratio(new - base, np.ones_like(new), **options)
+
+
+def paired_binary_difference(base_correct: np.ndarray, new_correct: np.ndarray,
+                             confidence: float = CONFIDENCE) -> PairedDelta:
+    """mean(new) - mean(base) over paired 0/1 outcomes, with Bonett & Price's (2012) adjusted Wald interval.
+
+    The bootstrap of paired 0/1 items has no width when nothing flipped: 40 documents without a flip would read
+    as a change of exactly zero, "no loss". This interval keeps the flips' sampling error: with `lost` (right ->
+    wrong) and `gained` (wrong -> right) among n items, p_l = (lost + 1) / (n + 2), p_g = (gained + 1) / (n + 2),
+    d = p_g - p_l and  d +- z * sqrt((p_g + p_l - d^2) / (n + 2)).  The point estimate is the plain difference."""
+    base = np.asarray(base_correct, dtype=bool)
+    new = np.asarray(new_correct, dtype=bool)
+    if base.shape != new.shape or base.ndim != 1 or base.size == 0:
+        raise ValueError(f"need two equal, non-empty 1-d arrays of outcomes; got {base.shape} and {new.shape}")
+    n = base.size
+    lost, gained = int((base & ~new).sum()), int((~base & new).sum())
+    p_lost, p_gained = (lost + 1) / (n + 2), (gained + 1) / (n + 2)
+    centre = p_gained - p_lost
+    z = float(norm.ppf(0.5 + confidence / 2))
+    half = z * math.sqrt((p_gained + p_lost - centre**2) / (n + 2))
+    return PairedDelta((gained - lost) / n, max(centre - half, -1.0), min(centre + half, 1.0), n)
 
 
 @dataclass(frozen=True)

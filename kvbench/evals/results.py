@@ -31,7 +31,9 @@ import numpy as np
 from kvbench.evals.divergence import DivergenceStats, GreedyStats
 from kvbench.evals.items import DirectMetric
 from kvbench.evals.lm_eval_run import TaskScore
-from kvbench.evals.paired import CLAIM_PCT, McNemar, PairedDelta, mcnemar_exact, paired_ratio, proportion_ci, verdict
+from kvbench.evals.paired import (
+    CLAIM_PCT, McNemar, PairedDelta, mcnemar_exact, paired_binary_difference, paired_ratio, proportion_ci, verdict,
+)
 from kvbench.evals.tasks import TASKS
 from kvbench.measure.run_folder import EVAL_CSV, EVAL_JSON, EVAL_MD, EVAL_POSITIONS_PNG, EVAL_SUMMARY_CSV
 
@@ -123,9 +125,13 @@ def _task_rows(result: SettingResult, base: SettingResult) -> list[MetricRow]:
         paired = mcnemar = None
         if other is not None and score.per_doc and len(score.per_doc) == len(other.per_doc):
             new, old = np.asarray(score.per_doc), np.asarray(other.per_doc)
-            if old.sum() > 0:
+            binary = set(np.unique(np.concatenate([new, old]))) <= {0.0, 1.0}
+            if old.sum() > 0 and binary:  # % of the baseline's accuracy, the interval of the flips
+                diff, scale = paired_binary_difference(old, new), 100.0 / old.mean()
+                paired = PairedDelta(scale * diff.delta, scale * diff.ci_low, scale * diff.ci_high, diff.items)
+            elif old.sum() > 0:
                 paired = paired_ratio(new - old, old, transform=lambda x: 100.0 * x)
-            if set(np.unique(np.concatenate([new, old]))) <= {0.0, 1.0}:
+            if binary:
                 mcnemar = mcnemar_exact(old, new)
         rows.append(_row(result.label, "lm-eval", name, score.value, None if other is None else other.value,
                          score.stderr, paired, mcnemar=mcnemar, items=len(score.per_doc) or score.samples))

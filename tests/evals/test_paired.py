@@ -7,7 +7,8 @@ import pytest
 
 from kvbench.evals.divergence import PositionScores
 from kvbench.evals.items import buckets, direct_metrics, make_items
-from kvbench.evals.paired import (PairedDelta, mcnemar_exact, paired_mean_difference, paired_ratio, proportion_ci,
+from kvbench.evals.paired import (PairedDelta, mcnemar_exact, paired_binary_difference, paired_mean_difference,
+                                  paired_ratio, proportion_ci,
                                   verdict)
 
 
@@ -40,6 +41,30 @@ def test_pairing_removes_the_spread_between_items():
     assert result.significant
     # and a single item has no interval
     assert paired_mean_difference(np.array([1.0]), np.array([0.0])).ci_low is None
+
+
+def test_paired_binary_difference_is_bonett_price_by_hand():
+    # 50 documents: 5 right -> wrong, 1 wrong -> right, 44 unchanged
+    base = np.array([1] * 5 + [0] * 1 + [1] * 30 + [0] * 14, dtype=bool)
+    new = np.array([0] * 5 + [1] * 1 + [1] * 30 + [0] * 14, dtype=bool)
+    got = paired_binary_difference(base, new)
+    p_lost, p_gained = 6 / 52, 2 / 52
+    centre = p_gained - p_lost
+    half = 1.959964 * ((p_lost + p_gained - centre**2) / 52) ** 0.5
+    assert got.delta == pytest.approx(-4 / 50)
+    assert (got.ci_low, got.ci_high) == pytest.approx((centre - half, centre + half), abs=1e-6)
+    assert got.items == 50
+
+
+def test_no_flip_among_40_documents_cannot_resolve_half_a_percent():
+    """The bootstrap of paired 0/1 items collapses to [0, 0] without a flip (it read "loss < 0.5%" for 40
+    documents); the flips' interval keeps ~6.6 points of accuracy either way."""
+    base = np.array([1] * 17 + [0] * 23, dtype=bool)
+    same = paired_binary_difference(base, base)
+    assert same.delta == 0.0 and same.ci_high == pytest.approx(1.959964 * (2 / 42 / 42) ** 0.5, abs=1e-6)
+    assert same.ci_low == -same.ci_high
+    as_pct = PairedDelta(0.0, 100 * same.ci_low / base.mean(), 100 * same.ci_high / base.mean(), 40)
+    assert verdict(as_pct).startswith("cannot resolve")
 
 
 def test_clopper_pearson_interval():

@@ -106,3 +106,14 @@ def test_items_for_the_claim_scale_with_the_square_of_the_half_width():
     row = MetricRow("fp8", "direct", "perplexity", 21.5, None, 21.3, 0.2, -0.9, -1.9, 0.1, "delta_pct", None, 100)
     assert items_for_claim(row) == 400  # half-width 1.0% -> (1.0 / 0.5)^2 x 100 items
     assert items_for_claim(MetricRow("fp8", "direct", "kl", 0.1, None, 0.0, 0.1, None)) is None
+
+
+def test_a_task_without_a_flip_is_not_read_as_no_loss():
+    """40 documents scored the same under both settings: the row's interval is the flips' (Bonett-Price), not the
+    bootstrap's [0, 0], and the verdict says the run cannot resolve 0.5%."""
+    docs = tuple([1.0] * 17 + [0.0] * 23)
+    base = SettingResult("fp32", (TaskScore("kvb_plays_mc", "acc", 17 / 40, 0.08, 40, docs),))
+    same = SettingResult("fp8_e4m3/tensor", (TaskScore("kvb_plays_mc", "acc", 17 / 40, 0.08, 40, docs),))
+    (row,) = [r for r in metric_rows([base, same], "fp32") if r.setting == "fp8_e4m3/tensor"]
+    assert row.delta_pct == 0.0 and row.ci_low == pytest.approx(-row.ci_high) and row.ci_high > 10
+    assert row.verdict.startswith("cannot resolve")
