@@ -6,7 +6,8 @@ tokens every run, so results are reproducible), then installs the scales with `P
 
     tensor mode:  scale[l]       = amax over tokens/heads/channels of |K_l|          * margin / fp8_max
     channel mode: scale[l, h, c] = amax over tokens of |K_l[t, h, c] - shift[t, h]|  * margin / fp8_max
-    (same for V; shift = the per-token weighted mean that `fp8.encode` subtracts; see `fp8.calibrate_scale`)
+    (same for V; shift = the per-token weighted mean that `fp8.encode` subtracts; see `fp8.calibrate_scale`;
+    for K, channels c and c + D/2 share the bound of their RoPE rotation pair: `fp8.rope_pair_amax`)
 
 The margin (default 2) is headroom for values beyond what the calibration text produced; anything larger
 still saturates at the format's max instead of overflowing.
@@ -69,7 +70,8 @@ def calibrate_kv_scales(
     model(ForwardBatch.build([SequenceChunk(list(token_ids), 0, range(num_pages))], page_size, device=device), cache)
     L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
     scales = []
-    for data in (cache.k_data, cache.v_data):
+    for data, rope_pairs in ((cache.k_data, True), (cache.v_data, False)):  # keys are stored after RoPE
         x = data.reshape(L, -1, H, D)[:, :n]  # pages 0.. in order, so rows are positions 0..n-1
-        scales.append(torch.stack([fp8.calibrate_scale(fmt, x[layer], margin) for layer in range(L)]).cpu())
+        scales.append(torch.stack([fp8.calibrate_scale(fmt, x[layer], margin, rope_pairs)
+                                   for layer in range(L)]).cpu())
     return KVScales(scales[0], scales[1])

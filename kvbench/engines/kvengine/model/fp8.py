@@ -137,20 +137,35 @@ def token_shift(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() * weight).sum(-1).to(SHIFT_DTYPE)
 
 
-def calibrate_scale(fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARGIN) -> torch.Tensor:
+def rope_pair_amax(amax: torch.Tensor) -> torch.Tensor:
+    """Per-channel amax [..., D] -> the bound of either channel of each RoPE rotation pair (c, c + D/2).
+
+    RoPE (the rotate-half layout of Hugging Face Llama) turns channels c and c + D/2 of a key by an angle that
+    grows with the position, so a key at a position the calibration text never reached can carry in channel c
+    what the calibration only saw in c + D/2. sqrt(A_c^2 + A_{c+D/2}^2) bounds both components at every angle."""
+    half = amax.shape[-1] // 2
+    pair = torch.sqrt(amax[..., :half].square() + amax[..., half:].square())
+    return torch.cat((pair, pair), dim=-1)
+
+
+def calibrate_scale(fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARGIN,
+                    rope_pairs: bool = False) -> torch.Tensor:
     """Static scale for one layer's K (or V) from calibration values `x [T, H, D]`.
 
     tensor: amax over everything. channel: amax per (head, channel) of the shifted residual; the shift needs
-    scales, so a first pass takes them from the raw per-channel amax.
+    scales, so a first pass takes them from the raw per-channel amax. `rope_pairs` (keys after RoPE): each
+    channel's amax is its rotation pair's bound (`rope_pair_amax`), so that keys past the calibration text's
+    length, rotated further, do not clip: with per-channel amax alone, KL at 2K-8K tokens was 20x that at 0-1K.
     """
     if not fmt.quantized:
         raise ValueError(f"{fmt.kv_dtype} is not quantized: it has no scale to calibrate")
     x = x.float()
     if not fmt.shifted:
         return scale_from_amax(x.abs().amax(), storage_dtype(fmt), margin)
-    first = scale_from_amax(x.abs().amax(dim=0), storage_dtype(fmt), margin)
+    pairs = rope_pair_amax if rope_pairs else (lambda amax: amax)
+    first = scale_from_amax(pairs(x.abs().amax(dim=0)), storage_dtype(fmt), margin)
     residual = x - token_shift(x, first).float().unsqueeze(-1)
-    return scale_from_amax(residual.abs().amax(dim=0), storage_dtype(fmt), margin)
+    return scale_from_amax(pairs(residual.abs().amax(dim=0)), storage_dtype(fmt), margin)
 
 
 def encode(

@@ -138,3 +138,27 @@ def test_table_decode_equals_the_cast_reference_bit_for_bit_in_fp32(fmt):
     assert fp8.decode(fmt, payload, shift, scale, torch.float32, out=out) is out and torch.equal(out, want)
     # in bf16 the table decodes in fp32 and rounds once, the reference rounds the same fp32 value once too
     assert torch.equal(fp8.decode(fmt, payload, shift, scale, torch.bfloat16), want.to(torch.bfloat16))
+
+
+def test_rope_pair_scales_keep_keys_rotated_past_the_calibration_text_in_range():
+    """Keys whose energy sits in channel c at calibration and in c + D/2 after RoPE turns the pair by 90 degrees
+    (a position the calibration text never reached): per-channel scales clip them, pair scales do not."""
+    torch.manual_seed(0)
+    T, H, D = 64, 2, 8
+    x = torch.randn(T, H, D) * 0.01
+    x[..., :D // 2] += torch.randn(T, H, D // 2) * 3.0  # channels 0..3 carry the energy, 4..7 almost none
+    rotated = torch.cat((-x[..., D // 2:], x[..., :D // 2]), dim=-1)  # RoPE's rotate-half at 90 degrees
+    fmt = KVFormat.parse("fp8_e4m3", "channel")
+    limit = fp8.fp8_max(torch.float8_e4m3fn)
+
+    def peak(scale):  # the largest |value / scale| encode would meet, before saturation
+        shift = fp8.token_shift(rotated, scale).float().unsqueeze(-1)
+        return float(((rotated - shift) / scale).abs().max())
+
+    per_channel = fp8.calibrate_scale(fmt, x)
+    paired = fp8.calibrate_scale(fmt, x, rope_pairs=True)
+    assert peak(per_channel) > 10 * limit  # clipped: the quiet channels' scales are ~300x too small
+    assert peak(paired) <= limit
+    assert torch.equal(paired[..., :D // 2], paired[..., D // 2:])  # a pair shares one scale
+    a = torch.tensor([[3.0, 1.0, 4.0, 0.0]])
+    assert torch.allclose(fp8.rope_pair_amax(a), torch.tensor([[5.0, 1.0, 5.0, 1.0]]))  # sqrt(3^2 + 4^2) = 5
