@@ -36,7 +36,7 @@ def register(commands, formatter) -> None:
     parser.add_argument("--tasks", help="comma list of shipped lm-eval tasks (default all)")
     parser.add_argument("--limit", type=at_least(1), help="documents per lm-eval task (default 3; --full: 40)")
     parser.add_argument("--full", action="store_true", help="the documented full run (results/evals/: kvbench/evals/runner.py "
-                        "FULL_RUN; about an hour on 2 CPU cores)")
+                        "FULL_RUN; ~35 min on 2 CPU cores)")
     parser.add_argument("--perf-run", type=Path, help="a `kvbench run` folder of the same KV settings: adds the "
                         "quality-vs-performance table and plot (eval_tradeoff.md/.csv/.png)")
     parser.add_argument("--no-lm-eval", action="store_true", help="direct divergence only")
