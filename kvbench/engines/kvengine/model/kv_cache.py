@@ -82,18 +82,14 @@ class PagedKVCache:
             if not torch.isfinite(t).all() or (t <= 0).any():
                 raise ValueError(f"scales.{name} must be finite and positive")
         self.scales = KVScales(scales.k.float().to(self.device), scales.v.float().to(self.device))
-        self._tables = self._decode_tables()
         self._kernel_tables = self._fp32_kernel_tables()
+        # `gather`'s per-layer fp8 decode tables in tensor mode: the kernel tables ([L, 256], the layer's scale
+        # folded in) in the compute dtype, so that decoding a token is one table lookup per value
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self._kernel_tables is not None and not self.fmt.shifted:
+            k, v = self._kernel_tables
+            self._tables = (k.to(self.compute_dtype), v.to(self.compute_dtype))
         self._tensor_scales: tuple[tuple[float, ...], tuple[float, ...]] | None = None
-
-    def _decode_tables(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Per-layer fp8 decode tables for `gather` in tensor mode: [L, 256] in the compute dtype, the layer's
-        scale folded in, so that decoding a token is one table lookup per value. None for other formats."""
-        if not self.fmt.quantized or self.fmt.shifted:
-            return None
-        table = fp8.decode_table(fp8.storage_dtype(self.fmt), self.device)
-        k, v = ((table[None, :] * s[:, None]).to(self.compute_dtype) for s in (self.scales.k, self.scales.v))
-        return k, v
 
     @property
     def tensor_scales(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
