@@ -233,7 +233,7 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
     outcome = RunOutcome(run_dir)
     ttfts: dict[str, list[float]] = {}
     for run_id, kept in resumed.records.items():  # the cells send only what they measure now
-        ttfts.setdefault(PointId.parse(run_id).engine, []).extend(ttft_values(kept))
+        _add_ttfts(ttfts, run_id, kept)
     cell = ray.remote(run_cell)
     streams = {cell.options(**cell_options(engine, config.client.workers)).remote(config, index, resumed): engine
                for index, engine in enumerate(config.engines)}
@@ -284,12 +284,17 @@ def stream_batches(ray, streams: dict) -> Iterator[tuple[object, object, list | 
             yield stream, owner, batch
 
 
+def _add_ttfts(ttfts: dict[str, list[float]], run_id: str, records: Sequence[RequestRecord]) -> None:
+    """The TTFTs of one point's `records` into the TTFT plot's values of its engine."""
+    ttfts.setdefault(PointId.parse(run_id).engine, []).extend(ttft_values(records))
+
+
 def _dispatch(event: tuple, writer: RecordWriter, progress, outcome, ttfts: dict[str, list[float]]) -> None:
     kind = event[0]
     if kind == "record":
         record: RequestRecord = event[1]
         writer.write(record)
-        ttfts.setdefault(PointId.parse(record.run_id).engine, []).extend(ttft_values([record]))
+        _add_ttfts(ttfts, record.run_id, [record])
         progress.on_record(record)
     elif kind == "entry":
         entry: RunEntry = event[1]
