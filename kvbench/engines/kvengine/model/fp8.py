@@ -92,7 +92,7 @@ def decode_table(dtype: torch.dtype, device: torch.device | str = "cpu") -> torc
 
 
 # From this many values on, `lut_decode` looks up two bytes at a time in a 65,536-entry table of value pairs
-# (built per call, ~0.1 ms): half the lookups, which are what a bulk decode spends its time on (torch's
+# (built per call, ~0.3 ms measured): half the lookups, which are what a bulk decode spends its time on (torch's
 # index_select runs on one thread). Below it the 256-entry table, which stays in L1, is faster.
 PAIR_DECODE_MIN = 1 << 20
 _PAIR_VIEWS = {2: torch.int32, 4: torch.int64}  # a pair of table entries, as one index_select element
