@@ -1,7 +1,8 @@
 """Page pool: a fixed set of device pages with reference counts and an O(1) free list.
 
 A page is `page_size` tokens of KV. Page 0 is the reserved null page (padding in page tables); it is never
-handed out. Every holder of a page (a running sequence's page table, the prefix index) owns one reference.
+handed out. Every holder of a page (the prefix index, a running sequence's own pages) owns one reference; a
+sequence's pages borrowed from the index hold none, the index's lock keeps them (see the scheduler).
 A page whose count drops to 0 goes back on the free list. Which cached pages are evicted, and when, is the
 prefix index's decision (its LRU list of unlocked leaves); the pool only counts references.
 

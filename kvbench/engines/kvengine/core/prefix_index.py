@@ -16,7 +16,9 @@ Contracts (what changes state, when a result is safe to use):
   evicted. A lock covers the whole last node even when the match ended inside it.
 - `insert` adds the pages past the already-cached prefix: the index takes its own pool reference to each
   page it adopts. The caller keeps its references and releases them when done (all of them: the tree holds
-  its own). `InsertResult.num_cached` pages of the caller were duplicates and are not adopted.
+  its own). `InsertResult.num_cached` pages of the caller were duplicates and are not adopted. With
+  `adopt_at`, the index instead takes over the caller's own references when the new pages begin at that page
+  (`InsertResult.num_adopted`): the caller no longer holds them, and keeps them alive only by a lock.
 - `evict` drops the tail pages of the least recently used unlocked leaves, releasing the index's references.
   `evict_idle` drops, leaf by leaf, every unlocked page unused for longer than its tenant's device TTL.
 
@@ -110,6 +112,8 @@ class InsertResult:
     # The inserted tokens as `match` (one per namespace part, as `match_prompt`'s parts) would find them now:
     # what a caller that locks what it inserted needs, without walking the tree again.
     matches: tuple[PrefixMatch, ...] = ()
+    # Adopted pages whose reference the index took over from the caller instead of taking its own (`adopt_at`)
+    num_adopted: int = 0
 
     @property
     def num_new(self) -> int:
@@ -281,9 +285,15 @@ class PrefixIndex:
         return not isinstance(self.journal, NullPageJournal)
 
     def insert(
-        self, namespace: Namespace, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float
+        self, namespace: Namespace, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float,
+        adopt_at: int | None = None,
     ) -> InsertResult:
-        """Cache the full pages of `tokens`, whose KV is in `pages` (one page id per full page, in order)."""
+        """Cache the full pages of `tokens`, whose KV is in `pages` (one page id per full page, in order).
+
+        `adopt_at`: if the pages new to the index begin exactly at `pages[adopt_at]`, the index takes over the
+        caller's references to them (`num_adopted`) instead of adding its own; the caller must hold one on
+        each. A caller whose own pages are `pages[adopt_at:]` keeps them a suffix this way (see the scheduler's
+        `borrowed`)."""
         ps = self.page_size
         n = len(tokens) // ps
         if len(pages) < n:
@@ -309,9 +319,13 @@ class PrefixIndex:
             child.last_access = now
             matched.extend(child.pages)
             node, pos = child, pos + m
+        adopted = 0
         if pos < n:
             new_pages = list(pages[pos:n])
-            self.pool.share(new_pages)
+            if pos == adopt_at:
+                adopted = n - pos
+            else:
+                self.pool.share(new_pages)
             if self._journaling:
                 keys = chain_keys(node.keys[-1], kb[pos * pb : n * pb], pb)
                 for key, page in zip(keys, new_pages):
@@ -333,20 +347,27 @@ class PrefixIndex:
             node = leaf
         elif node is not root:
             self._push_if_leaf(node)
-        return InsertResult(num_pages=n, num_cached=pos, matches=(PrefixMatch(namespace, tuple(matched), ps, node),))
+        return InsertResult(num_pages=n, num_cached=pos, matches=(PrefixMatch(namespace, tuple(matched), ps, node),),
+                            num_adopted=adopted)
 
     def insert_prompt(
-        self, placement: Placement, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float
+        self, placement: Placement, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float,
+        adopt_at: int | None = None,
     ) -> InsertResult:
-        """`insert` of each part of `placement` (the full pages of `tokens`, one page id per full page)."""
+        """`insert` of each part of `placement` (the full pages of `tokens`, one page id per full page).
+
+        `adopt_at` (a page of the whole prompt) is `insert`'s, carried from part to part: a part adopts only if
+        its new pages begin where the caller's own pages then begin, so those stay a suffix."""
         ps = self.page_size
-        num_pages = num_cached = 0
+        num_pages = num_cached = num_adopted = 0
         matches: list[PrefixMatch] = []
         for ns, start, end in placement.parts(len(tokens) // ps):
-            part = self.insert(ns, tokens[start * ps : end * ps], pages[start:end], tenant, now)
+            at = None if adopt_at is None else adopt_at + num_adopted - start
+            part = self.insert(ns, tokens[start * ps : end * ps], pages[start:end], tenant, now, adopt_at=at)
             num_pages, num_cached = num_pages + part.num_pages, num_cached + part.num_cached
+            num_adopted += part.num_adopted
             matches.extend(part.matches)
-        return InsertResult(num_pages, num_cached, tuple(matches))
+        return InsertResult(num_pages, num_cached, tuple(matches), num_adopted)
 
     @staticmethod
     def _pages_above(node: _Node) -> int:

@@ -129,3 +129,44 @@ def test_insert_returns_what_match_then_finds():
         assert inserted == found and inserted._node is found._node
     index.check_integrity()
     pool.check_integrity()
+
+
+def test_insert_adopts_the_callers_references_only_where_its_own_pages_begin():
+    pool = PagePool(11, PS)
+    index = PrefixIndex(pool)
+    first = pool.allocate(2)  # [1, 2]
+    r = index.insert(NS, toks(1, 2), first, A, now=1.0, adopt_at=0)
+    assert (r.num_cached, r.num_adopted) == (0, 2)
+    assert [pool.ref_count(p) for p in first] == [1, 1]  # the index took the caller's references over
+    # A second prompt: pages 1-2 are cached; the caller owns its pages from 2 on, where the new ones begin.
+    own = pool.allocate(2)  # [3, 4]
+    r = index.insert(NS, toks(1, 2, 3, 4), first + own, A, now=2.0, adopt_at=2)
+    assert (r.num_cached, r.num_adopted) == (2, 2)
+    assert [pool.ref_count(p) for p in own] == [1, 1]
+    # The caller's own pages begin at 1 (page 2 is a duplicate it holds): adopting would leave a hole, so
+    # the index takes its own reference as without `adopt_at`, and the caller releases everything it owns.
+    dup = pool.allocate(3)  # [5, 6, 7]
+    r = index.insert(NS, toks(1, 2, 3, 4, 9), [first[0]] + dup[:1] + own + dup[2:], A, now=3.0, adopt_at=1)
+    assert (r.num_cached, r.num_adopted) == (4, 0)
+    assert pool.ref_count(dup[2]) == 2
+    assert pool.release(dup) == 2  # the duplicate and the unused page go free; the adopted-by-share one stays
+    assert pool.ref_count(dup[2]) == 1
+    index.check_integrity()
+    pool.check_integrity()
+
+
+def test_insert_prompt_carries_adoption_from_the_shared_part_into_the_tenants_own():
+    pool = PagePool(11, PS)
+    index = PrefixIndex(pool)
+    placement = Placement(NS, shared_pages=2)
+    pages = pool.allocate(4)
+    r = index.insert_prompt(placement, toks(1, 2, 3, 4), pages, A, now=1.0, adopt_at=0)
+    assert (r.num_pages, r.num_cached, r.num_adopted) == (4, 0, 4)  # both parts: the caller holds none now
+    assert [pool.ref_count(p) for p in pages] == [1, 1, 1, 1]
+    # Another tenant's prompt with the same shared part: it borrows pages 1-2 and its own begin at page 2.
+    other = Placement(Namespace("tenant:b"), shared_pages=2)
+    own = pool.allocate(2)
+    r = index.insert_prompt(other, toks(1, 2, 5, 6), pages[:2] + own, TenantId("b"), now=2.0, adopt_at=2)
+    assert (r.num_cached, r.num_adopted) == (2, 2)
+    assert [pool.ref_count(p) for p in pages[:2] + own] == [1, 1, 1, 1]
+    index.check_integrity()

@@ -210,3 +210,31 @@ def test_shared_tokens_are_the_longest_common_prefix_with_a_declared_prefix():
     assert shared_tokens_of(np.arange(5), declared) == 5
     assert shared_tokens_of(np.arange(50, 60), declared) == 0
     assert shared_tokens_of(np.arange(20), []) == 0
+
+
+def test_shared_prefix_pages_over_two_namespaces_are_counted_once_per_holder():
+    """Two tenants share a declared 48-token prefix (its own namespace) and then diverge; they run together,
+    one is preempted in a small pool and readmitted, and both finish. After every step each page's reference
+    count is its holders (the index, and each sequence's own pages beyond what it borrowed from the index),
+    and the shared pages end up cached once, with one reference."""
+    shared = prompt(48, 9)
+    sched = Scheduler(PrefixIndex(PagePool(1 + 11, PS)),
+                      SchedulerConfig(max_step_tokens=64, strict_isolation=False))
+    requests = [Request(RequestId(f"r{k}"), np.concatenate([shared, prompt(40, k)]), max_new_tokens=40,
+                        tenant=tenant, shared_tokens=48)
+                for k, tenant in enumerate(["a", "b"])]
+    sched.add(requests[0])
+    now, preempted, done = 0.0, [], {}
+    while sched.has_work() and now < 400:
+        if now == 3.0:
+            sched.add(requests[1])  # after r0 cached the shared prefix: r1 borrows it
+        plan, finished = step(sched, now)
+        preempted += plan.preempted
+        done.update({f.request_id: f for f in finished})
+        sched.check_integrity()
+        now += 1.0
+    assert set(done) == {"r0", "r1"} and done["r1"].num_cached_tokens >= 48
+    assert preempted, "the pool is meant to be too small for both"
+    index = sched.index
+    assert all(index.pool.ref_count(p) == 1 for p in index.cached_page_ids())
+    assert index.match(namespace_for(DEFAULT_TENANT, shareable=True, strict=False), shared).num_pages == 3

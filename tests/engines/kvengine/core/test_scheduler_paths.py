@@ -76,6 +76,7 @@ class Driver:
         self.plans[t] = (normalized(plan.seqs), plan.preempted)
         sampled = {s.request_id: self.sample(s.request_id) for s in plan.seqs if s.samples}
         self.finish(t, self.sched.postprocess(plan, sampled, t + 1.0))
+        self.sched.check_integrity()
 
     def compact_step(self, t: int) -> None:
         plan = self.sched.schedule_compact(float(t))
@@ -104,8 +105,7 @@ class Driver:
             tokens = [self.sample(rid) for rid in plan.sampled_ids]
             self.finish(t, self.sched.postprocess_compact(plan, tokens, t + 1.0))
             t += 1
-        self.sched.index.check_integrity()
-        self.sched.index.pool.check_integrity()
+            self.sched.check_integrity()  # every page counted once per holder, after every step or run
         return self
 
 
