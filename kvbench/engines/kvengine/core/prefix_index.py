@@ -416,53 +416,87 @@ class PrefixIndex:
 
         With `tenants`, only leaves charged to those tenants are candidates (LRU among them).
         """
-        pb = 4 * self.pool.page_size
-        if tenants is None:  # a decode step in a full pool evicts one page: this runs once per page
+        if tenants is None:
             heaps = list(self._heaps.values())
         else:
             heaps = [self._heaps[t] for t in tenants if t in self._heaps]
-        journaling = self._journaling
         dropped = freed = 0
         by_tenant: dict[TenantId, int] = {}
         while dropped < num_pages:
-            best = None
-            for h in heaps:
-                while h and not self._valid(h[0]):
-                    heapq.heappop(h)
-                if h and (best is None or h[0] < best[0]):
-                    best = h
+            best = self._lru(heaps)
             if best is None:
                 break
-            leaf: _Node = best[0][2]
-            k = min(num_pages - dropped, len(leaf.pages))
-            tail = leaf.pages[len(leaf.pages) - k :]
-            if journaling:
-                for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
-                    self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
-            if k == len(leaf.pages):
-                heapq.heappop(best)
-                parent = leaf.parent
-                assert parent is not None
-                del parent.children[bytes(leaf.key[:pb])]
-                leaf.parent = None
-                leaf.pages = []
-                leaf.keys = []
-                self._num_nodes -= 1
-                self._push_if_leaf(parent)
-            else:  # in place: copying a long leaf to drop one page made every decode step in a full pool O(leaf)
-                del leaf.pages[len(leaf.pages) - k :]
-                del leaf.keys[len(leaf.keys) - k :]
-                del leaf.key[len(leaf.key) - k * pb :]
+            k = min(num_pages - dropped, len(best[0][2].pages))
+            t, tail = self._drop_tail(best, k)
             freed += self.pool.release(tail)
             dropped += k
-            t = leaf.tenant
             by_tenant[t] = by_tenant.get(t, 0) + k
-            self._evictable -= k
-            self._evictable_by_tenant[t] -= k
-            self._pages_by_tenant[t] -= k
         for t, k in by_tenant.items():
             self.events.record(EventKind.EVICTED, t, DEVICE_TIER, k, now)
         return EvictResult(num_pages=dropped, num_freed=freed, by_tenant=by_tenant)
+
+    def evict_each(self, times: Sequence[float]) -> list[PageId]:
+        """`evict(1, t)` for each of `times` in turn, each followed by the caller's `pool.allocate(1)`, which
+        gets back the page just freed: the same pages in the same order, with the same events and journal
+        records, as those calls (a decode run in a full pool: one page per new decode page). The index's
+        references pass to the caller, so the pool itself does not change. Raises IntegrityError if fewer
+        pages are evictable, or if a page would not be freed (another holder has it)."""
+        heaps = list(self._heaps.values())
+        taken: list[PageId] = []
+        record = self.events.record
+        for now in times:
+            best = self._lru(heaps)
+            if best is None:
+                raise IntegrityError(f"evict_each: {len(times) - len(taken)} of {len(times)} pages not evictable")
+            emptied = len(best[0][2].pages) == 1
+            t, tail = self._drop_tail(best, 1)
+            if self.pool.ref_count(tail[0]) != 1:
+                raise IntegrityError(f"evict_each: page {tail[0]} dropped from the index has another holder")
+            taken.append(tail[0])
+            record(EventKind.EVICTED, t, DEVICE_TIER, 1, now)
+            if emptied:  # its parent may have become a leaf of a tenant with no heap yet, as evict() would see
+                heaps = list(self._heaps.values())
+        return taken
+
+    def _lru(self, heaps: list[list]) -> list | None:
+        """The heap whose top is the least recently used valid leaf (stale tops popped), or None."""
+        best = None
+        for h in heaps:
+            while h and not self._valid(h[0]):
+                heapq.heappop(h)
+            if h and (best is None or h[0] < best[0]):
+                best = h
+        return best
+
+    def _drop_tail(self, heap: list, k: int) -> tuple[TenantId, list[PageId]]:
+        """Take the last `k` pages off the leaf at the top of `heap` (the whole leaf if k is all of them),
+        journaling them and updating the counters; the caller releases the index's references. Returns the
+        leaf's tenant and the pages."""
+        leaf: _Node = heap[0][2]
+        tail = leaf.pages[len(leaf.pages) - k :]
+        if self._journaling:
+            for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
+                self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
+        if k == len(leaf.pages):
+            pb = 4 * self.pool.page_size
+            heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[bytes(leaf.key[:pb])]
+            leaf.parent = None
+            leaf.pages = []
+            leaf.keys = []
+            self._num_nodes -= 1
+            self._push_if_leaf(parent)
+        else:  # in place: copying a long leaf to drop one page made every decode step in a full pool O(leaf)
+            del leaf.pages[len(leaf.pages) - k :]
+            del leaf.keys[len(leaf.keys) - k :]
+            del leaf.key[len(leaf.key) - k * 4 * self.pool.page_size :]
+        t = leaf.tenant
+        self._evictable -= k
+        self._evictable_by_tenant[t] -= k
+        self._pages_by_tenant[t] -= k
+        return t, tail
 
     def evict_idle(self, now: float, ttl_of: Callable[[TenantId], float]) -> EvictResult:
         """Drop every unlocked page whose node was last used `ttl_of(its tenant)` seconds ago or earlier.

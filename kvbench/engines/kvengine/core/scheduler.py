@@ -526,12 +526,15 @@ class Scheduler:
         for i, seq in enumerate(running):
             grows.extend((j, i) for j in range(len(seq.pages) * ps - seq.num_computed, k, ps))
         grows.sort()
-        for j, i in grows:
-            seq = running[i]
-            if not self.can_allocate(1, seq.request.tenant, begins[j]):
-                raise IntegrityError(f"commit_decode_run: no page for {seq.request.request_id} in step {j} of a "
-                                     "run whose pages were all free or evictable")
-            self.allocate(seq, 1)
+        # Free pages first, as can_allocate/allocate step by step would take them; then, the pool empty, each
+        # new page is the one evicted for it at its step's begin time (one evict call for all of them).
+        free = min(len(grows), self.index.pool.num_free)
+        for j, i in grows[:free]:
+            self.allocate(running[i], 1)
+        if len(grows) > free:
+            evicted = self.index.evict_each([begins[j] for j, _ in grows[free:]])
+            for (j, i), page in zip(grows[free:], evicted):
+                running[i].pages.append(page)
         for seq, sampled in zip(running, tokens):
             if len(sampled) != k - 1:
                 raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, "
