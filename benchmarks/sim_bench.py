@@ -48,9 +48,11 @@ started = time.perf_counter()
 workload = load_workload(trace)
 config = SimConfig(load_geometry(model), load_hardware(hardware), get_preset(preset), kv, "fp8")
 result = simulate(workload, LoadSpec(), config)
+import kvbench.measure.records as records_module
+lines = getattr(records_module, "jsonl_lines", None)  # what `kvbench simulate` writes with; older: to_json
 digest = hashlib.sha256()
-for record in result.records:
-    digest.update(record.to_json().encode()); digest.update(b"\\n")
+for line in (lines(result.records) if lines else (r.to_json() for r in result.records)):
+    digest.update(line.encode()); digest.update(b"\\n")
 print(json.dumps({"wall_s": time.perf_counter() - started, "sim_s": result.wall_s, "requests": len(result.records),
                   "steps": sum(n["steps"] for n in result.nodes), "digest": digest.hexdigest()}))
 """

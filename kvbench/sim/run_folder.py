@@ -76,9 +76,7 @@ def write_sim_run(run_dir: Path, results: Sequence[tuple[SimResult, RunEntry]], 
     """Write config.yaml, requests.jsonl, summary.{json,csv,md} (and plots) for simulated entries."""
     write_config_and_env(run_dir, config_doc, {"engine": ENGINE_NAME, "virtual_clock": True})
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-        for result, _ in results:
-            for record in result.records:
-                writer.write(record)
+        writer.write_all(record for result, _ in results for record in result.records)
     entries = [entry for _, entry in results]
     write_summaries(run_dir, entries)
     if plots and entries:
