@@ -87,11 +87,12 @@ class RequestRecord:
         self.chunks = [[arrival_ns + delta_ns, tokens] for arrival_ns, tokens in self.chunks]
 
     def to_json(self) -> str:
+        return _encode(self._fields())
+
+    def _fields(self) -> dict:
         # The fields as they are, not `asdict`: every value is JSON already, and asdict's deep copy of the
-        # chunk lists (one per output token) made writing records cost as much as simulating them. A record
-        # is a tree of plain values (never a cycle): without the encoder's cycle check, half the time.
-        return json.dumps({name: getattr(self, name) for name in _FIELD_NAMES}, separators=(",", ":"),
-                          check_circular=False)
+        # chunk lists (one per output token) made writing records cost as much as simulating them.
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, data: dict) -> "RequestRecord":
@@ -100,6 +101,9 @@ class RequestRecord:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(RequestRecord))
+# What `to_json` and `jsonl_lines` write with. A record is a tree of plain values (never a cycle): without the
+# encoder's cycle check, half the time.
+_encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 # Stands for the chunks in `jsonl_lines`; once encoded ("\\u0000..."), no other value can encode to it.
 _CHUNKS_MARK = "\x00chunks\x00"
 _CHUNKS_MARK_JSON = json.dumps(_CHUNKS_MARK)
@@ -109,13 +113,12 @@ def jsonl_lines(records: Iterable[RequestRecord]) -> Iterator[str]:
     """Each record's `to_json()`, the same text, with every chunk list object encoded once however many of
     the records hold it: the simulator streams one list per step to every sequence in the step, and encoding
     the same lists again was nine tenths of writing a simulated run's records."""
-    encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
     texts: dict[int, str] = {}
+    get = texts.get
     alive: list[list[list[int]]] = []  # the records' chunk lists: no id in `texts` is reused while it runs
     for record in records:
         chunks = record.chunks
         alive.append(chunks)
-        get = texts.get
         parts = [get(i) for i in map(id, chunks)]
         k = -1
         for _ in range(parts.count(None)):  # the chunk lists not met before, found at C speed
@@ -123,11 +126,10 @@ def jsonl_lines(records: Iterable[RequestRecord]) -> Iterator[str]:
             chunk = chunks[k]
             parts[k] = texts[id(chunk)] = (
                 f"[{chunk[0]},{chunk[1]}]"  # what the encoder writes for two ints, without its setup per call
-                if len(chunk) == 2 and type(chunk[0]) is int and type(chunk[1]) is int else encode(chunk))
-        doc = {name: getattr(record, name) for name in _FIELD_NAMES}
+                if len(chunk) == 2 and type(chunk[0]) is int and type(chunk[1]) is int else _encode(chunk))
+        doc = record._fields()
         doc["chunks"] = _CHUNKS_MARK
-        yield json.dumps(doc, separators=(",", ":"), check_circular=False).replace(
-            _CHUNKS_MARK_JSON, "[" + ",".join(parts) + "]", 1)
+        yield _encode(doc).replace(_CHUNKS_MARK_JSON, "[" + ",".join(parts) + "]", 1)
 
 
 @dataclass(frozen=True)
