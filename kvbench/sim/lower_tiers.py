@@ -110,8 +110,9 @@ class LowerTier:
         if take > 0:
             pages = pool.allocate(take)
             end = (match.num_pages + take) * pool.page_size
-            index.insert(namespace, tokens[:end], list(match.pages) + pages, tenant, now)
-            pool.release(pages)
+            adopted = index.insert(namespace, tokens[:end], list(match.pages) + pages, tenant, now,
+                                   adopt_at=match.num_pages).num_adopted
+            pool.release(pages[adopted:])  # the index took over the references of the pages it adopted
             self.stored_pages += take
         index.unlock(match)
 

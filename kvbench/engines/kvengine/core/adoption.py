@@ -55,12 +55,14 @@ def adopt_pages(scheduler: Scheduler, placement: Placement, tokens: np.ndarray, 
         if not scheduler.can_allocate(total - matched, tenant, now):
             return Adoption(matched, no_room=True)
         pages = index.pool.allocate(total - matched)
+        adopted = 0
         try:
             if fill is not None:
                 fill(matched, pages)
-            index.insert_prompt(placement, tokens, list(match.pages) + pages, tenant, now)
+            adopted = index.insert_prompt(placement, tokens, list(match.pages) + pages, tenant, now,
+                                          adopt_at=matched).num_adopted
         finally:
-            index.pool.release(pages)  # the index holds its own references
+            index.pool.release(pages[adopted:])  # the index took over the references of the pages it adopted
     finally:
         index.unlock_prompt(match)
     return Adoption(matched, tuple(pages))
