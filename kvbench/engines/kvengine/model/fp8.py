@@ -30,6 +30,7 @@ from functools import cache
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat
+from kvbench.engines.kvengine.model import cpu_codec
 
 # The torch dtype of every KV dtype name (the names and their sizes are `core.kv_format`'s).
 TORCH_DTYPES: Mapping[KVDtype, torch.dtype] = {
@@ -182,19 +183,43 @@ def encode(
     dtype = storage_dtype(fmt)
     if not fmt.quantized:
         return (x.to(dtype), None) if out is None else (out[0].copy_(x), None)
-    limit = fp8_max(dtype)
-    x = x.float()
     shift = None
     if fmt.shifted:
         shift = token_shift(x, scale)
         if out is not None and out[1] is not None:
             shift = out[1].copy_(shift)
-        work = torch.sub(x, shift.float().unsqueeze(-1)).div_(scale)
-    else:
-        work = x / scale
-    work.clamp_(-limit, limit)
-    payload = work.to(dtype) if out is None else out[0].copy_(work)
+    payload = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out[0]
+    if x.dim() != 3 or not cpu_codec.encode(x, scale, shift, payload, None):
+        payload.copy_(_quantized(fmt, x, scale, shift))
     return payload, shift
+
+
+def _quantized(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
+    """torch's path of the quantization: `(x - shift) / scale` clamped to the format's max, in fp32."""
+    limit = fp8_max(storage_dtype(fmt))
+    x = x.float()
+    work = x / scale if shift is None else torch.sub(x, shift.float().unsqueeze(-1)).div_(scale)
+    return work.clamp_(-limit, limit)
+
+
+def store(
+    fmt: KVFormat,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    rows: torch.Tensor,
+    slots: torch.Tensor,
+    shift_rows: torch.Tensor | None = None,
+) -> None:
+    """Encode `x [n, H, D]` into `rows [R, H, D]` at `slots [n]`, and (channel mode) each token's shift into
+    `shift_rows [R, H]`: what a cache write is. On CPU one C pass quantizes and scatters (`cpu_codec`)."""
+    if not fmt.quantized:
+        rows[slots] = x.to(rows.dtype)
+        return
+    shift = token_shift(x, scale) if fmt.shifted else None
+    if not cpu_codec.encode(x, scale, shift, rows, slots):
+        rows[slots] = _quantized(fmt, x, scale, shift).to(rows.dtype)
+    if shift_rows is not None:
+        shift_rows[slots] = shift
 
 
 def decode(
@@ -207,11 +232,19 @@ def decode(
 ) -> torch.Tensor:
     """Inverse of `encode`: payload [..., H, D] (+ shift [..., H]) -> values in `out_dtype` (into `out`).
 
-    fp8 decodes by table lookup (`decode_table`); a tensor scale is folded into the table, so a decode is one
-    pass over the bytes. For fp32 output it equals `decode_reference` bit for bit.
+    fp8 to fp32 on CPU is one C pass (`cpu_codec`); otherwise a table lookup (`decode_table`), with a tensor
+    scale folded into the table, so that a decode is one pass over the bytes. For fp32 output both equal
+    `decode_reference` bit for bit.
     """
     if not fmt.quantized:
         return payload.to(out_dtype) if out is None else out.copy_(payload)
+    if out_dtype == torch.float32 and payload.is_contiguous() and (out is None or out.is_contiguous()):
+        heads, dim = payload.shape[-2:]
+        flat_shift = None if shift is None else shift.reshape(-1, heads)
+        fast = cpu_codec.decode(payload.view(-1, heads, dim), None, scale, flat_shift,
+                                None if out is None else out.view(-1, heads, dim))
+        if fast is not None:
+            return fast.view(payload.shape) if out is None else out
     table = decode_table(payload.dtype, payload.device)
     if not fmt.shifted:
         return lut_decode(payload.view(torch.uint8), table.mul(scale.float()).to(out_dtype), out)

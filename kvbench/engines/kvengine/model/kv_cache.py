@@ -19,7 +19,7 @@ import torch
 
 from kvbench.engines.kvengine.core.kv_format import DEFAULT_KV_FORMAT, KVFormat
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
-from kvbench.engines.kvengine.model import fp8
+from kvbench.engines.kvengine.model import cpu_codec, fp8
 from kvbench.engines.kvengine.model.config import ModelConfig
 
 
@@ -154,26 +154,27 @@ class PagedKVCache:
     # ---- token-level write / read ----------------------------------------------------------------------
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Encode `k, v [T, H, D]` and store them at flat slots (page_id * page_size + offset)."""
+        H, D = self.config.num_kv_heads, self.config.head_dim
         for data, shift, scale, x in (
             (self.k_data, self.k_shift, self.scales.k[layer], k),
             (self.v_data, self.v_shift, self.scales.v[layer], v),
         ):
-            payload, token_shift = fp8.encode(self.fmt, x, scale)
-            data[layer].view(-1, *data.shape[3:])[slots] = payload
-            if shift is not None:
-                shift[layer].view(-1, shift.shape[3])[slots] = token_shift
+            fp8.store(self.fmt, x, scale, data[layer].view(-1, H, D), slots,
+                      None if shift is None else shift[layer].view(-1, H))
 
     def gather(
         self, layer: int, slots: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode the tokens at flat `slots [N]` -> k, v [N, H, D] in `compute_dtype` (into `out`'s first N rows).
 
-        What fast attention reads: only the live tokens it names, fp8 decoded by table lookup in the same pass
-        (the stored bytes are gathered first, at one byte a value). Equal to `read` of the same tokens within
-        the compute dtype's rounding (bit for bit in fp32).
+        What fast attention reads: only the live tokens it names, fp8 decoded in the same pass: fp8 to fp32 on
+        CPU by one C pass (`cpu_codec`), else the stored bytes are gathered first, at one byte a value, and
+        decoded by table lookup. Equal to `read` of the same tokens within the compute dtype's rounding (bit for
+        bit in fp32).
         """
         n = slots.shape[0]
         H, D = self.config.num_kv_heads, self.config.head_dim
+        c_decode = self.fmt.quantized and self.compute_dtype == torch.float32
         result = []
         for i, (data, shift, scale) in enumerate((
             (self.k_data, self.k_shift, self.scales.k[layer]),
@@ -181,12 +182,15 @@ class PagedKVCache:
         )):
             dst = None if out is None else out[i][:n]
             rows = data[layer].view(-1, H, D)
-            if self._tables is not None:  # fp8, tensor scale
+            shift_rows = None if shift is None else shift[layer].view(-1, H)
+            x = cpu_codec.decode(rows, slots, scale, shift_rows, dst) if c_decode else None
+            if x is not None:
+                pass
+            elif self._tables is not None:  # fp8, tensor scale
                 x = fp8.lut_decode(rows.view(torch.uint8).index_select(0, slots), self._tables[i][layer], dst)
-            elif shift is not None:  # fp8, channel scale and shift
+            elif shift_rows is not None:  # fp8, channel scale and shift
                 payload = rows.view(torch.uint8).index_select(0, slots).view(rows.dtype)
-                token_shift = shift[layer].view(-1, H).index_select(0, slots)
-                x = fp8.decode(self.fmt, payload, token_shift, scale, self.compute_dtype, dst)
+                x = fp8.decode(self.fmt, payload, shift_rows.index_select(0, slots), scale, self.compute_dtype, dst)
             elif dst is not None and dst.dtype == rows.dtype:
                 x = torch.index_select(rows, 0, slots, out=dst)
             else:

@@ -1,0 +1,188 @@
+/* The fp8 KV codec on CPU, fused with the gather and the scatter of token rows (see cpu_codec.py).
+
+   Decode builds each value's fp32 bits from the byte with integer operations (no table, so the compiler
+   vectorizes the loop); encode is round-to-nearest-even with saturation, the same rule as torch's casts
+   (c10's fp8 conversions). Both are checked bit for bit against torch (`fp8.decode`'s table, torch's cast).
+   Arithmetic follows fp8.py's torch order exactly: decode  v * scale  (+ shift);  encode  (x - shift) / scale,
+   clamped to the format's max. Built with -ffp-contract=off so that no multiply-add is fused.
+
+   Formats: 0 = float8_e4m3fn (no inf, NaN = S.1111.111), 1 = float8_e5m2 (the top byte of an IEEE fp16).
+   Rows are heads * dim values; `slots` (may be NULL: rows 0..n-1) names the stored row of each token; scale is
+   one float (tensor mode) or [heads * dim] (channel mode); shift (NULL in tensor mode) is bf16 [rows, heads].
+   Both return 0, or 1 + the index of the first slot outside [0, num_rows) (checked first: then nothing is read or written). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float decode_e4m3(uint8_t b) {
+    uint32_t e = (b >> 3) & 0xF, m = b & 7;
+    float v = e ? from_bits(((e + 120u) << 23) | (m << 20)) : (float)m * 0x1p-9f;
+    v = (b & 0x7F) == 0x7F ? NAN : v;
+    return (b & 0x80) ? -v : v;
+}
+
+static inline float decode_e5m2(uint8_t b) {
+    uint32_t e = (b >> 2) & 0x1F, m = b & 3;
+    float v = e ? from_bits(((e + 112u) << 23) | (m << 21)) : (float)m * 0x1p-16f;
+    v = e == 31 ? (m ? NAN : INFINITY) : v;
+    return (b & 0x80) ? -v : v;
+}
+
+/* Branch-free (all three cases computed, one selected) so that the compiler vectorizes the loop. */
+static inline uint8_t encode_e4m3(float f) {
+    uint32_t bits = to_bits(f), sign = bits & 0x80000000u;
+    bits ^= sign;
+    /* below 2^-6: subnormal, rounded to a multiple of 2^-9 by adding 2^14 */
+    uint32_t sub = to_bits(from_bits(bits) + from_bits(141u << 23)) - (141u << 23);
+    uint32_t normal = (bits + ((uint32_t)(7 - 127) << 23) + 0x7FFFFu + ((bits >> 20) & 1)) >> 20;
+    /* >= 480 or NaN: NaN (inputs are clamped to 448 first, so only a NaN gets here) */
+    uint32_t r = bits >= (1087u << 20) ? 0x7Fu : (bits < (121u << 23) ? sub : normal);
+    return (uint8_t)(r | (sign >> 24));
+}
+
+static inline uint8_t encode_e5m2(float f) {
+    uint32_t bits = to_bits(f), sign = bits & 0x80000000u;
+    bits ^= sign;
+    /* below 2^-14: subnormal, rounded to a multiple of 2^-16 by adding 2^7 */
+    uint32_t sub = to_bits(from_bits(bits) + from_bits(134u << 23)) - (134u << 23);
+    uint32_t normal = (bits + ((uint32_t)(15 - 127) << 23) + 0xFFFFFu + ((bits >> 21) & 1)) >> 21;
+    /* >= 65536, inf or NaN */
+    uint32_t top = bits > (255u << 23) ? 0x7Fu : 0x7Cu;
+    uint32_t r = bits >= (143u << 23) ? top : (bits < (113u << 23) ? sub : normal);
+    return (uint8_t)(r | (sign >> 24));
+}
+
+/* 1 + the index of the first slot outside [0, num_rows), or 0: checked before anything is read or written. */
+static int64_t first_bad_slot(const int64_t *slots, int64_t n, int64_t num_rows) {
+    if (!slots) return n > num_rows ? num_rows + 1 : 0;
+    for (int64_t i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= num_rows) return i + 1;
+    return 0;
+}
+
+static inline float bf16(uint16_t h) { return from_bits((uint32_t)h << 16); }
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+#define SIMD 8
+/* 8 fp8 bytes -> 8 floats, through fp16: an e5m2 byte is the top byte of its fp16. An e4m3 byte's exponent and
+   mantissa, moved into fp16's fields ((b + sign) << 7 carries the sign from bit 14 to bit 15), read as fp16
+   give the value / 2^8 (subnormals too), exactly: `prescale` has that 2^8 folded in (see `folded`). */
+static inline __m256 decode8(int format, const uint8_t *src) {
+    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)src));
+    if (format == 1) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
+    __m128i h = _mm_slli_epi16(_mm_add_epi16(b, _mm_and_si128(b, _mm_set1_epi16(0x80))), 7);
+    /* S.1111.111 is NaN: set all fp16 exponent bits over its non-zero mantissa */
+    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
+    return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7C00))));
+}
+#else
+#define SIMD 0
+#endif
+
+#define DECODE_LOOP(DEC, FMT)                                                                       \
+    for (int64_t i = 0; i < n; i++) {                                                            \
+        int64_t row = slots ? slots[i] : i;                                                      \
+        const uint8_t *src = rows + row * width;                                                 \
+        float *dst = out + i * width;                                                            \
+        if (!channel) {                                                                          \
+            int64_t j = 0;                                                                       \
+            if (simd) j = decode_row_simd(FMT, src, dst, width, scale[0]);                       \
+            for (; j < width; j++) dst[j] = DEC(src[j]) * scale[0];                              \
+            continue;                                                                            \
+        }                                                                                        \
+        for (int64_t h = 0; h < heads; h++) {                                                    \
+            const float t = bf16(shift[row * heads + h]);                                        \
+            const float *sc = scale + h * dim;                                                   \
+            const uint8_t *src_h = src + h * dim;                                                \
+            float *dst_h = dst + h * dim;                                                        \
+            int64_t d = 0;                                                                       \
+            if (simd) d = decode_head_simd(FMT, src_h, dst_h, dim, sc, t);                       \
+            for (; d < dim; d++) dst_h[d] = DEC(src_h[d]) * sc[d] + t;                           \
+        }                                                                                        \
+    }
+
+#if SIMD
+/* The SIMD part of a row (tensor scale) or a head (channel scale and shift): how many values it did. decode8's
+   e4m3 values are multiplied by scale * 2^8, in one multiply: the product is exact where it is finite (a power of
+   two only moves the exponent; `kv_decode` checks), so v * (2^8 scale) rounds once, as (v 2^8) * scale does. */
+static inline int64_t decode_row_simd(int format, const uint8_t *src, float *dst, int64_t count, float scale) {
+    const __m256 s = _mm256_set1_ps(format == 1 ? scale : scale * 256.0f);
+    int64_t j = 0;
+    for (; j + SIMD <= count; j += SIMD) _mm256_storeu_ps(dst + j, _mm256_mul_ps(decode8(format, src + j), s));
+    return j;
+}
+
+static inline int64_t decode_head_simd(int format, const uint8_t *src, float *dst, int64_t count, const float *scale,
+                                       float shift) {
+    const __m256 t = _mm256_set1_ps(shift), pow8 = _mm256_set1_ps(format == 1 ? 1.0f : 256.0f);
+    int64_t j = 0;
+    for (; j + SIMD <= count; j += SIMD) {
+        __m256 v = _mm256_mul_ps(decode8(format, src + j), _mm256_mul_ps(_mm256_loadu_ps(scale + j), pow8));
+        _mm256_storeu_ps(dst + j, _mm256_add_ps(v, t));
+    }
+    return j;
+}
+#else
+static inline int64_t decode_row_simd(int f, const uint8_t *s, float *d, int64_t c, float k) { return 0; }
+static inline int64_t decode_head_simd(int f, const uint8_t *s, float *d, int64_t c, const float *k, float t) { return 0; }
+#endif
+
+int64_t kv_decode(int format, const uint8_t *rows, int64_t num_rows, const int64_t *slots, int64_t n, int64_t heads,
+                  int64_t dim, const float *scale, int channel, const uint16_t *shift, float *out) {
+    const int64_t bad = first_bad_slot(slots, n, num_rows);
+    if (bad) return bad;
+    const int64_t width = heads * dim;
+    int simd = SIMD > 0;  /* and every scale * 2^8 finite */
+    for (int64_t k = 0; k < (channel ? width : 1); k++) simd &= isfinite(scale[k] * 256.0f);
+    if (format == 0) {
+        DECODE_LOOP(decode_e4m3, 0)
+    } else {
+        DECODE_LOOP(decode_e5m2, 1)
+    }
+    return 0;
+}
+
+#define ENCODE_LOOP(ENC)                                                                         \
+    for (int64_t i = 0; i < n; i++) {                                                            \
+        int64_t row = slots ? slots[i] : i;                                                      \
+        const float *src = x + i * width;                                                        \
+        uint8_t *dst = rows + row * width;                                                       \
+        if (!channel) {                                                                          \
+            const float s = scale[0];                                                            \
+            for (int64_t j = 0; j < width; j++) {                                                \
+                float v = src[j] / s;                                                            \
+                dst[j] = ENC(v > limit ? limit : (v < -limit ? -limit : v));                     \
+            }                                                                                    \
+            continue;                                                                            \
+        }                                                                                        \
+        for (int64_t h = 0; h < heads; h++) {                                                    \
+            const float t = bf16(shift[i * heads + h]);                                          \
+            const float *sc = scale + h * dim;                                                   \
+            const float *sh = src + h * dim;                                                     \
+            uint8_t *dh = dst + h * dim;                                                         \
+            for (int64_t d = 0; d < dim; d++) {                                                  \
+                float v = (sh[d] - t) / sc[d];                                                   \
+                dh[d] = ENC(v > limit ? limit : (v < -limit ? -limit : v));                      \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
+/* shift here is the tokens' own bf16 [n, heads] (what encode stores beside the bytes), not the stored rows'. */
+int64_t kv_encode(int format, const float *x, const int64_t *slots, int64_t n, int64_t heads, int64_t dim,
+                  const float *scale, int channel, const uint16_t *shift, uint8_t *rows, int64_t num_rows) {
+    const int64_t bad = first_bad_slot(slots, n, num_rows);
+    if (bad) return bad;
+    const int64_t width = heads * dim;
+    if (format == 0) {
+        const float limit = 448.0f;
+        ENCODE_LOOP(encode_e4m3)
+    } else {
+        const float limit = 57344.0f;
+        ENCODE_LOOP(encode_e5m2)
+    }
+    return 0;
+}
