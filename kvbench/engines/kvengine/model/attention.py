@@ -9,7 +9,7 @@ layer:
   (`PagedKVCache.read`), `scaled_dot_product_attention` with an explicit causal-with-offset mask. Slow and
   obvious: the oracle.
 - `VarlenAttention` (the engine's): a packed ("varlen") layout. Only each sequence's live tokens are
-  gathered, fp8 decoded by table lookup in the gather (`PagedKVCache.gather`), into buffers allocated once
+  gathered, fp8 decoded in the gather (`PagedKVCache.gather`: one C pass on CPU), into buffers allocated once
   per forward; then one SDPA call per sequence with no padding and no mask where none is needed (a decode row
   sees every key; a prompt from position 0 is plain causal). A chunk that continues a computed prefix gets
   its own small [q, k] mask. Per-sequence calls beat one padded call (measured in

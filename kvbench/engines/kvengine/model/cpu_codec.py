@@ -52,9 +52,8 @@ def _cpu_id() -> str:
     return platform.machine() + flags
 
 
-def _build(compiler: str) -> Path:
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + repr((compiler, FLAGS, _cpu_id())).encode()).hexdigest()[:16]
+def _build(compiler: str, flags: tuple[str, ...]) -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((compiler, flags, _cpu_id())).encode()).hexdigest()[:16]
     target = cache_root() / "_kernels" / f"cpu_codec-{key}.so"
     if target.exists():
         return target
@@ -62,7 +61,7 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # several ranks may build at once
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+        subprocess.run([compiler, *flags, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -70,24 +69,29 @@ def _build(compiler: str) -> Path:
     return target
 
 
-@cache
-def library() -> ctypes.CDLL | None:
-    """The built kernel, or None (disabled, no compiler, or the build failed: logged once)."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
+def load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
+    """Build (once per source, flags and CPU) and load the kernel. Raises FileNotFoundError without a compiler,
+    CalledProcessError when the build fails, OSError when the library does not load."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        log.warning("no C compiler (cc or $CC): fp8 KV decodes through torch's table lookup, ~4x slower")
-        return None
-    try:
-        lib = ctypes.CDLL(str(_build(compiler)))
-    except (OSError, subprocess.CalledProcessError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
-        log.warning("building %s failed, fp8 KV decodes through torch's table lookup: %s", SOURCE.name, detail)
-        return None
+        raise FileNotFoundError("no C compiler: cc or $CC")
+    lib = ctypes.CDLL(str(_build(compiler, flags)))
     lib.kv_decode.argtypes, lib.kv_decode.restype = _DECODE_ARGS, _I
     lib.kv_encode.argtypes, lib.kv_encode.restype = _ENCODE_ARGS, _I
     return lib
+
+
+@cache
+def library() -> ctypes.CDLL | None:
+    """The kernel every caller uses, or None (disabled, no compiler, or the build failed: logged once)."""
+    if os.environ.get(DISABLE_ENV, "1") == "0":
+        return None
+    try:
+        return load()
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = getattr(e, "stderr", "") or str(e)
+        log.warning("fp8 KV decodes through torch's table lookup (~4x slower): %s not built: %s", SOURCE.name, detail)
+        return None
 
 
 def _usable(*tensors: torch.Tensor | None) -> bool:
@@ -112,10 +116,11 @@ def _check_shapes(scale: torch.Tensor, shift: torch.Tensor | None, shift_rows: i
             raise ValueError(f"rows of shape {tuple(v.shape[1:])}; ({heads}, {dim}) expected")
 
 
-def _check(bad: int, slots: torch.Tensor | None, num_rows: int) -> None:
+def _check(bad: int, slots: torch.Tensor | None, n: int, num_rows: int) -> None:
+    if bad and slots is None:
+        raise IndexError(f"{n} tokens do not fit in the {num_rows} stored rows")
     if bad:
-        where = f"slot {int(slots[bad - 1])}" if slots is not None else f"{bad - 1} rows"
-        raise IndexError(f"{where} is outside the {num_rows} stored rows")
+        raise IndexError(f"slot {int(slots[bad - 1])} is outside the {num_rows} stored rows")
 
 
 def decode(
@@ -124,11 +129,13 @@ def decode(
     scale: torch.Tensor,
     shift: torch.Tensor | None,
     out: torch.Tensor | None,
+    lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor | None:
     """fp32 values of the fp8 `rows [R, H, D]` at `slots [n]` (all R rows when None): `v * scale (+ shift)`
     with `scale` () or [H, D] and `shift` bf16 [R, H] (channel mode) -> `out` [n, H, D] (allocated when None).
-    None when the kernel does not apply (not built, not CPU, not contiguous, not fp32 out): use torch's path."""
-    lib = library()
+    None when the kernel does not apply (not built, not CPU, not contiguous, not fp32 out): use torch's path.
+    `lib`: a build of the kernel (`load`) to use instead of `library()`."""
+    lib = lib or library()
     if (lib is None or rows.dtype not in FORMAT_CODES or (out is not None and out.dtype != torch.float32)
             or (slots is not None and slots.dtype != torch.int64) or scale.dtype != torch.float32
             or not _usable(rows, slots, scale, shift, out)):
@@ -142,7 +149,7 @@ def decode(
     _check_shapes(scale, shift, num_rows, heads, dim, out)
     bad = lib.kv_decode(FORMAT_CODES[rows.dtype], rows.data_ptr(), num_rows, _ptr(slots), n, heads, dim,
                         scale.data_ptr(), int(scale.dim() > 0), _ptr(shift), out.data_ptr())
-    _check(bad, slots, num_rows)
+    _check(bad, slots, n, num_rows)
     return out
 
 
@@ -152,11 +159,13 @@ def encode(
     shift: torch.Tensor | None,
     rows: torch.Tensor,
     slots: torch.Tensor | None,
+    lib: ctypes.CDLL | None = None,
 ) -> bool:
     """Store `x [n, H, D]` (fp32) as fp8 in `rows [R, H, D]` at `slots [n]` (rows 0..n-1 when None):
     `(x - shift) / scale`, clamped to the format's max, rounded to nearest even, with `shift` the tokens' own
-    bf16 [n, H] (channel mode) or None. False when the kernel does not apply (then nothing is written)."""
-    lib = library()
+    bf16 [n, H] (channel mode) or None. False when the kernel does not apply (then nothing is written).
+    `lib` as in `decode`."""
+    lib = lib or library()
     if (lib is None or rows.dtype not in FORMAT_CODES or x.dtype != torch.float32 or scale.dtype != torch.float32
             or (slots is not None and slots.dtype != torch.int64) or not _usable(x, scale, shift, rows, slots)):
         return False
@@ -167,5 +176,5 @@ def encode(
     _check_shapes(scale, shift, n, heads, dim, rows)
     bad = lib.kv_encode(FORMAT_CODES[rows.dtype], x.data_ptr(), _ptr(slots), n, heads, dim, scale.data_ptr(),
                         int(scale.dim() > 0), _ptr(shift), rows.data_ptr(), num_rows)
-    _check(bad, slots, num_rows)
+    _check(bad, slots, n, num_rows)
     return True

@@ -18,6 +18,9 @@ Scales are static: calibrated once per engine from a fixed forward pass (see `ca
 write, because pages are shared between requests and written at different times: one scale per layer means
 a page decodes the same for every reader. Values beyond the calibrated range saturate at the format's max
 (a plain cast would give NaN for e4m3fn and inf for e5m2).
+
+On CPU the fp8 encode and decode (and the cache's scatter and gather of token rows) run as one C pass
+(`cpu_codec`) where it builds; the torch code here is the path everywhere else, and gives the same bits.
 """
 
 from __future__ import annotations

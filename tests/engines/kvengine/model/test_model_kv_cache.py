@@ -7,6 +7,7 @@ import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model import cpu_codec
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
@@ -145,9 +146,29 @@ def test_layout_fingerprint_changes_with_scales():
     assert a.layout_fingerprint == PagedKVCache(TINY_CONFIG, 5, 16, KVFormat.parse("fp8_e4m3")).layout_fingerprint
 
 
+@pytest.fixture(params=["c", "torch"])
+def codec(request, monkeypatch):
+    """Each path of the fp8 codec on CPU: the C kernel (which a new machine builds), and torch's, which a
+    machine without a compiler keeps."""
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_codec, "library", lambda: None)
+    else:
+        assert cpu_codec.library() is not None, "the C codec did not build: is there a cc?"
+    return request.param
+
+
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
-def test_gather_of_live_slots_equals_read_of_whole_pages(fmt):
-    """The fast read (only the named tokens, fp8 by table lookup, into reused buffers) returns what the
+def test_write_stores_the_same_bytes_through_the_c_kernel_and_torch(fmt, monkeypatch):
+    assert cpu_codec.library() is not None, "the C codec did not build: is there a cc?"
+    c = filled_cache(fmt, seed=4)
+    monkeypatch.setattr(cpu_codec, "library", lambda: None)
+    torch_path = filled_cache(fmt, seed=4)
+    assert torch.equal(c.read_pages(list(range(8))), torch_path.read_pages(list(range(8))))
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=str)
+def test_gather_of_live_slots_equals_read_of_whole_pages(fmt, codec):
+    """The fast read (only the named tokens, fp8 decoded in the gather, into reused buffers) returns what the
     reference read of the whole pages holds at those tokens: bit for bit in fp32, one rounding in bf16."""
     cache = filled_cache(fmt, seed=3)
     pages = torch.tensor([6, 1, 3])
