@@ -70,18 +70,21 @@ static inline float bf16(uint16_t h) { return from_bits((uint32_t)h << 16); }
 
 #if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
-#define SIMD 8
-/* 8 fp8 bytes -> 8 floats, through fp16: an e5m2 byte is the top byte of its fp16. An e4m3 byte's exponent and
-   mantissa, moved into fp16's fields ((b + sign) << 7 carries the sign from bit 14 to bit 15), read as fp16
-   give the value / 2^8 (subnormals too), exactly: `prescale` has that 2^8 folded in (see `folded`). */
-static inline __m256 decode8(int format, const uint8_t *src) {
-    __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)src));
-    if (format == 1) return _mm256_cvtph_ps(_mm_slli_epi16(b, 8));
-    __m128i h = _mm_slli_epi16(_mm_add_epi16(b, _mm_and_si128(b, _mm_set1_epi16(0x80))), 7);
+#define SIMD 8    /* values per encode step */
+#define DECODE_STEP 16
+/* 16 fp8 bytes -> their 16 fp16 bit patterns: an e5m2 byte is the top byte of its fp16. An e4m3 byte's exponent
+   and mantissa, moved into fp16's fields ((b + sign) << 7 carries the sign from bit 14 to bit 15), read as fp16
+   give the value / 2^8 (subnormals too), exactly; the callers multiply that 2^8 back in with the scale. */
+static inline __m256i fp16_bits16(int format, const uint8_t *src) {
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)src));
+    if (format == 1) return _mm256_slli_epi16(b, 8);
+    __m256i h = _mm256_slli_epi16(_mm256_add_epi16(b, _mm256_and_si256(b, _mm256_set1_epi16(0x80))), 7);
     /* S.1111.111 is NaN: set all fp16 exponent bits over its non-zero mantissa */
-    __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7F));
-    return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7C00))));
+    __m256i nan = _mm256_cmpeq_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), _mm256_set1_epi16(0x7F));
+    return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7C00)));
 }
+static inline __m256 low8(__m256i h) { return _mm256_cvtph_ps(_mm256_castsi256_si128(h)); }
+static inline __m256 high8(__m256i h) { return _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)); }
 #else
 #define SIMD 0
 #endif
@@ -109,13 +112,17 @@ static inline __m256 decode8(int format, const uint8_t *src) {
     }
 
 #if SIMD
-/* The SIMD part of a row (tensor scale) or a head (channel scale and shift): how many values it did. decode8's
-   e4m3 values are multiplied by scale * 2^8, in one multiply: the product is exact where it is finite (a power of
+/* The SIMD part of a row (tensor scale) or a head (channel scale and shift): how many values it did. The fp16
+   view's e4m3 values are multiplied by scale * 2^8, in one multiply: the product is exact where it is finite (a power of
    two only moves the exponent; `kv_decode` checks), so v * (2^8 scale) rounds once, as (v 2^8) * scale does. */
 static inline int64_t decode_row_simd(int format, const uint8_t *src, float *dst, int64_t count, float scale) {
     const __m256 s = _mm256_set1_ps(format == 1 ? scale : scale * 256.0f);
     int64_t j = 0;
-    for (; j + SIMD <= count; j += SIMD) _mm256_storeu_ps(dst + j, _mm256_mul_ps(decode8(format, src + j), s));
+    for (; j + DECODE_STEP <= count; j += DECODE_STEP) {
+        __m256i h = fp16_bits16(format, src + j);
+        _mm256_storeu_ps(dst + j, _mm256_mul_ps(low8(h), s));
+        _mm256_storeu_ps(dst + j + 8, _mm256_mul_ps(high8(h), s));
+    }
     return j;
 }
 
@@ -123,9 +130,12 @@ static inline int64_t decode_head_simd(int format, const uint8_t *src, float *ds
                                        float shift) {
     const __m256 t = _mm256_set1_ps(shift), pow8 = _mm256_set1_ps(format == 1 ? 1.0f : 256.0f);
     int64_t j = 0;
-    for (; j + SIMD <= count; j += SIMD) {
-        __m256 v = _mm256_mul_ps(decode8(format, src + j), _mm256_mul_ps(_mm256_loadu_ps(scale + j), pow8));
-        _mm256_storeu_ps(dst + j, _mm256_add_ps(v, t));
+    for (; j + DECODE_STEP <= count; j += DECODE_STEP) {
+        __m256i h = fp16_bits16(format, src + j);
+        __m256 lo = _mm256_mul_ps(low8(h), _mm256_mul_ps(_mm256_loadu_ps(scale + j), pow8));
+        __m256 hi = _mm256_mul_ps(high8(h), _mm256_mul_ps(_mm256_loadu_ps(scale + j + 8), pow8));
+        _mm256_storeu_ps(dst + j, _mm256_add_ps(lo, t));
+        _mm256_storeu_ps(dst + j + 8, _mm256_add_ps(hi, t));
     }
     return j;
 }
