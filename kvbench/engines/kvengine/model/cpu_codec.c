@@ -10,12 +10,16 @@
 
    Formats: 0 = float8_e4m3fn (no inf, NaN = S.1111.111), 1 = float8_e5m2 (the top byte of an IEEE fp16).
    Rows are heads * dim values; `slots` (may be NULL: rows 0..n-1) names the stored row of each token; scale is
-   one float (tensor mode) or [heads * dim] (channel mode); shift (NULL in tensor mode) is bf16 [rows, heads].
+   one float (tensor mode) or [heads * dim] (channel mode); shift (NULL in tensor mode) is bf16 [rows, heads]
+   for decode, and the tokens' [n, heads], computed, for encode.
    Both return 0, or 1 + the index of the first slot outside [0, num_rows) (checked before anything is read
    or written; without slots, num_rows + 1 when the n tokens do not fit). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 static inline float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static inline uint32_t to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -68,8 +72,37 @@ static int64_t first_bad_slot(const int64_t *slots, int64_t n, int64_t num_rows)
 
 static inline float bf16(uint16_t h) { return from_bits((uint32_t)h << 16); }
 
+/* fp32 -> bf16, round to nearest even; NaN -> 0x7FC0 (c10's rule, what torch's .to(torch.bfloat16) does). */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u = to_bits(f);
+    if (isnan(f)) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
+/* A channel-mode token's shift: sum over d of x[d] * weight[d], added in `fp8.token_shift`'s fixed pairwise
+   order (element i + element i + half, halving, an odd last one carried), rounded to bf16. */
+static inline uint16_t head_shift(const float *x, const float *weight, int64_t dim, float *buf) {
+    int64_t m = dim;
+#if defined(__AVX2__)
+    if (dim % 16 == 0) {  /* the halvings whose halves are whole 8-lane vectors, on vectors: the same adds */
+        for (int64_t d = 0; d < dim; d += 8)
+            _mm256_storeu_ps(buf + d, _mm256_mul_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(weight + d)));
+        for (; m % 16 == 0; m /= 2)
+            for (int64_t i = 0; i < m / 2; i += 8)
+                _mm256_storeu_ps(buf + i, _mm256_add_ps(_mm256_loadu_ps(buf + i), _mm256_loadu_ps(buf + i + m / 2)));
+    } else
+#endif
+    for (int64_t d = 0; d < dim; d++) buf[d] = x[d] * weight[d];
+    while (m > 1) {
+        const int64_t half = m / 2;
+        for (int64_t i = 0; i < half; i++) buf[i] = buf[i] + buf[i + half];
+        if (m % 2) buf[half] = buf[2 * half];
+        m = half + m % 2;
+    }
+    return to_bf16(buf[0]);
+}
+
 #if defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
 #define SIMD 8    /* values per encode step */
 #define DECODE_STEP 16
 /* 16 fp8 bytes -> their 16 fp16 bit patterns: an e5m2 byte is the top byte of its fp16. An e4m3 byte's exponent
@@ -233,10 +266,11 @@ int64_t kv_decode(int format, const uint8_t *rows, int64_t num_rows, const int64
             continue;                                                                            \
         }                                                                                        \
         for (int64_t h = 0; h < heads; h++) {                                                    \
-            const float t = bf16(shift[i * heads + h]);                                          \
             const float *sc = scale + h * dim;                                                   \
             const float *src_h = src + h * dim;                                                  \
             uint8_t *dst_h = dst + h * dim;                                                      \
+            shift[i * heads + h] = head_shift(src_h, weight + h * dim, dim, buf);                \
+            const float t = bf16(shift[i * heads + h]);                                          \
             for (int64_t d = HEAD_SIMD(src_h, dst_h, dim, sc, t, limit); d < dim; d++) {         \
                 float v = (src_h[d] - t) / sc[d];                                                \
                 dst_h[d] = ENC(v > limit ? limit : (v < -limit ? -limit : v));                   \
@@ -244,12 +278,15 @@ int64_t kv_decode(int format, const uint8_t *rows, int64_t num_rows, const int64
         }                                                                                        \
     }
 
-/* shift here is the tokens' own bf16 [n, heads] (what encode stores beside the bytes), not the stored rows'. */
+/* Channel mode computes each token's shift (`head_shift`, from `weight` [heads * dim]) and writes it to
+   shift [n, heads]: the tokens' own shifts, which the caller stores beside the bytes. */
 int64_t kv_encode(int format, const float *x, const int64_t *slots, int64_t n, int64_t heads, int64_t dim,
-                  const float *scale, int channel, const uint16_t *shift, uint8_t *rows, int64_t num_rows) {
+                  const float *scale, int channel, const float *weight, uint16_t *shift, uint8_t *rows,
+                  int64_t num_rows) {
     const int64_t bad = first_bad_slot(slots, n, num_rows);
     if (bad) return bad;
     const int64_t width = heads * dim;
+    float buf[dim > 0 ? dim : 1];
     if (format == 0) {
         const float limit = 448.0f;
         ENCODE_LOOP(encode_e4m3, encode_row_e4m3, encode_head_e4m3)

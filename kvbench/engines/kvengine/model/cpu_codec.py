@@ -38,7 +38,7 @@ FORMAT_CODES = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}  # the kernel's `f
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _DECODE_ARGS = [ctypes.c_int, _P, _I, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P]
-_ENCODE_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P, _I]
+_ENCODE_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P, _P, _I]
 
 
 def _cpu_id() -> str:
@@ -156,25 +156,30 @@ def decode(
 def encode(
     x: torch.Tensor,
     scale: torch.Tensor,
+    weight: torch.Tensor | None,
     shift: torch.Tensor | None,
     rows: torch.Tensor,
     slots: torch.Tensor | None,
     lib: ctypes.CDLL | None = None,
 ) -> bool:
     """Store `x [n, H, D]` (fp32) as fp8 in `rows [R, H, D]` at `slots [n]` (rows 0..n-1 when None):
-    `(x - shift) / scale`, clamped to the format's max, rounded to nearest even, with `shift` the tokens' own
-    bf16 [n, H] (channel mode) or None. False when the kernel does not apply (then nothing is written).
-    `lib` as in `decode`."""
+    `(x - shift) / scale`, clamped to the format's max, rounded to nearest even. Channel mode (`scale` [H, D])
+    also computes each token's shift from `weight` [H, D] (`fp8.shift_weights`) as `fp8.token_shift` does and
+    writes it into `shift` bf16 [n, H]; tensor mode takes neither. False when the kernel does not apply (then
+    nothing is written). `lib` as in `decode`."""
     lib = lib or library()
     if (lib is None or rows.dtype not in FORMAT_CODES or x.dtype != torch.float32 or scale.dtype != torch.float32
-            or (slots is not None and slots.dtype != torch.int64) or not _usable(x, scale, shift, rows, slots)):
+            or (slots is not None and slots.dtype != torch.int64) or (weight is not None and weight.dtype != torch.float32)
+            or not _usable(x, scale, weight, shift, rows, slots)):
         return False
     n, heads, dim = x.shape
     num_rows = rows.shape[0]
     if slots is not None and slots.shape[0] != n:
         raise ValueError(f"{slots.shape[0]} slots for {n} tokens")
     _check_shapes(scale, shift, n, heads, dim, rows)
+    if (weight is None) != (shift is None) or (weight is not None and tuple(weight.shape) != (heads, dim)):
+        raise ValueError(f"a channel scale needs the shift weights [{heads}, {dim}], a tensor scale none")
     bad = lib.kv_encode(FORMAT_CODES[rows.dtype], x.data_ptr(), _ptr(slots), n, heads, dim, scale.data_ptr(),
-                        int(scale.dim() > 0), _ptr(shift), rows.data_ptr(), num_rows)
+                        int(scale.dim() > 0), _ptr(weight), _ptr(shift), rows.data_ptr(), num_rows)
     _check(bad, slots, n, num_rows)
     return True

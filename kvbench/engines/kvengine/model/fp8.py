@@ -133,12 +133,27 @@ def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, margin: float = DEFA
     return amax.float().clamp_min(_MIN_AMAX) * (margin / fp8_max(dtype))
 
 
+def shift_weights(scale: torch.Tensor) -> torch.Tensor:
+    """[H, D] weights of a token's shift: 1 / scale^2, normalised over each head's channels."""
+    weight = scale.float().pow(-2)
+    return weight / weight.sum(-1, keepdim=True)
+
+
+def pairwise_sum(p: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim in one fixed order: element i plus element i + half, halving, an odd last element
+    carried. `cpu_codec` adds in the same order, so that both paths store the same shift bits."""
+    while p.shape[-1] > 1:
+        m = p.shape[-1]
+        half = m // 2
+        s = p[..., :half] + p[..., half : 2 * half]
+        p = torch.cat((s, p[..., 2 * half :]), dim=-1) if m % 2 else s
+    return p[..., 0]
+
+
 def token_shift(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Per-token shift of `x [..., H, D]` given channel scales [H, D], rounded to `SHIFT_DTYPE`."""
-    weight = scale.float().pow(-2)
-    weight = weight / weight.sum(-1, keepdim=True)
-    # multiply-then-sum: 4x faster than einsum/bmm for these shapes on CPU (measured)
-    return (x.float() * weight).sum(-1).to(SHIFT_DTYPE)
+    # multiply, then add in the C kernel's order: einsum/bmm were 4x slower for these shapes on CPU (measured)
+    return pairwise_sum(x.float() * shift_weights(scale)).to(SHIFT_DTYPE)
 
 
 def rope_pair_amax(amax: torch.Tensor) -> torch.Tensor:
@@ -186,15 +201,28 @@ def encode(
     dtype = storage_dtype(fmt)
     if not fmt.quantized:
         return (x.to(dtype), None) if out is None else (out[0].copy_(x), None)
+    payload = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out[0]
     shift = None
     if fmt.shifted:
-        shift = token_shift(x, scale)
-        if out is not None and out[1] is not None:
-            shift = out[1].copy_(shift)
-    payload = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out[0]
-    if x.dim() != 3 or not cpu_codec.encode(x, scale, shift, payload, None):
-        payload.copy_(_quantized(fmt, x, scale, shift))
+        shift = out[1] if out is not None and out[1] is not None else torch.empty(
+            x.shape[:-1], dtype=SHIFT_DTYPE, device=x.device)
+    _encode_into(fmt, x, scale, payload, None, shift)
     return payload, shift
+
+
+def _encode_into(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor,
+                 slots: torch.Tensor | None, shift: torch.Tensor | None) -> None:
+    """Quantize `x [n, H, D]` into rows[slots] (into `rows`, of x's shape, when slots is None) and (channel
+    mode) its shifts into `shift [n, H]`: one C pass on CPU (`cpu_codec`), else torch."""
+    weight = shift_weights(scale) if fmt.shifted else None
+    if x.dim() == 3 and cpu_codec.encode(x, scale, weight, shift, rows, slots):
+        return
+    token = None if shift is None else shift.copy_(token_shift(x, scale))
+    quantized = _quantized(fmt, x, scale, token).to(rows.dtype)
+    if slots is None:
+        rows.copy_(quantized)
+    else:
+        rows[slots] = quantized
 
 
 def _quantized(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor | None) -> torch.Tensor:
@@ -218,9 +246,8 @@ def store(
     if not fmt.quantized:
         rows[slots] = x.to(rows.dtype)
         return
-    shift = token_shift(x, scale) if fmt.shifted else None
-    if not cpu_codec.encode(x, scale, shift, rows, slots):
-        rows[slots] = _quantized(fmt, x, scale, shift).to(rows.dtype)
+    shift = torch.empty(x.shape[:-1], dtype=SHIFT_DTYPE, device=x.device) if fmt.shifted else None
+    _encode_into(fmt, x, scale, rows, slots, shift)
     if shift_rows is not None:
         shift_rows[slots] = shift
 

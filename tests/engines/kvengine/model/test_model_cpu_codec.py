@@ -25,6 +25,13 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int32)
 
 
+def channel_outputs(fmt: KVFormat, scale: torch.Tensor, n: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """What a channel-mode encode takes beside the values: the shift weights, and the [n, H] shifts it fills."""
+    if not fmt.shifted:
+        return None, None
+    return fp8.shift_weights(scale), torch.full((n, scale.shape[0]), 7.0, dtype=torch.bfloat16)
+
+
 def values_to_encode(dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Everything rounding can get wrong: every midpoint between neighbouring fp8 values (ties to even) and
     next to them, subnormals, zeros of both signs, values past the max, and plain noise at several scales."""
@@ -60,10 +67,13 @@ def test_encode_equals_torchs_path_bit_for_bit(lib, fmt, dim):
     x = x.reshape(n, heads, dim).contiguous()
     gen = torch.Generator().manual_seed(2)
     scale = torch.tensor(0.043) if not fmt.shifted else torch.rand(heads, dim, generator=gen) + 0.01
-    shift = fp8.token_shift(x.clamp(-1e4, 1e4), scale) if fmt.shifted else None
-    want = fp8._quantized(fmt, x, scale, shift).to(dtype)
+    weight, shift = channel_outputs(fmt, scale, n)
     got = torch.empty(n, heads, dim, dtype=dtype)
-    assert cpu_codec.encode(x, scale, shift, got, None, lib=lib)
+    assert cpu_codec.encode(x, scale, weight, shift, got, None, lib=lib)
+    want_shift = fp8.token_shift(x, scale) if fmt.shifted else None
+    if fmt.shifted:  # each token's shift, summed in the same order as torch's path and rounded the same way
+        assert torch.equal(bits(shift.float()), bits(want_shift.float()))
+    want = fp8._quantized(fmt, x, scale, want_shift).to(dtype)
     assert torch.equal(bits(got.float()), bits(want.float()))  # every code, but for the sign of a NaN
 
 
@@ -79,7 +89,9 @@ def test_scatter_then_gather_of_slots_equals_torch_on_the_same_rows(lib, fmt):
     rows = torch.randint(0, 256, (num_rows, heads, dim), dtype=torch.uint8, generator=gen).view(dtype)
     before = rows.clone()
     slots = torch.tensor([9, 0, 39, 17, 3, 22, 30])
-    assert cpu_codec.encode(x, scale, shift, rows, slots, lib=lib)
+    weight, computed = channel_outputs(fmt, scale, len(slots))
+    assert cpu_codec.encode(x, scale, weight, computed, rows, slots, lib=lib)
+    assert shift is None or torch.equal(computed.view(torch.int16), shift.view(torch.int16))
     untouched = torch.ones(num_rows, dtype=torch.bool)
     untouched[slots] = False
     assert torch.equal(rows.view(torch.uint8)[untouched], before.view(torch.uint8)[untouched])
@@ -97,10 +109,10 @@ def test_a_slot_outside_the_rows_is_refused_before_anything_is_written(lib):
     rows = torch.zeros(4, 1, 8, dtype=torch.float8_e4m3fn)
     x = torch.ones(2, 1, 8)
     with pytest.raises(IndexError, match="slot 4 is outside the 4 stored rows"):
-        cpu_codec.encode(x, torch.tensor(1.0), None, rows, torch.tensor([1, 4]), lib=lib)
+        cpu_codec.encode(x, torch.tensor(1.0), None, None, rows, torch.tensor([1, 4]), lib=lib)
     assert not rows.view(torch.uint8).any()
     with pytest.raises(IndexError, match="5 tokens do not fit in the 4 stored rows"):
-        cpu_codec.encode(torch.ones(5, 1, 8), torch.tensor(1.0), None, rows, None, lib=lib)
+        cpu_codec.encode(torch.ones(5, 1, 8), torch.tensor(1.0), None, None, rows, None, lib=lib)
     assert not rows.view(torch.uint8).any()
     with pytest.raises(IndexError, match="slot -1"):
         cpu_codec.decode(rows, torch.tensor([0, -1]), torch.tensor(1.0), None, None, lib=lib)
@@ -117,7 +129,10 @@ def test_shapes_that_do_not_match_are_refused_not_read_past(lib):
     with pytest.raises(ValueError, match="3 rows for 4 slots"):
         cpu_codec.decode(rows, None, torch.tensor(1.0), None, torch.empty(3, 2, 8), lib=lib)
     with pytest.raises(ValueError, match="rows of shape"):
-        cpu_codec.encode(torch.ones(2, 2, 4), torch.tensor(1.0), None, rows, None, lib=lib)
+        cpu_codec.encode(torch.ones(2, 2, 4), torch.tensor(1.0), None, None, rows, None, lib=lib)
+    with pytest.raises(ValueError, match="shift weights"):
+        cpu_codec.encode(torch.ones(4, 2, 8), torch.ones(2, 8), torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), rows,
+                         None, lib=lib)
 
 
 def test_what_the_kernel_does_not_take_is_left_to_torch(lib):
@@ -127,7 +142,7 @@ def test_what_the_kernel_does_not_take_is_left_to_torch(lib):
     assert cpu_codec.decode(rows.view(torch.uint8), None, one, None, None, lib=lib) is None  # not an fp8 dtype
     strided = torch.zeros(4, 8, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)  # [4, 2, 8], strided
     assert not strided.is_contiguous() and cpu_codec.decode(strided, None, one, None, None, lib=lib) is None
-    assert not cpu_codec.encode(torch.ones(4, 1, 8, dtype=torch.float64), one, None, rows, None, lib=lib)
+    assert not cpu_codec.encode(torch.ones(4, 1, 8, dtype=torch.float64), one, None, None, rows, None, lib=lib)
 
 
 def test_disabled_by_the_environment_or_without_a_compiler_every_caller_keeps_torchs_path(monkeypatch):
