@@ -146,8 +146,9 @@ static inline __m256 high8(__m256i h) { return _mm256_cvtph_ps(_mm256_extracti12
 
 #if SIMD
 /* The SIMD part of a row (tensor scale) or a head (channel scale and shift): how many values it did. The fp16
-   view's e4m3 values are multiplied by scale * 2^8, in one multiply: the product is exact where it is finite (a power of
-   two only moves the exponent; `kv_decode` checks), so v * (2^8 scale) rounds once, as (v 2^8) * scale does. */
+   view's e4m3 values are multiplied by scale * 2^8, in one multiply: the product is exact where it is finite
+   (a power of two only moves the exponent; `kv_decode` checks), so v * (2^8 scale) rounds once, as
+   (v 2^8) * scale does. */
 static inline int64_t decode_row_simd(int format, const uint8_t *src, float *dst, int64_t count, float scale) {
     const __m256 s = _mm256_set1_ps(format == 1 ? scale : scale * 256.0f);
     int64_t j = 0;
@@ -229,7 +230,9 @@ ENCODE_SIMD(encode_row_e4m3, encode_head_e4m3, encode8_e4m3)
 ENCODE_SIMD(encode_row_e5m2, encode_head_e5m2, encode8_e5m2)
 #else
 static inline int64_t decode_row_simd(int f, const uint8_t *s, float *d, int64_t c, float k) { return 0; }
-static inline int64_t decode_head_simd(int f, const uint8_t *s, float *d, int64_t c, const float *k, float t) { return 0; }
+static inline int64_t decode_head_simd(int f, const uint8_t *s, float *d, int64_t c, const float *k, float t) {
+    return 0;
+}
 #define ENCODE_STUBS(ROW, HEAD)                                                                      \
     static inline int64_t ROW(const float *s, uint8_t *d, int64_t c, float k, float l) { return 0; } \
     static inline int64_t HEAD(const float *s, uint8_t *d, int64_t c, const float *k, float t, float l) { return 0; }

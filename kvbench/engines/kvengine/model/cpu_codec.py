@@ -1,9 +1,10 @@
 """The fp8 KV codec on CPU as one C pass (`cpu_codec.c`), fused with the gather or scatter of token rows.
 
 Why C: torch has no fast fp8 read on CPU. One SmolLM2 layer's K for 4,352 live tokens, one thread, measured
-here: fp32 `index_select` 156 us; fp8 `index_select` + 256-entry table lookup (`fp8.lut_decode`) 679 us; the
-same decode through fp16 bit operations in eager torch 795 us, and `torch.compile`d 860 us; this kernel 141 us:
-it reads a quarter of the bytes and builds each value's bits with integer operations the compiler vectorizes.
+here: fp32 `index_select` 126-180 us; fp8 `index_select` + 256-entry table lookup (`fp8.lut_decode`) 680-700 us;
+the same decode through fp16 bit operations in eager torch 690-800 us, and `torch.compile`d 855-890 us; this
+kernel 151 us (e4m3), 123-134 us (e5m2): it reads a quarter of the bytes and, with AVX2 and F16C, converts 16
+values a step through the fp16 converter.
 
 Built on first use with the machine's C compiler (`$CC`, else `cc`; a new machine has gcc) into
 `weights.cache_root()/_kernels/`, keyed by the source, the flags and the CPU, then loaded with ctypes (which
@@ -169,7 +170,8 @@ def encode(
     nothing is written). `lib` as in `decode`."""
     lib = lib or library()
     if (lib is None or rows.dtype not in FORMAT_CODES or x.dtype != torch.float32 or scale.dtype != torch.float32
-            or (slots is not None and slots.dtype != torch.int64) or (weight is not None and weight.dtype != torch.float32)
+            or (slots is not None and slots.dtype != torch.int64)
+            or (weight is not None and weight.dtype != torch.float32)
             or not _usable(x, scale, weight, shift, rows, slots)):
         return False
     n, heads, dim = x.shape
