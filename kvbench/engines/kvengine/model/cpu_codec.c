@@ -1,7 +1,7 @@
 /* The fp8 KV codec on CPU, fused with the gather and the scatter of token rows (see cpu_codec.py).
 
-   With AVX2 and F16C (x86 since 2013), 8 values at a time: decode through the fp16 converter, encode by the
-   integer steps below on 8 lanes. Elsewhere, and for the tail of a row, per value: decode builds the value's
+   With AVX2 and F16C (x86 since 2013): decode 16 values a step through the fp16 converter, encode 8 a step by
+   the integer steps below on 8 lanes. Elsewhere, and for the tail of a row, per value: decode builds the value's
    fp32 bits from the byte with integer operations (no table); encode is round-to-nearest-even with saturation,
    the same rule as torch's casts (c10's fp8 conversions). Both builds are tested bit for bit against torch
    (`fp8.decode`'s table, torch's cast).
