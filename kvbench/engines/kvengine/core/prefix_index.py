@@ -531,6 +531,14 @@ class PrefixIndex:
             out.extend(node.pages)
         return out
 
+    def evictable_page_ids(self) -> list[PageId]:
+        """The pages of unlocked nodes: what `evict` may free (for integrity checks and tests)."""
+        out: list[PageId] = []
+        for _, node in self._walk():
+            if not node.lock_ref:
+                out.extend(node.pages)
+        return out
+
     def _walk(self):
         for ns, root in self._roots.items():
             stack = list(root.children.values())

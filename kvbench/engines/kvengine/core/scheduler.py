@@ -170,7 +170,8 @@ class _Seq:
     match: PromptMatch | None = None
     num_computed: int = 0
     num_cached_tokens: int | None = None
-    indexed_pages: int = 0  # leading full pages already in the prefix index (and locked through `match`)
+    # Leading full pages already in the prefix index and locked through `match`: at least `borrowed`
+    indexed_pages: int = 0
     swapped_pages: int = 0  # > 0 while swapped out to host
     # Leading pages whose one reference is the prefix index's, not the sequence's: the cached pages it matched
     # at admission and the pages it cached itself since (adopted: `insert`'s `adopt_at`). They stay locked
@@ -222,15 +223,21 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Raise IntegrityError unless every page's reference count is its number of holders: the prefix index
         (one per cached page) and each running sequence's own pages; a sequence's borrowed pages must be cached
-        (the index holds their one reference). Also checks the index and the pool."""
+        (the index holds their one reference), and no page of a running sequence may be evictable (eviction
+        would free it, or leave it to two holders, under the sequence). Also checks the index and the pool."""
         self.index.check_integrity()
         pool = self.index.pool
         pool.check_integrity()
         holders = dict.fromkeys(self.index.cached_page_ids(), 1)
+        evictable = set(self.index.evictable_page_ids())
         for seq in self._running:
             missing = [p for p in seq.pages[: seq.borrowed] if p not in holders]
             if missing:
                 raise IntegrityError(f"{seq.request.request_id}: borrowed pages {missing[:8]} are not cached")
+            unlocked = [p for p in seq.pages if p in evictable]
+            if unlocked:
+                raise IntegrityError(f"{seq.request.request_id}: its pages {unlocked[:8]} are cached unlocked "
+                                     "(evictable while it runs)")
             for p in seq.pages[seq.borrowed :]:
                 holders[p] = holders.get(p, 0) + 1
         wrong = [(p, pool.ref_count(p), n) for p, n in holders.items() if pool.ref_count(p) != n]
@@ -358,6 +365,10 @@ class Scheduler:
             return False
         seq.match = match
         seq.pages, seq._table, seq.borrowed = list(match.pages[:cached_pages]), None, cached_pages
+        # The borrowed pages are in the index and locked through `match`. A recomputed sequence may borrow
+        # pages past its prompt (its own generated pages, cached when it was preempted): `_index_computed`
+        # must not move its lock to the shorter prompt path, or they would become evictable under it.
+        seq.indexed_pages = cached_pages
         self.allocate(seq, need)
         seq.num_computed = cached
         if seq.num_cached_tokens is None:
