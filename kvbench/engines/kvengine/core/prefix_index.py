@@ -1,4 +1,6 @@
 """Prefix index: a radix tree over page-aligned token ids, one tree per namespace, owning cached pages.
+Its nodes and results are in `prefix_tree`, its eviction (`evict`, `evict_each`, `evict_idle`) in
+`prefix_eviction`; this module owns the tree: match, lock, insert, and its integrity check.
 
 Mechanics follow SGLang's radix cache: an edge holds whole pages (its token ids and their page ids),
 children are keyed by their first page's tokens, lock references are walked to the root, and eviction takes
@@ -29,9 +31,8 @@ its key, so that an offload executor can copy dropped pages to a lower tier befo
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -47,109 +48,32 @@ from kvbench.engines.kvengine.core.events import (
 )
 from kvbench.engines.kvengine.core.namespaces import Namespace, Placement, TenantId
 from kvbench.engines.kvengine.core.pages import IntegrityError, PageId, PagePool
+from kvbench.engines.kvengine.core.prefix_eviction import EvictResult, Eviction
+from kvbench.engines.kvengine.core.prefix_tree import (
+    DEVICE_TIER,
+    InsertResult,
+    Node,
+    PrefixMatch,
+    PromptMatch,
+    common_pages,
+    token_bytes,
+)
+
+# What callers import from here: the index, and the results its methods return.
+__all__ = ["DEVICE_TIER", "EvictResult", "InsertResult", "PrefixIndex", "PrefixMatch", "PromptMatch"]
 
 _UNKEYED = PageKey("")  # the content key of a page nobody below the device tier will ever look up
 
-DEVICE_TIER = "device"
-
-
-@dataclass(slots=True, eq=False)
-class _Node:
-    node_id: int
-    parent: _Node | None
-    # int32 token ids of this edge, whole pages. A bytearray so that eviction trims a long leaf's tail in place
-    # (one page at a time in a full pool); its parent holds it under bytes(key[:page bytes]).
-    key: bytearray
-    pages: list[PageId]
-    tenant: TenantId
-    keys: list[PageKey]  # content key per page; a root holds one: its namespace's chain root
-    children: dict[bytes, _Node] = field(default_factory=dict)
-    lock_ref: int = 0
-    tick: int = 0  # LRU recency: larger = used more recently
-    last_access: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixMatch:
-    """The cached full-page prefix of a prompt. `pages` are in prompt order."""
-
-    namespace: Namespace
-    pages: tuple[PageId, ...]
-    page_size: int
-    _node: _Node | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def num_pages(self) -> int:
-        return len(self.pages)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.pages) * self.page_size
-
-
-@dataclass(frozen=True, slots=True)
-class PromptMatch:
-    """The cached full-page prefix of a prompt across the parts of its placement; `pages` in prompt order.
-    Valid, like its parts, until the next `insert` or `evict` unless locked (`lock_prompt`)."""
-
-    parts: tuple[PrefixMatch, ...] = ()
-
-    @property
-    def pages(self) -> tuple[PageId, ...]:
-        if len(self.parts) == 1:  # strict isolation: one part, no copy
-            return self.parts[0].pages
-        return tuple(page for part in self.parts for page in part.pages)
-
-    @property
-    def num_pages(self) -> int:
-        return sum(part.num_pages for part in self.parts)
-
-
-@dataclass(frozen=True, slots=True)
-class InsertResult:
-    num_pages: int  # full pages in the inserted tokens
-    num_cached: int  # of those, already in the index (the caller's copies were not adopted)
-    # The inserted tokens as `match` (one per namespace part, as `match_prompt`'s parts) would find them now:
-    # what a caller that locks what it inserted needs, without walking the tree again.
-    matches: tuple[PrefixMatch, ...] = ()
-    # Adopted pages whose reference the index took over from the caller instead of taking its own (`adopt_at`)
-    num_adopted: int = 0
-
-    @property
-    def num_new(self) -> int:
-        return self.num_pages - self.num_cached
-
-
-@dataclass(frozen=True, slots=True)
-class EvictResult:
-    num_pages: int  # pages dropped from the index
-    num_freed: int  # of those, pages that went back to the pool (no other holder)
-    by_tenant: dict[TenantId, int]
-
-
-def _token_bytes(tokens: np.ndarray, num_pages: int, page_size: int) -> bytes:
-    arr = np.asarray(tokens)
-    if arr.ndim != 1:
-        raise ValueError(f"tokens: expected a 1-D array of token ids, got shape {arr.shape}")
-    return arr[: num_pages * page_size].astype(np.int32, copy=False).tobytes()
-
-
-def _common_pages(a: bytes, b: bytes, page_bytes: int) -> int:
-    """How many leading whole pages two byte strings share."""
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(np.frombuffer(a, np.uint8, n) != np.frombuffer(b, np.uint8, n))
-    return (int(diff[0]) if len(diff) else n) // page_bytes
-
 
 @dataclass(slots=True)
-class PrefixIndex:
+class PrefixIndex(Eviction):
     """Radix tree of cached pages over `pool`. See the module docstring for the contracts."""
 
     pool: PagePool
     events: EventSink = field(default_factory=NullEventLog)
     key_salt: str = ""  # names the model and KV layout in every content key
     journal: PageSink = field(default_factory=NullPageJournal)
-    _roots: dict[Namespace, _Node] = field(default_factory=dict, repr=False)
+    _roots: dict[Namespace, Node] = field(default_factory=dict, repr=False)
     # Per-tenant LRU heaps of leaf candidates (tick, node_id, node); stale entries are skipped on pop.
     _heaps: dict[TenantId, list] = field(default_factory=dict, repr=False)
     _tick: int = 0
@@ -196,7 +120,7 @@ class PrefixIndex:
         if root is None:
             return PrefixMatch(namespace, (), ps, None)
         n = len(tokens) // ps
-        kb = _token_bytes(tokens, n, ps)
+        kb = token_bytes(tokens, n, ps)
         pb = 4 * ps
         node, pos, pages = root, 0, []
         while pos < n:
@@ -205,7 +129,7 @@ class PrefixIndex:
                 break
             clen = len(child.pages)
             seg = kb[pos * pb : (pos + clen) * pb]
-            m = clen if seg == child.key else _common_pages(seg, child.key, pb)
+            m = clen if seg == child.key else common_pages(seg, child.key, pb)
             pages.extend(child.pages[:m])
             pos += m
             node = child
@@ -269,14 +193,10 @@ class PrefixIndex:
         if leaf is not None and leaf.parent is not None:
             self._push_if_leaf(leaf)
 
-    def _move_evictable(self, node: _Node, delta: int) -> None:
+    def _move_evictable(self, node: Node, delta: int) -> None:
         self._evictable += delta
         self._protected -= delta
         self._evictable_by_tenant[node.tenant] = self._evictable_by_tenant.get(node.tenant, 0) + delta
-
-    def _push_if_leaf(self, node: _Node) -> None:
-        if not node.children and node.lock_ref == 0 and node.parent is not None:
-            heapq.heappush(self._heaps.setdefault(node.tenant, []), (node.tick, node.node_id, node))
 
     # ---- insert ------------------------------------------------------------------------------------------
     @property
@@ -298,12 +218,12 @@ class PrefixIndex:
         n = len(tokens) // ps
         if len(pages) < n:
             raise ValueError(f"pages: {len(pages)} page ids for {n} full pages of tokens; pass one per page")
-        kb = _token_bytes(tokens, n, ps)
+        kb = token_bytes(tokens, n, ps)
         pb = 4 * ps
         self._tick += 1
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = _Node(0, None, bytearray(), [], tenant,
+            root = self._roots[namespace] = Node(0, None, bytearray(), [], tenant,
                                                   [root_key(self.key_salt, namespace)])
         node, pos, matched = root, 0, []
         while pos < n:
@@ -312,7 +232,7 @@ class PrefixIndex:
                 break
             clen = len(child.pages)
             seg = kb[pos * pb : (pos + clen) * pb]
-            m = clen if seg == child.key else _common_pages(seg, child.key, pb)
+            m = clen if seg == child.key else common_pages(seg, child.key, pb)
             if m < clen:
                 child = self._split(child, m)
             child.tick = self._tick
@@ -332,7 +252,7 @@ class PrefixIndex:
                     self.journal.record_page(PageRecord(PageChange.STORED, key, page, tenant, now))
             else:
                 keys = [_UNKEYED] * (n - pos)  # no lower tier listens: skip hashing every page (hot in replays)
-            leaf = _Node(self._next_id, node, bytearray(kb[pos * pb : n * pb]), new_pages, tenant, keys,
+            leaf = Node(self._next_id, node, bytearray(kb[pos * pb : n * pb]), new_pages, tenant, keys,
                          tick=self._tick, last_access=now)
             self._next_id += 1
             self._num_nodes += 1
@@ -370,7 +290,7 @@ class PrefixIndex:
         return InsertResult(num_pages, num_cached, tuple(matches), num_adopted)
 
     @staticmethod
-    def _pages_above(node: _Node) -> int:
+    def _pages_above(node: Node) -> int:
         """Pages on the path from the root down to `node`, `node` excluded."""
         total, parent = 0, node.parent
         while parent is not None:
@@ -378,11 +298,11 @@ class PrefixIndex:
             parent = parent.parent
         return total
 
-    def _split_tail(self, node: _Node, m: int) -> _Node:
+    def _split_tail(self, node: Node, m: int) -> Node:
         """Cut `node` after its first m pages, keeping `node` as the head (so matches that point at it stay
         valid); a new child takes the tail and the children. Returns the tail. `node` must be unlocked."""
         pb = 4 * self.page_size
-        tail = _Node(self._next_id, node, node.key[m * pb :], node.pages[m:], node.tenant, node.keys[m:],
+        tail = Node(self._next_id, node, node.key[m * pb :], node.pages[m:], node.tenant, node.keys[m:],
                      children=node.children, tick=node.tick, last_access=node.last_access)
         self._next_id += 1
         self._num_nodes += 1
@@ -393,12 +313,12 @@ class PrefixIndex:
         self._push_if_leaf(tail)
         return tail
 
-    def _split(self, child: _Node, m: int) -> _Node:
+    def _split(self, child: Node, m: int) -> Node:
         """Cut `child` after its first m pages; the new upper node takes them. Returns the upper node."""
         pb = 4 * self.page_size
         parent = child.parent
         assert parent is not None
-        upper = _Node(self._next_id, parent, child.key[: m * pb], child.pages[:m], child.tenant, child.keys[:m],
+        upper = Node(self._next_id, parent, child.key[: m * pb], child.pages[:m], child.tenant, child.keys[:m],
                       lock_ref=child.lock_ref, tick=child.tick, last_access=child.last_access)
         self._next_id += 1
         self._num_nodes += 1
@@ -409,119 +329,6 @@ class PrefixIndex:
         child.parent = upper
         upper.children[bytes(child.key[:pb])] = child
         return upper
-
-    # ---- evict -------------------------------------------------------------------------------------------
-    def evict(self, num_pages: int, now: float, tenants: Collection[TenantId] | None = None) -> EvictResult:
-        """Drop up to `num_pages` pages, least recently used unlocked leaves first, deepest page first.
-
-        With `tenants`, only leaves charged to those tenants are candidates (LRU among them).
-        """
-        if tenants is None:
-            heaps = list(self._heaps.values())
-        else:
-            heaps = [self._heaps[t] for t in tenants if t in self._heaps]
-        dropped = freed = 0
-        by_tenant: dict[TenantId, int] = {}
-        while dropped < num_pages:
-            best = self._lru(heaps)
-            if best is None:
-                break
-            k = min(num_pages - dropped, len(best[0][2].pages))
-            t, tail = self._drop_tail(best, k)
-            freed += self.pool.release(tail)
-            dropped += k
-            by_tenant[t] = by_tenant.get(t, 0) + k
-        for t, k in by_tenant.items():
-            self.events.record(EventKind.EVICTED, t, DEVICE_TIER, k, now)
-        return EvictResult(num_pages=dropped, num_freed=freed, by_tenant=by_tenant)
-
-    def evict_each(self, times: Sequence[float]) -> list[PageId]:
-        """`evict(1, t)` for each of `times` in turn, each followed by the caller's `pool.allocate(1)`, which
-        gets back the page just freed: the same pages in the same order, with the same events and journal
-        records, as those calls (a decode run in a full pool: one page per new decode page). The index's
-        references pass to the caller, so the pool itself does not change. Raises IntegrityError if fewer
-        pages are evictable, or if a page would not be freed (another holder has it)."""
-        heaps = list(self._heaps.values())
-        taken: list[PageId] = []
-        record = self.events.record
-        for now in times:
-            best = self._lru(heaps)
-            if best is None:
-                raise IntegrityError(f"evict_each: {len(times) - len(taken)} of {len(times)} pages not evictable")
-            emptied = len(best[0][2].pages) == 1
-            t, tail = self._drop_tail(best, 1)
-            if self.pool.ref_count(tail[0]) != 1:
-                raise IntegrityError(f"evict_each: page {tail[0]} dropped from the index has another holder")
-            taken.append(tail[0])
-            record(EventKind.EVICTED, t, DEVICE_TIER, 1, now)
-            if emptied:  # its parent may have become a leaf of a tenant with no heap yet, as evict() would see
-                heaps = list(self._heaps.values())
-        return taken
-
-    def _lru(self, heaps: list[list]) -> list | None:
-        """The heap whose top is the least recently used valid leaf (stale tops popped), or None."""
-        best = None
-        for h in heaps:
-            while h and not self._valid(h[0]):
-                heapq.heappop(h)
-            if h and (best is None or h[0] < best[0]):
-                best = h
-        return best
-
-    def _drop_tail(self, heap: list, k: int) -> tuple[TenantId, list[PageId]]:
-        """Take the last `k` pages off the leaf at the top of `heap` (the whole leaf if k is all of them),
-        journaling them and updating the counters; the caller releases the index's references. Returns the
-        leaf's tenant and the pages."""
-        leaf: _Node = heap[0][2]
-        tail = leaf.pages[len(leaf.pages) - k :]
-        if self._journaling:
-            for key, page in zip(leaf.keys[len(leaf.keys) - k :], tail):
-                self.journal.record_page(PageRecord(PageChange.DROPPED, key, page, leaf.tenant, leaf.last_access))
-        if k == len(leaf.pages):
-            pb = 4 * self.pool.page_size
-            heapq.heappop(heap)
-            parent = leaf.parent
-            assert parent is not None
-            del parent.children[bytes(leaf.key[:pb])]
-            leaf.parent = None
-            leaf.pages = []
-            leaf.keys = []
-            self._num_nodes -= 1
-            self._push_if_leaf(parent)
-        else:  # in place: copying a long leaf to drop one page made every decode step in a full pool O(leaf)
-            del leaf.pages[len(leaf.pages) - k :]
-            del leaf.keys[len(leaf.keys) - k :]
-            del leaf.key[len(leaf.key) - k * 4 * self.pool.page_size :]
-        t = leaf.tenant
-        self._evictable -= k
-        self._evictable_by_tenant[t] -= k
-        self._pages_by_tenant[t] -= k
-        return t, tail
-
-    def evict_idle(self, now: float, ttl_of: Callable[[TenantId], float]) -> EvictResult:
-        """Drop every unlocked page whose node was last used `ttl_of(its tenant)` seconds ago or earlier.
-
-        A node is never used later than its parent, so idle pages form whole subtrees: leaves go first and
-        their parents follow once they become leaves themselves."""
-        dropped = freed = 0
-        by_tenant: dict[TenantId, int] = {}
-        progress = True
-        while progress:
-            progress = False
-            for tenant, heap in list(self._heaps.items()):  # evicting may add a parent's tenant
-                while heap and not self._valid(heap[0]):
-                    heapq.heappop(heap)
-                if heap and now - heap[0][2].last_access >= ttl_of(tenant):
-                    result = self.evict(len(heap[0][2].pages), now, tenants=(tenant,))
-                    dropped, freed = dropped + result.num_pages, freed + result.num_freed
-                    by_tenant[tenant] = by_tenant.get(tenant, 0) + result.num_pages
-                    progress = True
-        return EvictResult(num_pages=dropped, num_freed=freed, by_tenant=by_tenant)
-
-    @staticmethod
-    def _valid(entry: tuple) -> bool:
-        tick, _, node = entry
-        return node.parent is not None and not node.children and node.lock_ref == 0 and node.tick == tick
 
     # ---- integrity ---------------------------------------------------------------------------------------
     def cached_page_ids(self) -> list[PageId]:

@@ -9,7 +9,8 @@ simulator in virtual time. The model is not called here; a step is
 
 The simulator takes the same decisions as CompactPlans (`schedule_compact`, `postprocess_compact`: no page
 table per decode), and runs of steps certain to be pure decodes in one pass (`decode_run`,
-`commit_decode_run`: the same pages, evictions and tokens as step by step).
+`commit_decode_run`: the same pages, evictions and tokens as step by step); those live in `compact_steps`,
+what the scheduler takes and returns in `plans`, and admission, preemption and the step here.
 
 Token regions of a sequence (tokens = prompt + generated so far) in one step:
 
@@ -32,133 +33,33 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping, NewType, Sequence
+from typing import Mapping
 
 import numpy as np
 
+from kvbench.engines.kvengine.core.compact_steps import CompactSteps
 from kvbench.engines.kvengine.core.events import EventKind
 from kvbench.engines.kvengine.core.pages import IntegrityError, PageId
 from kvbench.engines.kvengine.core.namespaces import Placement, TenantId, placement_for
+from kvbench.engines.kvengine.core.plans import (
+    DEFAULT_TENANT,
+    CompactPlan,
+    DecodeRun,
+    FinishedRequest,
+    Request,
+    RequestId,
+    ScheduledSeq,
+    SchedulerConfig,
+    StepPlan,
+    SwapIn,
+    SwapOut,
+)
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, PromptMatch
 from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
 
-RequestId = NewType("RequestId", str)
-DEFAULT_TENANT = TenantId("default")
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_step_tokens: int = 2048  # prefill chunk tokens + decode tokens per step
-    allow_swap: bool = False  # preempt by swapping to host instead of recomputing
-    strict_isolation: bool = True  # False: a request's declared-shareable prefix is cached in the shared namespace
-    prefix_caching: bool = True  # False: never look up or insert cached pages (every prompt recomputed)
-
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1 or self.max_step_tokens < 1:
-            raise ValueError("SchedulerConfig: max_num_seqs and max_step_tokens must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    request_id: RequestId
-    prompt: np.ndarray  # 1-D token ids
-    max_new_tokens: int
-    tenant: TenantId = DEFAULT_TENANT
-    # Leading prompt tokens declared shareable across tenants (outside strict isolation; see placement_for)
-    shared_tokens: int = 0
-    stop_token_ids: frozenset[int] = frozenset()
-    # False: compute the whole prompt even if it is cached (e.g. prompt logprobs need every position's logits)
-    use_cached_prefix: bool = True
-
-    def __post_init__(self) -> None:
-        if np.ndim(self.prompt) != 1 or len(self.prompt) == 0:
-            raise ValueError(f"request {self.request_id}: prompt must be a non-empty 1-D array of token ids")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1")
-
-    @property
-    def shareable(self) -> bool:
-        """Whether the whole prompt is declared shareable, so that one namespace holds all of it (what a
-        caller that looks a prompt up in one namespace, like the simulator's tiers, may rely on)."""
-        return self.shared_tokens >= len(self.prompt)
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledSeq:
-    request_id: RequestId
-    page_table: tuple[PageId, ...]
-    start: int  # first token position computed this step
-    end: int  # one past the last
-    num_cached_tokens: int  # prompt tokens found in the cache at (first) admission
-    samples: bool  # the model samples one token for this sequence this step
-
-
-@dataclass(frozen=True, slots=True)
-class SwapOut:
-    request_id: RequestId
-    pages: tuple[PageId, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SwapIn:
-    request_id: RequestId
-    pages: tuple[PageId, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class StepPlan:
-    now: float
-    seqs: tuple[ScheduledSeq, ...]
-    preempted: tuple[RequestId, ...] = ()
-    swap_out: tuple[SwapOut, ...] = ()
-    swap_in: tuple[SwapIn, ...] = ()
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.end - s.start for s in self.seqs)
-
-
-@dataclass(frozen=True, slots=True)
-class CompactPlan:
-    """A StepPlan as the simulator needs it (see `schedule_compact`): the same step, in the same order, but a
-    sequence that decodes (computes the one token it sampled last) is its sequence's state, not a
-    ScheduledSeq; its span is [start, start + 1) with start in `decode_starts` (in entry order)."""
-
-    now: float
-    entries: tuple  # ScheduledSeq, or the _Seq of a decoding sequence
-    decode_starts: tuple[int, ...]
-    preempted: tuple[RequestId, ...] = ()
-    swap_out: tuple[SwapOut, ...] = ()
-    swap_in: tuple[SwapIn, ...] = ()
-    sampled_ids: tuple[RequestId, ...] = ()  # requests that receive a token at the end of the step, in entry order
-
-    @property
-    def others(self) -> tuple[ScheduledSeq, ...]:
-        """The entries that are not decodes (prefill chunks, the last of which samples)."""
-        return tuple(e for e in self.entries if type(e) is ScheduledSeq)
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeRun:
-    """The next `steps` steps are certain to be pure decodes of the running sequences `request_ids` (in running
-    order), each computing the token it sampled last, with nothing admitted or preempted, and nothing finished
-    before the last step (see `decode_run`). In the run's step j (from 0) sequence i computes position `starts[i] + j`, so the step's
-    decode spans sum to `starts_sum + j * len(request_ids)` and the longest starts at `longest_start + j`."""
-
-    steps: int
-    request_ids: tuple[RequestId, ...]
-    starts_sum: int
-    longest_start: int
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedRequest:
-    request_id: RequestId
-    prompt_tokens: int
-    num_cached_tokens: int
-    output: tuple[int, ...]
-    finish_reason: str  # "length" or "stop"
+# What callers import from here: the scheduler, and what it takes and returns (defined in `plans`).
+__all__ = ["DEFAULT_TENANT", "CompactPlan", "DecodeRun", "FinishedRequest", "Request", "RequestId",
+           "ScheduledSeq", "Scheduler", "SchedulerConfig", "StepPlan", "SwapIn", "SwapOut"]
 
 
 @dataclass(slots=True, eq=False)
@@ -201,7 +102,7 @@ class _Seq:
 
 
 @dataclass(slots=True)
-class Scheduler:
+class Scheduler(CompactSteps):
     index: PrefixIndex
     config: SchedulerConfig = SchedulerConfig()
     ledger: TenantLedger | None = None  # None: plain LRU eviction across tenants
@@ -293,17 +194,6 @@ class Scheduler:
         """Decide this step: running sequences first (decode or next prefill chunk), then admissions."""
         items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=False)
         return StepPlan(now, tuple(items), tuple(preempted), tuple(swap_out), tuple(swap_in))
-
-    def schedule_compact(self, now: float) -> CompactPlan:
-        """`schedule(now)`, the same decisions and allocations in the same order, as a CompactPlan: a
-        decoding sequence's entry is its own state instead of a new ScheduledSeq with a copy of its page
-        table. For a caller that needs no page tables (the simulator): building a ScheduledSeq per sequence
-        per step was most of a long simulation's time. Commit it with `postprocess_compact`."""
-        items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=True)
-        sampled = tuple(e.request_id if type(e) is ScheduledSeq else e.request.request_id
-                        for e in items if type(e) is not ScheduledSeq or e.samples)
-        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in),
-                           sampled)
 
     def _schedule(self, now: float, compact: bool) -> tuple[list, list, list, list, list]:
         budget = self.config.max_step_tokens
@@ -458,102 +348,6 @@ class Scheduler:
                 raise ValueError(f"sampled: no token for request {item.request_id!r}, whose plan item samples")
             self._sampled(seq, int(sampled[item.request_id]), now, finished)
         return tuple(finished)
-
-    def postprocess_compact(self, plan: CompactPlan, tokens: Sequence[int], now: float) -> tuple[FinishedRequest, ...]:
-        """`postprocess` for a CompactPlan: `tokens[i]` is the token sampled for `plan.sampled_ids[i]`."""
-        finished: list[FinishedRequest] = []
-        k = 0
-        ps, caching = self.index.page_size, self.config.prefix_caching
-        for entry in plan.entries:
-            if type(entry) is ScheduledSeq:
-                seq = self._seqs[entry.request_id]
-                seq.num_computed = entry.end
-                self._index_computed(seq, now)
-                if not entry.samples:
-                    continue
-            else:
-                seq = entry
-                seq.num_computed += 1
-                if caching and min(seq.num_computed, len(seq.request.prompt)) // ps > seq.indexed_pages:
-                    self._index_computed(seq, now)  # the quick check above is the first line of that
-            if k >= len(tokens):
-                raise ValueError(f"tokens: {len(tokens)} given, the plan samples more")
-            self._sampled(seq, int(tokens[k]), now, finished)
-            k += 1
-        return tuple(finished)
-
-    def decode_run(self) -> DecodeRun | None:
-        """How many next steps are certain to be pure decodes of the running sequences, or None (not even one).
-
-        Certain means that `schedule` step by step would admit nobody (nothing waiting, or no seat for another
-        sequence), preempt nobody (every page the decodes reach is free or an evictable cached page; eviction
-        is plain LRU: with a tenant ledger it depends on usage, and no run is offered), finish nobody before
-        the run's last step (the sequences with the least room finish at its end; a request with stop tokens
-        is never in a run, since its finish depends on what it samples), and index no prompt page (every
-        prompt is computed). Carry it out with `commit_decode_run`; nothing may change the scheduler in
-        between."""
-        running, config, ps = self._running, self.config, self.index.page_size
-        if (not running or self.ledger is not None or len(running) > config.max_step_tokens
-                or (self._waiting and len(running) < config.max_num_seqs)):
-            return None
-        caching = config.prefix_caching
-        steps = None
-        firsts = []  # per sequence: the run step (from 1) whose token is the first beyond its pages
-        for seq in running:
-            req = seq.request
-            prompt = len(req.prompt)
-            if (not seq.output or seq.num_computed + 1 != prompt + len(seq.output) or req.stop_token_ids
-                    or (caching and prompt // ps > seq.indexed_pages)):
-                return None
-            room = seq.room
-            steps = room if steps is None else min(steps, room)
-            firsts.append(len(seq.pages) * ps - seq.num_computed + 1)
-        available = self.index.pool.num_free + self.index.evictable_pages
-
-        def pages_for(k: int) -> int:  # pages the first k steps of the run allocate
-            return sum((k - f) // ps + 1 for f in firsts if f <= k)
-
-        low, high = (steps, steps) if pages_for(steps) <= available else (0, steps - 1)
-        while low < high:  # the longest run whose pages can be had (pages_for grows with k)
-            mid = (low + high + 1) // 2
-            low, high = (mid, high) if pages_for(mid) <= available else (low, mid - 1)
-        if low < 1:
-            return None
-        return DecodeRun(low, tuple(seq.request.request_id for seq in running),
-                         sum(seq.num_computed for seq in running), max(seq.num_computed for seq in running))
-
-    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float],
-                          tokens: Sequence[Sequence[int]]) -> CompactPlan:
-        """Carry out the first `len(begins) - 1` steps of `run` and schedule the next one (step j begins at
-        `begins[j]`; `tokens[i]` holds the tokens sequence i samples in the steps carried out) exactly as
-        `schedule` and `postprocess` one step at a time would: the same pages allocated in the same order,
-        evicting the same cached pages at the same times. Returns the last step's plan, which
-        `postprocess_compact` commits like any other (its finishes, if any, then happen at its end)."""
-        running, ps, k = self._running, self.index.page_size, len(begins)
-        if not 0 < k <= run.steps or len(running) != len(run.request_ids) or len(tokens) != len(running):
-            raise ValueError(f"commit_decode_run: {k} steps of a run of {run.steps}, {len(tokens)} token lists "
-                             f"for {len(running)} running sequences; the run is not the scheduler's now")
-        grows = []  # (step, running position): a step's new pages go in running order, as schedule takes them
-        for i, seq in enumerate(running):
-            grows.extend((j, i) for j in range(len(seq.pages) * ps - seq.num_computed, k, ps))
-        grows.sort()
-        # Free pages first, as can_allocate/allocate step by step would take them; then, the pool empty, each
-        # new page is the one evicted for it at its step's begin time (one evict call for all of them).
-        free = min(len(grows), self.index.pool.num_free)
-        for j, i in grows[:free]:
-            self.allocate(running[i], 1)
-        if len(grows) > free:
-            evicted = self.index.evict_each([begins[j] for j, _ in grows[free:]])
-            for (j, i), page in zip(grows[free:], evicted):
-                running[i].pages.append(page)
-        for seq, sampled in zip(running, tokens):
-            if len(sampled) != k - 1:
-                raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, "
-                                 f"{k - 1} steps carried out")
-            seq.num_computed += k - 1
-            seq.output.extend(sampled)
-        return CompactPlan(begins[-1], tuple(running), tuple(seq.num_computed for seq in running),
-                           sampled_ids=run.request_ids)
 
     def _sampled(self, seq: _Seq, tok: int, now: float, finished: list[FinishedRequest]) -> None:
         """Append a sampled token; a request that stops or reaches max_new_tokens finishes."""

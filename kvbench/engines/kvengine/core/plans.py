@@ -1,0 +1,132 @@
+"""What the scheduler takes and returns: a Request (with the SchedulerConfig it runs under) in; a StepPlan
+of ScheduledSeqs and swaps per step, or the simulator's CompactPlan and DecodeRun (`compact_steps`); a
+FinishedRequest at the end. Frozen values: nothing here changes state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NewType
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.namespaces import TenantId
+from kvbench.engines.kvengine.core.pages import PageId
+
+RequestId = NewType("RequestId", str)
+DEFAULT_TENANT = TenantId("default")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_step_tokens: int = 2048  # prefill chunk tokens + decode tokens per step
+    allow_swap: bool = False  # preempt by swapping to host instead of recomputing
+    strict_isolation: bool = True  # False: a request's declared-shareable prefix is cached in the shared namespace
+    prefix_caching: bool = True  # False: never look up or insert cached pages (every prompt recomputed)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_step_tokens < 1:
+            raise ValueError("SchedulerConfig: max_num_seqs and max_step_tokens must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    request_id: RequestId
+    prompt: np.ndarray  # 1-D token ids
+    max_new_tokens: int
+    tenant: TenantId = DEFAULT_TENANT
+    # Leading prompt tokens declared shareable across tenants (outside strict isolation; see placement_for)
+    shared_tokens: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
+    # False: compute the whole prompt even if it is cached (e.g. prompt logprobs need every position's logits)
+    use_cached_prefix: bool = True
+
+    def __post_init__(self) -> None:
+        if np.ndim(self.prompt) != 1 or len(self.prompt) == 0:
+            raise ValueError(f"request {self.request_id}: prompt must be a non-empty 1-D array of token ids")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_new_tokens must be >= 1")
+
+    @property
+    def shareable(self) -> bool:
+        """Whether the whole prompt is declared shareable, so that one namespace holds all of it (what a
+        caller that looks a prompt up in one namespace, like the simulator's tiers, may rely on)."""
+        return self.shared_tokens >= len(self.prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    request_id: RequestId
+    page_table: tuple[PageId, ...]
+    start: int  # first token position computed this step
+    end: int  # one past the last
+    num_cached_tokens: int  # prompt tokens found in the cache at (first) admission
+    samples: bool  # the model samples one token for this sequence this step
+
+
+@dataclass(frozen=True, slots=True)
+class SwapOut:
+    request_id: RequestId
+    pages: tuple[PageId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SwapIn:
+    request_id: RequestId
+    pages: tuple[PageId, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    now: float
+    seqs: tuple[ScheduledSeq, ...]
+    preempted: tuple[RequestId, ...] = ()
+    swap_out: tuple[SwapOut, ...] = ()
+    swap_in: tuple[SwapIn, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.end - s.start for s in self.seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactPlan:
+    """A StepPlan as the simulator needs it (see `schedule_compact`): the same step, in the same order, but a
+    sequence that decodes (computes the one token it sampled last) is its sequence's state, not a
+    ScheduledSeq; its span is [start, start + 1) with start in `decode_starts` (in entry order)."""
+
+    now: float
+    entries: tuple  # ScheduledSeq, or the _Seq of a decoding sequence
+    decode_starts: tuple[int, ...]
+    preempted: tuple[RequestId, ...] = ()
+    swap_out: tuple[SwapOut, ...] = ()
+    swap_in: tuple[SwapIn, ...] = ()
+    sampled_ids: tuple[RequestId, ...] = ()  # requests that receive a token at the end of the step, in entry order
+
+    @property
+    def others(self) -> tuple[ScheduledSeq, ...]:
+        """The entries that are not decodes (prefill chunks, the last of which samples)."""
+        return tuple(e for e in self.entries if type(e) is ScheduledSeq)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRun:
+    """The next `steps` steps are certain to be pure decodes of the running sequences `request_ids` (in running
+    order), each computing the token it sampled last, with nothing admitted or preempted, and nothing finished
+    before the last step (see `decode_run`). In the run's step j (from 0) sequence i computes position `starts[i] + j`, so the step's
+    decode spans sum to `starts_sum + j * len(request_ids)` and the longest starts at `longest_start + j`."""
+
+    steps: int
+    request_ids: tuple[RequestId, ...]
+    starts_sum: int
+    longest_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    request_id: RequestId
+    prompt_tokens: int
+    num_cached_tokens: int
+    output: tuple[int, ...]
+    finish_reason: str  # "length" or "stop"
