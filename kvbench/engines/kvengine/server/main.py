@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
 import threading
 from pathlib import Path
 
-from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, TIER_SECRET_ENV, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import add_flags, from_args
 
 EXIT_ENGINE_FAILED = 1
@@ -36,6 +37,8 @@ def serve(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.runtime.tenants_config import load_tenants
 
     config, options = from_args(EngineConfig, args), from_args(ServeOptions, args)
+    if config.tier_secret is None and os.environ.get(TIER_SECRET_ENV):
+        config = dataclasses.replace(config, tier_secret=os.environ[TIER_SECRET_ENV])
     if config.tenants_file:
         load_tenants(config.tenants_file)  # a bad file is reported now, not after loading the model
 
