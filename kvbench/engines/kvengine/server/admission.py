@@ -37,13 +37,13 @@ def check_json_shape(raw: bytes, depth_limit: int = MAX_JSON_DEPTH, count_limit:
     brackets = np.flatnonzero(opening | (data == ord("]")) | (data == ord("}")))
     brackets = brackets[_outside_strings(data, brackets)]
     opens = opening[brackets]
-    if int(opens.sum()) > count_limit:
-        raise RequestError(f"the body holds {int(opens.sum())} JSON objects and arrays; at most {count_limit} are "
-                           f"accepted (a chat holds at most {MAX_MESSAGES} messages): send less")
     depth = int(np.cumsum(np.where(opens, 1, -1)).max(initial=0))
     if depth > depth_limit:
         raise RequestError(f"the body nests JSON {depth} levels deep; at most {depth_limit} are accepted (a request "
                            "needs a handful): flatten it")
+    if int(opens.sum()) > count_limit:
+        raise RequestError(f"the body holds {int(opens.sum())} JSON objects and arrays; at most {count_limit} are "
+                           f"accepted (a chat holds at most {MAX_MESSAGES} messages): send less")
 
 
 def _outside_strings(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
