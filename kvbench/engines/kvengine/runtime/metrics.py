@@ -13,7 +13,8 @@ Per tenant (label `tenant`; tier one of device, host, disk, remote):
   engine and is not counted); `kvbench:tenant_kv_quota_pages` and `kvbench:tenant_kv_quota_usage_ratio`
   (device pages / quota) for tenants with a quota.
 Per tier: `kvbench:kv_tier_failures_total{tier,reason}`: a tier skipped (full, unavailable) or a page
-that failed verification (corrupt), each a miss and a recompute, never an error.
+that failed verification (corrupt: cut short or another layout; forged: its HMAC fails), each a miss and a
+recompute, never an error.
 """
 
 from __future__ import annotations

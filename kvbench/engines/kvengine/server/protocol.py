@@ -184,8 +184,9 @@ def check_unsupported(body: Mapping) -> None:
     """A 400 naming every field whose value this engine would have to ignore."""
     named = sorted(name for name, no_op in UNSUPPORTED.items() if not no_op(body.get(name)))
     if named:
-        raise RequestError(f"{', '.join(named)}: not supported by this engine; omit {'them' if len(named) > 1 else 'it'}"
-                           f" (or send the default: best_of 1, penalties 0, no tools)", named[0])
+        them = "them" if len(named) > 1 else "it"
+        raise RequestError(f"{', '.join(named)}: not supported by this engine; omit {them} (or send the default: "
+                           "best_of 1, penalties 0, no tools)", named[0])
 
 
 def _check_chars(count: int, max_chars: int, name: str) -> None:
