@@ -165,15 +165,18 @@ async def measure(label: str, source: Path, args) -> list[dict]:
             await wait_healthy(session, base, process)
         rows = []
         for load, hostile in (("clean", 0), ("mixed", args.hostile)):
+            before = error_lines(log)
             result = await run_load(base, port, args, hostile)
-            rows.append({"source": label, "load": load, **result})
+            await asyncio.sleep(1.0)  # the server logs what the last clients did
+            rows.append({"source": label, "load": load, **result, "log_errors": error_lines(log) - before})
         return rows
     finally:
         process.terminate()
         process.wait(30)
-        errors = sum(" ERROR " in line for line in log.read_text(errors="replace").splitlines())
-        for row in rows if "rows" in locals() else []:
-            row["log_errors"] = errors
+
+
+def error_lines(log: Path) -> int:
+    return sum(" ERROR " in line for line in log.read_text(errors="replace").splitlines())
 
 
 def main() -> None:
