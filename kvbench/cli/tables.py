@@ -20,13 +20,33 @@ SUMMARY_COLUMNS = {
 }
 
 
-def print_summary(run_dir: Path):
-    """Print the run folder's results table; returns the summary frame it printed (for `print_tradeoff`)."""
+PERCENTILE_TITLES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")  # SUMMARY_COLUMNS' own percentile columns
+GOODPUT_TITLES = {"goodput_req_s": "goodput req/s", "slo_attainment": "SLO met"}
+
+
+def summary_columns(frame, percentiles: dict[str, str] | None = None) -> dict[str, str]:
+    """The table's columns: SUMMARY_COLUMNS with `percentiles` (column -> title) in place of its own when given,
+    and goodput beside throughput when the run had an SLO."""
+    columns: dict[str, str] = {}
+    for column, title in SUMMARY_COLUMNS.items():
+        if percentiles is not None and column in PERCENTILE_TITLES:
+            if column == PERCENTILE_TITLES[0]:
+                columns.update(percentiles)
+            continue
+        columns[column] = title
+        if column == "output_tok_s" and frame["goodput_req_s"].notna().any():
+            columns.update(GOODPUT_TITLES)
+    return columns
+
+
+def print_summary(run_dir: Path, percentiles: dict[str, str] | None = None):
+    """Print the run folder's results table (`percentiles`: column -> title of the percentiles to show, default
+    TTFT p50/p99 and ITL p50); returns the summary frame it printed (for `print_tradeoff`)."""
     from kvbench.measure.report import summary_frame
     from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
-    _wide().print(frame_table(frame, SUMMARY_COLUMNS))
+    _wide().print(frame_table(frame, summary_columns(frame, percentiles)))
     return frame
 
 
@@ -71,7 +91,7 @@ def _fmt(column: str, value) -> str:
 
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "n/a"
-    if column.endswith("_rate"):
+    if column.endswith("_rate") or column == "slo_attainment":
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:.1f}"

@@ -242,6 +242,10 @@ class _Experiment:
             self._add(dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records)
             raise
         after = self._scrape(engine, adapter)
+        if result.missed_arrivals:
+            self.progress.on_message(
+                f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
+                f"requests/s were sent than asked (a workload with more sessions keeps up)")
         records = [*result.replayed, *result.records]
         entry = dataclasses.replace(
             records_entry(point.id, records, self.config, result.aborted, result.client),
