@@ -86,3 +86,7 @@ def test_a_run_on_a_url_without_model_uses_the_served_one(tmp_path):
     (entry,) = json.loads((out / "summary.json").read_text())["runs"]
     assert entry["summary"]["overall"]["errors"] == 0 and entry["summary"]["overall"]["completed"] == 4
     assert entry["engine_description"]["model"] == "instrument"
+    rows = [json.loads(line) for line in (out / "requests_metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(row["ttft_ms"] is not None and row["sent_at"] for row in rows)
+    (vllm_file,) = (out / "vllm").iterdir()
+    assert json.loads(vllm_file.read_text())["model_id"] == "instrument"
