@@ -7,7 +7,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 console = Console()
 
@@ -46,8 +45,13 @@ def print_summary(run_dir: Path, percentiles: dict[str, str] | None = None):
     from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
-    _wide().print(frame_table(frame, summary_columns(frame, percentiles)))
+    print_frame(_wide(), frame, summary_columns(frame, percentiles))
     return frame
+
+
+def wide_console() -> Console:
+    """The console tables print on (see `_wide`)."""
+    return _wide()
 
 
 def _wide() -> Console:
@@ -80,13 +84,14 @@ def results_line(run_dir: Path) -> str:
     return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}{exports}"
 
 
-def frame_table(frame, columns: dict[str, str]) -> Table:
-    table = Table(show_lines=False)
-    for column, title in columns.items():
-        table.add_column(title, justify="right" if frame[column].dtype.kind in "fi" else "left")
-    for _, row in frame[list(columns)].iterrows():
-        table.add_row(*[_fmt(column, row[column]) for column in columns])
-    return table
+def print_frame(console: Console, frame, columns: dict[str, str], keys: int = 1, title: str | None = None) -> None:
+    """`frame`'s `columns` (column -> title) in kvbench's one table style (cli/console_table.py): numbers never
+    cut, the first `keys` columns repeated when the table is printed in parts."""
+    from kvbench.cli.console_table import Column, print_table
+
+    numeric = {column: frame[column].dtype.kind in "fi" or column.endswith("_rate") for column in columns}
+    rows = [[_fmt(column, row[column]) for column in columns] for _, row in frame[list(columns)].iterrows()]
+    print_table(console, [Column(title, numeric[column]) for column, title in columns.items()], rows, keys, title)
 
 
 def _fmt(column: str, value) -> str:

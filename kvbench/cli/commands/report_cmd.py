@@ -28,7 +28,8 @@ def register(commands, formatter) -> None:
         formatter_class=formatter,
     )
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    parser.add_argument("--format", choices=("md", "csv"), default="md")
+    parser.add_argument("--format", choices=("table", "md", "csv"), default="table",
+                        help="table: kvbench's console table (numbers never cut); md: Markdown; csv")
     parser.add_argument("--all-tenants", action="store_true", help="include per-tenant rows (default: totals only)")
     parser.set_defaults(handler=handle)
 
@@ -44,8 +45,12 @@ def handle(args: argparse.Namespace) -> int:
         table = table[table["tenant"] == "all"]
     if args.format == "csv":
         table.to_csv(sys.stdout, index=False)
-    else:
+    elif args.format == "md":
         print(markdown_table(table, ["run_dir", *MD_COLUMNS]))
+    else:
+        from kvbench.cli.tables import SUMMARY_COLUMNS, print_frame, wide_console
+
+        print_frame(wide_console(), table, {"run_dir": "run", **SUMMARY_COLUMNS}, keys=2)
     return 0
 
 
