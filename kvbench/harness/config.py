@@ -15,7 +15,8 @@ The YAML form (every key optional except `engines`):
       - name: rag-chat-mini         # a profile, a trace path, or a YAML of generator parameters
         num_sessions: 10
         overrides: {turns_mean: 4}
-    loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | concurrency, optional burstiness
+    loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | request_rate | concurrency, optional burstiness
+                                    # and max_concurrency (a cap on an open loop, as vLLM's)
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
     client: {api: completions, request_timeout_s: 600, header_timeout_s: 60, first_byte_timeout_s: 300,
              stall_timeout_s: 120, max_lag_ms: 10, max_error_rate: 0.1,
@@ -69,9 +70,23 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class LoadPoint:
+    """One load point: `rate` new sessions/s, `request_rate` requests/s (vLLM's `--request-rate`; `inf` sends
+    each request when it is ready) or `concurrency` requests in flight; `max_concurrency` caps an open loop."""
+
     rate: float | None = bounded(None, gt=0, unit="sessions/s")
     concurrency: int | None = bounded(None, ge=1)
     burstiness: float = bounded(1.0, gt=0)
+    request_rate: float | str | None = bounded(None, gt=0, unit="requests/s")  # a number, or the word inf
+    max_concurrency: int | None = bounded(None, ge=1)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.request_rate, str) and self.request_rate.strip().lower() != "inf":
+            raise ValueError(f"request_rate: expected a number > 0 or inf, got {self.request_rate!r:.40}")
+
+    @property
+    def requests_per_s(self) -> float | None:
+        """`request_rate` as a number (infinity for `inf`)."""
+        return float("inf") if isinstance(self.request_rate, str) else self.request_rate
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,8 @@ class ExperimentConfig:
                 rate=point.rate,
                 concurrency=point.concurrency,
                 burstiness=point.burstiness,
+                request_rate=point.requests_per_s,
+                max_concurrency=point.max_concurrency,
                 num_requests=self.stop.num_requests,
                 duration_s=self.stop.duration_s,
                 warmup_requests=self.stop.warmup_requests,
@@ -190,7 +207,8 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     )
     for index, load in enumerate(config.loads):
         try:
-            LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness)
+            LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness,
+                     request_rate=load.requests_per_s, max_concurrency=load.max_concurrency)
         except ValueError as exc:
             raise SettingsError(f"loads[{index}]: {exc}") from None
     return config

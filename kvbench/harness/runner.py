@@ -36,6 +36,7 @@ from kvbench.harness.reconcile import reconcile
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
+from kvbench.measure.export import write_exports
 from kvbench.measure.report import write_plots, write_summaries
 from kvbench.measure.run_folder import (
     CONFIG_YAML, INTERRUPTED, REBUILT, REQUESTS_JSONL, SUMMARY_JSON, Resumed, RunEntry, RunMode, engine_dir,
@@ -126,7 +127,14 @@ def run_experiment(
             experiment.write_summaries()
     if outcome.entries:
         write_plots(run_dir, outcome.entries, experiment.ttfts)
+        write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
+                      config.client.api, config.client.tokenizer)
     return outcome
+
+
+def _loads(config: ExperimentConfig) -> dict[str, dict]:
+    """Each load point's LoadSpec fields by its label (what the vLLM result files say of the traffic)."""
+    return {load.label: dataclasses.asdict(load) for load in config.load_specs()}
 
 
 def rebuild_entries(run_dir: Path) -> list[RunEntry]:
@@ -232,7 +240,8 @@ class _Experiment:
         before = self._scrape(engine, adapter)
         description = dict(adapter.describe())
         context = {"kv_dtype": description.get("kv_dtype", "unknown"), "engine_description": description,
-                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset}
+                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset,
+                   "clock_offset_ns": time.time_ns() - time.perf_counter_ns()}
         self.progress.on_point_start(run_id, point.total_requests)
         generator = self._generator(adapter, point)
         try:
@@ -242,6 +251,10 @@ class _Experiment:
             self._add(dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records)
             raise
         after = self._scrape(engine, adapter)
+        if result.missed_arrivals:
+            self.progress.on_message(
+                f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
+                f"requests/s were sent than asked (a workload with more sessions keeps up)")
         records = [*result.replayed, *result.records]
         entry = dataclasses.replace(
             records_entry(point.id, records, self.config, result.aborted, result.client),
