@@ -48,15 +48,14 @@ from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware
 from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
-from kvbench.sim.presets import ROUTE_PREFIX, ROUTE_ROUND_ROBIN, ROUTE_SESSION, TIERS_TTL, Preset
+from kvbench.sim.presets import TIERS_TTL, Preset
+from kvbench.sim.routing import Router
 from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.spec import Workload
 
 NS = 1_000_000_000
 ERR_TOO_LONG = "too_long: the prompt never fit in the device KV cache"
 _TURN, _ARRIVE, _STEP = 0, 1, 2
-# sglang_router's cache-aware policy defaults (--cache-threshold, --balance-abs-threshold, --balance-rel-threshold)
-ROUTER_CACHE_THRESHOLD, ROUTER_BALANCE_ABS, ROUTER_BALANCE_REL = 0.5, 32, 1.0001
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +151,8 @@ class _Sim:
     send_order: tuple[str, ...] | None = None  # replay: request ids in the order a real run sent them
     order_pos: int = 0
     parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
-    routed: int = 0  # requests routed so far (round-robin)
+    router: Router | None = None
     node_of: dict = field(default_factory=dict)  # request id -> node
-    routed_pages: list = field(default_factory=list)  # per node: prompt pages routed there, not yet finished
 
     def push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
@@ -201,47 +199,13 @@ class _Sim:
         # counts them as reusable): SimNode looks a prompt up below device in one namespace (namespace_for), not
         # in the core's Placement, so a prompt split across the shared and a tenant's namespace would miss there.
         request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(talk.session.tenant))
-        node = self.route(session_index, request)
+        node = self.router.pick(session_index, request, now)
         self.node_of[rid] = node
-        self.routed_pages[node] += len(prompt) // self.config.preset.page_size
+        now += self.config.preset.router_latency_s
         restore = self.nodes[node].plan_restore(request, now)
         self.live[rid] = _Live(record, session_index, prompt, answer, node,
                                {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
         self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
-
-    def route(self, session_index: int, request: Request) -> int:
-        """The node for a request, by the preset's routing policy (presets.ROUTES)."""
-        nodes = self.nodes
-        if len(nodes) == 1:
-            return 0
-        policy = self.config.preset.route
-        if policy == ROUTE_SESSION:
-            return session_index % len(nodes)
-        if policy == ROUTE_ROUND_ROBIN:
-            self.routed += 1
-            return (self.routed - 1) % len(nodes)
-        least_loaded = min(range(len(nodes)), key=lambda i: (nodes[i].load, i))
-        if policy == ROUTE_PREFIX:
-            return self.cache_aware(request, least_loaded)
-        return least_loaded
-
-    def cache_aware(self, request: Request, least_loaded: int) -> int:
-        """SGLang's cache-aware router (`sglang_router.launch_router`, its defaults): shortest queue while the
-        loads are imbalanced (max - min > 32 and max > 1.0001 x min); otherwise the node with the longest
-        cached prefix if it covers more than half the prompt, else the node with the least cached (most room).
-        The router keeps an approximate tree of what it sent; here each node's device cache is asked."""
-        nodes = self.nodes
-        loads = [node.load for node in nodes]
-        if max(loads) - min(loads) > ROUTER_BALANCE_ABS and max(loads) > ROUTER_BALANCE_REL * min(loads):
-            return least_loaded
-        cached = [node.cached_pages(request) for node in nodes]
-        best = min(range(len(nodes)), key=lambda i: (-cached[i], loads[i], i))
-        if cached[best] * self.config.preset.page_size > ROUTER_CACHE_THRESHOLD * len(request.prompt):
-            return best
-        # The router's tree holds what it sent, computed yet or not: a node's cache plus its in-flight prompts.
-        # (The device cache alone lags routing, and a burst of new sessions all went to one node.)
-        tree = [node.scheduler.index.cached_pages + self.routed_pages[i] for i, node in enumerate(nodes)]
-        return min(range(len(nodes)), key=lambda i: (tree[i], loads[i], i))
 
     def release_slot(self, now: float) -> None:
         if self.load.mode != MODE_CONCURRENCY:
@@ -251,7 +215,7 @@ class _Sim:
             self.push(now, _TURN, self.slot_waiters.popleft())
 
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
-        self.routed_pages[live.node] -= len(live.prompt) // self.config.preset.page_size
+        self.router.finished(live.node, len(live.prompt))
         record = live.record
         record.done_ns = int(round(now * NS))
         record.prompt_tokens = int(live.prompt.size)
@@ -401,7 +365,8 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
     sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
-               send_order=tuple(send_order) if send_order is not None else None, routed_pages=[0] * len(nodes))
+               send_order=tuple(send_order) if send_order is not None else None,
+               router=Router(nodes, config.preset.route, config.preset.page_size))
     with _collector_paused():
         sim.run()
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
