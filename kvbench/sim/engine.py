@@ -39,16 +39,13 @@ from kvbench.engines.kvengine.core.scheduler import (
     SchedulerConfig,
 )
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
-from kvbench.measure.conversation import Conversation, ConversationDriver, Isolation, ReuseOracle, placeholder_tokens
+from kvbench.measure.conversation import Conversation, ConversationDriver, ReuseOracle, placeholder_tokens
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
-from kvbench.sim.cost import CostModel
-from kvbench.sim.geometry import ModelGeometry
-from kvbench.sim.hardware import Hardware
+from kvbench.sim.config import SimConfig
 from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
-from kvbench.sim.presets import TIERS_TTL, Preset
+from kvbench.sim.presets import TIERS_TTL
 from kvbench.sim.routing import Router
 from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.spec import Workload
@@ -56,60 +53,6 @@ from kvbench.workloads.spec import Workload
 NS = 1_000_000_000
 ERR_TOO_LONG = "too_long: the prompt never fit in the device KV cache"
 _TURN, _ARRIVE, _STEP = 0, 1, 2
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """What is simulated. `device_kv_tokens` overrides the KV budget derived from the hardware (tests, sweeps)."""
-
-    geometry: ModelGeometry
-    hardware: Hardware
-    preset: Preset
-    kv_dtype: str = "fp16"
-    weight_dtype: str | None = None
-    device_kv_tokens: int | None = None
-    strict_isolation: bool = True
-    tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
-    host_kv_tokens: int | None = None  # override the host tier (default: the preset's share of host memory)
-    disk_kv_tokens: int | None = None  # ... and the disk tier
-    # Run stretches of pure decode steps between events in one pass (SimNode.fast_forward); False: step one by
-    # one. The records are the same either way: a switch for checking that, not a setting of what is simulated.
-    decode_runs: bool = True
-
-    @property
-    def cost(self) -> CostModel:
-        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
-                         self.preset.page_size)
-
-    @property
-    def isolation(self) -> Isolation:
-        """The oracle's rule: our engine's isolation (its core is what the nodes run)."""
-        return Isolation.STRICT if self.strict_isolation else Isolation.SHARED_PREFIX
-
-    def device_pages(self) -> int:
-        """Device KV pages per node: the hardware's KV budget (or the override) over the page's bytes."""
-        ps = self.preset.page_size
-        if self.device_kv_tokens is not None:
-            return self.device_kv_tokens // ps
-        cost = self.cost
-        budget = self.hardware.kv_budget_bytes(self.geometry.weight_bytes(cost.weights))
-        if budget <= 0:
-            raise ValueError(f"{self.geometry.name} weights ({cost.weights}) do not fit on {self.hardware.name}: "
-                             "use more devices or fp8 weights")
-        return int(budget // (cost.kv_bytes_per_token * ps))
-
-    def tier_pages(self, nbytes: float) -> int:
-        return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))
-
-    def host_pages(self) -> int:
-        if self.host_kv_tokens is not None:
-            return self.host_kv_tokens // self.preset.page_size
-        return self.tier_pages(self.hardware.host_memory_bytes * self.preset.host_fraction)
-
-    def disk_pages(self) -> int:
-        if self.disk_kv_tokens is not None:
-            return self.disk_kv_tokens // self.preset.page_size
-        return self.tier_pages(self.hardware.disk_bytes * self.preset.disk_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,7 +221,12 @@ class _Sim:
         offsets = session_offsets(self.load, [s.arrival_s for s in sessions], self.seed)
         if self.load.mode == MODE_CONCURRENCY:
             self.slots_free = self.load.concurrency or 1
-        for index in sorted(range(len(sessions)), key=lambda i: offsets[i]):
+        self.play(sorted(range(len(sessions)), key=lambda i: offsets[i]), offsets)
+        self.report_unfinished()
+
+    def play(self, order: Sequence[int], offsets) -> None:
+        """Start the sessions `order` (indices) at `offsets[index]` and run until nothing is left to happen."""
+        for index in order:
             self.push(offsets[index], _TURN, index)
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
@@ -290,9 +238,12 @@ class _Sim:
                 self.kick(node_index, now)
             else:
                 self.step_done(payload[0], payload[1], now)
+
+    def report_unfinished(self) -> None:
         for rid, live in sorted(self.live.items()):  # never fit: report as errors, not silently dropped
             live.record.error = ERR_TOO_LONG
             self.records.append(live.record)
+        self.live.clear()
 
 
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
@@ -359,16 +310,27 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     simulation of a real run makes the same cache decisions as the run did (at concurrency 1 exactly).
     `events` receives the cache events of every node's prefix index (stored, hit, evicted pages)."""
     started = time.perf_counter()
+    sim = new_sim(workload, load, config, run_id, seed, send_order, events)
+    with _collector_paused():
+        sim.run()
+    return sim_result(sim, started)
+
+
+def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, seed: int,
+            send_order: Sequence[str] | None = None, events: EventSink | None = None) -> _Sim:
+    """A simulation ready to play: the nodes, the router and one conversation per session."""
     nodes = build_nodes(config, events)
     # Token ids only: a text prefix in the tenants file needs a tokenizer the simulator does not have, so it
     # is refused (in shared-prefix isolation) rather than silently never shared.
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
-    sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
-               send_order=tuple(send_order) if send_order is not None else None,
-               router=Router(nodes, config.preset.route, config.preset.page_size))
-    with _collector_paused():
-        sim.run()
+    return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
+                send_order=tuple(send_order) if send_order is not None else None,
+                router=Router(nodes, config.preset.route, config.preset.page_size))
+
+
+def sim_result(sim: _Sim, started: float) -> SimResult:
+    nodes = sim.nodes
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
                    "busy_s": n.stats.busy_s,
