@@ -77,14 +77,8 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
         _require_file(name_or_path)
         document = read_yaml(Path(name_or_path), "workload parameters")
         if isinstance(document, dict) and document.get("generator") == GENERATOR_SHARED_PREFIX:
-            document = dict(document)
-            document.pop("generator")
-            name = str(document.pop("name", Path(name_or_path).stem))
-            try:
-                params = SharedPrefixParams().replace(document)
-            except (WorkloadError, TypeError) as error:
-                raise WorkloadError(f"{name_or_path}: {error}") from None
-            return _shared_prefix(params, overrides, name, seed, num_sessions, vocab_size)
+            return workload_from_mapping(document, Path(name_or_path).stem, seed=seed, num_sessions=num_sessions,
+                                         vocab_size=vocab_size, where=name_or_path)
     if name_or_path in PROFILES:
         params, name = PROFILES[name_or_path], name_or_path
     elif suffix in _PARAM_SUFFIXES:
@@ -106,6 +100,23 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
         overrides["vocab_size"] = vocab_size
     workload = generate_rag_chat(params.replace(overrides), seed=seed, name=name)
     return _scaled(workload, time_scale)
+
+
+def workload_from_mapping(document: Mapping[str, object], name: str, *, seed: int = 0,
+                          num_sessions: int | None = None, vocab_size: int | None = None,
+                          where: str = "workload") -> Workload:
+    """A generator's workload from a parameter mapping (a parameter file's document, or a case file's
+    `workload:`): `generator: shared_prefix` and SharedPrefixParams fields. WorkloadError naming the key."""
+    document = dict(document)
+    if document.pop("generator", None) != GENERATOR_SHARED_PREFIX:
+        raise WorkloadError(f"{where}: field 'generator' must be {GENERATOR_SHARED_PREFIX!r} (rag-chat parameters "
+                            "are read from a parameter file)")
+    name = str(document.pop("name", name))
+    try:
+        params = SharedPrefixParams().replace(document)
+    except (WorkloadError, TypeError) as error:
+        raise WorkloadError(f"{where}: {error}") from None
+    return _shared_prefix(params, {}, name, seed, num_sessions, vocab_size)
 
 
 def _shared_prefix(params: SharedPrefixParams, overrides: Mapping[str, object], name: str, seed: int,
