@@ -96,10 +96,24 @@ class _Sim:
     parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
     router: Router | None = None
     node_of: dict = field(default_factory=dict)  # request id -> node
+    # Open loop, one turn per session: another node's step can start nothing new (no next turn, no freed
+    # slot), so a node's decode run needs to stop only at the next arrival (`arrivals`: the times of the
+    # queued TURN and ARRIVE events), not at every node's step end. Routers then read a node's KV usage as of
+    # the end of its run (pages its decodes will hold): the one thing that differs from stepping one by one.
+    nodes_independent: bool = False
+    arrivals: list = field(default_factory=list)
 
     def push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, payload))
+        if kind != _STEP:
+            heapq.heappush(self.arrivals, (t, self.seq))
+
+    def horizon(self) -> float:
+        """When the next event that may concern a decoding node happens (see `nodes_independent`)."""
+        if self.nodes_independent:
+            return self.arrivals[0][0] if self.arrivals else math.inf
+        return self.events[0][0] if self.events else math.inf
 
     # ---- client ------------------------------------------------------------------------------------------
     def in_order(self, rid: str, session_index: int) -> bool:
@@ -183,7 +197,7 @@ class _Sim:
         if node.busy or not node.has_work():
             return
         # Steps that end before the next event (nothing else can happen meanwhile) may run in one pass.
-        skipped = node.fast_forward(now, self.events[0][0] if self.events else math.inf)
+        skipped = node.fast_forward(now, self.horizon())
         if skipped is not None:
             if skipped.ends:
                 self.stream(skipped.request_ids, skipped.ends)
@@ -230,6 +244,8 @@ class _Sim:
             self.push(offsets[index], _TURN, index)
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
+            if kind != _STEP:
+                heapq.heappop(self.arrivals)  # the same event: both heaps order by (time, sequence)
             if kind == _TURN:
                 self.turn_due(now, payload)
             elif kind == _ARRIVE:
@@ -324,9 +340,11 @@ def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, 
     # is refused (in shared-prefix isolation) rather than silently never shared.
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
+    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY
+                   and all(len(s.turns) == 1 for s in workload.sessions))
     return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                 send_order=tuple(send_order) if send_order is not None else None,
-                router=Router(nodes, config.preset.route, config.preset.page_size))
+                router=Router(nodes, config.preset.route, config.preset.page_size), nodes_independent=independent)
 
 
 def sim_result(sim: _Sim, started: float) -> SimResult:
