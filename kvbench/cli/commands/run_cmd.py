@@ -211,8 +211,14 @@ def handle(args: argparse.Namespace) -> int:
             print_tradeoff(frame, *labels, f"the same {MAIN_JOB_KV_BYTES / 2**20:.0f} MiB of device KV")
     for failure in outcome.failures:
         console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
+    # 1 for any invalid point, whatever made it so (client lag too): a CI job reads only the exit code.
+    invalid = [entry for entry in outcome.entries if not entry.valid]
+    for entry in invalid:
+        if not any(failure.startswith(f"{entry.run_id}: ") for failure in outcome.failures):
+            reasons = "; ".join(entry.invalid_reasons)
+            console.print(f"[bold red]invalid:[/bold red] {escape(entry.run_id)}: {escape(reasons)}", highlight=False)
     console.print(results_line(run_dir))
-    return 1 if outcome.failures or not outcome.entries else 0
+    return 1 if outcome.failures or invalid or not outcome.entries else 0
 
 
 def _bar_progress(bar: Progress) -> RunProgress:
