@@ -172,7 +172,7 @@ async def _answer(
         if chunk_index == 0 and behaviour.first_event_bytes:
             event["pad"] = "x" * behaviour.first_event_bytes
         try:
-            await response.write(_event(_overridden(event, token_overrides)))
+            await response.write(_event(overridden(event, token_overrides)))
         except ConnectionError:
             return response  # the client left (it may stop a stream that ignores max_tokens)
         sent += count
@@ -183,7 +183,7 @@ async def _answer(
         usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
     usage_overrides = {path: value for path, value in behaviour.overrides.items() if _is_usage(path)}
     if (body.get("stream_options") or {}).get("include_usage") or usage_overrides:
-        usage_event = _overridden({"object": "text_completion", "choices": [], "usage": usage}, usage_overrides)
+        usage_event = overridden({"object": "text_completion", "choices": [], "usage": usage}, usage_overrides)
         await response.write(_event(usage_event))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
@@ -194,7 +194,7 @@ def _is_usage(path: str) -> bool:
     return path == USAGE_PATH or path.startswith(USAGE_PATH + ".")
 
 
-def _overridden(event: dict, overrides: Mapping[str, object]) -> dict:
+def overridden(event: dict, overrides: Mapping[str, object]) -> dict:
     """`event` with each override's value put at its dotted path (a copy: the original is kept)."""
     if not overrides:
         return event
@@ -203,19 +203,24 @@ def _overridden(event: dict, overrides: Mapping[str, object]) -> dict:
         *steps, last = path.split(".")
         node: object = event
         for step in steps:
-            if isinstance(node, list):
-                node = node[int(step)] if int(step) < len(node) else None
-            elif isinstance(node, dict):
-                if not isinstance(node.get(step), (dict, list)):
-                    node[step] = {}
-                node = node[step]
-            else:
-                break  # an earlier override put a scalar here: nothing below it to set
-        if isinstance(node, list) and int(last) < len(node):
+            node = _step(node, step)
+        if isinstance(node, list) and last.isdigit() and int(last) < len(node):
             node[int(last)] = value
         elif isinstance(node, dict):
             node[last] = value
     return event
+
+
+def _step(node: object, step: str) -> object:
+    """The child of `node` named by `step` (a dict key, or a list index); None where there is none (an earlier
+    override put a scalar or a shorter list there). A dict's missing or scalar child becomes {}."""
+    if isinstance(node, list):
+        return node[int(step)] if step.isdigit() and int(step) < len(node) else None
+    if isinstance(node, dict):
+        if not isinstance(node.get(step), (dict, list)):
+            node[step] = {}
+        return node[step]
+    return None
 
 
 async def _fault(request: web.Request, response: web.StreamResponse, fault: str) -> web.StreamResponse:
