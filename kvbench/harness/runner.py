@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
+from kvbench.engines.kv_capacity import kv_capacity
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
@@ -254,6 +255,7 @@ class _Experiment:
             # The server counted only what was sent now, not the replayed records.
             reconciliation=reconcile(result.records, before, after).to_dict(),
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
+            kv_capacity=_stated_capacity(before or after),
         )
         self._add(entry, records)
         return result.aborted is None
@@ -316,6 +318,12 @@ class _Experiment:
 
     def write_summaries(self) -> None:
         write_summaries(self.run_dir, self.outcome.entries, [*self.outcome.failures, *self.outcome.warnings])
+
+
+def _stated_capacity(samples: Mapping[str, float] | None) -> dict | None:
+    """The KV capacity the engine states on /metrics (tokens, bytes), not the setting it was given."""
+    capacity = kv_capacity(samples)
+    return capacity.to_dict() if capacity is not None else None
 
 
 def _codec(tokenizer: str | None):

@@ -81,6 +81,8 @@ def register(commands, formatter) -> None:
                         "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
     parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
     parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
+    parser.add_argument("--max-lag-ms", type=number_above(0), default=None,
+                        help="client lag past which a point is invalid (client.max_lag_ms, default 10; exit 1)")
     parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
     parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
@@ -148,6 +150,8 @@ def config_from_args(args: argparse.Namespace):
         client["api"] = args.api
     if args.tokenizer:
         client["tokenizer"] = args.tokenizer
+    if args.max_lag_ms is not None:
+        client["max_lag_ms"] = args.max_lag_ms
     if args.workers is not None:
         client["workers"] = args.workers
     slo = data.setdefault("slo", {})
