@@ -4,8 +4,8 @@ For each engine setting: start it, wait until healthy; for each workload, load p
 the engine's prefix cache, scrape its counters, replay the workload, scrape again, and rewrite the summary
 files. A failure of one engine setting is recorded and the next one runs; nothing measured is lost.
 
-A point is valid when its client kept up, it was not aborted and few enough of its requests failed
-(`client.max_error_rate`); a point with too many failed requests, or aborted, is also a failure of the run.
+A point is valid when its client kept up, it was not aborted, few enough of its requests failed
+(`client.max_error_rate`) and no answer failed the client's checks (`stream_answer`); a point with too many failed requests, or aborted, is also a failure of the run.
 
 How a run ends early: Ctrl-C (and SIGTERM, which `kvbench run` turns into Ctrl-C) stops the point in
 progress, whose entry is built from the records already in requests.jsonl, writes the summary and stops
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
+from kvbench.engines.kv_capacity import kv_capacity
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
@@ -33,6 +34,7 @@ from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
+from kvbench.harness.stream_answer import breach_reason
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
@@ -171,6 +173,9 @@ def invalid_reasons(
     failed = failure_reason(records, max_error_rate)
     if failed:
         reasons.append(failed)
+    breached = breach_reason(records)
+    if breached:
+        reasons.append(breached)
     if client is not None and not client.valid:
         reasons.append(f"client lag: {client.reason}")
     return reasons
@@ -263,6 +268,7 @@ class _Experiment:
             # The server counted only what was sent now, not the replayed records.
             reconciliation=reconcile(result.records, before, after).to_dict(),
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
+            kv_capacity=_stated_capacity(before or after),
         )
         self._add(entry, records)
         return result.aborted is None
@@ -325,6 +331,12 @@ class _Experiment:
 
     def write_summaries(self) -> None:
         write_summaries(self.run_dir, self.outcome.entries, [*self.outcome.failures, *self.outcome.warnings])
+
+
+def _stated_capacity(samples: Mapping[str, float] | None) -> dict | None:
+    """The KV capacity the engine states on /metrics (tokens, bytes), not the setting it was given."""
+    capacity = kv_capacity(samples)
+    return capacity.to_dict() if capacity is not None else None
 
 
 def _codec(tokenizer: str | None):

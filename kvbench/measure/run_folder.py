@@ -117,6 +117,7 @@ class RunEntry:
     answer_sources: Mapping[str, int] = field(default_factory=dict)
     reconciliation: Mapping | None = None
     server_counters: Mapping[str, float] | None = None
+    kv_capacity: Mapping | None = None  # the device KV the engine states: {tokens, bytes, source}; None: not stated
 
     @classmethod
     def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),
