@@ -38,6 +38,9 @@ COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtim
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
 AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
+# Measured on this CPU (benchmarks/engine_bench.py --mixed): a decode step of batch 4 with this many prefill
+# tokens beside it takes <= 2x a pure decode step, so ITL stays within 2x while a 512-token prompt joins.
+DEFAULT_PREFILL_BESIDE_DECODES = 32
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
 
@@ -103,6 +106,9 @@ class EngineConfig:
     page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
     max_num_seqs: int = setting(16, "sequences running at once", ge=1)
     max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
+    max_prefill_beside_decodes: int = setting(
+        DEFAULT_PREFILL_BESIDE_DECODES, "prefill tokens a step computes beside running decodes (decodes go first; "
+        "a step without decodes prefills up to max_step_tokens)", unit="tokens", ge=1)
     prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
     device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
                           "is cuda:0 .. cuda:N-1)")
