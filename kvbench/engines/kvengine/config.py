@@ -38,8 +38,9 @@ COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtim
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
 AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
-# Measured on this CPU (benchmarks/engine_bench.py --mixed): a decode step of batch 4 with this many prefill
-# tokens beside it takes <= 2x a pure decode step, so ITL stays within 2x while a 512-token prompt joins.
+# A decode step with this many prefill tokens beside it stays within 2x a pure decode step on a 2-core CPU
+# (`benchmarks/engine_bench.py --mixed 0,16,32,64 --batches 4`, SmolLM2-135M fp32, under load: 16 -> 1.12x,
+# 32 -> 1.72x, 64 -> 3.70x), so ITL stays within 2x while a 512-token prompt joins, in 16 steps.
 DEFAULT_PREFILL_BESIDE_DECODES = 32
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
