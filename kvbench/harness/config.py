@@ -23,7 +23,8 @@ The YAML form (every key optional except `engines`):
              isolation: null, tokenizer: null, tenant_api_keys: {tenant-a: key-a}, workers: 1}
     slo: {ttft_ms: 500, tpot_ms: 50}
 
-Unknown keys anywhere are errors that name the valid keys.
+Unknown keys anywhere are errors that name the valid keys. A run folder's config.yaml also carries
+`schema_version` (SCHEMA_VERSION when written); harness/config_schema.py reads an older one as today's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ from kvbench.measure.schedule import LoadSpec
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
+
+
+# The config.yaml form's version: bump it when a key is added or a default changes, and say in
+# harness/config_schema.py what a config of the version before meant (compare fills it in before comparing).
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -153,10 +159,11 @@ class ExperimentConfig:
         ]
 
     def to_dict(self) -> dict:
-        return _plain(asdict(self))
+        """The config.yaml form, with its schema_version."""
+        return {**_plain(asdict(self)), "schema_version": SCHEMA_VERSION}
 
 
-_TOP_KEYS = ("name", "seed", "repeat", "engines", "workloads", "loads", "stop", "client", "slo")
+_TOP_KEYS = ("schema_version", "name", "seed", "repeat", "engines", "workloads", "loads", "stop", "client", "slo")
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,10 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     for key in data:
         if key not in _TOP_KEYS:
             raise SettingsError(f"unknown key {key!r}; valid keys: {', '.join(_TOP_KEYS)}")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise SettingsError(f"schema_version: {version!r:.40} is not a config.yaml version this kvbench reads "
+                            f"(1..{SCHEMA_VERSION}); drop the key to read the file as today's form")
     scalars = build(_TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
     engines = tuple(spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]"))
     if not engines:
