@@ -210,6 +210,7 @@ class RunFolder:
     config: Mapping = field(default_factory=dict)
     env: Mapping = field(default_factory=dict)
     evals: Mapping[str, Mapping[str, float | None]] | None = None  # eval.json: setting -> metric -> value
+    eval_directions: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)  # setting -> metric -> higher?
 
 
 def read_run_folder(path: Path) -> RunFolder:
@@ -223,6 +224,7 @@ def read_run_folder(path: Path) -> RunFolder:
         config=_optional_mapping(path / CONFIG_YAML, yaml.safe_load),
         env=_optional_mapping(path / ENV_JSON, json.loads),
         evals=read_eval_metrics(path / EVAL_JSON),
+        eval_directions=read_eval_directions(path / EVAL_JSON),
     )
 
 
@@ -249,6 +251,19 @@ def read_eval_metrics(path: Path) -> dict[str, dict[str, float | None]] | None:
         raise RunFolderError(
             f"{path}: expected {{\"settings\": [{{\"kv_setting\": ..., \"metrics\": {{name: number}}}}]}} ({exc})"
         ) from None
+
+
+def read_eval_directions(path: Path) -> dict[str, dict[str, bool]]:
+    """eval.json's recorded `higher_is_better` per setting and metric (only the booleans; none in an eval.json
+    written before kvbench recorded them). Call after `read_eval_metrics` has accepted the file."""
+    if not path.exists():
+        return {}
+    out = {}
+    for item in json.loads(path.read_text())["settings"]:
+        recorded = item.get("higher_is_better")
+        if isinstance(recorded, Mapping):
+            out[str(item["kv_setting"])] = {str(k): v for k, v in recorded.items() if isinstance(v, bool)}
+    return out
 
 
 # --- opening a folder for a run ----------------------------------------------------------------------------
