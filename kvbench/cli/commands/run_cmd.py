@@ -22,6 +22,7 @@ from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
+from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 
 console = Console()
@@ -219,6 +220,9 @@ def handle(args: argparse.Namespace) -> int:
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
+        except RunWriteError as exc:  # one line; what was flushed stays, and the summary of it where it fit
+            error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
+            return 1
     if (run_dir / SUMMARY_MD).exists():
         frame = print_summary(run_dir, _percentiles(args))
         labels = [_main_job_label(DEFAULT_ENGINE, dtype) for dtype in MAIN_JOB_KV_DTYPES]
