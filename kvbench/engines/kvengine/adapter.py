@@ -102,7 +102,10 @@ class KVEngineAdapter:
 
     def describe(self) -> Mapping[str, object]:
         e = self.settings.engine
-        return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity": e.kv_capacity,
+        # The capacity settings as given (`kv_capacity_bytes` wins); what the engine allocated is the entry's
+        # `kv_capacity`, read from its /metrics.
+        return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity_setting": e.kv_capacity,
+                "kv_capacity_bytes_setting": e.kv_capacity_bytes,
                 "prefix_caching": e.prefix_caching, "host_capacity": e.host_capacity, "disk_capacity": e.disk_capacity,
                 "remote": bool(e.remote_url), "isolation": e.isolation.value, "device_ttl_s": e.device_ttl_s,
                 "host_ttl_s": e.host_ttl_s, "tensor_parallel_size": e.tensor_parallel_size}

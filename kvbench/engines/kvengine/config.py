@@ -39,6 +39,10 @@ ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin 
 TIER_SECRET_ENV = "KVENGINE_TIER_SECRET"  # the lower tiers' record secret, kept out of argv the same way
 AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
+# A decode step with this many prefill tokens beside it stays within 2x a pure decode step on a 2-core CPU
+# (`benchmarks/engine_bench.py --mixed 0,16,32,64 --batches 4`, SmolLM2-135M fp32, under load: 16 -> 1.12x,
+# 32 -> 1.72x, 64 -> 3.70x), so ITL stays within 2x while a 512-token prompt joins, in 16 steps.
+DEFAULT_PREFILL_BESIDE_DECODES = 32
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
 
@@ -106,6 +110,9 @@ class EngineConfig:
     page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
     max_num_seqs: int = setting(16, "sequences running at once", ge=1)
     max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
+    max_prefill_beside_decodes: int = setting(
+        DEFAULT_PREFILL_BESIDE_DECODES, "prefill tokens a step computes beside running decodes (decodes go first; "
+        "a step without decodes prefills up to max_step_tokens)", unit="tokens", ge=1)
     prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
     device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
                           "is cuda:0 .. cuda:N-1)")

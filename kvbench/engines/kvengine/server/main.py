@@ -58,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("kvbench.serve")
     log.info("memory budget per device: %s", budget.describe())
-    log.info("loading %s (kv %s, %d tokens of device KV)", config.model, config.kv_format.label, config.kv_capacity)
+    log.info("loading %s (kv %s, %d tokens of device KV)", config.model, config.kv_format.label, budget.kv_tokens)
     loop: list[asyncio.AbstractEventLoop] = []  # the server's loop, once it runs
     rank_failure: list[str] = []
     stopping = threading.Event()
