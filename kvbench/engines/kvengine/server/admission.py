@@ -30,8 +30,8 @@ MAX_JSON_CONTAINERS = 4 * MAX_MESSAGES + 256  # a full chat whose messages carry
 def check_json_shape(raw: bytes, depth_limit: int = MAX_JSON_DEPTH, count_limit: int = MAX_JSON_CONTAINERS) -> None:
     """RequestError when `raw` nests arrays/objects deeper than `depth_limit` or holds more than `count_limit`
     of them (brackets inside strings not counted)."""
-    if raw.count(b"[") + raw.count(b"{") <= depth_limit:
-        return  # cannot nest deeper than it has brackets: most bodies stop here
+    if raw.count(b"[") + raw.count(b"{") <= min(depth_limit, count_limit):
+        return  # cannot nest deeper, or hold more, than it has brackets: most bodies stop here
     data = np.frombuffer(raw, dtype=np.uint8)
     opening = (data == ord("[")) | (data == ord("{"))  # (np.isin sorts: 5x slower)
     brackets = np.flatnonzero(opening | (data == ord("]")) | (data == ord("}")))
