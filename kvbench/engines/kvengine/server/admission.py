@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.engines.kvengine.server.protocol import RequestError
+from kvbench.engines.kvengine.server.protocol import RequestError, check_chars
 
 MAX_JSON_DEPTH = 64
 MAX_MESSAGES = 2048  # the OpenAI API's maximum length of `messages`
@@ -109,9 +109,12 @@ def check_messages(body: Mapping, template: TemplateCost, max_chars: int) -> int
     return bound
 
 
-def prompt_chars(body: Mapping) -> int:
-    """Characters a completion body asks to tokenise (0 for token ids; the parser refuses other shapes)."""
+def check_prompt(body: Mapping, max_chars: int) -> int:
+    """Characters a completion body asks to tokenise (0 for token ids; the parser refuses other shapes), or
+    RequestError naming `prompt` beyond what the context holds."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
-    return len(prompt) if isinstance(prompt, str) else 0
+    chars = len(prompt) if isinstance(prompt, str) else 0
+    check_chars(chars, max_chars, "prompt")
+    return chars

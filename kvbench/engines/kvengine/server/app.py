@@ -38,7 +38,7 @@ from aiohttp import web
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput
-from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_shape, check_messages, prompt_chars
+from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_shape, check_messages, check_prompt
 from kvbench.engines.kvengine.server.answer import Answer
 from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
 from kvbench.engines.kvengine.server.protocol import (
@@ -197,7 +197,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
     return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
-                         lambda body: prompt_chars(body), chat=False)
+                         lambda body: check_prompt(body, limit), chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

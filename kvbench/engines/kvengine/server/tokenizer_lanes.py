@@ -11,8 +11,9 @@ answers 429 with Retry-After, counted in `kvbench:tokenize_rejected_total{lane}`
 that would refuse a request of their largest size (`/ready` answers 503 while any would).
 
 The large lane's thread runs at a lower CPU priority (nice 10): tokenising half a million characters is CPU
-work that would otherwise take a core from the engine's steps. Both lanes call the same tokenizer: a fast (Rust) tokenizer encodes from several threads at once as long as no
-call changes its truncation or padding, and none of ours does. Depths are touched on the event loop only.
+work that would otherwise take a core from the engine's steps. Both lanes call the same tokenizer: a fast
+(Rust) tokenizer encodes from several threads at once as long as no call changes its truncation or padding,
+and none of ours does (and it releases the GIL while it encodes). Depths are touched on the event loop only.
 """
 
 from __future__ import annotations
