@@ -5,6 +5,7 @@ counters against 0.32's /metrics, its reset against a server answering as vLLM d
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 from pathlib import Path
@@ -131,6 +132,10 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
     assert hits == reconciliation["server_cached_tokens"]
     assert entry["engine_description"]["engine_version"].startswith("vllm")
     assert (out / "engines" / "vllm" / "engine-help.txt").exists()
+    # The KV capacity vLLM states (cache_config_info) is the one its log names ("CPU KV cache size: N tokens").
+    logged = re.search(r"KV cache size: ([\d,]+) tokens", (out / "engines" / "vllm" / "engine.log").read_text())
+    assert entry["kv_capacity"] == {"tokens": int(logged.group(1).replace(",", "")), "bytes": None,
+                                    "source": "vllm:cache_config_info"}
 
 
 class VLLMResetAnswers(ResetAnswers):
