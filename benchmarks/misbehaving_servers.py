@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent.parent
 
 # name -> (instrument flags, client settings beyond the defaults above)
@@ -66,7 +68,7 @@ def run_case(name: str, flags: list[str], client: dict, client_src: Path, work: 
                 time.sleep(0.1)
         settings = {"request_timeout_s": 10, "stall_timeout_s": 5, "max_lag_ms": 1000, **client}
         config = work / f"{abs(hash(name))}.yaml"
-        config.write_text(json.dumps({
+        config.write_text(yaml.safe_dump({
             "engines": [{"engine": "endpoint", "settings": {"url": url}}],
             "workloads": [{"name": "rag-chat-mini", "num_sessions": 3}],
             "loads": [{"concurrency": 1}, {"concurrency": 2}], "client": settings,
