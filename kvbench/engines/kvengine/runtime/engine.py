@@ -126,6 +126,7 @@ class Engine:
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_step_tokens=config.max_step_tokens,
+                max_prefill_beside_decodes=config.max_prefill_beside_decodes,
                 strict_isolation=config.isolation == IsolationMode.STRICT,
                 prefix_caching=config.prefix_caching,
             ),
