@@ -128,3 +128,26 @@ def test_a_reasoning_models_thinking_is_content_but_not_answer_text():
         assert reader.take(payload, arrival, record) is None
     assert reader.finish(record) is None
     assert reader.result.text == "" and record.chunks == [[1, 1], [2, 1]]
+
+
+def test_a_stream_without_end_is_cut_at_request_timeout_s():
+    # A long answer within max_tokens that the server streams without a pause: Python 3.11's wait_for, cancelled
+    # as a read completes, swallowed the cancellation and the request ran on far past request_timeout_s (it
+    # hung a 2 s request for more than 40 s). The run goes in a thread of its own so that a hang fails here.
+    import threading
+
+    outcome = {}
+
+    def play():
+        async def go():
+            async with serving(InstrumentBehaviour(first_token_ms=1, chunk_interval_ms=0.2, ignore_max_tokens=True)) as (url, _):
+                generator = LoadGenerator(EndpointConfig(base_url=url, model="m", request_timeout_s=1),
+                                          LoadSpec(concurrency=1), run_id="long")
+                return await generator.run(workload(sessions=2, max_tokens=10**9))
+        outcome["result"] = asyncio.run(go())
+
+    thread = threading.Thread(target=play, daemon=True)
+    thread.start()
+    thread.join(timeout=60)  # 2 requests of 1 s each: 60 s is far past any load's delay
+    assert not thread.is_alive(), "a request ran on past request_timeout_s"
+    assert [rec.error for rec in outcome["result"].records] == ["timeout: no complete answer within 1 s"] * 2
