@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
+from kvbench.engines.http import request
 from kvbench.engines.kv_capacity import kv_capacity
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
@@ -36,7 +37,7 @@ from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
-from kvbench.harness.stream_answer import breach_reason
+from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.folder_lock import locked_run_dir
 from kvbench.measure.metrics import failure_reason, ttft_values
@@ -204,6 +205,7 @@ class _Experiment:
     ttfts: dict[str, list[float]] = field(default_factory=dict)
     warned_metrics: set[str] = field(default_factory=set)
     pool: Callable[[], WorkerPool] | None = None  # where a point's load workers run (None: processes here)
+    context: int = DEFAULT_MAX_CONTEXT  # the running engine's context window: the bound of its answers' usage
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
@@ -238,6 +240,7 @@ class _Experiment:
             self.progress.on_message(f"starting {engine.label}")
             adapter.start()
             adapter.wait_healthy(self.config.client.health_timeout_s)
+            self.context = _context_window(adapter)
         except EngineError as exc:
             adapter.stop()
             if index == 0 and engine.engine == "endpoint":
@@ -312,6 +315,7 @@ class _Experiment:
                 first_byte_timeout_s=client.first_byte_timeout_s,
                 stall_timeout_s=client.stall_timeout_s,
                 ignore_eos=client.ignore_eos,
+                max_context_tokens=self.context,
             ),
             load=point.load,
             run_id=point.id.run_id,
@@ -352,6 +356,13 @@ class _Experiment:
         except RunWriteError:
             if not best_effort:
                 raise
+
+
+def _context_window(adapter: EngineAdapter) -> int:
+    """The context window the engine states in /v1/models, else the client's general bound."""
+    endpoint = adapter.endpoint
+    reply = request("GET", endpoint.base_url.rstrip("/") + "/v1/models", timeout_s=10, api_key=endpoint.api_key)
+    return (stated_context(reply.body, endpoint.model) if reply.ok else None) or DEFAULT_MAX_CONTEXT
 
 
 def _stated_capacity(samples: Mapping[str, float] | None) -> dict | None:
