@@ -118,10 +118,12 @@ def run_experiment(
     With `ray_address` (a Ray cluster's address, or `auto`) every engine setting runs as a Ray task on a node
     with the resources its entry declares, its load workers as Ray actors (`harness/ray_cluster.py`)."""
     validate_experiment(config)
+    if ray_address is not None:
+        from kvbench.harness.ray_cluster import import_ray, run_on_ray
+
+        import_ray()  # a missing Ray is bad input, refused before the folder is made
     with locked_run_dir(run_dir):  # a second run on this folder is refused, naming the holder
         if ray_address is not None:
-            from kvbench.harness.ray_cluster import run_on_ray
-
             return run_on_ray(config, run_dir, progress, mode, ray_address)
         resumed = open_run_dir(run_dir, config.to_dict(), mode)
         write_config_and_env(run_dir, config.to_dict(), collect_env())
