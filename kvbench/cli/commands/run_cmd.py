@@ -23,6 +23,7 @@ from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
 from kvbench.settings import SettingsError
+from kvbench.workloads.text_datasets import needs_tokenizer
 
 console = Console()
 error_console = Console(stderr=True, soft_wrap=True)
@@ -61,7 +62,9 @@ def register(commands, formatter) -> None:
         help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML; with "
         "CONFIG.yaml, it overrides that setting of every engine",
     )
-    parser.add_argument("--workload", default=None, help=f"profile name or trace/param file (default {DEFAULT_WORKLOAD})")
+    parser.add_argument("--workload", default=None,
+                        help=f"profile name, trace/param file, or dataset: sharegpt:FILE (with --tokenizer), "
+                        f"dataset:PATH, random, prefix_repetition (default {DEFAULT_WORKLOAD})")
     parser.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=number_above(0),
@@ -132,6 +135,8 @@ def config_from_args(args: argparse.Namespace):
         if args.api_key:
             settings.setdefault("api_key", args.api_key)
         workload = {"name": args.workload or DEFAULT_WORKLOAD}
+        if args.tokenizer and needs_tokenizer(workload["name"]):
+            workload["overrides"] = {"tokenizer": args.tokenizer}  # a text dataset is tokenized with it
         if args.num_sessions is not None:
             workload["num_sessions"] = args.num_sessions
         data = {
