@@ -18,6 +18,7 @@ from kvbench.distribution import PERCENTILES
 from kvbench.measure.run_folder import (
     SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, RunEntry, replace_file, write_entries,
 )
+from kvbench.measure.write_errors import writing
 
 # The columns every summary.csv has, in this order (issue 2's contract), then a few more.
 COLUMNS = [
@@ -205,6 +206,7 @@ def _figure(path: Path, xlabel: str, ylabel: str, title: str):
         if axis.get_legend_handles_labels()[0]:  # nothing to label when no request succeeded
             axis.legend(fontsize=7)
         figure.tight_layout()
-        figure.savefig(path, dpi=110)
+        with writing(path):
+            figure.savefig(path, dpi=110)
     finally:
         plt.close(figure)

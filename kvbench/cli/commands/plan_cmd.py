@@ -72,7 +72,8 @@ def handle_plan(args: argparse.Namespace) -> int:
     from kvbench.sim.engine import SimConfig
     from kvbench.sim.geometry import load_geometry
     from kvbench.sim.hardware import load_hardware
-    from kvbench.sim.plan import plan_point, search_nodes
+    from kvbench.sim.plan import NodeSearch, plan_point, search_nodes
+    from kvbench.sim.plan_floor import slo_floors, unreachable
     from kvbench.sim.plan_report import PlanLine, answer_text, write_plan
     from kvbench.sim.presets import PRESETS
     from kvbench.workloads.profiles import load_workload
@@ -114,11 +115,21 @@ def handle_plan(args: argparse.Namespace) -> int:
             console.print(f"{label} on {point.nodes} node(s): {values}: {verdict} "
                           f"({point.virtual_s:,.0f} s served, simulated in {point.wall_s:.1f} s)")
 
+        floors = slo_floors(workload, config, targets)  # at unbounded nodes: known before any simulation
+        console.print(f"{label} floor at unbounded nodes: "
+                      + ", ".join(f"{name} {value:,.0f} ms" for name, value in floors.items()))
+        reason = unreachable(targets, floors)
+        if reason is not None:
+            console.print(f"{label}: {reason}")
+            lines.append(PlanLine(config.preset.name, config.kv_dtype, config.preset.route,
+                                  NodeSearch(None, (), (), reason, floors)))
+            continue
         try:
             search = search_nodes(lambda n, config=config: plan_point(workload, load, config, n, targets, args.seed),
                                   args.max_nodes, targets, on_point=written)
         except ValueError as error:
             raise SettingsError(f"{label}: {error}") from None
+        search = dataclasses.replace(search, floors=floors)
         lines.append(PlanLine(config.preset.name, config.kv_dtype, config.preset.route, search))
         write_plan(run_dir, lines, targets, settings, plots=False)  # results as the search goes
     settings["wall_s"] = round(time.perf_counter() - started, 1)

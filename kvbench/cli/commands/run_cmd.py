@@ -22,6 +22,7 @@ from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
+from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
 
@@ -90,6 +91,8 @@ def register(commands, formatter) -> None:
                         "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
     parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
     parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
+    parser.add_argument("--max-lag-ms", type=number_above(0), default=None,
+                        help="client lag past which a point is invalid (client.max_lag_ms, default 10; exit 1)")
     parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
     parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
@@ -160,6 +163,8 @@ def config_from_args(args: argparse.Namespace):
         client["api"] = args.api
     if args.tokenizer:
         client["tokenizer"] = args.tokenizer
+    if args.max_lag_ms is not None:
+        client["max_lag_ms"] = args.max_lag_ms
     if args.workers is not None:
         client["workers"] = args.workers
     slo = data.setdefault("slo", {})
@@ -220,6 +225,9 @@ def handle(args: argparse.Namespace) -> int:
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
+        except RunWriteError as exc:  # one line; what was flushed stays, and the summary of it where it fit
+            error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
+            return 1
     if (run_dir / SUMMARY_MD).exists():
         frame = print_summary(run_dir, _percentiles(args))
         labels = [_main_job_label(DEFAULT_ENGINE, dtype) for dtype in MAIN_JOB_KV_DTYPES]
@@ -227,8 +235,14 @@ def handle(args: argparse.Namespace) -> int:
             print_tradeoff(frame, *labels, f"the same {MAIN_JOB_KV_BYTES / 2**20:.0f} MiB of device KV")
     for failure in outcome.failures:
         console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
+    # 1 for any invalid point, whatever made it so (client lag too): a CI job reads only the exit code.
+    invalid = [entry for entry in outcome.entries if not entry.valid]
+    for entry in invalid:
+        if not any(failure.startswith(f"{entry.run_id}: ") for failure in outcome.failures):
+            reasons = "; ".join(entry.invalid_reasons)
+            console.print(f"[bold red]invalid:[/bold red] {escape(entry.run_id)}: {escape(reasons)}", highlight=False)
     console.print(results_line(run_dir))
-    return 1 if outcome.failures or not outcome.entries else 0
+    return 1 if outcome.failures or invalid or not outcome.entries else 0
 
 
 def _percentiles(args: argparse.Namespace) -> dict[str, str] | None:
