@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.cli.flag_types import at_least, number_above
-from kvbench.cli import vllm_flags
+from kvbench.cli import find_max_flags, vllm_flags
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import Progress as RunProgress
@@ -97,6 +97,7 @@ def register(commands, formatter) -> None:
     parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
     vllm_flags.add_report_flags(parser)
+    find_max_flags.add_flags(parser)
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>); one that holds a run is "
                         "refused unless --resume or --overwrite is given")
     reuse = parser.add_mutually_exclusive_group()
@@ -213,6 +214,8 @@ def handle(args: argparse.Namespace) -> int:
         from kvbench.harness.dry_run import print_dry_run
 
         return print_dry_run(config, run_dir, console, error_console)
+    if args.find_max:
+        return find_max_flags.run(args, config, run_dir, console)
     mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.FRESH
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
     with Progress(
