@@ -111,3 +111,17 @@ def test_write_exports_writes_jsonl_parquet_and_one_vllm_file_per_point(point, t
     assert list(parquet.ttft_ms) == [json.loads(line)["ttft_ms"] for line in lines]
     (vllm_file,) = (tmp_path / VLLM_RESULTS_DIR).iterdir()
     assert vllm_file in written and json.loads(vllm_file.read_text())["kvbench"]["run_id"] == entry.run_id
+    assert json.loads(parquet.engine_settings[0]) == {"kv_dtype": "fp8_e4m3"}
+
+
+def test_parquet_takes_points_without_engine_settings_and_with_different_ones(point, tmp_path):
+    """An endpoint's empty settings and another point's different keys (parquet has no type for either as a
+    mapping: a run wrote its records and then failed here)."""
+    entry, records, _, _ = point
+    bare = dataclasses.replace(entry, engine_settings={}, run_id="bare")
+    write_exports(tmp_path, [bare], {"bare": records}, {LOAD.label: dataclasses.asdict(LOAD)})
+    assert set(pd.read_parquet(tmp_path / REQUESTS_METRICS_PARQUET).engine_settings) == {"{}"}
+    write_exports(tmp_path, [bare, entry], {"bare": records, entry.run_id: records},
+                  {LOAD.label: dataclasses.asdict(LOAD)})
+    assert sorted(set(pd.read_parquet(tmp_path / REQUESTS_METRICS_PARQUET).engine_settings)) == [
+        "{\"kv_dtype\": \"fp8_e4m3\"}", "{}"]
