@@ -37,6 +37,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 tr.invalid td { background: #fff0f0; }
 .flag { color: #a00; } .warm { color: #a60; }
 img.plot { max-width: 48%; margin: 0 1% 1em 0; border: 1px solid #eee; }
+div.wide { overflow-x: auto; max-width: 100%; }
 pre { background: #f7f7f7; padding: 0.7em; overflow-x: auto; font-size: 12px; }
 """
 _CHECK_PLOTS = """
@@ -85,7 +86,8 @@ def _table(frame: pd.DataFrame) -> str:
         cells = "".join(_cell(column, row[column]) for column in columns)
         invalid = ' class="invalid"' if row.get("valid") is False else ""
         rows.append(f"<tr{invalid}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    # A wide table scrolls inside its box instead of running off the page.
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def _cell(column: str, value) -> str:
