@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
     else:
         upper = f"{search.missed_at:g}{unit} misses" if search.missed_at is not None else "no miss found above it"
         console.print(f"[bold]highest {args.find_max} meeting the SLO: {search.answer:g}{unit}[/bold] "
-                      f"(interval [{search.answer:g}, {search.missed_at if search.missed_at is not None else 'inf'}); "
+                      f"(interval [{search.answer:g}, {'inf' if search.missed_at is None else f'{search.missed_at:g}'}); "
                       f"{upper}; {len(search.probes)} probes)", highlight=False)
     console.print(f"results: {run_dir / FIND_MAX_JSON}, one run folder per probe under {run_dir / 'probes'}")
     return 0 if search.answer is not None else 1
