@@ -137,7 +137,8 @@ def find_max(config: ExperimentConfig, mode: str, targets: Sequence[SloTarget], 
     probe; `config`'s first load point gives what else the probes keep (burstiness, max_concurrency)."""
     if len(config.engines) != 1 or len(config.workloads) != 1:
         raise ValueError("--find-max searches one engine setting on one workload; the config has "
-                         f"{len(config.engines)} engine settings and {len(config.workloads)} workloads")
+                         f"{len(config.engines)} engine settings and {len(config.workloads)} workloads (pick one, "
+                         "e.g. --set kv_dtype=fp8_e4m3 for the main job)")
     base = config.loads[0]
     out.mkdir(parents=True, exist_ok=True)
     count = iter(range(1, 1 << 30))

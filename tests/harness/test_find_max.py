@@ -109,3 +109,9 @@ def test_find_max_concurrency_on_real_runs_finds_the_instruments_knee(tmp_path, 
     assert result["non_monotone"] == []
     assert all((out / "probes" / name).is_dir() for name in ("01-concurrency-1", "04-concurrency-3"))
     assert "highest concurrency meeting the SLO: 3" in printed and printed.count("probe concurrency") == 5
+
+
+def test_the_main_jobs_two_settings_are_refused_in_one_line_naming_the_fix(capsys):
+    assert main(["run", "--find-max", "concurrency", "--slo", "ttft_p99_ms=300"]) == 2
+    err = capsys.readouterr().err
+    assert "searches one engine setting" in err and "--set kv_dtype=fp8_e4m3" in err and len(err.splitlines()) == 1
