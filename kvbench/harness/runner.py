@@ -142,8 +142,13 @@ def run_experiment(
             experiment.write_summaries()
         if outcome.entries:
             write_plots(run_dir, outcome.entries, experiment.ttfts)
-            write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
-                          config.client.api, config.client.tokenizer)
+            try:
+                write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
+                              config.client.api, config.client.tokenizer)
+            except Exception as exc:  # noqa: BLE001 - what was measured is written; an export must not fail the run
+                warning = f"requests_metrics / vllm exports not written: {type(exc).__name__}: {exc}"
+                outcome.warnings.append(warning)
+                progress.on_message(warning)
         return outcome
 
 
