@@ -268,6 +268,7 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
     if preset.remote_bytes > 0:  # one object: every node shares it
         remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
     sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
+                                   max_prefill_beside_decodes=preset.max_prefill_beside_decodes,
                                    strict_isolation=config.strict_isolation)
     host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
     ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)

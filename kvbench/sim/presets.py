@@ -58,6 +58,9 @@ class Preset:
     page_size: int = DEFAULT_PAGE_SIZE
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
+    # Prefill tokens a step computes beside running decodes (None: up to max_step_tokens); our engine's
+    # max_prefill_beside_decodes, the core scheduler's rule (SchedulerConfig)
+    max_prefill_beside_decodes: int | None = None
     padded_attention: bool = False  # the engine pads a step's sequences to the longest (see CostModel)
     tier_policy: str = TIERS_WRITE_THROUGH
     device_ttl_s: float = DEFAULT_TTL.device_s  # TIERS_TTL: idle seconds before a page leaves device, then host

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from kvbench.cli.console_table import Column, print_table
 from kvbench.cli.flag_types import at_least
 from kvbench.settings import SettingsError
 
@@ -133,16 +134,17 @@ def handle_plan(args: argparse.Namespace) -> int:
         write_plan(run_dir, lines, targets, settings, plots=False)  # results as the search goes
     settings["wall_s"] = round(time.perf_counter() - started, 1)
     files = write_plan(run_dir, lines, targets, settings, plots=not args.no_plots)
-    table = Table(title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
-                  f" ({workload.name}, {geometry.name})")
-    for column in ("preset", "KV", "routing", "nodes needed", "node counts tried", "node-h at answer", "non-monotone"):
-        table.add_column(column, justify="right")
+    columns = [Column("preset", False), Column("KV", False), Column("routing", False), Column("nodes needed", True),
+               Column("node counts tried", False), Column("node-h at answer", True), Column("non-monotone", True)]
+    rows = []
     for l in lines:
         at = next((p for p in l.search.points if p.nodes == l.search.answer), None)
-        table.add_row(l.preset, l.kv_dtype, l.route, answer_text(l.search, args.max_nodes),
-                      ", ".join(str(p.nodes) for p in l.search.points),
-                      "-" if at is None else f"{at.node_hours:,.2f}", str(len(l.search.non_monotone)))
-    console.print(table)
+        rows.append([escape(l.preset), escape(l.kv_dtype), escape(l.route), answer_text(l.search, args.max_nodes),
+                     ", ".join(str(p.nodes) for p in l.search.points),
+                     "-" if at is None else f"{at.node_hours:,.2f}", str(len(l.search.non_monotone))])
+    print_table(console, columns, rows, keys=2,
+                title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
+                f" ({workload.name}, {geometry.name})")
     for l in lines:
         for finding in l.search.non_monotone:
             console.print(f"[yellow]non-monotone {l.preset}/{l.kv_dtype}: {finding}[/yellow]")
