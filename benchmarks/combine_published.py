@@ -1,6 +1,7 @@
 """Combine per-router comparisons (`kvbench validate-published --router R --out DIR`) into one with the targets:
 `python benchmarks/combine_published.py CASE.yaml OUT_DIR DIR1 DIR2 ...`."""
-import json, sys
+import json
+import sys
 from pathlib import Path
 from kvbench.sim.published import Row, parse_case
 from kvbench.sim.published_report import check_targets, write_comparison
