@@ -46,7 +46,7 @@ def register(commands, formatter) -> None:
                      "step overhead and router latency on one router's stages up to --max-rate, the rest checked")
     cal.add_argument("--fit-router", default="precise-prefix", help="with --published: the router fitted on")
     cal.add_argument("--max-rate", type=number_above(0), default=20.0, help="with --published: fit stages <= this")
-    cal.add_argument("--max-evaluations", type=int, default=30, help="with --published: simulations at most")
+    cal.add_argument("--max-evaluations", type=int, default=24, help="with --published: simulations at most")
     cal.add_argument("--no-check", action="store_true", help="with --published: skip the check of the rest")
     cal.set_defaults(handler=handle_calibrate)
 
