@@ -163,6 +163,10 @@ def build_runner(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, 
                             compute_dtype=dtype)
     # Paged attention for this device and format: a kernel on CUDA where one is installed (model/gpu_attention.py).
     loaded.model.attention = attention_for(device, fmt, dtype)
+    if config.prepacked_weights:
+        loaded.model.prepack()  # no-op (0 bytes) off cpu fp32; memory_budget counted its bytes
+    else:
+        loaded.model.prepacked = None  # `loaded` may have served an engine that prepacked it
     forward = None
     if config.cuda_graphs:
         from kvbench.engines.kvengine.model.cuda_graphs import DecodeGraphs
