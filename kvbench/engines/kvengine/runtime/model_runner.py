@@ -13,6 +13,7 @@ With one rank, `Ranks()` sends to nobody.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -185,3 +186,18 @@ def serve_ops(runner: ModelRunner, receive: Callable[[], DeviceOp | None]) -> No
 def chunks_of(chunks: Sequence[SequenceChunk]) -> tuple[SequenceChunk, ...]:
     """Chunks as plain values (token lists, page tuples), cheap to send to other ranks."""
     return tuple(SequenceChunk(list(c.token_ids), c.num_computed_tokens, tuple(c.page_table)) for c in chunks)
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """An error of the device itself (a CUDA fault), after which no request can be computed."""
+    device_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
+    return device_error is not None and isinstance(exc, device_error)
+
+
+def model_digest(loaded: LoadedModel) -> str:
+    """A short digest of the model's identity (config and a sample of its weights) for content keys."""
+    h = hashlib.blake2b(repr(loaded.config).encode(), digest_size=8)
+    first = next(loaded.model.parameters(), None)
+    if first is not None:
+        h.update(first.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()
