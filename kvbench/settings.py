@@ -25,17 +25,44 @@ class SettingsError(ValueError):
     """Bad user input; the message names the field, what is wrong and the valid choices."""
 
 
-def read_yaml(path: Path, what: str) -> Any:
+# A settings document's values counted with every alias expanded: kvbench's own configs hold a few hundred;
+# YAML aliases nested in aliases (an "alias bomb") reach billions while the file stays a few lines, and the first
+# copy of the config (to_dict, config.yaml) would then fill the memory.
+MAX_YAML_VALUES = 100_000
+
+
+def read_yaml(path: Path, what: str, max_values: int = MAX_YAML_VALUES) -> Any:
     """The document of a YAML file (None if empty); SettingsError naming `what` and the file when it cannot be
-    read, is not UTF-8 text or is not valid YAML."""
+    read, is not UTF-8 text, is not valid YAML, or expands (aliases counted each time they are used) to more
+    than `max_values` values."""
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise SettingsError(f"{what}: cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise SettingsError(f"{what}: {path} is not a UTF-8 text file (a YAML file was expected)") from None
     except yaml.YAMLError as exc:
         raise SettingsError(f"{what}: {path} is not valid YAML: {exc}") from None
+    check_expanded_size(document, f"{what}: {path}", max_values)
+    return document
+
+
+def check_expanded_size(document: Any, where: str, max_values: int = MAX_YAML_VALUES) -> None:
+    """Raise SettingsError when `document` (as loaded: an alias is one object referenced from several places)
+    holds more than `max_values` values once every reference is counted. The walk stops at the bound, so a
+    refusal costs at most `max_values` steps and no copy."""
+    count, stack = 0, [document]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > max_values:
+            raise SettingsError(f"{where}: expands to more than {max_values:,} values (YAML aliases repeated inside "
+                                "aliases?); write the values out or use fewer nested aliases")
+        if isinstance(value, Mapping):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
 
 
 @dataclass(frozen=True)

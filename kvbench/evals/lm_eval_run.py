@@ -31,6 +31,7 @@ class TaskScore:
     stderr: float | None
     samples: int
     per_doc: tuple[float, ...] = ()
+    higher_is_better: bool | None = None  # lm-eval's own `higher_is_better` for this metric (None: not given)
 
 
 @dataclass(frozen=True)
@@ -80,18 +81,22 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
 
 def scores_from_results(results: Mapping) -> list[TaskScore]:
     """lm-eval's {"results": {task: {"metric,filter": v, "metric_stderr,filter": se}}} as TaskScores, with
-    every document's value from {"samples": {task: [{"doc_id", "filter", metric: value}]}} where logged."""
+    every document's value from {"samples": {task: [{"doc_id", "filter", metric: value}]}} where logged, and
+    lm-eval's direction of each metric from {"higher_is_better": {task: {metric: bool}}}."""
     out = []
     for task, values in results["results"].items():
         samples = int(results.get("n-samples", {}).get(task, {}).get("effective", 0))
         logged = results.get("samples", {}).get(task, [])
+        directions = results.get("higher_is_better", {}).get(task, {})
         for key, value in values.items():
             metric, _, filter_name = key.partition(",")
             if metric.endswith("_stderr") or metric == "sample_len" or not isinstance(value, (int, float)):
                 continue
             stderr = values.get(f"{metric}_stderr,{filter_name}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
-            out.append(TaskScore(task, metric, float(value), stderr, samples, _per_doc(logged, metric, filter_name)))
+            better = directions.get(metric)
+            out.append(TaskScore(task, metric, float(value), stderr, samples, _per_doc(logged, metric, filter_name),
+                                 better if isinstance(better, bool) else None))
     return out
 
 

@@ -5,7 +5,8 @@
                          else the value), McNemar's p for flips, the items paired, and the verdict on the
                          article's "loss < 0.5%" ("cannot resolve" when the interval is wider than that)
     eval_summary.csv     one row per setting: headline metrics and the aggregate delta %
-    eval.json            {"settings": [{"kv_setting": label, "metrics": {name: value}}]} for `kvbench compare`
+    eval.json            {"settings": [{"kv_setting": label, "metrics": {name: value}, "higher_is_better":
+                         {name: bool}}]} for `kvbench compare`
     eval_positions.png   KL, top-1 agreement and perplexity change per context-position bucket
 
 Sources of rows: "lm-eval" (documents paired by doc_id), "direct" (blocks of positions, exact logits),
@@ -28,6 +29,7 @@ import pandas as pd
 
 import numpy as np
 
+from kvbench.evals.directions import higher_is_better
 from kvbench.evals.divergence import DivergenceStats, GreedyStats
 from kvbench.evals.items import DirectMetric
 from kvbench.evals.lm_eval_run import TaskScore
@@ -37,7 +39,6 @@ from kvbench.evals.paired import (
 from kvbench.evals.tasks import TASKS
 from kvbench.measure.run_folder import EVAL_CSV, EVAL_JSON, EVAL_MD, EVAL_POSITIONS_PNG, EVAL_SUMMARY_CSV
 
-LOWER_IS_BETTER = ("perplexity", "bits_per_byte", "kl")
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ class MetricRow:
 
 
 def _lower_is_better(name: str) -> bool:
-    return any(word in name for word in LOWER_IS_BETTER)
+    """From the metric's source (evals/directions.py); a metric no source declares counts as a score."""
+    return higher_is_better(name) is False
 
 
 def signed_change_pct(name: str, value: float | None, base: float | None) -> float | None:
@@ -284,13 +286,16 @@ def baseline_frame(results: Sequence[SettingResult], baseline: str) -> pd.DataFr
 
 
 def eval_json(results: Sequence[SettingResult], baseline: str) -> dict:
-    """What `kvbench compare` reads: every metric's value, plus the aggregate delta %."""
+    """What `kvbench compare` reads: every metric's value, plus the aggregate delta %, and each metric's
+    direction (lm-eval's `higher_is_better` for lm-eval metrics, evals/directions.py for ours; None: unknown)."""
     rows = metric_rows(results, baseline)
     settings = []
     for result in results:
         metrics = {row.name: row.value for row in rows if row.setting == result.label}
         metrics["aggregate_delta_pct"] = aggregate_delta_pct(rows, result.label)
-        settings.append({"kv_setting": result.label, "metrics": metrics,
+        lm_eval = {f"{score.task}/{score.metric}": score.higher_is_better for score in result.task_scores}
+        directions = {name: higher_is_better(name, lm_eval) for name in metrics}
+        settings.append({"kv_setting": result.label, "metrics": metrics, "higher_is_better": directions,
                          **({"refused": result.refused} if result.refused else {})})
     return {"baseline": baseline, "settings": settings}
 

@@ -3,11 +3,14 @@
 For every engine setting (engine label, kv_dtype, workload, load point: a run id without its repetition) and
 metric: the baseline and new values, the delta, a bootstrap confidence interval of the delta, and a verdict.
 
-    regression   the whole CI of the delta lies on the bad side of 0  AND  the delta exceeds the tolerance
-    improvement  the same, on the good side
-    no change    otherwise (noise, or a real change smaller than the tolerance)
-    missing      a value (or a whole setting) exists in only one folder, or in neither
+    regression    the whole CI of the delta lies on the bad side of 0  AND  the delta exceeds the tolerance
+    improvement   the same, on the good side
+    no change     the whole CI lies within the tolerance on both sides: any change is smaller than it
+    inconclusive  neither: the CI reaches past the tolerance and does not exclude the other side (too few
+                  requests, too much noise), or the metric's direction is unknown; `--strict` fails on it
+    missing       a value (or a whole setting) exists in only one folder, or in neither
 
+Without a CI (quality evals, no per-request records) the tolerance alone decides between the first three.
 Deltas are relative (`+20%`) for times and throughputs, and in percentage points for rates that are already
 fractions (cache hit rate, prefill recompute rate), which also keeps a baseline of 0 meaningful.
 
@@ -29,7 +32,7 @@ from enum import Enum
 
 import numpy as np
 
-from kvbench.harness import bootstrap
+from kvbench.harness import bootstrap, config_schema
 from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS, MetricSpec, PerfMetric, RequestSamples, quality_spec
 from kvbench.measure.run_folder import CONFIG_YAML, EVAL_JSON, SUMMARY_MD, RunEntry, RunFolder
 
@@ -42,6 +45,7 @@ class Verdict(str, Enum):
     REGRESSION = "regression"
     IMPROVEMENT = "improvement"
     NO_CHANGE = "no change"
+    INCONCLUSIVE = "inconclusive"
     MISSING = "missing"
 
 
@@ -146,17 +150,31 @@ class Comparison:
         return tuple(row for row in self.rows if row.verdict is Verdict.IMPROVEMENT)
 
     @property
+    def inconclusive(self) -> tuple[MetricComparison, ...]:
+        return tuple(row for row in self.rows if row.verdict is Verdict.INCONCLUSIVE)
+
+    @property
     def mismatched(self) -> bool:
         return bool(self.mismatches) or any(row.one_sided for row in self.rows)
 
     def exit_code(self, strict: bool = False) -> int:
-        """1 on any regression (or, when strict, any mismatch), else 0."""
-        return 1 if self.regressions or (strict and self.mismatched) else 0
+        """1 on any regression (or, when strict, any mismatch or inconclusive metric), else 0."""
+        return 1 if self.regressions or (strict and (self.mismatched or self.inconclusive)) else 0
 
 
 def judge(spec: MetricSpec, delta: float | None, ci: tuple[float, float] | None) -> Verdict:
     """Regression: the CI lies wholly on the bad side of 0 and the delta exceeds the tolerance; improvement
-    likewise on the good side. Without a CI (quality evals, no per-request records) the tolerance alone decides."""
+    likewise on the good side; no change: the CI lies wholly within the tolerance; else inconclusive. Without
+    a CI (quality evals, no per-request records) the tolerance alone decides.
+
+    In "worse" units (positive = worse), tolerance t:
+
+        -t         0         +t
+         |---------|---------|        CI [lo, hi]
+              [=======]               no change      (-t <= lo, hi <= t)
+                     [=========]      inconclusive   (reaches past t, includes 0)
+                        [======]      regression     (lo > 0 and delta > t)
+    """
     if delta is None or math.isnan(delta):
         return Verdict.MISSING
     sign = 1.0 if spec.better == "lower" else -1.0  # worse > 0 after this sign
@@ -166,7 +184,9 @@ def judge(spec: MetricSpec, delta: float | None, ci: tuple[float, float] | None)
         return Verdict.REGRESSION
     if -worse > spec.tolerance and worse_high < 0:
         return Verdict.IMPROVEMENT
-    return Verdict.NO_CHANGE
+    if -spec.tolerance <= worse_low and worse_high <= spec.tolerance or ci is None:
+        return Verdict.NO_CHANGE
+    return Verdict.INCONCLUSIVE
 
 
 def delta_of(spec: MetricSpec, baseline: float, new: float) -> float:
@@ -180,8 +200,8 @@ def delta_of(spec: MetricSpec, baseline: float, new: float) -> float:
 
 def compare(baseline: RunFolder, new: RunFolder, options: CompareOptions = CompareOptions()) -> Comparison:
     """Compare every setting and metric of `new` against `baseline` (see the module docstring)."""
-    mismatches = _config_mismatches(baseline.config, new.config)
-    notes = _env_notes(baseline.env, new.env)
+    mismatches, notes = _config_mismatches(baseline.config, new.config)
+    notes += _env_notes(baseline.env, new.env)
     rows: list[MetricComparison] = []
     base_settings, new_settings = _settings(baseline), _settings(new)
     keys = list(base_settings) + [key for key in new_settings if key not in base_settings]
@@ -197,7 +217,7 @@ def compare(baseline: RunFolder, new: RunFolder, options: CompareOptions = Compa
         mismatches += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _setting_mismatches(base_reps, new_reps)]
         notes += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _validity_notes(base_reps, new_reps)]
         rows += _compare_setting(key, index, base_reps, new_reps, options)
-    eval_rows, eval_mismatches = _compare_evals(baseline.evals, new.evals, options)
+    eval_rows, eval_mismatches = _compare_evals(baseline, new, options)
     rows += eval_rows
     mismatches += eval_mismatches
     return Comparison(str(baseline.path), str(new.path), options, tuple(rows), tuple(mismatches), tuple(notes))
@@ -277,8 +297,10 @@ def _deltas(spec: MetricSpec, base_boot: np.ndarray, new_boot: np.ndarray) -> np
         return new_boot / base_boot - 1.0
 
 
-def _compare_evals(baseline, new, options: CompareOptions) -> tuple[list[MetricComparison], list[str]]:
+def _compare_evals(baseline_folder: RunFolder, new_folder: RunFolder,
+                   options: CompareOptions) -> tuple[list[MetricComparison], list[str]]:
     """Rows for every eval setting and metric, and a mismatch when only one folder has an eval.json."""
+    baseline, new = baseline_folder.evals, new_folder.evals
     if baseline is None and new is None:
         return [], []
     if baseline is None or new is None:
@@ -291,14 +313,21 @@ def _compare_evals(baseline, new, options: CompareOptions) -> tuple[list[MetricC
             rows.append(MetricComparison("quality", setting, setting, "all", None, None, None, None, None, None,
                                          Verdict.MISSING, f"eval setting only in the {where}"))
             continue
-        rows += [_compare_quality(setting, name, base_metrics.get(name), new_metrics.get(name), options)
+        # The new run's recorded directions first (its lm-eval said so), then the baseline's.
+        recorded = {**baseline_folder.eval_directions.get(setting, {}), **new_folder.eval_directions.get(setting, {})}
+        rows += [_compare_quality(setting, name, base_metrics.get(name), new_metrics.get(name), recorded, options)
                  for name in list(base_metrics) + [name for name in new_metrics if name not in base_metrics]]
     return rows, []
 
 
-def _compare_quality(setting: str, name: str, base: float | None, value: float | None,
+def _compare_quality(setting: str, name: str, base: float | None, value: float | None, recorded: Mapping[str, bool],
                      options: CompareOptions) -> MetricComparison:
-    spec = _spec(quality_spec(name), options)
+    spec = quality_spec(name, recorded)
+    if spec is None:
+        return MetricComparison("quality", setting, setting, name, None, base, value, None, None, None,
+                                Verdict.INCONCLUSIVE, "direction unknown: neither lm-eval's higher_is_better nor "
+                                "kvbench's table (evals/directions.py) declares it")
+    spec = _spec(spec, options)
     if base is None or value is None:
         sides = [side for side, item in (("baseline", base), ("new run", value)) if item is None]
         return MetricComparison("quality", setting, setting, name, spec, base, value, None, None, None,
@@ -319,11 +348,22 @@ def _differences(base: Mapping, new: Mapping, prefix: str = "") -> list[str]:
     return out
 
 
-def _config_mismatches(base: Mapping, new: Mapping) -> list[str]:
+def _config_mismatches(base: Mapping, new: Mapping) -> tuple[list[str], list[str]]:
+    """Differences of the compared config sections, each side read as today's schema (config_schema.current:
+    keys added since a side was written count as their defaults); and notes on what was filled."""
     if not base or not new:
-        return [] if not base and not new else [f"{CONFIG_YAML} only in the {'baseline' if base else 'new run'}"]
-    diffs = _differences({key: base.get(key) for key in _CONFIG_SECTIONS}, {key: new.get(key) for key in _CONFIG_SECTIONS})
-    return [f"{CONFIG_YAML} differs: {diff}" for diff in diffs]
+        return ([] if not base and not new else [f"{CONFIG_YAML} only in the {'baseline' if base else 'new run'}"]), []
+    read = []
+    for side, config in (("baseline", base), ("new run", new)):
+        try:
+            read.append(config_schema.current(config))
+        except ValueError as exc:
+            return [f"{side} {CONFIG_YAML}: {exc}"], []
+    notes = [f"{side} {CONFIG_YAML} is schema version {item.version}: read with today's defaults for "
+             + ", ".join(item.filled) for side, item in zip(("baseline", "new run"), read)
+             if item.filled and read[0].version != read[1].version]
+    diffs = _differences(*({key: item.config.get(key) for key in _CONFIG_SECTIONS} for item in read))
+    return [f"{CONFIG_YAML} differs: {diff}" for diff in diffs], notes
 
 
 def _setting_mismatches(base_reps: Sequence[Repetition], new_reps: Sequence[Repetition]) -> list[str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvbench.evals.directions import higher_is_better
 from kvbench.harness import bootstrap
 from kvbench.measure import metrics
 from kvbench.measure.records import RequestRecord
@@ -148,20 +149,16 @@ def _perf_metrics() -> dict[str, PerfMetric]:
 PERF_METRICS: Mapping[str, PerfMetric] = _perf_metrics()
 DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "output_tok_s", "cache_hit_rate", "prefill_recompute_rate")
 
-# Quality metrics of eval.json. Known names first; any other name is judged by the words in it.
-_QUALITY_SPECS = {
-    "kl": MetricSpec("kl", "lower", "relative", 0.10),
-    "top1_agreement": MetricSpec("top1_agreement", "higher", "points", 0.005),
-}
-_LOWER_IS_BETTER_WORDS = ("kl", "perplexity", "ppl", "nll", "loss", "error", "mse", "divergence")
+# Quality metrics of eval.json: the direction from the metric's source (evals/directions.py), never its name.
+_QUALITY_TOLERANCES = {"kl": ("relative", 0.10), "top1_agreement": ("points", 0.005)}
 
 
-def quality_spec(name: str) -> MetricSpec:
-    """kl: lower, 10% relative; top1_agreement: higher, 0.5 points; names with loss/ppl/error/...: lower, 1%;
-    any other score (task accuracy and the like): higher is better, 1% relative (the article's bar is <0.5%
-    aggregate loss, so 1% on one task is already worth a look)."""
-    if name in _QUALITY_SPECS:
-        return _QUALITY_SPECS[name]
-    words = name.lower().replace("-", "_").split("_")
-    better = "lower" if any(word in _LOWER_IS_BETTER_WORDS for word in words) else "higher"
-    return MetricSpec(name, better, "relative", 0.01)
+def quality_spec(name: str, recorded: Mapping[str, bool] | None = None) -> MetricSpec | None:
+    """kl: 10% relative; top1_agreement: 0.5 points; any other metric 1% relative (the article's bar is <0.5%
+    aggregate loss, so 1% on one task is already worth a look). None when no source declares its direction
+    (`recorded`: the directions eval.json holds)."""
+    better = higher_is_better(name, recorded)
+    if better is None:
+        return None
+    scale, tolerance = _QUALITY_TOLERANCES.get(name, ("relative", 0.01))
+    return MetricSpec(name, "higher" if better else "lower", scale, tolerance)

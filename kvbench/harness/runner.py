@@ -4,14 +4,16 @@ For each engine setting: start it, wait until healthy; for each workload, load p
 the engine's prefix cache, scrape its counters, replay the workload, scrape again, and rewrite the summary
 files. A failure of one engine setting is recorded and the next one runs; nothing measured is lost.
 
-A point is valid when its client kept up, it was not aborted and few enough of its requests failed
-(`client.max_error_rate`); a point with too many failed requests, or aborted, is also a failure of the run.
+A point is valid when its client kept up, it was not aborted, few enough of its requests failed
+(`client.max_error_rate`) and no answer failed the client's checks (`stream_answer`); a point with too many failed requests, or aborted, is also a failure of the run.
 
 How a run ends early: Ctrl-C (and SIGTERM, which `kvbench run` turns into Ctrl-C) stops the point in
 progress, whose entry is built from the records already in requests.jsonl, writes the summary and stops
 the engine. After a SIGKILL, `rebuild_entries` makes the entries from config.yaml and requests.jsonl alone.
 
-A run folder is used once (`measure/run_folder.open_run_dir`): `RunMode.FRESH` refuses a folder that holds a run,
+A run folder is written by one run at a time (`measure/folder_lock.py`: a second exits 2 naming the holder).
+A failed write of it (disk full, read-only, no permission) raises `RunWriteError` after the summary of the
+records flushed so far is written where the disk allows. A run folder is used once (`measure/run_folder.open_run_dir`): `RunMode.FRESH` refuses a folder that holds a run,
 `OVERWRITE` removes that run's files first, `RESUME` continues it.
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
+from kvbench.engines.kv_capacity import kv_capacity
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
@@ -33,15 +36,19 @@ from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
+from kvbench.harness.stream_answer import breach_reason
 from kvbench.measure.conversation import Isolation
+from kvbench.measure.folder_lock import locked_run_dir
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
+from kvbench.measure.export import write_exports
 from kvbench.measure.report import write_plots, write_summaries
 from kvbench.measure.run_folder import (
     CONFIG_YAML, INTERRUPTED, REBUILT, REQUESTS_JSONL, SUMMARY_JSON, Resumed, RunEntry, RunMode, engine_dir,
     open_run_dir, records_by_run, write_config_and_env,
 )
 from kvbench.measure.schedule import LoadSpec
+from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
@@ -110,23 +117,36 @@ def run_experiment(
     With `ray_address` (a Ray cluster's address, or `auto`) every engine setting runs as a Ray task on a node
     with the resources its entry declares, its load workers as Ray actors (`harness/ray_cluster.py`)."""
     validate_experiment(config)
-    if ray_address is not None:
-        from kvbench.harness.ray_cluster import run_on_ray
+    with locked_run_dir(run_dir):  # a second run on this folder is refused, naming the holder
+        if ray_address is not None:
+            from kvbench.harness.ray_cluster import run_on_ray
 
-        return run_on_ray(config, run_dir, progress, mode, ray_address)
-    resumed = open_run_dir(run_dir, config.to_dict(), mode)
-    write_config_and_env(run_dir, config.to_dict(), collect_env())
-    outcome = RunOutcome(run_dir)
-    with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-        experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome)
-        try:
-            for engine_index, engine in enumerate(config.engines):
-                experiment.run_engine(engine_index, engine)
-        finally:
+            return run_on_ray(config, run_dir, progress, mode, ray_address)
+        resumed = open_run_dir(run_dir, config.to_dict(), mode)
+        write_config_and_env(run_dir, config.to_dict(), collect_env())
+        outcome = RunOutcome(run_dir)
+        with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
+            experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome)
+            try:
+                for engine_index, engine in enumerate(config.engines):
+                    experiment.run_engine(engine_index, engine)
+            except RunWriteError:
+                experiment.write_summaries(best_effort=True)  # from the records flushed so far, if the disk allows
+                raise
+            except BaseException:
+                experiment.write_summaries()
+                raise
             experiment.write_summaries()
-    if outcome.entries:
-        write_plots(run_dir, outcome.entries, experiment.ttfts)
-    return outcome
+        if outcome.entries:
+            write_plots(run_dir, outcome.entries, experiment.ttfts)
+            write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
+                          config.client.api, config.client.tokenizer)
+        return outcome
+
+
+def _loads(config: ExperimentConfig) -> dict[str, dict]:
+    """Each load point's LoadSpec fields by its label (what the vLLM result files say of the traffic)."""
+    return {load.label: dataclasses.asdict(load) for load in config.load_specs()}
 
 
 def rebuild_entries(run_dir: Path) -> list[RunEntry]:
@@ -163,6 +183,9 @@ def invalid_reasons(
     failed = failure_reason(records, max_error_rate)
     if failed:
         reasons.append(failed)
+    breached = breach_reason(records)
+    if breached:
+        reasons.append(breached)
     if client is not None and not client.valid:
         reasons.append(f"client lag: {client.reason}")
     return reasons
@@ -232,7 +255,8 @@ class _Experiment:
         before = self._scrape(engine, adapter)
         description = dict(adapter.describe())
         context = {"kv_dtype": description.get("kv_dtype", "unknown"), "engine_description": description,
-                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset}
+                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset,
+                   "clock_offset_ns": time.time_ns() - time.perf_counter_ns()}
         self.progress.on_point_start(run_id, point.total_requests)
         generator = self._generator(adapter, point)
         try:
@@ -241,7 +265,16 @@ class _Experiment:
             records = records_by_run(self.run_dir).get(run_id, [])
             self._add(dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records)
             raise
+        except RunWriteError as exc:  # the records on disk are the point's; run_experiment writes the summary
+            records = records_by_run(self.run_dir).get(run_id, [])
+            aborted = f"the run folder could not be written: {exc}"
+            self.outcome.entries.append(dataclasses.replace(records_entry(point.id, records, self.config, aborted), **context))
+            raise
         after = self._scrape(engine, adapter)
+        if result.missed_arrivals:
+            self.progress.on_message(
+                f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
+                f"requests/s were sent than asked (a workload with more sessions keeps up)")
         records = [*result.replayed, *result.records]
         entry = dataclasses.replace(
             records_entry(point.id, records, self.config, result.aborted, result.client),
@@ -250,6 +283,7 @@ class _Experiment:
             # The server counted only what was sent now, not the replayed records.
             reconciliation=reconcile(result.records, before, after).to_dict(),
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
+            kv_capacity=_stated_capacity(before or after),
         )
         self._add(entry, records)
         return result.aborted is None
@@ -310,8 +344,20 @@ class _Experiment:
         self.write_summaries()
         self.progress.on_point_end(entry)
 
-    def write_summaries(self) -> None:
-        write_summaries(self.run_dir, self.outcome.entries, [*self.outcome.failures, *self.outcome.warnings])
+    def write_summaries(self, best_effort: bool = False) -> None:
+        """summary.{json,csv,md} of the entries so far; with `best_effort` (the folder already failed to take a
+        write) a second failure is dropped, so that the first one is the error reported."""
+        try:
+            write_summaries(self.run_dir, self.outcome.entries, [*self.outcome.failures, *self.outcome.warnings])
+        except RunWriteError:
+            if not best_effort:
+                raise
+
+
+def _stated_capacity(samples: Mapping[str, float] | None) -> dict | None:
+    """The KV capacity the engine states on /metrics (tokens, bytes), not the setting it was given."""
+    capacity = kv_capacity(samples)
+    return capacity.to_dict() if capacity is not None else None
 
 
 def _codec(tokenizer: str | None):

@@ -10,12 +10,15 @@ duration) compare requests of different workers as well as the machines' wall cl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO
+
+from kvbench.measure.write_errors import writing
 
 # How the next turn's copy of an answer was obtained (DESIGN: real ids, else re-tokenized, else placeholders).
 ANSWER_TOKEN_IDS = "token_ids"
@@ -162,21 +165,35 @@ class RecordWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _cut_torn_tail(path)
-        self._file: IO[str] = path.open("a", encoding="utf-8")
+        with writing(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _cut_torn_tail(path)
+            # Unbuffered: each write goes to the OS at once (it keeps the bytes if this process dies; fsync would
+            # stall the loop), and nothing is left in a buffer to be half-written later on a full disk.
+            self._file: IO[bytes] = path.open("ab", buffering=0)
+        self._end = self._file.seek(0, os.SEEK_END)  # where the last whole record ends
 
     def write(self, record: RequestRecord) -> None:
-        self._file.write(record.to_json() + "\n")
-        # flush, not fsync: the OS keeps the bytes if this process dies, and fsync would stall the loop.
-        self._file.flush()
+        self._append((record.to_json() + "\n").encode())
 
     def write_all(self, records: Iterable[RequestRecord]) -> None:
-        """`write` of each record, the same lines (`jsonl_lines`), flushed once at the end: for records that
-        exist already (a simulation's), where nothing is measured meanwhile."""
-        for line in jsonl_lines(records):
-            self._file.write(line + "\n")
-        self._file.flush()
+        """`write` of each record, the same lines (`jsonl_lines`), in one write: for records that exist
+        already (a simulation's), where nothing is measured meanwhile."""
+        self._append("".join(line + "\n" for line in jsonl_lines(records)).encode())
+
+    def _append(self, data: bytes) -> None:
+        """All of `data` or none of it: a write that fails part way (a full disk) is cut back to the last whole
+        record, so the records flushed so far stay readable, and raises RunWriteError."""
+        with writing(self.path):
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[self._file.write(view):]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.truncate(self._file.fileno(), self._end)
+                raise
+        self._end += len(data)
 
     def close(self) -> None:
         self._file.close()

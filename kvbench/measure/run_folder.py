@@ -12,6 +12,7 @@ read back and written. Every reader and writer takes the names from here.
       eval.json, eval.md, eval.csv, eval_summary.csv, eval_config.json      `kvbench eval`
       sim-validation.json    `kvbench validate-sim`
       compare.md             ci/nightly.sh (`kvbench compare --out`)
+      .kvbench.lock          flock-ed by the run writing the folder, with its pid (measure/folder_lock.py)
 
 A point is one engine setting x workload x load point x repetition. A folder is used once: `open_run_dir`
 refuses one that holds a run (`RunMode.FRESH`), removes that run's files (`OVERWRITE`) or keeps what the
@@ -20,6 +21,7 @@ interrupted run finished (`RESUME`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -33,6 +35,7 @@ import yaml
 
 from kvbench.measure.metrics import SLO, answer_sources, summarize_run
 from kvbench.measure.records import PointId, RequestRecord, read_records
+from kvbench.measure.write_errors import writing
 from kvbench.settings import SettingsError
 
 CONFIG_YAML = "config.yaml"
@@ -44,6 +47,9 @@ SUMMARY_MD = "summary.md"
 TTFT_CDF_PNG = "ttft_cdf.png"
 THROUGHPUT_PNG = "throughput_vs_ttft_p99.png"
 ENGINES_DIR = "engines"
+REQUESTS_METRICS_JSONL = "requests_metrics.jsonl"  # per-request metrics for other tools (measure/export.py)
+REQUESTS_METRICS_PARQUET = "requests_metrics.parquet"
+VLLM_RESULTS_DIR = "vllm"  # one `vllm bench serve --save-result` JSON per point
 EVAL_JSON = "eval.json"
 EVAL_MD = "eval.md"
 EVAL_CSV = "eval.csv"
@@ -59,8 +65,10 @@ SIM_VALIDATION_JSON = "sim-validation.json"
 PLAN_JSON = "plan.json"  # `kvbench plan`: every node count tried, per preset and KV dtype
 PLAN_MD = "plan.md"
 PLAN_PNG = "plan_slo_vs_nodes.png"
+LOCK_FILE = ".kvbench.lock"  # held by the run writing the folder (measure/folder_lock.py)
 # What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
-RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
+RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG,
+             REQUESTS_METRICS_JSONL, REQUESTS_METRICS_PARQUET)
 
 INTERRUPTED = "interrupted: the run was stopped before this point finished"
 REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
@@ -106,11 +114,14 @@ class RunEntry:
     engine_description: Mapping = field(default_factory=dict)
     workload_params: Mapping = field(default_factory=dict)
     started_at: float | None = None  # time.time() when the point started
+    # The driver's time.time_ns() - perf_counter_ns(): a record's times plus this are epoch nanoseconds.
+    clock_offset_ns: int | None = None
     cache_reset: bool | None = None
     client: Mapping | None = None
     answer_sources: Mapping[str, int] = field(default_factory=dict)
     reconciliation: Mapping | None = None
     server_counters: Mapping[str, float] | None = None
+    kv_capacity: Mapping | None = None  # the device KV the engine states: {tokens, bytes, source}; None: not stated
 
     @classmethod
     def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),
@@ -162,9 +173,12 @@ def engine_dir(run_dir: Path, label: str) -> Path:
 
 
 def write_config_and_env(run_dir: Path, config: Mapping, env: Mapping) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_YAML).write_text(yaml.safe_dump(dict(config), sort_keys=False))
-    (run_dir / ENV_JSON).write_text(json.dumps(env, indent=2))
+    with writing(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    with writing(run_dir / CONFIG_YAML):
+        (run_dir / CONFIG_YAML).write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    with writing(run_dir / ENV_JSON):
+        (run_dir / ENV_JSON).write_text(json.dumps(env, indent=2))
 
 
 def write_entries(run_dir: Path, entries: Sequence[RunEntry]) -> None:
@@ -174,8 +188,14 @@ def write_entries(run_dir: Path, entries: Sequence[RunEntry]) -> None:
 def replace_file(path: Path, text: str) -> None:
     """Write `text` beside `path`, then rename it over: a run killed meanwhile leaves the old file, never half."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    with writing(path):
+        try:
+            partial.write_text(text)
+        except OSError:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)  # a half-written copy would only take more of a full disk
+            raise
+        os.replace(partial, path)
 
 
 # --- reading -----------------------------------------------------------------------------------------------
@@ -210,6 +230,7 @@ class RunFolder:
     config: Mapping = field(default_factory=dict)
     env: Mapping = field(default_factory=dict)
     evals: Mapping[str, Mapping[str, float | None]] | None = None  # eval.json: setting -> metric -> value
+    eval_directions: Mapping[str, Mapping[str, bool]] = field(default_factory=dict)  # setting -> metric -> higher?
 
 
 def read_run_folder(path: Path) -> RunFolder:
@@ -223,6 +244,7 @@ def read_run_folder(path: Path) -> RunFolder:
         config=_optional_mapping(path / CONFIG_YAML, yaml.safe_load),
         env=_optional_mapping(path / ENV_JSON, json.loads),
         evals=read_eval_metrics(path / EVAL_JSON),
+        eval_directions=read_eval_directions(path / EVAL_JSON),
     )
 
 
@@ -249,6 +271,19 @@ def read_eval_metrics(path: Path) -> dict[str, dict[str, float | None]] | None:
         raise RunFolderError(
             f"{path}: expected {{\"settings\": [{{\"kv_setting\": ..., \"metrics\": {{name: number}}}}]}} ({exc})"
         ) from None
+
+
+def read_eval_directions(path: Path) -> dict[str, dict[str, bool]]:
+    """eval.json's recorded `higher_is_better` per setting and metric (only the booleans; none in an eval.json
+    written before kvbench recorded them). Call after `read_eval_metrics` has accepted the file."""
+    if not path.exists():
+        return {}
+    out = {}
+    for item in json.loads(path.read_text())["settings"]:
+        recorded = item.get("higher_is_better")
+        if isinstance(recorded, Mapping):
+            out[str(item["kv_setting"])] = {str(k): v for k, v in recorded.items() if isinstance(v, bool)}
+    return out
 
 
 # --- opening a folder for a run ----------------------------------------------------------------------------
@@ -300,6 +335,7 @@ def _remove_run(run_dir: Path) -> None:
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / ENGINES_DIR, ignore_errors=True)
+    shutil.rmtree(run_dir / VLLM_RESULTS_DIR, ignore_errors=True)
 
 
 def _resumable(run_dir: Path, config: Mapping) -> Resumed:

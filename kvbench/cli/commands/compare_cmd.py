@@ -1,6 +1,7 @@
 """`kvbench compare BASELINE_DIR NEW_DIR` (the nightly gate) and `kvbench baseline update RUN_DIR --name NAME`.
 
-compare exits 0 (no regression), 1 (a regression; with --strict also a mismatch) or 2 (bad input).
+compare exits 0 (no regression), 1 (a regression; with --strict also a mismatch or an inconclusive metric) or 2
+(bad input).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ def register(commands, formatter) -> None:
         "compare", help="compare a run folder with a baseline; exit 1 on a regression",
         description="Per engine setting and metric: baseline, new value, delta, a bootstrap confidence interval "
         "of the delta (requests resampled, repetitions too), and a verdict. A regression needs both: the CI lies "
-        "wholly on the bad side of 0 AND the delta exceeds the metric's tolerance. Rates are compared in "
+        "wholly on the bad side of 0 AND the delta exceeds the metric's tolerance; no change needs the CI wholly within "
+        "the tolerance; anything else is inconclusive (too few requests for that tolerance). Rates are compared in "
         f"percentage points. Quality metrics of {EVAL_JSON} (when both folders have one) are compared by tolerance. "
-        "Exit 0: no regression; 1: a regression (or, with --strict, a mismatch); 2: bad input.",
+        "Exit 0: no regression; 1: a regression (or, with --strict, a mismatch or an inconclusive metric); 2: bad input.",
         formatter_class=formatter,
     )
     parser.add_argument("baseline_dir", type=Path, metavar="BASELINE_DIR", help="baseline (results/baselines/NAME or a run folder)")
@@ -47,7 +49,7 @@ def register(commands, formatter) -> None:
     parser.add_argument("--confidence", type=number_between(0, 1), default=0.99, help="confidence level of the intervals (default 0.99)")
     parser.add_argument("--resamples", type=at_least(1), default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--seed", type=at_least(0), default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--strict", action="store_true", help="also exit 1 when the folders do not measure the same thing")
+    parser.add_argument("--strict", action="store_true", help="also exit 1 when the folders do not measure the same thing, or a metric is inconclusive")
     parser.add_argument("--format", choices=("md", "csv"), default="md")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.set_defaults(handler=handle_compare)
@@ -157,17 +159,20 @@ def _row_cells(row: MetricComparison) -> dict:
 def comparison_markdown(comparison: Comparison) -> str:
     options = comparison.options
     level = f"{100 * options.confidence:g}%"
-    regressions, improvements = comparison.regressions, comparison.improvements
+    regressions, improvements, unresolved = comparison.regressions, comparison.improvements, comparison.inconclusive
     headline = f"**{len(regressions)} regression{'s' if len(regressions) != 1 else ''}**" if regressions else "no regression"
     lines = [
         f"# kvbench compare: `{comparison.baseline_dir}` -> `{comparison.new_dir}`",
         "",
         f"Result: {headline}, {len(improvements)} improvement{'s' if len(improvements) != 1 else ''}"
+        + (f", **{len(unresolved)} inconclusive** (the interval reaches past the tolerance: more requests or "
+           "repetitions, or a wider --max-regression)" if unresolved else "")
         + (", **the folders do not measure the same thing** (see Mismatches)" if comparison.mismatched else "") + ".",
         "",
         f"A regression needs both: the {level} bootstrap CI of the delta lies wholly on the bad side of 0 "
         f"({options.resamples} resamples of requests, repetitions resampled too, seed {options.seed}) AND the "
-        "delta exceeds the tolerance. Deltas are relative (%) or, for rates, in percentage points (pp). "
+        "delta exceeds the tolerance; no change needs the whole CI within the tolerance, else the metric is "
+        "inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
         "Values are the mean over repetitions; percentiles use linear interpolation.",
         "",
     ]

@@ -36,6 +36,7 @@ from kvbench.settings import Bounds, check_bounds
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtime/engine.py maps them)
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
+TIER_SECRET_ENV = "KVENGINE_TIER_SECRET"  # the lower tiers' record secret, kept out of argv the same way
 AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
 # A decode step with this many prefill tokens beside it stays within 2x a pure decode step on a 2-core CPU
@@ -53,10 +54,11 @@ class IsolationMode(StrEnum):
 
 
 def setting(default: Any, help: str, *, unit: str = "", gt: float | None = None, ge: float | None = None,
-            le: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+            le: float | None = None, choices: tuple[str, ...] | None = None, repr: bool = True) -> Any:
     """A settings field: its default, its help (a flag's), its unit and range (`settings.build` enforces
-    them, and so does the config itself) and, for a string, its choices (an enum field's are its values)."""
-    return field(default=default, metadata={"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices})
+    them, and so does the config itself) and, for a string, its choices (an enum field's are its values).
+    `repr=False` keeps a secret out of the config's repr (and so out of logs)."""
+    return field(default=default, repr=repr, metadata={"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices})
 
 
 def choices_of(f: dataclasses.Field, hint: Any) -> tuple[str, ...] | None:
@@ -131,6 +133,10 @@ class EngineConfig:
     disk_dir: str | None = setting(None, "directory of the disk tier's page files")
     remote_url: str | None = setting(None, "shared Redis KV tier, e.g. redis://127.0.0.1:6379/0 (shared by every "
                                      "engine of the same model and KV format)")
+    # Not in repr (a logged config never shows it); `kvbench serve` reads $KVENGINE_TIER_SECRET without the flag.
+    tier_secret: str | None = setting(None, f"secret of the HMAC-SHA256 that authenticates disk and remote tier "
+                                      f"records (default: ${TIER_SECRET_ENV}); one per shared store: an engine "
+                                      "with another secret misses every record", repr=False)
     device_ttl_s: float = setting(DEFAULT_TTL.device_s, "idle seconds before a page leaves device (tenants may "
                                   "set their own)", unit="s", gt=0)
     host_ttl_s: float = setting(DEFAULT_TTL.host_s, "idle seconds before a page leaves host memory", unit="s", gt=0)
