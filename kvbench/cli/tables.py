@@ -95,12 +95,6 @@ def print_frame(console: Console, frame, columns: dict[str, str], keys: int = 1,
 
 
 def _fmt(column: str, value) -> str:
-    import pandas as pd
+    from kvbench.measure.report import format_value
 
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return "n/a"
-    if column.endswith("_rate") or column == "slo_attainment":
-        return f"{100 * value:.1f}%"
-    if isinstance(value, float):
-        return f"{value:.1f}"
-    return escape(str(value))  # engine labels like kvengine[kv_dtype=fp8] are not markup
+    return escape(format_value(column, value, float_digits=1))  # labels like kvengine[kv_dtype=fp8] are not markup

@@ -23,7 +23,7 @@ import tempfile
 import pandas as pd
 
 from kvbench.measure.metrics import ttft_values
-from kvbench.measure.report import MD_COLUMNS, md_columns, summary_frame, write_overlay_cdf
+from kvbench.measure.report import MD_COLUMNS, format_value, md_columns, summary_frame, write_overlay_cdf
 from kvbench.measure.run_folder import CONFIG_YAML, ENV_JSON, RunEntry, records_by_run
 
 OVERLAY_PNG = "ttft_cdf_all_points.png"
@@ -91,15 +91,9 @@ def _table(frame: pd.DataFrame) -> str:
 
 
 def _cell(column: str, value) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return '<td class="num">n/a</td>'
-    if column.endswith("_rate") or column == "slo_attainment":
-        return f'<td class="num">{100 * value:.1f}%</td>'
-    if isinstance(value, float):
-        return f'<td class="num">{value:.2f}</td>'
-    if isinstance(value, int):
-        return f'<td class="num">{value}</td>'
-    return f"<td>{html.escape(str(value))}</td>"
+    text = html.escape(format_value(column, value))
+    numeric = value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
+    return f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>"
 
 
 def _flags(entries: Sequence[RunEntry]) -> str:

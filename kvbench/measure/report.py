@@ -114,14 +114,22 @@ def md_columns(frame: pd.DataFrame) -> list[str]:
     return list(MD_COLUMNS)
 
 
+def format_value(column: str, value, float_digits: int = 2) -> str:
+    """One summary cell as text, the same in summary.md, the console and the HTML report: rates as percent,
+    floats to `float_digits`, missing as n/a (never 0)."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "n/a"
+    if column.endswith("_rate") or column == "slo_attainment":
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.{float_digits}f}"
+    return str(value)
+
+
 def markdown_table(frame: pd.DataFrame, columns: Sequence[str] = MD_COLUMNS) -> str:
-    shown = frame[list(columns)].copy()
+    shown = frame[list(columns)].astype(object)
     for column in shown.columns:
-        if column.endswith("_rate") or column == "slo_attainment":
-            shown[column] = shown[column].map(lambda v: "n/a" if pd.isna(v) else f"{100 * v:.1f}%")
-        elif shown[column].dtype.kind == "f":
-            shown[column] = shown[column].map(lambda v: "n/a" if pd.isna(v) else f"{v:.2f}")
-    shown = shown.fillna("n/a")
+        shown[column] = shown[column].map(lambda v, c=column: format_value(c, v))
     return shown.to_markdown(index=False)
 
 
