@@ -33,6 +33,7 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig, load_config_file
 from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.preflight import check_cells, require_all_can_start
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
 from kvbench.measure.conversation import Isolation
@@ -114,6 +115,9 @@ def run_experiment(
     With `ray_address` (a Ray cluster's address, or `auto`) every engine setting runs as a Ray task on a node
     with the resources its entry declares, its load workers as Ray actors (`harness/ray_cluster.py`)."""
     validate_experiment(config)
+    helps: dict = {}  # each installed engine's --help, run once here and reused at its launch
+    if ray_address is None:  # on Ray the cells start on other nodes, which the driver cannot check
+        require_all_can_start(check_cells(config, run_dir, helps))
     with locked_run_dir(run_dir):  # a second run on this folder is refused, naming the holder
         if ray_address is not None:
             from kvbench.harness.ray_cluster import run_on_ray
@@ -123,7 +127,7 @@ def run_experiment(
         write_config_and_env(run_dir, config.to_dict(), collect_env())
         outcome = RunOutcome(run_dir)
         with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-            experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome)
+            experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome, helps=helps)
             try:
                 for engine_index, engine in enumerate(config.engines):
                     experiment.run_engine(engine_index, engine)
@@ -191,9 +195,13 @@ class _Experiment:
     ttfts: dict[str, list[float]] = field(default_factory=dict)
     warned_metrics: set[str] = field(default_factory=set)
     pool: Callable[[], WorkerPool] | None = None  # where a point's load workers run (None: processes here)
+    helps: Mapping[tuple[str, ...], tuple[str, str] | None] = field(default_factory=dict)  # preflight's --help texts
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
+        server = getattr(adapter, "server", None)
+        if server is not None and server.plan.help_command and self.helps.get(tuple(server.plan.help_command)):
+            server.prefetched_help = self.helps[tuple(server.plan.help_command)][0]
         points = list(self._points(engine, adapter))
         if all(point.id.run_id in self.resumed.entries for point in points):
             for point in points:
