@@ -182,6 +182,22 @@ def invalid_reasons(
     return reasons
 
 
+# After a reset, a cache can hit at most what the oracle (an unbounded cache of this point's own prompts) could;
+# the tolerance absorbs blocks an engine shares that the oracle's isolation rule does not count (2 points).
+HIT_OVER_ORACLE_TOLERANCE = 0.02
+
+
+def cache_reasons(summary: Mapping, cache_reset: bool | None) -> list[str]:
+    """The breach of hit rate <= oracle + tolerance, for a point whose cache was reset (a warm cache may pass
+    the oracle legitimately: its outputs say "warm cache" instead)."""
+    cache = summary["overall"]["cache"]
+    hit, oracle = cache.get("cache_hit_rate"), cache.get("oracle_hit_rate")
+    if not cache_reset or hit is None or oracle is None or hit <= oracle + HIT_OVER_ORACLE_TOLERANCE:
+        return []
+    return [f"cache hit rate {hit:.1%} exceeds the oracle's {oracle:.1%} + {HIT_OVER_ORACLE_TOLERANCE:.0%} after a "
+            "cache reset: the server's cached_tokens are wrong, or its reset did not empty the cache"]
+
+
 @dataclass(slots=True)
 class _Experiment:
     """One experiment being run: what its engines and points share."""
@@ -274,6 +290,9 @@ class _Experiment:
             reconciliation=reconcile(result.records, before, after).to_dict(),
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
         )
+        breach = cache_reasons(entry.summary, reset)
+        if breach:
+            entry = dataclasses.replace(entry, valid=False, invalid_reasons=(*entry.invalid_reasons, *breach))
         self._add(entry, records)
         return result.aborted is None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.measure.run_folder import (
-    SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, RunEntry, replace_file, write_entries,
+    SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, WARM_CACHE, RunEntry, replace_file, write_entries,
 )
 from kvbench.measure.write_errors import writing
 
@@ -30,9 +30,9 @@ COLUMNS = [
 # closed loop held requests back.
 SCHEDULE_COLUMNS = ["ttft_from_schedule_p50_ms", "ttft_from_schedule_p99_ms", "e2e_from_schedule_p50_ms",
                     "e2e_from_schedule_p99_ms"]
-EXTRA_COLUMNS = [*SCHEDULE_COLUMNS, "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
+EXTRA_COLUMNS = [*SCHEDULE_COLUMNS, "cache", "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
 MD_COLUMNS = [
-    "engine", "kv_dtype", "workload", "load", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
+    "engine", "kv_dtype", "workload", "load", "cache", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
     "ttft_from_schedule_p99_ms", "itl_p50_ms", "tpot_p50_ms", "output_tok_s", "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
 ]
 
@@ -77,6 +77,7 @@ def _row(entry: RunEntry, group: Mapping, fairness: float | None) -> dict:
         "cache_hit_rate": cache["cache_hit_rate"],
         "oracle_hit_rate": cache["oracle_hit_rate"],
         "prefill_recompute_rate": cache["prefill_recompute_rate"],
+        "cache": entry.cache_state,  # "warm cache": not reset before the point
         "run_id": entry.run_id,
         "repeat": entry.repeat,
         "valid": entry.valid,
@@ -139,6 +140,10 @@ def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[
 
 def _flags(entry: RunEntry) -> list[str]:
     flags = [f"INVALID: {reason}" for reason in entry.invalid_reasons]
+    if entry.cache_state == WARM_CACHE:
+        note = entry.engine_description.get("cache_reset_note")
+        flags.append(f"{WARM_CACHE}: the engine's prefix cache was not reset before this point"
+                     + (f" ({note})" if note else "") + "; its hit rate includes earlier points' prompts")
     reconciliation = entry.reconciliation or {}
     if reconciliation.get("agree") is False:
         flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
@@ -153,8 +158,9 @@ def write_plots(run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Map
     import numpy as np
 
     written = []
+    warm = f" ({WARM_CACHE})" if any(entry.cache_state == WARM_CACHE for entry in entries) else ""
     if ttft_by_setting:
-        with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", "TTFT CDF per engine setting") as axis:
+        with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", f"TTFT CDF per engine setting{warm}") as axis:
             for label, values in ttft_by_setting.items():
                 if len(values):
                     ordered = np.sort(np.asarray(values))
@@ -164,7 +170,7 @@ def write_plots(run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Map
     overall = frame[frame["tenant"] == "all"]
     if not overall.empty:
         path = run_dir / THROUGHPUT_PNG
-        with _figure(path, "output tokens/s", "TTFT p99 (ms)", "Throughput vs TTFT p99 across load points") as axis:
+        with _figure(path, "output tokens/s", "TTFT p99 (ms)", f"Throughput vs TTFT p99 across load points{warm}") as axis:
             for (engine, workload), group in overall.groupby(["engine", "workload"]):
                 axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
         written.append(path)
