@@ -13,12 +13,15 @@ import contextlib
 import json
 import threading
 
+import matplotlib.axes
 import pandas as pd
 import pytest
 from aiohttp import web
 
 from kvbench.cli.main import main
 from kvbench.harness.instrument import InstrumentBehaviour, make_app
+from kvbench.measure.report import write_plots
+from kvbench.measure.run_folder import read_entries
 
 from ..harness.instrument_fixture import free_port
 
@@ -130,13 +133,7 @@ def test_without_a_reset_path_every_output_says_warm_cache(tmp_path, capsys):
     summary_md = (out / "summary.md").read_text()
     assert "| warm cache |" in summary_md and "no cache reset path answered" in summary_md
     assert "warm cache" in console
-    import matplotlib.image  # noqa: F401 - the titles are drawn into the plots; check them where they are made
-    from kvbench.measure.report import write_plots
-    from kvbench.measure.run_folder import read_entries
-
-    titles = []
-    import matplotlib.axes
-
+    titles = []  # the plots' titles, recorded where they are drawn
     original = matplotlib.axes.Axes.set_title
 
     def record(self, label, *args, **kwargs):
