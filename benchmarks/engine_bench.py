@@ -6,12 +6,19 @@
 Prefill: one 1,024-token prompt, computed in chunks of the step budget, timed to its first token. Decode:
 B requests whose prompts are already computed, generating `--decode` tokens each; tokens/s counts all of them.
 This is a benchmark (it prints a table), not a test.
+
+    python benchmarks/engine_bench.py --mixed 0,16,32,64 [--batches 4]
+
+Mixed: B requests decoding, then a 512-token prompt arrives; with `max_prefill_beside_decodes` = P each step
+computes the B decodes and P prompt tokens. Prints the median step time and its ratio to a pure decode step
+of the same batch (what sets the engine's default budget: ITL while a prompt joins).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -62,6 +69,41 @@ def decode_tok_s(engine: Engine, batch: int, length: int, tokens: int) -> float:
     return steps_tokens / (time.perf_counter() - started)
 
 
+def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -> tuple[float, float]:
+    """Median ms of a pure decode step of `batch` sequences, and of one with `beside` prefill tokens beside."""
+    engine = Engine(EngineConfig(model=model, kv_capacity=16384, max_num_seqs=16, max_step_tokens=512,
+                                 max_prefill_beside_decodes=max(beside, 1)), loaded)
+    timings: list = []
+    engine.step_listeners.append(timings.append)
+    for index in range(batch):
+        engine.add(GenerationRequest(f"d{index}", prompt(index + 1, 256), 4 * steps + 4, ignore_eos=True))
+    while len(timings) < batch or any(end - start > 1 for start, end in timings[-1].work):
+        engine.step()  # the prompts, until a step of decodes only
+    timings.clear()
+    for _ in range(steps):
+        engine.step()
+    pure = statistics.median(t.seconds for t in timings)
+    if beside:
+        engine.add(GenerationRequest("p", prompt(99, 512), 1, ignore_eos=True))
+    timings.clear()
+    for _ in range(steps):
+        engine.step()
+    mixed = statistics.median(t.seconds for t in timings)
+    engine.close()
+    return pure * 1e3, mixed * 1e3
+
+
+def mixed_table(loaded, model: str, batches: list[int], besides: list[int], threads: int) -> Table:
+    table = Table(title=f"decode step beside a prompt's chunk ({threads} torch threads, {loaded.folder.name})")
+    for column in ("batch", "prefill tokens beside", "pure decode ms", "mixed step ms", "ratio"):
+        table.add_column(column, justify="right")
+    for batch in batches:
+        for beside in besides:
+            pure, mixed = mixed_step_ms(loaded, model, batch, beside)
+            table.add_row(str(batch), str(beside), f"{pure:.1f}", f"{mixed:.1f}", f"{mixed / pure:.2f}x")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default")
@@ -72,6 +114,8 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(f"{d}/{s}" for d, s in SETTINGS),
                         help="comma-separated kv_dtype/scale pairs to run (default: all)")
     parser.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes")
+    parser.add_argument("--mixed", default=None,
+                        help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table")
     args = parser.parse_args()
     settings = [tuple(item.split("/", 1)) if "/" in item else (item, "tensor") for item in args.formats.split(",")]
     unknown = [f"{d}/{s}" for d, s in settings if (d, s) not in SETTINGS]
@@ -80,6 +124,10 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
+    if args.mixed:
+        besides = [int(p) for p in args.mixed.split(",")]
+        Console(width=160).print(mixed_table(loaded, args.model, batches, besides, args.threads))
+        return
     table = Table(title=f"kvengine on this CPU ({args.threads} torch threads, fp32 compute, {loaded.folder.name})")
     for column in ("kv dtype", "scale", "bytes/token", "prefill tok/s", *(f"decode tok/s b={b}" for b in batches)):
         table.add_column(column, justify="right")

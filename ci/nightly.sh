@@ -8,7 +8,12 @@
 # When compare passes but the run itself reported failures (an engine setting did not start), it exits with the
 # run's code, so a crashed setting cannot pass silently.
 # Environment: KVBENCH (command, default `kvbench`), NIGHTLY_RUNS (parent folder, default `runs`),
-# KVBENCH_ROOT (where ci/ and results/ are, default this checkout).
+# KVBENCH_ROOT (where ci/ and results/ are, default this checkout), NIGHTLY_BASELINES (the baselines folder,
+# default results/baselines: a runner keeps its own, e.g. in a CI cache, since numbers are per machine).
+#
+# A runner's first night: with NIGHTLY_RECORD_FIRST=1 and no baseline yet, a run that itself succeeded is
+# promoted to the baseline (`kvbench baseline update RUN --name CONFIG_NAME --root NIGHTLY_BASELINES`) and the
+# job passes; later nights compare against it. Without it, a missing baseline exits 2 naming that command.
 set -uo pipefail
 
 name="${1:-}"
@@ -20,7 +25,8 @@ fi
 cd "${KVBENCH_ROOT:-$(dirname "$0")/..}"
 kvbench="${KVBENCH:-kvbench}"
 config="ci/${name}.yaml"
-baseline="results/baselines/${name}"
+baselines="${NIGHTLY_BASELINES:-results/baselines}"
+baseline="${baselines}/${name}"
 run_dir="${NIGHTLY_RUNS:-runs}/nightly-${name}-$(date -u +%Y%m%d)"
 # A second run on the same day gets its own folder: kvbench run refuses a folder that holds a run.
 first="$run_dir"
@@ -48,8 +54,21 @@ if [[ -f "$eval_config" ]]; then
 fi
 
 if [[ ! -d "$baseline" ]]; then
+    if [[ "${NIGHTLY_RECORD_FIRST:-0}" == 1 && $run_rc -eq 0 ]]; then
+        echo "nightly: no baseline ${baseline}: this runner's first night; recording it from this run"
+        $kvbench baseline update "$run_dir" --name "$name" --root "$baselines" || exit $?
+        if [[ -n "${GITHUB_OUTPUT:-}" ]]; then
+            echo "recorded_baseline=${baseline}" >> "$GITHUB_OUTPUT"
+        fi
+        echo "nightly: recorded ${baseline}; later nights compare against it"
+        exit 0
+    fi
+    if [[ $run_rc -ne 0 ]]; then
+        echo "nightly: the run failed (exit ${run_rc}); no baseline ${baseline} recorded or compared" >&2
+        exit "$run_rc"
+    fi
     echo "nightly: no baseline ${baseline}; after checking the run, promote it with:" >&2
-    echo "    ${kvbench} baseline update ${run_dir} --name ${name}" >&2
+    echo "    ${kvbench} baseline update ${run_dir} --name ${name} --root ${baselines}" >&2
     exit 2
 fi
 

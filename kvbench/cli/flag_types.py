@@ -7,15 +7,51 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
+
+UNRECOGNIZED = "unrecognized arguments: "
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An argument parser whose errors are one line (`prog: error: message (see prog --help)`), exit 2."""
+    """An argument parser whose errors are one line (`prog: error: message (see prog --help)`), exit 2, and
+    that names the closest flag of the command for an unknown one (`--request-rat`: did you mean
+    --request-rate?); Python's own argparse suggests only from 3.14 on."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):
+        if message.startswith(UNRECOGNIZED):
+            message += self._suggestions(message[len(UNRECOGNIZED):].split())
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _suggestions(self, unknown: list[str]) -> str:
+        """`; did you mean X?` for each unknown flag with a close one in the command it was given to."""
+        flags = _flags(self._command() or self)
+        hints = []
+        for word in unknown:
+            name = word.split("=", 1)[0]
+            close = difflib.get_close_matches(name, flags, n=1, cutoff=0.6) if name.startswith("-") else []
+            if close:
+                hints.append(f"{name}: did you mean {close[0]}?")
+        return f"; {'; '.join(hints)}" if hints else ""
+
+    def _command(self) -> argparse.ArgumentParser | None:
+        """The subcommand's parser named in the arguments parsed last, if any."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for word in getattr(self, "_argv", []):
+                    if word in action.choices:
+                        return action.choices[word]
+        return None
+
+
+def _flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

@@ -49,12 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark and evaluation harness for the KV cache of LLM serving engines.",
         formatter_class=RichHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"kvbench {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     from kvbench.cli import commands as command_modules
 
     for module in command_modules.ALL:
         module.register(commands, RichHelpFormatter)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (the editable install's pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvbench")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 console = Console()
 
@@ -20,14 +19,39 @@ SUMMARY_COLUMNS = {
 }
 
 
-def print_summary(run_dir: Path):
-    """Print the run folder's results table; returns the summary frame it printed (for `print_tradeoff`)."""
+PERCENTILE_TITLES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")  # SUMMARY_COLUMNS' own percentile columns
+GOODPUT_TITLES = {"goodput_req_s": "goodput req/s", "slo_attainment": "SLO met"}
+
+
+def summary_columns(frame, percentiles: dict[str, str] | None = None) -> dict[str, str]:
+    """The table's columns: SUMMARY_COLUMNS with `percentiles` (column -> title) in place of its own when given,
+    and goodput beside throughput when the run had an SLO."""
+    columns: dict[str, str] = {}
+    for column, title in SUMMARY_COLUMNS.items():
+        if percentiles is not None and column in PERCENTILE_TITLES:
+            if column == PERCENTILE_TITLES[0]:
+                columns.update(percentiles)
+            continue
+        columns[column] = title
+        if column == "output_tok_s" and frame["goodput_req_s"].notna().any():
+            columns.update(GOODPUT_TITLES)
+    return columns
+
+
+def print_summary(run_dir: Path, percentiles: dict[str, str] | None = None):
+    """Print the run folder's results table (`percentiles`: column -> title of the percentiles to show, default
+    TTFT p50/p99 and ITL p50); returns the summary frame it printed (for `print_tradeoff`)."""
     from kvbench.measure.report import summary_frame
     from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
-    _wide().print(frame_table(frame, SUMMARY_COLUMNS))
+    print_frame(_wide(), frame, summary_columns(frame, percentiles))
     return frame
+
+
+def wide_console() -> Console:
+    """The console tables print on (see `_wide`)."""
+    return _wide()
 
 
 def _wide() -> Console:
@@ -52,18 +76,22 @@ TRADEOFF_COLUMNS = {"cache_hit_rate": "cache hit", "prefill_recompute_rate": "pr
 
 
 def results_line(run_dir: Path) -> str:
-    from kvbench.measure.run_folder import REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD
+    from kvbench.measure.run_folder import (
+        REQUESTS_JSONL, REQUESTS_METRICS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, VLLM_RESULTS_DIR,
+    )
 
-    return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}"
+    exports = f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/" if (run_dir / REQUESTS_METRICS_JSONL).exists() else ""
+    return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}{exports}"
 
 
-def frame_table(frame, columns: dict[str, str]) -> Table:
-    table = Table(show_lines=False)
-    for column, title in columns.items():
-        table.add_column(title, justify="right" if frame[column].dtype.kind in "fi" else "left")
-    for _, row in frame[list(columns)].iterrows():
-        table.add_row(*[_fmt(column, row[column]) for column in columns])
-    return table
+def print_frame(console: Console, frame, columns: dict[str, str], keys: int = 1, title: str | None = None) -> None:
+    """`frame`'s `columns` (column -> title) in kvbench's one table style (cli/console_table.py): numbers never
+    cut, the first `keys` columns repeated when the table is printed in parts."""
+    from kvbench.cli.console_table import Column, print_table
+
+    numeric = {column: frame[column].dtype.kind in "fi" or column.endswith("_rate") for column in columns}
+    rows = [[_fmt(column, row[column]) for column in columns] for _, row in frame[list(columns)].iterrows()]
+    print_table(console, [Column(title, numeric[column]) for column, title in columns.items()], rows, keys, title)
 
 
 def _fmt(column: str, value) -> str:
@@ -71,7 +99,7 @@ def _fmt(column: str, value) -> str:
 
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "n/a"
-    if column.endswith("_rate"):
+    if column.endswith("_rate") or column == "slo_attainment":
         return f"{100 * value:.1f}%"
     if isinstance(value, float):
         return f"{value:.1f}"

@@ -1,4 +1,7 @@
-"""`endpoint`: an OpenAI-compatible server someone else started. kvbench only talks to it."""
+"""`endpoint`: an OpenAI-compatible server someone else started. kvbench only talks to it.
+
+With no `model` given, the model is the first that the server's `/v1/models` lists (as `vllm bench serve`
+does), asked once the server answers; the model used is recorded in the entry's engine description."""
 
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ class EndpointSettings:
     its admin endpoints from them), else `api_key`."""
 
     url: str = "http://127.0.0.1:8000"
-    model: str = "default"
+    model: str | None = None  # None: the first model the server's /v1/models lists
     api_key: str | None = None
     admin_key: str | None = None
     kv_dtype: str = "unknown"
@@ -49,10 +52,14 @@ class EndpointAdapter:
         self._reset_path = None if self.settings.reset_path == AUTO else self.settings.reset_path
         self._probed = self.settings.reset_path != AUTO  # auto: the known paths are tried at the first reset
         self.reset_note: str | None = None  # why the cache is not reset (none of the known paths answered)
+        self._model = self.settings.model
+        self._model_source = "settings" if self._model is not None else None
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(self._base, self.settings.model, self.settings.api_key)
+        if self._model is None:
+            raise EngineError("engine.endpoint: the model is not known before the server answered /v1/models")
+        return Endpoint(self._base, self._model, self.settings.api_key)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -64,7 +71,8 @@ class EndpointAdapter:
         )
 
     def describe(self) -> Mapping[str, object]:
-        return {"kv_dtype": self.settings.kv_dtype, "url": self._base, "reset_path": self._reset_path,
+        return {"kv_dtype": self.settings.kv_dtype, "url": self._base, "model": self._model,
+                "model_source": self._model_source, "reset_path": self._reset_path,
                 **({"cache_reset_note": self.reset_note} if self.reset_note else {})}
 
     @property
@@ -80,7 +88,12 @@ class EndpointAdapter:
         while True:
             reply = request("GET", self._base + "/v1/models", timeout_s=min(5.0, timeout_s), api_key=self.settings.api_key)
             if reply.status is not None and reply.status < 500:
-                return  # it answers HTTP; a 401/404 here is the server's business, not unreachability
+                # It answers HTTP; a 401/404 here is the server's business, not unreachability, unless the
+                # model has to come from that answer.
+                if self._model is None:
+                    self._model = self._served_model(reply.status, reply.body)
+                    self._model_source = "/v1/models"
+                return
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.5)
@@ -88,6 +101,16 @@ class EndpointAdapter:
             f"engine.endpoint: cannot reach {self._base} ({reply.error or reply.status}); "
             "check --url and that the server is running"
         )
+
+    def _served_model(self, status: int, body: str) -> str:
+        if status != 200:
+            raise EngineError(f"engine.endpoint: no model given and {self._base}/v1/models answered HTTP {status}; "
+                              "give --model (or settings.model)")
+        try:
+            return served_models(body)[0]
+        except ValueError as exc:
+            raise EngineError(f"engine.endpoint: no model given and {self._base}/v1/models {exc}; give --model "
+                              "(or settings.model)") from None
 
     def reset_cache(self) -> bool:
         """Empty the server's prefix cache; False when it cannot (no reset path, or none of the known ones
@@ -131,3 +154,22 @@ def _refused(reply) -> bool:
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("success") is False
+
+
+def served_models(body: str) -> list[str]:
+    """The model ids of an OpenAI `/v1/models` answer (`{"data": [{"id": ...}, ...]}`), in its order; ValueError
+    naming what is wrong (not JSON, no `data` list, an entry without a string `id`, an empty list)."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise ValueError(f"is not JSON: {body[:80]!r}") from None
+    data = document.get("data") if isinstance(document, dict) else None
+    if not isinstance(data, list):
+        raise ValueError("has no `data` list")
+    ids = [entry.get("id") if isinstance(entry, dict) else None for entry in data]
+    bad = next((index for index, model in enumerate(ids) if not isinstance(model, str) or not model), None)
+    if bad is not None:
+        raise ValueError(f"data[{bad}] has no string `id`")
+    if not ids:
+        raise ValueError("lists no model")
+    return ids

@@ -2,8 +2,9 @@
 
 `/v1/completions` carries token-id prompts (exact prefix structure); `/v1/chat/completions` carries text.
 Both stream with `stream_options.include_usage`, so token counts come from the server's `usage`. Every
-failure mode (HTTP error, malformed SSE, stall, timeout, lost connection) becomes an error on the record,
-never an exception out of here and never a hang.
+failure mode (HTTP error, malformed SSE, an answer no server could give, stall, timeout, lost connection)
+becomes an error on the record, never an exception out of here and never a hang; the answer's fields are
+parsed and checked in `stream_answer`, the one door for them.
 
 A request is watched in three phases, each with its own limit, inside `request_timeout_s` for the whole:
 
@@ -17,28 +18,38 @@ sends none is hung; the first byte waits for queueing and prefill, which is why 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from kvbench.harness.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, SSEParser
+from kvbench.harness.stream_answer import (
+    API_CHAT,
+    API_COMPLETIONS,
+    DEFAULT_MAX_CONTEXT,
+    ERR_BAD_ANSWER,
+    ERR_MALFORMED,
+    ERR_SERVER,
+    AnswerLimits,
+    AnswerReader,
+    StreamResult,
+    error_message,
+)
 from kvbench.measure.records import RequestRecord
-from kvbench.harness.sse import SSEParser
 
-API_COMPLETIONS = "completions"
-API_CHAT = "chat"
 APIS = (API_COMPLETIONS, API_CHAT)
+__all__ = ["APIS", "API_CHAT", "API_COMPLETIONS", "ERR_BAD_ANSWER", "ERR_MALFORMED", "ERR_SERVER", "EndpointConfig",
+           "StreamResult", "chat_body", "completions_body", "stream_request"]
 
 # Error kinds (the part before ':' in RequestRecord.error); metrics count them by kind.
 ERR_HTTP = "http"
 ERR_CONNECTION = "connection"
 ERR_TIMEOUT = "timeout"
 ERR_STALL = "stalled"
-ERR_MALFORMED = "malformed_sse"
 ERR_INCOMPLETE = "incomplete_stream"
-ERR_SERVER = "server_error"
+_ERROR_BODY_BYTES = 1 << 16  # of an HTTP error's body, read for its message
 
 
 @dataclass(frozen=True)
@@ -47,7 +58,8 @@ class EndpointConfig:
 
     `request_timeout_s` bounds a whole request; `header_timeout_s` the wait for response headers,
     `first_byte_timeout_s` the silence from the headers to the first body byte, and `stall_timeout_s` the silence
-    between two reads after that.
+    between two reads after that. `max_event_bytes` bounds one SSE event, `max_context_tokens` the counts a
+    server's usage may name (see `stream_answer`).
     `ignore_eos` asks vLLM/SGLang-style servers to generate exactly `max_tokens`, so output lengths follow
     the workload rather than the model.
     """
@@ -63,6 +75,8 @@ class EndpointConfig:
     ignore_eos: bool = True
     return_token_ids: bool = True
     extra_body: Mapping[str, object] = field(default_factory=dict)
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    max_context_tokens: int = DEFAULT_MAX_CONTEXT
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -75,14 +89,6 @@ class EndpointConfig:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-
-@dataclass(slots=True)
-class StreamResult:
-    """What the stream said about the answer, for building the next turn."""
-
-    text: str = ""
-    token_ids: list[int] | None = None
 
 
 def completions_body(config: EndpointConfig, prompt: Sequence[int], max_tokens: int) -> dict:
@@ -121,26 +127,27 @@ def _common(config: EndpointConfig, body: dict) -> dict:
 async def stream_request(
     session: aiohttp.ClientSession, config: EndpointConfig, body: dict, record: RequestRecord
 ) -> StreamResult:
-    """Send `body`, stream the answer, and fill `record`'s timestamps, counts and error in place."""
-    result = StreamResult()
+    """Send `body`, stream the answer, and fill `record`'s timestamps, counts and error in place.
+
+    The answer is read through `AnswerReader` with `body`'s max_tokens as its bound: whatever the server sends,
+    the request ends with the record complete or with one named error, never with an exception."""
+    max_tokens = body.get("max_tokens")
+    limits = AnswerLimits(max_tokens if isinstance(max_tokens, int) else None, config.max_context_tokens)
+    reader = AnswerReader(config.api, limits)
     try:
-        await asyncio.wait_for(_stream(session, config, body, record, result), timeout=config.request_timeout_s)
+        await asyncio.wait_for(_stream(session, config, body, record, reader), timeout=config.request_timeout_s)
     except asyncio.TimeoutError:
         if record.error is None:
             record.error = f"{ERR_TIMEOUT}: no complete answer within {config.request_timeout_s:g} s"
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, OSError) as exc:
+    except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         record.error = f"{ERR_CONNECTION}: {type(exc).__name__}: {exc}"
     if record.error is None and record.done_ns is None:
         record.done_ns = time.perf_counter_ns()
-    return result
+    return reader.result
 
 
 async def _stream(
-    session: aiohttp.ClientSession,
-    config: EndpointConfig,
-    body: dict,
-    record: RequestRecord,
-    result: StreamResult,
+    session: aiohttp.ClientSession, config: EndpointConfig, body: dict, record: RequestRecord, reader: AnswerReader,
 ) -> None:
     record.sent_ns = time.perf_counter_ns()
     try:
@@ -153,18 +160,20 @@ async def _stream(
     async with response:
         record.http_status = response.status
         if response.status >= 400:
-            record.error = f"{ERR_HTTP}: {response.status} {_error_message(await response.text())}"
+            text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
+            record.error = f"{ERR_HTTP}: {response.status} {error_message(text)}"
             record.done_ns = time.perf_counter_ns()
             return
-        await _read_events(response, config, record, result)
+        if not await _read_events(response, config, record, reader):
+            response.close()  # stop the answer now: the rest of it is not read (nor waited for)
 
 
 async def _read_events(
-    response: aiohttp.ClientResponse, config: EndpointConfig, record: RequestRecord, result: StreamResult
-) -> None:
-    """Parse the SSE body into `record` and `result`; the first read waits `first_byte_timeout_s`, later ones
-    `stall_timeout_s`."""
-    parser = SSEParser()
+    response: aiohttp.ClientResponse, config: EndpointConfig, record: RequestRecord, reader: AnswerReader
+) -> bool:
+    """Parse the SSE body into `record` and `reader`; the first read waits `first_byte_timeout_s`, later ones
+    `stall_timeout_s`. False (with `record.error` set) when the request failed before the stream's end."""
+    parser = SSEParser(config.max_event_bytes)
     finished = False
     chunks = response.content.iter_any()
     first = True
@@ -179,96 +188,31 @@ async def _read_events(
                 record.error = f"{ERR_TIMEOUT}: no first byte within {timeout:g} s of the response headers"
             else:
                 record.error = f"{ERR_STALL}: no bytes for {timeout:g} s"
-            return
+            return False
         first = False
+        try:
+            payloads = parser.feed(data)
+        except EventTooLarge as exc:
+            record.error = f"{ERR_MALFORMED}: {exc}"
+            return False
         arrival = time.perf_counter_ns()
-        for payload in parser.feed(data):
+        for payload in payloads:
             if payload.strip() == "[DONE]":
                 finished = True
-            elif not _consume(payload, arrival, record, result, config.api):
-                return
+            elif (failure := reader.take(payload, arrival, record)) is not None:
+                record.error = str(failure)
+                return False
     for payload in parser.close():
         if payload.strip() == "[DONE]":
             finished = True
-        elif not _consume(payload, time.perf_counter_ns(), record, result, config.api):
-            return
+        elif (failure := reader.take(payload, time.perf_counter_ns(), record)) is not None:
+            record.error = str(failure)
+            return False
     if not finished:
         record.error = f"{ERR_INCOMPLETE}: the stream ended before [DONE]"
-        return
+        return False
+    if (failure := reader.finish(record)) is not None:
+        record.error = str(failure)
+        return False
     record.done_ns = time.perf_counter_ns()
-
-
-def _error_message(text: str) -> str:
-    """An error body's `error.message` (OpenAI's shape) when it has one, else its first 300 characters."""
-    try:
-        error = json.loads(text).get("error")
-        message = error.get("message") if isinstance(error, dict) else error
-    except (ValueError, AttributeError):
-        message = None
-    return str(message)[:300] if message else text[:300]
-
-
-def _consume(payload: str, arrival_ns: int, record: RequestRecord, result: StreamResult, api: str) -> bool:
-    """Apply one SSE payload to the record; False (with record.error set) when the stream is unusable."""
-    try:
-        event = json.loads(payload)
-        if not isinstance(event, dict):
-            raise ValueError("event is not a JSON object")
-    except ValueError as exc:
-        record.error = f"{ERR_MALFORMED}: {exc}: {payload[:120]!r}"
-        return False
-    if "error" in event and not event.get("choices"):
-        record.error = f"{ERR_SERVER}: {json.dumps(event['error'])[:300]}"
-        return False
-    usage = event.get("usage")
-    if usage:
-        _apply_usage(usage, record)
-    for choice in event.get("choices") or []:
-        if api == API_COMPLETIONS:
-            text = choice.get("text") or ""
-        else:
-            text = (choice.get("delta") or {}).get("content") or ""
-        token_ids = choice.get("token_ids")
-        if token_ids:
-            if result.token_ids is None:
-                result.token_ids = []
-            result.token_ids.extend(int(token) for token in token_ids)
-            tokens = len(token_ids)
-        elif text:
-            tokens = _logprob_token_count(choice) or 1
-        else:
-            tokens = 0
-        result.text += text
-        if tokens:
-            if record.first_token_ns is None:
-                record.first_token_ns = arrival_ns
-            if record.chunks and record.chunks[-1][0] == arrival_ns:
-                record.chunks[-1][1] += tokens  # several events in one network read are one chunk
-            else:
-                record.chunks.append([arrival_ns, tokens])
-        if choice.get("finish_reason"):
-            record.finish_reason = choice["finish_reason"]
     return True
-
-
-def _logprob_token_count(choice: dict) -> int:
-    logprobs = choice.get("logprobs")
-    if isinstance(logprobs, dict):
-        if isinstance(logprobs.get("tokens"), list):
-            return len(logprobs["tokens"])
-        if isinstance(logprobs.get("content"), list):
-            return len(logprobs["content"])
-    return 0
-
-
-def _apply_usage(usage: dict, record: RequestRecord) -> None:
-    if usage.get("prompt_tokens") is not None:
-        record.prompt_tokens = int(usage["prompt_tokens"])
-    if usage.get("completion_tokens") is not None:
-        record.output_tokens = int(usage["completion_tokens"])
-    details = usage.get("prompt_tokens_details") or {}
-    if details.get("cached_tokens") is not None:
-        record.cached_tokens = int(details["cached_tokens"])
-    by_tier = details.get("cached_tokens_by_tier")
-    if isinstance(by_tier, dict):
-        record.cached_tokens_by_tier = {str(tier): int(count) for tier, count in by_tier.items()}

@@ -32,7 +32,7 @@ from enum import Enum
 
 import numpy as np
 
-from kvbench.harness import bootstrap
+from kvbench.harness import bootstrap, config_schema
 from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS, MetricSpec, PerfMetric, RequestSamples, quality_spec
 from kvbench.measure.run_folder import CONFIG_YAML, EVAL_JSON, SUMMARY_MD, RunEntry, RunFolder
 
@@ -200,8 +200,8 @@ def delta_of(spec: MetricSpec, baseline: float, new: float) -> float:
 
 def compare(baseline: RunFolder, new: RunFolder, options: CompareOptions = CompareOptions()) -> Comparison:
     """Compare every setting and metric of `new` against `baseline` (see the module docstring)."""
-    mismatches = _config_mismatches(baseline.config, new.config)
-    notes = _env_notes(baseline.env, new.env)
+    mismatches, notes = _config_mismatches(baseline.config, new.config)
+    notes += _env_notes(baseline.env, new.env)
     rows: list[MetricComparison] = []
     base_settings, new_settings = _settings(baseline), _settings(new)
     keys = list(base_settings) + [key for key in new_settings if key not in base_settings]
@@ -348,11 +348,22 @@ def _differences(base: Mapping, new: Mapping, prefix: str = "") -> list[str]:
     return out
 
 
-def _config_mismatches(base: Mapping, new: Mapping) -> list[str]:
+def _config_mismatches(base: Mapping, new: Mapping) -> tuple[list[str], list[str]]:
+    """Differences of the compared config sections, each side read as today's schema (config_schema.current:
+    keys added since a side was written count as their defaults); and notes on what was filled."""
     if not base or not new:
-        return [] if not base and not new else [f"{CONFIG_YAML} only in the {'baseline' if base else 'new run'}"]
-    diffs = _differences({key: base.get(key) for key in _CONFIG_SECTIONS}, {key: new.get(key) for key in _CONFIG_SECTIONS})
-    return [f"{CONFIG_YAML} differs: {diff}" for diff in diffs]
+        return ([] if not base and not new else [f"{CONFIG_YAML} only in the {'baseline' if base else 'new run'}"]), []
+    read = []
+    for side, config in (("baseline", base), ("new run", new)):
+        try:
+            read.append(config_schema.current(config))
+        except ValueError as exc:
+            return [f"{side} {CONFIG_YAML}: {exc}"], []
+    notes = [f"{side} {CONFIG_YAML} is schema version {item.version}: read with today's defaults for "
+             + ", ".join(item.filled) for side, item in zip(("baseline", "new run"), read)
+             if item.filled and read[0].version != read[1].version]
+    diffs = _differences(*({key: item.config.get(key) for key in _CONFIG_SECTIONS} for item in read))
+    return [f"{CONFIG_YAML} differs: {diff}" for diff in diffs], notes
 
 
 def _setting_mismatches(base_reps: Sequence[Repetition], new_reps: Sequence[Repetition]) -> list[str]:

@@ -15,14 +15,16 @@ The YAML form (every key optional except `engines`):
       - name: rag-chat-mini         # a profile, a trace path, or a YAML of generator parameters
         num_sessions: 10
         overrides: {turns_mean: 4}
-    loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | concurrency, optional burstiness
+    loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | request_rate | concurrency, optional burstiness
+                                    # and max_concurrency (a cap on an open loop, as vLLM's)
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
     client: {api: completions, request_timeout_s: 600, header_timeout_s: 60, first_byte_timeout_s: 300,
              stall_timeout_s: 120, max_lag_ms: 10, max_error_rate: 0.1,
              isolation: null, tokenizer: null, tenant_api_keys: {tenant-a: key-a}, workers: 1}
     slo: {ttft_ms: 500, tpot_ms: 50}
 
-Unknown keys anywhere are errors that name the valid keys.
+Unknown keys anywhere are errors that name the valid keys. A run folder's config.yaml also carries
+`schema_version` (SCHEMA_VERSION when written); harness/config_schema.py reads an older one as today's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ from kvbench.measure.schedule import LoadSpec
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
+
+
+# The config.yaml form's version: bump it when a key is added or a default changes, and say in
+# harness/config_schema.py what a config of the version before meant (compare fills it in before comparing).
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -70,9 +77,23 @@ class WorkloadSpec:
 
 @dataclass(frozen=True)
 class LoadPoint:
+    """One load point: `rate` new sessions/s, `request_rate` requests/s (vLLM's `--request-rate`; `inf` sends
+    each request when it is ready) or `concurrency` requests in flight; `max_concurrency` caps an open loop."""
+
     rate: float | None = bounded(None, gt=0, unit="sessions/s")
     concurrency: int | None = bounded(None, ge=1)
     burstiness: float = bounded(1.0, gt=0)
+    request_rate: float | str | None = bounded(None, gt=0, unit="requests/s")  # a number, or the word inf
+    max_concurrency: int | None = bounded(None, ge=1)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.request_rate, str) and self.request_rate.strip().lower() != "inf":
+            raise ValueError(f"request_rate: expected a number > 0 or inf, got {self.request_rate!r:.40}")
+
+    @property
+    def requests_per_s(self) -> float | None:
+        """`request_rate` as a number (infinity for `inf`)."""
+        return float("inf") if isinstance(self.request_rate, str) else self.request_rate
 
 
 @dataclass(frozen=True)
@@ -129,6 +150,8 @@ class ExperimentConfig:
                 rate=point.rate,
                 concurrency=point.concurrency,
                 burstiness=point.burstiness,
+                request_rate=point.requests_per_s,
+                max_concurrency=point.max_concurrency,
                 num_requests=self.stop.num_requests,
                 duration_s=self.stop.duration_s,
                 warmup_requests=self.stop.warmup_requests,
@@ -137,10 +160,11 @@ class ExperimentConfig:
         ]
 
     def to_dict(self) -> dict:
-        return _plain(asdict(self))
+        """The config.yaml form, with its schema_version."""
+        return {**_plain(asdict(self)), "schema_version": SCHEMA_VERSION}
 
 
-_TOP_KEYS = ("name", "seed", "repeat", "engines", "workloads", "loads", "stop", "client", "slo")
+_TOP_KEYS = ("schema_version", "name", "seed", "repeat", "engines", "workloads", "loads", "stop", "client", "slo")
 
 
 @dataclass(frozen=True)
@@ -167,6 +191,10 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     for key in data:
         if key not in _TOP_KEYS:
             raise SettingsError(f"unknown key {key!r}; valid keys: {', '.join(_TOP_KEYS)}")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise SettingsError(f"schema_version: {version!r:.40} is not a config.yaml version this kvbench reads "
+                            f"(1..{SCHEMA_VERSION}); drop the key to read the file as today's form")
     scalars = build(_TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
     _check_matrix_size(data, scalars.repeat)
     engines = tuple(spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]"))
@@ -192,7 +220,8 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     )
     for index, load in enumerate(config.loads):
         try:
-            LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness)
+            LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness,
+                     request_rate=load.requests_per_s, max_concurrency=load.max_concurrency)
         except ValueError as exc:
             raise SettingsError(f"loads[{index}]: {exc}") from None
     return config

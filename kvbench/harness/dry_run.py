@@ -179,6 +179,13 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
         expected = sends[-1][0]
         how = (f"~{expected / 60:.0f} min until the last request is sent (sessions arriving every "
                f"{1 / load.rate:g} s on average, turns after their think times; answers' own time not counted)")
+    elif load.request_rate is not None:
+        label = f"request rate {load.request_rate:g} requests/s" + (
+            f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else "")
+        expected = requests / load.request_rate if requests else None
+        how = (f"~{expected / 60:.0f} min until the last request is sent (arrivals every {1 / load.request_rate:g} s "
+               f"on average, sessions opened as the rate needs them)" if expected else
+               "every request as soon as it is ready: as long as the engine takes to answer them")
     elif load.concurrency is not None:
         label, expected = f"concurrency {load.concurrency}", None
         how = "closed loop: as long as the engine takes to answer them"
@@ -186,6 +193,8 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
         label = "the workload's own arrival times"
         expected = sends[-1][0]
         how = f"~{expected / 60:.0f} min until the last request is sent (recorded arrivals and think times)"
+    if load.max_concurrency is not None:
+        label += f", at most {load.max_concurrency} in flight"
     if load.duration_s is not None:
         expected = load.duration_s if expected is None else min(expected, load.duration_s)
         how += f"; sending stops at {load.duration_s:g} s" + ("" if load.concurrency is None else " at the latest")

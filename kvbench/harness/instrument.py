@@ -8,6 +8,11 @@ Each request is answered with `max_tokens` tokens (ids `first_token_id + i`) in 
 the first chunk `first_token_ms` after the request arrived and one chunk every `chunk_interval_ms` after
 that, all on an absolute schedule so that server-side jitter does not accumulate.
 
+Misbehaviour is injected too, one kind per field of `InstrumentBehaviour`: `overrides` puts any JSON value at
+any path of the events (`usage.prompt_tokens`, `choices.0.token_ids`, `choices`, `usage`, ...),
+`ignore_max_tokens` streams without end, `first_event_bytes` pads the first event to a size; what was sent
+is logged (`InstrumentLog.tokens_sent`), so a test knows what the client was given.
+
 Server-wide, it can serve only one model name (others get a 404, as vLLM answers an unknown model) and a
 /metrics body given as is (none: /metrics is a 404), e.g. a proxy's HTML page, to check how scraping copes.
 """
@@ -18,7 +23,7 @@ import argparse
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from aiohttp import web
@@ -32,6 +37,7 @@ FAULT_STALL = "stall"
 FAULT_DROP = "drop"
 FAULT_NO_HEADERS = "no_headers"
 FAULTS = (FAULT_NONE, FAULT_HTTP_500, FAULT_MALFORMED, FAULT_STALL, FAULT_DROP, FAULT_NO_HEADERS)
+USAGE_PATH = "usage"  # overrides under it apply to the usage event, all others to every token event
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,11 @@ class InstrumentBehaviour:
     `cached_tokens` is reported as told (None: the field is left out of usage). `fault` applies after
     `fault_after_chunks` chunks (0: before the first). `stall` keeps the connection open and silent;
     `no_headers` does so before even the response headers (a hung server), whatever `fault_after_chunks` says.
+
+    Misbehaviour: `overrides` maps a dotted path to the JSON value put there (a number is a list index, a
+    missing step is created; `usage...` paths edit the usage event, others every token event, and the usage
+    event is sent whenever a `usage...` path is given); `ignore_max_tokens` streams tokens until the client
+    leaves; `first_event_bytes` pads the first token event (a `pad` field) to about that many bytes.
     """
 
     first_token_ms: float = 20.0
@@ -51,6 +62,9 @@ class InstrumentBehaviour:
     first_token_id: int = 1000
     fault: str = FAULT_NONE
     fault_after_chunks: int = 0
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    ignore_max_tokens: bool = False
+    first_event_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -66,6 +80,7 @@ class InstrumentLog:
     bodies: list[dict] = field(default_factory=list)
     arrivals_ns: list[int] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)  # the Authorization header of each request
+    tokens_sent: list[int] = field(default_factory=list)  # per request, the tokens written (so far)
 
 
 BehaviourFn = Callable[[int, dict], InstrumentBehaviour]
@@ -132,14 +147,18 @@ async def _answer(
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(json.dumps(body.get("messages", prompt))) // 4
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
+    log = request.app[LOG_KEY]
+    slot = len(log.tokens_sent)
+    log.tokens_sent.append(0)
+    token_overrides = {path: value for path, value in behaviour.overrides.items() if not _is_usage(path)}
     sent = 0
     chunk_index = 0
-    while sent < max_tokens:
+    while sent < max_tokens or behaviour.ignore_max_tokens:
         if chunk_index == behaviour.fault_after_chunks and behaviour.fault != FAULT_NONE:
             return await _fault(request, response, behaviour.fault)
         due = arrival_ns + int((behaviour.first_token_ms + chunk_index * behaviour.chunk_interval_ms) * 1e6)
         await timer.sleep_until(due)
-        count = min(behaviour.tokens_per_chunk, max_tokens - sent)
+        count = behaviour.tokens_per_chunk if behaviour.ignore_max_tokens else min(behaviour.tokens_per_chunk, max_tokens - sent)
         ids = list(range(behaviour.first_token_id + sent, behaviour.first_token_id + sent + count))
         text = "".join(f" t{token}" for token in ids)
         choice: dict = {"index": 0, "finish_reason": "length" if sent + count >= max_tokens else None}
@@ -149,17 +168,59 @@ async def _answer(
             choice["text"] = text
         if behaviour.return_token_ids and body.get("return_token_ids"):
             choice["token_ids"] = ids
-        await response.write(_event({"object": "text_completion", "choices": [choice]}))
+        event: dict = {"object": "text_completion", "choices": [choice]}
+        if chunk_index == 0 and behaviour.first_event_bytes:
+            event["pad"] = "x" * behaviour.first_event_bytes
+        try:
+            await response.write(_event(overridden(event, token_overrides)))
+        except ConnectionError:
+            return response  # the client left (it may stop a stream that ignores max_tokens)
         sent += count
+        log.tokens_sent[slot] = sent
         chunk_index += 1
     usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": sent, "total_tokens": prompt_tokens + sent}
     if behaviour.cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
-    if (body.get("stream_options") or {}).get("include_usage"):
-        await response.write(_event({"object": "text_completion", "choices": [], "usage": usage}))
+    usage_overrides = {path: value for path, value in behaviour.overrides.items() if _is_usage(path)}
+    if (body.get("stream_options") or {}).get("include_usage") or usage_overrides:
+        usage_event = overridden({"object": "text_completion", "choices": [], "usage": usage}, usage_overrides)
+        await response.write(_event(usage_event))
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
+
+
+def _is_usage(path: str) -> bool:
+    return path == USAGE_PATH or path.startswith(USAGE_PATH + ".")
+
+
+def overridden(event: dict, overrides: Mapping[str, object]) -> dict:
+    """`event` with each override's value put at its dotted path (a copy: the original is kept)."""
+    if not overrides:
+        return event
+    event = json.loads(json.dumps(event))
+    for path, value in overrides.items():
+        *steps, last = path.split(".")
+        node: object = event
+        for step in steps:
+            node = _step(node, step)
+        if isinstance(node, list) and last.isdigit() and int(last) < len(node):
+            node[int(last)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+    return event
+
+
+def _step(node: object, step: str) -> object:
+    """The child of `node` named by `step` (a dict key, or a list index); None where there is none (an earlier
+    override put a scalar or a shorter list there). A dict's missing or scalar child becomes {}."""
+    if isinstance(node, list):
+        return node[int(step)] if step.isdigit() and int(step) < len(node) else None
+    if isinstance(node, dict):
+        if not isinstance(node.get(step), (dict, list)):
+            node[step] = {}
+        return node[step]
+    return None
 
 
 async def _fault(request: web.Request, response: web.StreamResponse, fault: str) -> web.StreamResponse:
@@ -196,7 +257,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="share the port with other instrument processes (SO_REUSEPORT: the kernel spreads connections)")
     parser.add_argument("--served-model", help="answer only this model name (others: 404)")
     parser.add_argument("--metrics-body", help="what GET /metrics returns (default: no /metrics, a 404)")
+    parser.add_argument("--override", action="append", default=[], metavar="PATH=JSON",
+                        help="put this JSON value at this path of every event (e.g. usage.prompt_tokens='\"lots\"')")
+    parser.add_argument("--ignore-max-tokens", action="store_true", help="stream tokens until the client leaves")
+    parser.add_argument("--first-event-bytes", type=int, default=0, help="pad the first token event to this size")
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.override:
+        path, _, value = item.partition("=")
+        overrides[path] = json.loads(value)
     behaviour = replace(
         InstrumentBehaviour(),
         first_token_ms=args.first_token_ms,
@@ -204,6 +273,9 @@ def main(argv: list[str] | None = None) -> None:
         tokens_per_chunk=args.tokens_per_chunk,
         fault=args.fault,
         fault_after_chunks=args.fault_after_chunks,
+        overrides=overrides,
+        ignore_max_tokens=args.ignore_max_tokens,
+        first_event_bytes=args.first_event_bytes,
     )
     app = make_app(behaviour, served_model=args.served_model, metrics_body=args.metrics_body)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, reuse_port=args.reuse_port or None)

@@ -43,6 +43,7 @@ from kvbench.harness.client import (
     stream_request,
 )
 from kvbench.harness.clock import PreciseTimer
+from kvbench.harness.pacing import Gate, OpenGate, gate_for
 from kvbench.distribution import Distribution
 from kvbench.measure.conversation import (
     Ask,
@@ -123,6 +124,8 @@ class LoadResult:
     # The raw lags behind `client`, so that several workers' checks can be pooled.
     schedule_lags_ms: tuple[float, ...] = ()
     loop_lags_ms: tuple[float, ...] = ()
+    # Request-rate points: arrivals that found no request ready (every session busy), so not sent.
+    missed_arrivals: int = 0
 
 
 @dataclass(slots=True)
@@ -132,11 +135,11 @@ class _RunState:
     t0_ns: int
     vocab_size: int
     driver: ConversationDriver
-    slots: asyncio.Semaphore | None
     writer: RecordWriter | None
     on_record: Callable[[RequestRecord], None] | None
     finished: Mapping[tuple[str, int], RequestRecord]  # (session, turn) -> record of the interrupted run
     timer: PreciseTimer = field(default_factory=PreciseTimer)
+    gate: Gate = field(default_factory=OpenGate)  # when each request may go (pacing.py); set once t0 is known
     unanswered_in_a_row: int = 0
     aborted: str | None = None
     cancel: Callable[[], object] = lambda: None  # stops the sessions in flight; set once they start
@@ -200,7 +203,6 @@ class LoadGenerator:
             t0_ns=0,  # set once connections are open
             vocab_size=workload.vocab_size,
             driver=ConversationDriver(self.run_id, self.load, oracle),
-            slots=asyncio.Semaphore(self.load.concurrency) if self.load.mode == MODE_CONCURRENCY else None,
             writer=writer,
             on_record=on_record,
             finished={(record.session_id, record.turn): record for record in finished},
@@ -218,6 +220,7 @@ class LoadGenerator:
                 state.t0_ns = time.perf_counter_ns() + int((start_at_s - time.time()) * 1e9)
                 await state.timer.sleep_until(state.t0_ns)
                 start_offset_ms = (time.time() - start_at_s) * 1e3
+            state.gate = gate_for(self.load, self.seed, state.t0_ns, state.timer, state.may_send)
             probe = asyncio.create_task(_probe_loop(loop_lags))
             try:
                 await self._play(http, workload, list(offsets), state)
@@ -233,6 +236,7 @@ class LoadGenerator:
             replayed=tuple(state.replayed),
             schedule_lags_ms=tuple(state.schedule_lag_ms),
             loop_lags_ms=tuple(loop_lags),
+            missed_arrivals=state.gate.missed,
         )
 
     async def _play(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
@@ -258,6 +262,7 @@ class LoadGenerator:
             if tasks:
                 await asyncio.gather(*tasks)
         finally:
+            state.gate.close()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -299,12 +304,13 @@ class LoadGenerator:
         self, http: aiohttp.ClientSession, endpoint: EndpointConfig, talk: Conversation, chat: _Chat | None,
         queued_ns: int, state: _RunState,
     ) -> RequestRecord | None:
-        """Send one turn (in a closed loop, once a slot frees up); None when the run may send no more."""
-        planned_ns = queued_ns  # when the schedule meant it to go, whatever waits follow
-        slots = state.slots
-        if slots is not None:
-            await slots.acquire()
-            queued_ns = time.perf_counter_ns()  # closed loop: queued when a slot frees up
+        """Send one turn once its gate lets it (a request arrival, a free slot under a cap); None when the run
+        may send no more."""
+        admission = await state.gate.enter(queued_ns, first_turn=talk.turn == 0)
+        if admission is None:
+            return None
+        # planned: when the schedule meant it to go, whatever waits follow; queued: when the gate let it go.
+        planned_ns, queued_ns = admission.planned_ns, admission.queued_ns
         try:
             if not state.may_send():
                 return None
@@ -317,8 +323,7 @@ class LoadGenerator:
                 body = completions_body(endpoint, ask.prompt.tolist(), ask.spec.max_tokens)
             result = await stream_request(http, endpoint, body, record)
         finally:
-            if slots is not None:
-                slots.release()
+            state.gate.leave()
         state.schedule_lag_ms.append((record.sent_ns - record.queued_ns) / 1e6 if record.sent_ns else 0.0)
         if record.ok:
             answer = self._answer_tokens(record, result, ask, state.vocab_size)
@@ -335,7 +340,7 @@ class LoadGenerator:
 
         Best effort: a server without /v1/models, or one that is down, is found out by the real requests.
         """
-        count = min(self.load.concurrency or sessions, _PREOPENED_CONNECTIONS)
+        count = min(self.load.cap or sessions, _PREOPENED_CONNECTIONS)
         url = self.endpoint.base_url.rstrip("/") + "/v1/models"
 
         async def touch() -> None:

@@ -4,8 +4,8 @@ For each engine setting: start it, wait until healthy; for each workload, load p
 the engine's prefix cache, scrape its counters, replay the workload, scrape again, and rewrite the summary
 files. A failure of one engine setting is recorded and the next one runs; nothing measured is lost.
 
-A point is valid when its client kept up, it was not aborted and few enough of its requests failed
-(`client.max_error_rate`); a point with too many failed requests, or aborted, is also a failure of the run.
+A point is valid when its client kept up, it was not aborted, few enough of its requests failed
+(`client.max_error_rate`) and no answer failed the client's checks (`stream_answer`); a point with too many failed requests, or aborted, is also a failure of the run.
 
 How a run ends early: Ctrl-C (and SIGTERM, which `kvbench run` turns into Ctrl-C) stops the point in
 progress, whose entry is built from the records already in requests.jsonl, writes the summary and stops
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
+from kvbench.engines.kv_capacity import kv_capacity
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
@@ -36,10 +37,12 @@ from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.preflight import check_cells, require_all_can_start
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
+from kvbench.harness.stream_answer import breach_reason
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.folder_lock import locked_run_dir
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
+from kvbench.measure.export import write_exports
 from kvbench.measure.report import write_plots, write_summaries
 from kvbench.measure.run_folder import (
     CONFIG_YAML, INTERRUPTED, REBUILT, REQUESTS_JSONL, SUMMARY_JSON, Resumed, RunEntry, RunMode, engine_dir,
@@ -140,7 +143,14 @@ def run_experiment(
             experiment.write_summaries()
         if outcome.entries:
             write_plots(run_dir, outcome.entries, experiment.ttfts)
+            write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
+                          config.client.api, config.client.tokenizer)
         return outcome
+
+
+def _loads(config: ExperimentConfig) -> dict[str, dict]:
+    """Each load point's LoadSpec fields by its label (what the vLLM result files say of the traffic)."""
+    return {load.label: dataclasses.asdict(load) for load in config.load_specs()}
 
 
 def rebuild_entries(run_dir: Path) -> list[RunEntry]:
@@ -177,6 +187,9 @@ def invalid_reasons(
     failed = failure_reason(records, max_error_rate)
     if failed:
         reasons.append(failed)
+    breached = breach_reason(records)
+    if breached:
+        reasons.append(breached)
     if client is not None and not client.valid:
         reasons.append(f"client lag: {client.reason}")
     return reasons
@@ -266,7 +279,8 @@ class _Experiment:
         before = self._scrape(engine, adapter)
         description = dict(adapter.describe())
         context = {"kv_dtype": description.get("kv_dtype", "unknown"), "engine_description": description,
-                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset}
+                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset,
+                   "clock_offset_ns": time.time_ns() - time.perf_counter_ns()}
         self.progress.on_point_start(run_id, point.total_requests)
         generator = self._generator(adapter, point)
         try:
@@ -281,6 +295,10 @@ class _Experiment:
             self.outcome.entries.append(dataclasses.replace(records_entry(point.id, records, self.config, aborted), **context))
             raise
         after = self._scrape(engine, adapter)
+        if result.missed_arrivals:
+            self.progress.on_message(
+                f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
+                f"requests/s were sent than asked (a workload with more sessions keeps up)")
         records = [*result.replayed, *result.records]
         entry = dataclasses.replace(
             records_entry(point.id, records, self.config, result.aborted, result.client),
@@ -289,6 +307,7 @@ class _Experiment:
             # The server counted only what was sent now, not the replayed records.
             reconciliation=reconcile(result.records, before, after).to_dict(),
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
+            kv_capacity=_stated_capacity(before or after),
         )
         breach = cache_reasons(entry.summary, reset)
         if breach:
@@ -360,6 +379,12 @@ class _Experiment:
         except RunWriteError:
             if not best_effort:
                 raise
+
+
+def _stated_capacity(samples: Mapping[str, float] | None) -> dict | None:
+    """The KV capacity the engine states on /metrics (tokens, bytes), not the setting it was given."""
+    capacity = kv_capacity(samples)
+    return capacity.to_dict() if capacity is not None else None
 
 
 def _codec(tokenizer: str | None):

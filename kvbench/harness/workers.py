@@ -249,7 +249,8 @@ def plan_jobs(generator: LoadGenerator, workload: Workload, workers: int, finish
         own = {sessions[index].session_id for index in share.sessions}
         jobs.append(WorkerJob(
             worker=share.worker,
-            generator=dataclasses.replace(generator, load=share.load, codec=None),
+            # Its own seed: at a request rate each worker draws its own arrivals (offsets are fixed above).
+            generator=dataclasses.replace(generator, load=share.load, codec=None, seed=generator.seed + share.worker),
             workload=dataclasses.replace(workload, sessions=tuple(sessions[index] for index in share.sessions)),
             offsets=share.offsets,
             finished=tuple(record for record in finished if record.session_id in own),
@@ -335,4 +336,5 @@ def _pooled(generator: LoadGenerator, jobs: Sequence[WorkerJob], results: dict[i
         replayed=tuple(finished),
         schedule_lags_ms=tuple(lag for result in done for lag in result.schedule_lags_ms),
         loop_lags_ms=tuple(lag for result in done for lag in result.loop_lags_ms),
+        missed_arrivals=sum(result.missed_arrivals for result in done),
     )

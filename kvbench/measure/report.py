@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvbench.distribution import PERCENTILES
 from kvbench.measure.run_folder import (
     SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, WARM_CACHE, RunEntry, replace_file, write_entries,
 )
@@ -30,7 +31,12 @@ COLUMNS = [
 # closed loop held requests back.
 SCHEDULE_COLUMNS = ["ttft_from_schedule_p50_ms", "ttft_from_schedule_p99_ms", "e2e_from_schedule_p50_ms",
                     "e2e_from_schedule_p99_ms"]
-EXTRA_COLUMNS = [*SCHEDULE_COLUMNS, "cache", "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
+# Every percentile a summary holds for each request metric, for `--percentile-metrics`/`--metric-percentiles`.
+PERCENTILE_COLUMNS = [f"{metric}_p{p}_ms" for metric in ("ttft", "tpot", "itl", "e2e") for p in PERCENTILES]
+# Goodput's SLO attainment: the share of measured requests meeting every SLO (None without an SLO).
+GOODPUT_COLUMNS = ["goodput_req_s", "slo_attainment"]
+EXTRA_COLUMNS = [*SCHEDULE_COLUMNS, "slo_attainment",
+                 *(column for column in PERCENTILE_COLUMNS if column not in COLUMNS), "cache", "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
 MD_COLUMNS = [
     "engine", "kv_dtype", "workload", "load", "cache", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
     "ttft_from_schedule_p99_ms", "itl_p50_ms", "tpot_p50_ms", "output_tok_s", "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
@@ -74,6 +80,9 @@ def _row(entry: RunEntry, group: Mapping, fairness: float | None) -> dict:
         "total_tok_s": group["total_tok_s"],
         "req_s": group["req_s"],
         "goodput_req_s": group["goodput_req_s"],
+        "slo_attainment": group.get("slo_attainment"),
+        **{f"{metric}_p{p}_ms": _pick(group, f"{metric}_ms", f"p{p}")
+           for metric in ("ttft", "tpot", "itl", "e2e") for p in PERCENTILES},
         "cache_hit_rate": cache["cache_hit_rate"],
         "oracle_hit_rate": cache["oracle_hit_rate"],
         "prefill_recompute_rate": cache["prefill_recompute_rate"],
@@ -97,10 +106,18 @@ def summary_frame(entries: Iterable[RunEntry]) -> pd.DataFrame:
     return pd.DataFrame(summary_rows(entries), columns=COLUMNS + EXTRA_COLUMNS)
 
 
+def md_columns(frame: pd.DataFrame) -> list[str]:
+    """summary.md's columns: `MD_COLUMNS`, and goodput beside throughput when an SLO was given."""
+    if frame["goodput_req_s"].notna().any():
+        at = MD_COLUMNS.index("output_tok_s") + 1
+        return [*MD_COLUMNS[:at], *GOODPUT_COLUMNS, *MD_COLUMNS[at:]]
+    return list(MD_COLUMNS)
+
+
 def markdown_table(frame: pd.DataFrame, columns: Sequence[str] = MD_COLUMNS) -> str:
     shown = frame[list(columns)].copy()
     for column in shown.columns:
-        if column.endswith("_rate"):
+        if column.endswith("_rate") or column == "slo_attainment":
             shown[column] = shown[column].map(lambda v: "n/a" if pd.isna(v) else f"{100 * v:.1f}%")
         elif shown[column].dtype.kind == "f":
             shown[column] = shown[column].map(lambda v: "n/a" if pd.isna(v) else f"{v:.2f}")
@@ -124,7 +141,7 @@ def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[
         "Rates: cache_hit_rate = cached/prompt tokens (server usage); oracle_hit_rate = reusable/prompt "
         "tokens (an unbounded cache); prefill_recompute_rate = reusable prefill the engine computed again.",
         "",
-        markdown_table(frame),
+        markdown_table(frame, md_columns(frame)),
         "",
     ]
     flags = [

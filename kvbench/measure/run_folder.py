@@ -47,6 +47,9 @@ SUMMARY_MD = "summary.md"
 TTFT_CDF_PNG = "ttft_cdf.png"
 THROUGHPUT_PNG = "throughput_vs_ttft_p99.png"
 ENGINES_DIR = "engines"
+REQUESTS_METRICS_JSONL = "requests_metrics.jsonl"  # per-request metrics for other tools (measure/export.py)
+REQUESTS_METRICS_PARQUET = "requests_metrics.parquet"
+VLLM_RESULTS_DIR = "vllm"  # one `vllm bench serve --save-result` JSON per point
 EVAL_JSON = "eval.json"
 EVAL_MD = "eval.md"
 EVAL_CSV = "eval.csv"
@@ -64,7 +67,8 @@ PLAN_MD = "plan.md"
 PLAN_PNG = "plan_slo_vs_nodes.png"
 LOCK_FILE = ".kvbench.lock"  # held by the run writing the folder (measure/folder_lock.py)
 # What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
-RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG)
+RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG,
+             REQUESTS_METRICS_JSONL, REQUESTS_METRICS_PARQUET)
 
 INTERRUPTED = "interrupted: the run was stopped before this point finished"
 REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
@@ -111,11 +115,14 @@ class RunEntry:
     engine_description: Mapping = field(default_factory=dict)
     workload_params: Mapping = field(default_factory=dict)
     started_at: float | None = None  # time.time() when the point started
+    # The driver's time.time_ns() - perf_counter_ns(): a record's times plus this are epoch nanoseconds.
+    clock_offset_ns: int | None = None
     cache_reset: bool | None = None
     client: Mapping | None = None
     answer_sources: Mapping[str, int] = field(default_factory=dict)
     reconciliation: Mapping | None = None
     server_counters: Mapping[str, float] | None = None
+    kv_capacity: Mapping | None = None  # the device KV the engine states: {tokens, bytes, source}; None: not stated
 
     @classmethod
     def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),
@@ -336,6 +343,7 @@ def _remove_run(run_dir: Path) -> None:
     for name in RUN_FILES:
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / ENGINES_DIR, ignore_errors=True)
+    shutil.rmtree(run_dir / VLLM_RESULTS_DIR, ignore_errors=True)
 
 
 def _resumable(run_dir: Path, config: Mapping) -> Resumed:

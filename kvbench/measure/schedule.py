@@ -2,12 +2,18 @@
 
 Open loop: session arrivals on an absolute schedule computed before the run (Poisson, or gamma with a
 burstiness factor as in vLLM's benchmark: shape = burstiness, so 1.0 is Poisson and smaller is burstier).
+Request rate (vLLM's `--request-rate`): *request* arrivals on such a schedule, each one taken by the next
+request that is ready (a session's next turn first, else a new session's first turn).
 Closed loop: a fixed number of requests in flight. Trace: the workload's own arrival times.
+A `max_concurrency` cap (vLLM's `--max-concurrency`) combines with either open loop: an arrival past the cap
+waits for a request to finish.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +21,7 @@ import numpy as np
 MODE_RATE = "rate"
 MODE_CONCURRENCY = "concurrency"
 MODE_TRACE = "trace"
+MODE_REQUEST_RATE = "request-rate"
 
 
 @dataclass(frozen=True)
@@ -22,8 +29,12 @@ class LoadSpec:
     """One load point.
 
     - `rate`: new sessions per second, open loop (for single-turn workloads, requests per second).
+    - `request_rate`: requests per second, open loop, as vLLM's `--request-rate`; `inf` sends every request
+      as soon as it is ready (vLLM's default).
     - `concurrency`: at most this many requests in flight, closed loop; all sessions are ready at once.
-    - neither: replay the workload's own arrival times (scaled by the workload's time scale).
+    - none of these: replay the workload's own arrival times (scaled by the workload's time scale).
+    - `max_concurrency`: a cap on requests in flight under `rate`, `request_rate` or a trace (vLLM's
+      `--max-concurrency`); an arrival past it waits, and its TTFT from schedule counts the wait.
     Stop conditions: at most `num_requests` requests sent, and none sent after `duration_s`; whichever comes
     first. The first `warmup_requests` requests are sent and recorded but excluded from metrics.
     """
@@ -34,12 +45,23 @@ class LoadSpec:
     num_requests: int | None = None
     duration_s: float | None = None
     warmup_requests: int = 0
+    request_rate: float | None = None
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
-        if self.rate is not None and self.concurrency is not None:
-            raise ValueError("load: give either rate or concurrency, not both")
+        given = [name for name in ("rate", "request_rate", "concurrency") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"load: give one of rate (sessions/s), request_rate (requests/s) or concurrency, not "
+                             f"{' and '.join(given)}")
         if self.rate is not None and self.rate <= 0:
             raise ValueError(f"load.rate must be > 0 sessions/s, got {self.rate}")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"load.request_rate must be > 0 requests/s (or inf), got {self.request_rate}")
+        if self.max_concurrency is not None and self.concurrency is not None:
+            raise ValueError("load: max_concurrency caps an open loop (rate or request_rate); concurrency is "
+                             "already a closed loop's cap: give one of them")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"load.max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"load.concurrency must be >= 1, got {self.concurrency}")
         if self.burstiness <= 0:
@@ -55,18 +77,28 @@ class LoadSpec:
     def mode(self) -> str:
         if self.rate is not None:
             return MODE_RATE
+        if self.request_rate is not None:
+            return MODE_REQUEST_RATE
         if self.concurrency is not None:
             return MODE_CONCURRENCY
         return MODE_TRACE
 
     @property
     def label(self) -> str:
-        """A short name for tables: `rate=2`, `conc=8` or `trace`."""
+        """A short name for tables: `rate=2`, `rps=4`, `conc=8` or `trace`, a cap as `,max=4`."""
+        cap = f",max={self.max_concurrency}" if self.max_concurrency is not None else ""
         if self.rate is not None:
-            return f"rate={self.rate:g}"
+            return f"rate={self.rate:g}{cap}"
+        if self.request_rate is not None:
+            return f"rps={self.request_rate:g}{cap}"
         if self.concurrency is not None:
             return f"conc={self.concurrency}"
-        return "trace"
+        return f"trace{cap}"
+
+    @property
+    def cap(self) -> int | None:
+        """The most requests in flight: the closed loop's concurrency or the open loop's max_concurrency."""
+        return self.concurrency if self.concurrency is not None else self.max_concurrency
 
 
 def session_offsets(load: LoadSpec, workload_arrivals: list[float], seed: int) -> list[float]:
@@ -82,10 +114,25 @@ def session_offsets(load: LoadSpec, workload_arrivals: list[float], seed: int) -
         gaps = rng.gamma(shape, 1.0 / (load.rate * shape), size=count)
         offsets = np.cumsum(gaps) - gaps[0] if count else gaps  # the first session starts at once
         return [float(offset) for offset in offsets]
-    if load.mode == MODE_CONCURRENCY:
-        return [0.0] * count
+    if load.mode in (MODE_CONCURRENCY, MODE_REQUEST_RATE):
+        return [0.0] * count  # request rate: every session is ready, the request arrivals pace them
     start = min(workload_arrivals, default=0.0)
     return [arrival - start for arrival in workload_arrivals]
+
+
+def request_gaps(request_rate: float, burstiness: float, seed: int) -> Iterator[float]:
+    """Gaps in seconds between request arrivals, endless: gamma with mean 1/request_rate and shape burstiness
+    (exponential, a Poisson process, when burstiness is 1), as vLLM's `get_request` draws them; the first
+    request arrives at once (gap 0). An infinite rate has every gap 0. vLLM also rescales its finite list of
+    arrivals so that the last lands at N/rate; an endless stream has no last arrival, so this one does not."""
+    yield 0.0
+    if math.isinf(request_rate):
+        while True:
+            yield 0.0
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / (request_rate * burstiness)
+    while True:
+        yield from (float(gap) for gap in rng.gamma(burstiness, scale, size=256))
 
 
 def split_exactly(total: int, weights: list[int]) -> list[int]:
@@ -122,11 +169,14 @@ def split_schedule(load: LoadSpec, offsets: list[float], turns: list[int], worke
     slot are not planned."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    count = min(workers, len(offsets), load.concurrency or workers)
+    count = min(workers, len(offsets), load.cap or workers)
     order = sorted(range(len(offsets)), key=lambda index: (offsets[index], index))
     dealt = [order[worker::count] for worker in range(count)]
     held = [sum(turns[index] for index in indices) for indices in dealt]
     concurrency = split_exactly(load.concurrency, [1] * count) if load.concurrency else [None] * count
+    cap = split_exactly(load.max_concurrency, [1] * count) if load.max_concurrency else [None] * count
+    # Independent Poisson arrivals of rate R/k add up to Poisson arrivals of rate R.
+    request_rate = load.request_rate / count if load.request_rate is not None else None
     budget = split_exactly(load.num_requests, held) if load.num_requests is not None else [None] * count
     warmup = split_exactly(load.warmup_requests, held)
     shares = []
@@ -134,6 +184,7 @@ def split_schedule(load: LoadSpec, offsets: list[float], turns: list[int], worke
         if budget[worker] == 0:
             continue  # a budget too small to reach this worker's sessions
         share_load = dataclasses.replace(load, concurrency=concurrency[worker], num_requests=budget[worker],
-                                         warmup_requests=warmup[worker])
+                                         warmup_requests=warmup[worker], max_concurrency=cap[worker],
+                                         request_rate=request_rate)
         shares.append(WorkerShare(worker, tuple(indices), tuple(offsets[index] for index in indices), share_load))
     return shares

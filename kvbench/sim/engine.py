@@ -39,78 +39,20 @@ from kvbench.engines.kvengine.core.scheduler import (
     SchedulerConfig,
 )
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
-from kvbench.measure.conversation import Conversation, ConversationDriver, Isolation, ReuseOracle, placeholder_tokens
+from kvbench.measure.conversation import Conversation, ConversationDriver, ReuseOracle, placeholder_tokens
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
-from kvbench.sim.cost import CostModel
-from kvbench.sim.geometry import ModelGeometry
-from kvbench.sim.hardware import Hardware
+from kvbench.sim.config import SimConfig
 from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
-from kvbench.sim.presets import ROUTE_PREFIX, ROUTE_ROUND_ROBIN, ROUTE_SESSION, TIERS_TTL, Preset
+from kvbench.sim.presets import TIERS_TTL
+from kvbench.sim.routing import Router
 from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.spec import Workload
 
 NS = 1_000_000_000
 ERR_TOO_LONG = "too_long: the prompt never fit in the device KV cache"
 _TURN, _ARRIVE, _STEP = 0, 1, 2
-# sglang_router's cache-aware policy defaults (--cache-threshold, --balance-abs-threshold, --balance-rel-threshold)
-ROUTER_CACHE_THRESHOLD, ROUTER_BALANCE_ABS, ROUTER_BALANCE_REL = 0.5, 32, 1.0001
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """What is simulated. `device_kv_tokens` overrides the KV budget derived from the hardware (tests, sweeps)."""
-
-    geometry: ModelGeometry
-    hardware: Hardware
-    preset: Preset
-    kv_dtype: str = "fp16"
-    weight_dtype: str | None = None
-    device_kv_tokens: int | None = None
-    strict_isolation: bool = True
-    tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
-    host_kv_tokens: int | None = None  # override the host tier (default: the preset's share of host memory)
-    disk_kv_tokens: int | None = None  # ... and the disk tier
-    # Run stretches of pure decode steps between events in one pass (SimNode.fast_forward); False: step one by
-    # one. The records are the same either way: a switch for checking that, not a setting of what is simulated.
-    decode_runs: bool = True
-
-    @property
-    def cost(self) -> CostModel:
-        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
-                         self.preset.page_size)
-
-    @property
-    def isolation(self) -> Isolation:
-        """The oracle's rule: our engine's isolation (its core is what the nodes run)."""
-        return Isolation.STRICT if self.strict_isolation else Isolation.SHARED_PREFIX
-
-    def device_pages(self) -> int:
-        """Device KV pages per node: the hardware's KV budget (or the override) over the page's bytes."""
-        ps = self.preset.page_size
-        if self.device_kv_tokens is not None:
-            return self.device_kv_tokens // ps
-        cost = self.cost
-        budget = self.hardware.kv_budget_bytes(self.geometry.weight_bytes(cost.weights))
-        if budget <= 0:
-            raise ValueError(f"{self.geometry.name} weights ({cost.weights}) do not fit on {self.hardware.name}: "
-                             "use more devices or fp8 weights")
-        return int(budget // (cost.kv_bytes_per_token * ps))
-
-    def tier_pages(self, nbytes: float) -> int:
-        return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))
-
-    def host_pages(self) -> int:
-        if self.host_kv_tokens is not None:
-            return self.host_kv_tokens // self.preset.page_size
-        return self.tier_pages(self.hardware.host_memory_bytes * self.preset.host_fraction)
-
-    def disk_pages(self) -> int:
-        if self.disk_kv_tokens is not None:
-            return self.disk_kv_tokens // self.preset.page_size
-        return self.tier_pages(self.hardware.disk_bytes * self.preset.disk_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +94,26 @@ class _Sim:
     send_order: tuple[str, ...] | None = None  # replay: request ids in the order a real run sent them
     order_pos: int = 0
     parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
-    routed: int = 0  # requests routed so far (round-robin)
+    router: Router | None = None
     node_of: dict = field(default_factory=dict)  # request id -> node
-    routed_pages: list = field(default_factory=list)  # per node: prompt pages routed there, not yet finished
+    # Open loop, one turn per session: another node's step can start nothing new (no next turn, no freed
+    # slot), so a node's decode run needs to stop only at the next arrival (`arrivals`: the times of the
+    # queued TURN and ARRIVE events), not at every node's step end. Routers then read a node's KV usage as of
+    # the end of its run (pages its decodes will hold): the one thing that differs from stepping one by one.
+    nodes_independent: bool = False
+    arrivals: list = field(default_factory=list)
 
     def push(self, t: float, kind: int, payload) -> None:
         self.seq += 1
         heapq.heappush(self.events, (t, self.seq, kind, payload))
+        if kind != _STEP:
+            heapq.heappush(self.arrivals, (t, self.seq))
+
+    def horizon(self) -> float:
+        """When the next event that may concern a decoding node happens (see `nodes_independent`)."""
+        if self.nodes_independent:
+            return self.arrivals[0][0] if self.arrivals else math.inf
+        return self.events[0][0] if self.events else math.inf
 
     # ---- client ------------------------------------------------------------------------------------------
     def in_order(self, rid: str, session_index: int) -> bool:
@@ -201,47 +156,13 @@ class _Sim:
         # counts them as reusable): SimNode looks a prompt up below device in one namespace (namespace_for), not
         # in the core's Placement, so a prompt split across the shared and a tenant's namespace would miss there.
         request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(talk.session.tenant))
-        node = self.route(session_index, request)
+        node = self.router.pick(session_index, request, now)
         self.node_of[rid] = node
-        self.routed_pages[node] += len(prompt) // self.config.preset.page_size
+        now += self.config.preset.router_latency_s
         restore = self.nodes[node].plan_restore(request, now)
         self.live[rid] = _Live(record, session_index, prompt, answer, node,
                                {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
         self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
-
-    def route(self, session_index: int, request: Request) -> int:
-        """The node for a request, by the preset's routing policy (presets.ROUTES)."""
-        nodes = self.nodes
-        if len(nodes) == 1:
-            return 0
-        policy = self.config.preset.route
-        if policy == ROUTE_SESSION:
-            return session_index % len(nodes)
-        if policy == ROUTE_ROUND_ROBIN:
-            self.routed += 1
-            return (self.routed - 1) % len(nodes)
-        least_loaded = min(range(len(nodes)), key=lambda i: (nodes[i].load, i))
-        if policy == ROUTE_PREFIX:
-            return self.cache_aware(request, least_loaded)
-        return least_loaded
-
-    def cache_aware(self, request: Request, least_loaded: int) -> int:
-        """SGLang's cache-aware router (`sglang_router.launch_router`, its defaults): shortest queue while the
-        loads are imbalanced (max - min > 32 and max > 1.0001 x min); otherwise the node with the longest
-        cached prefix if it covers more than half the prompt, else the node with the least cached (most room).
-        The router keeps an approximate tree of what it sent; here each node's device cache is asked."""
-        nodes = self.nodes
-        loads = [node.load for node in nodes]
-        if max(loads) - min(loads) > ROUTER_BALANCE_ABS and max(loads) > ROUTER_BALANCE_REL * min(loads):
-            return least_loaded
-        cached = [node.cached_pages(request) for node in nodes]
-        best = min(range(len(nodes)), key=lambda i: (-cached[i], loads[i], i))
-        if cached[best] * self.config.preset.page_size > ROUTER_CACHE_THRESHOLD * len(request.prompt):
-            return best
-        # The router's tree holds what it sent, computed yet or not: a node's cache plus its in-flight prompts.
-        # (The device cache alone lags routing, and a burst of new sessions all went to one node.)
-        tree = [node.scheduler.index.cached_pages + self.routed_pages[i] for i, node in enumerate(nodes)]
-        return min(range(len(nodes)), key=lambda i: (tree[i], loads[i], i))
 
     def release_slot(self, now: float) -> None:
         if self.load.mode != MODE_CONCURRENCY:
@@ -251,7 +172,7 @@ class _Sim:
             self.push(now, _TURN, self.slot_waiters.popleft())
 
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
-        self.routed_pages[live.node] -= len(live.prompt) // self.config.preset.page_size
+        self.router.finished(live.node, len(live.prompt))
         record = live.record
         record.done_ns = int(round(now * NS))
         record.prompt_tokens = int(live.prompt.size)
@@ -276,7 +197,7 @@ class _Sim:
         if node.busy or not node.has_work():
             return
         # Steps that end before the next event (nothing else can happen meanwhile) may run in one pass.
-        skipped = node.fast_forward(now, self.events[0][0] if self.events else math.inf)
+        skipped = node.fast_forward(now, self.horizon())
         if skipped is not None:
             if skipped.ends:
                 self.stream(skipped.request_ids, skipped.ends)
@@ -314,10 +235,17 @@ class _Sim:
         offsets = session_offsets(self.load, [s.arrival_s for s in sessions], self.seed)
         if self.load.mode == MODE_CONCURRENCY:
             self.slots_free = self.load.concurrency or 1
-        for index in sorted(range(len(sessions)), key=lambda i: offsets[i]):
+        self.play(sorted(range(len(sessions)), key=lambda i: offsets[i]), offsets)
+        self.report_unfinished()
+
+    def play(self, order: Sequence[int], offsets) -> None:
+        """Start the sessions `order` (indices) at `offsets[index]` and run until nothing is left to happen."""
+        for index in order:
             self.push(offsets[index], _TURN, index)
         while self.events:
             now, _, kind, payload = heapq.heappop(self.events)
+            if kind != _STEP:
+                heapq.heappop(self.arrivals)  # the same event: both heaps order by (time, sequence)
             if kind == _TURN:
                 self.turn_due(now, payload)
             elif kind == _ARRIVE:
@@ -326,9 +254,12 @@ class _Sim:
                 self.kick(node_index, now)
             else:
                 self.step_done(payload[0], payload[1], now)
+
+    def report_unfinished(self) -> None:
         for rid, live in sorted(self.live.items()):  # never fit: report as errors, not silently dropped
             live.record.error = ERR_TOO_LONG
             self.records.append(live.record)
+        self.live.clear()
 
 
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
@@ -337,6 +268,7 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
     if preset.remote_bytes > 0:  # one object: every node shares it
         remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
     sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
+                                   max_prefill_beside_decodes=preset.max_prefill_beside_decodes,
                                    strict_isolation=config.strict_isolation)
     host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
     ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
@@ -395,15 +327,29 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     simulation of a real run makes the same cache decisions as the run did (at concurrency 1 exactly).
     `events` receives the cache events of every node's prefix index (stored, hit, evicted pages)."""
     started = time.perf_counter()
+    sim = new_sim(workload, load, config, run_id, seed, send_order, events)
+    with _collector_paused():
+        sim.run()
+    return sim_result(sim, started)
+
+
+def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, seed: int,
+            send_order: Sequence[str] | None = None, events: EventSink | None = None) -> _Sim:
+    """A simulation ready to play: the nodes, the router and one conversation per session."""
     nodes = build_nodes(config, events)
     # Token ids only: a text prefix in the tenants file needs a tokenizer the simulator does not have, so it
     # is refused (in shared-prefix isolation) rather than silently never shared.
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
-    sim = _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
-               send_order=tuple(send_order) if send_order is not None else None, routed_pages=[0] * len(nodes))
-    with _collector_paused():
-        sim.run()
+    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY
+                   and all(len(s.turns) == 1 for s in workload.sessions))
+    return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
+                send_order=tuple(send_order) if send_order is not None else None,
+                router=Router(nodes, config.preset.route, config.preset.page_size), nodes_independent=independent)
+
+
+def sim_result(sim: _Sim, started: float) -> SimResult:
+    nodes = sim.nodes
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
                    "busy_s": n.stats.busy_s,

@@ -5,8 +5,10 @@ memory and NVMe behind them, and a network link to a shared (remote) KV tier. Da
 published; what the simulator actually uses is peak * efficiency, and the efficiencies are what calibration
 fits (see `calibrate`).
 
-Sources of the defaults (H200 SXM datasheet; the article for PCIe and NVMe):
+Sources of the defaults (H200 and H100 SXM datasheets; the article for PCIe and NVMe):
     H200        141 GB HBM3e at 4.8 TB/s, dense BF16 ~989 TFLOP/s, dense FP8 ~1979 TFLOP/s, NVLink 900 GB/s
+    H100        80 GB HBM3 at 3.35 TB/s, dense BF16 ~989 TFLOP/s, dense FP8 ~1979 TFLOP/s, NVLink 900 GB/s;
+                memory as the driver reports it (79.2 GiB: vLLM's total_memory), not the marketing 80e9
     PCIe host   ~40 GB/s per device (the article's number; Gen5 x16 is 64 GB/s raw)
     NVMe        ~12 GB/s (one Gen5 drive, the article's number)
     network     25 GB/s (a 200 Gb/s NIC) to the shared tier
@@ -125,12 +127,14 @@ class Hardware:
 
 
 H200 = Device("h200", memory_bytes=141 * GB, memory_bw=4.8e12, flops_bf16=989e12, flops_fp8=1979e12)
+H100 = Device("h100", memory_bytes=79.19 * 2**30, memory_bw=3.35e12, flops_bf16=989e12, flops_fp8=1979e12)
 PCIE = Link("pcie", bandwidth=40 * GB, latency_s=20e-6)
 NVME = Link("nvme", bandwidth=12 * GB, latency_s=100e-6)
 NETWORK = Link("network", bandwidth=25 * GB, latency_s=50e-6)
 
 # An 8xH200 node: 2 TB of host memory and 30 TB of NVMe are typical of such servers.
 _H200_NODE = Hardware("8xh200", H200, 8, PCIE, NVME, NETWORK, host_memory_bytes=2000 * GB, disk_bytes=30000 * GB)
+_H100_NODE = Hardware("8xh100", H100, 8, PCIE, NVME, NETWORK, host_memory_bytes=2000 * GB, disk_bytes=30000 * GB)
 
 # This machine's CPU running our engine in fp32: peaks are 2 cores x 32 FLOP/cycle (two 8-wide FMA units) x
 # ~3 GHz and a guessed 20 GB/s. The efficiencies are those `kvbench calibrate --steps` fitted to our engine
@@ -146,12 +150,14 @@ _CPU_NODE = Hardware("cpu", CPU, 1, Link("memcpy", 10 * GB), Link("disk", 1 * GB
 PROFILES: Mapping[str, Hardware] = {
     "h200": _H200_NODE.with_devices(1),
     "8xh200": _H200_NODE,
+    "h100": _H100_NODE.with_devices(1),
+    "8xh100": _H100_NODE,
     "cpu": _CPU_NODE,
 }
 
 
 def load_hardware(name_or_path: str) -> Hardware:
-    """A profile by name (`8xh200`, `h200`, `cpu`, or `NxPROFILE`) or a JSON file written by `save_hardware`."""
+    """A profile by name (`8xh200`, `h200`, `h100`, `cpu`, or `NxPROFILE`, e.g. `2xh100`) or a JSON file written by `save_hardware`."""
     key = name_or_path.lower()
     if key in PROFILES:
         return PROFILES[key]

@@ -100,6 +100,18 @@ class SimNode:
     def load(self) -> int:
         return len(self._live)
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued and not yet running (vLLM's `num_requests_waiting`, what llm-d's queue scorer reads)."""
+        return len(self._pending) + self.scheduler.num_waiting
+
+    @property
+    def kv_usage(self) -> float:
+        """The share of device pages held by requests (vLLM's `kv_cache_usage_perc`: cached pages no request
+        holds count as free, as vLLM's free queue counts them)."""
+        index = self.scheduler.index
+        return (index.pool.num_used - index.evictable_pages) / max(index.pool.capacity, 1)
+
     def _namespace(self, request: Request):
         return namespace_for(request.tenant, shareable=request.shareable,
                              strict=self.scheduler.config.strict_isolation)

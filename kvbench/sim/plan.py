@@ -117,6 +117,8 @@ class NodeSearch:
     answer: int | None  # the fewest nodes that met every target; None: not even max_nodes did
     points: tuple[PlanPoint, ...]  # every count tried, by node count
     non_monotone: tuple[str, ...]  # findings against "more nodes never hurt"
+    unreachable: str | None = None  # a target below its floor at unbounded nodes (`plan_floor`): not searched
+    floors: Mapping[str, float] = dataclasses.field(default_factory=dict)  # SloTarget.name -> floor in ms
 
 
 def search_nodes(evaluate: Callable[[int], PlanPoint], max_nodes: int,

@@ -27,6 +27,7 @@ def plan_doc(lines: Sequence[PlanLine], targets: Sequence[SloTarget], settings: 
         "plan": settings,
         "slo": {t.name: t.limit_ms for t in targets},
         "results": [{"preset": l.preset, "kv_dtype": l.kv_dtype, "route": l.route, "nodes_needed": l.search.answer,
+                     "unreachable": l.search.unreachable, "floors_ms": dict(l.search.floors),
                      "points": [p.to_dict() for p in l.search.points],
                      "non_monotone": list(l.search.non_monotone)} for l in lines],
     }
@@ -45,6 +46,8 @@ def write_plan(run_dir: Path, lines: Sequence[PlanLine], targets: Sequence[SloTa
 
 
 def answer_text(search: NodeSearch, max_nodes: int) -> str:
+    if search.unreachable is not None:
+        return search.unreachable
     return f"> {max_nodes} (not met)" if search.answer is None else str(search.answer)
 
 

@@ -39,7 +39,8 @@ ROUTE_LEAST_LOADED = "least-loaded"  # the node with the fewest requests in flig
 ROUTE_ROUND_ROBIN = "round-robin"  # request k goes to node k mod N
 ROUTE_PREFIX = "prefix"  # SGLang's cache-aware router: the node caching the longest prefix when it covers
 #                          over half the prompt, else the emptiest cache; shortest queue when loads are imbalanced
-ROUTES = (ROUTE_SESSION, ROUTE_LEAST_LOADED, ROUTE_ROUND_ROBIN, ROUTE_PREFIX)
+ROUTE_PRECISE_PREFIX = "precise-prefix"  # llm-d's endpoint picker: weighted prefix, KV-usage and queue scorers
+ROUTES = (ROUTE_SESSION, ROUTE_LEAST_LOADED, ROUTE_ROUND_ROBIN, ROUTE_PREFIX, ROUTE_PRECISE_PREFIX)
 TIERS_WRITE_THROUGH = "write-through"  # LMCache: copies in every lower tier, written when a request finishes
 TIERS_TTL = "ttl"  # our engine: one copy, placed by the core's TierPolicy (idle time, capacity)
 
@@ -57,17 +58,25 @@ class Preset:
     page_size: int = DEFAULT_PAGE_SIZE
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
+    # Prefill tokens a step computes beside running decodes (None: up to max_step_tokens); our engine's
+    # max_prefill_beside_decodes, the core scheduler's rule (SchedulerConfig)
+    max_prefill_beside_decodes: int | None = None
     padded_attention: bool = False  # the engine pads a step's sequences to the longest (see CostModel)
     tier_policy: str = TIERS_WRITE_THROUGH
     device_ttl_s: float = DEFAULT_TTL.device_s  # TIERS_TTL: idle seconds before a page leaves device, then host
     host_ttl_s: float = DEFAULT_TTL.host_s
     tier_interval_s: float = DEFAULT_TIER_INTERVAL_S  # TIERS_TTL: how often placement by age runs
+    # Seconds a routed request spends in the router before it reaches its node (an endpoint picker's
+    # tokenization and scoring); 0 for a plain load balancer. Counted in TTFT, as a client sees it.
+    router_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):
             raise ValueError(f"preset {self.name}: admission {self.admission!r}; use fcfs or lpm")
         if self.route not in ROUTES:
             raise ValueError(f"preset {self.name}: route {self.route!r}; use one of {', '.join(ROUTES)}")
+        if self.router_latency_s < 0:
+            raise ValueError(f"preset {self.name}: router_latency_s must be >= 0")
         if self.num_nodes < 1:
             raise ValueError(f"preset {self.name}: num_nodes must be >= 1")
         if self.tier_policy not in (TIERS_WRITE_THROUGH, TIERS_TTL):

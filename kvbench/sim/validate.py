@@ -59,6 +59,7 @@ def sim_config_for_engine(settings: EngineConfig, geometry: ModelGeometry, hardw
                          "does not model for our engine; validate a run without it")
     preset = dataclasses.replace(get_preset("kvengine-tiers"), name="kvengine", page_size=settings.page_size,
                                  max_num_seqs=settings.max_num_seqs, max_step_tokens=settings.max_step_tokens,
+                                 max_prefill_beside_decodes=settings.max_prefill_beside_decodes,
                                  padded_attention=False, device_ttl_s=settings.device_ttl_s,
                                  host_ttl_s=settings.host_ttl_s, tier_interval_s=settings.tier_interval_s)
     kv_tokens = settings.kv_capacity

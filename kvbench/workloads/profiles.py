@@ -7,10 +7,15 @@
     rag-chat-mt       rag-chat with four tenants: their own system prompts and corpora, skewed shares
                       (50/25/15/10 %), one premium tenant and three basic ones
     rag-chat-mt-mini  rag-chat-mini with the same tenant mix
+    shared-prefix     inference-perf's shared_prefix data as llm-d's precise-prefix guide runs it: 150 groups x 5
+                      prompts, 6,000-token system prompts, 1,200-token questions, 1,000 output tokens
+                      (`workloads/shared_prefix.py`); one request per session, arrivals from the load
 
 A path is read by its kind: `.jsonl` is Mooncake or kvbench JSONL (sniffed from the first record), `.csv` is
 an Azure trace, `.yaml`/`.yml` holds rag-chat parameters: any `RagChatParams` field, plus an optional
-`profile:` to start from (default `rag-chat`) and an optional `name:`.
+`profile:` to start from (default `rag-chat`) and an optional `name:`; with `generator: shared_prefix` it holds
+`SharedPrefixParams` fields instead (inference-perf's names: num_groups, num_prompts_per_group,
+system_prompt_len, question_len, output_len; plus num_requests).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from types import MappingProxyType
 
 from kvbench.settings import read_yaml
 from kvbench.workloads.ragchat import RagChatParams, generate_rag_chat
+from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 from kvbench.workloads.spec import Session, TenantSpec, Turn, Workload, WorkloadError
 from kvbench.workloads.traces import TRACE_READERS, sniff_trace_format
 
@@ -46,6 +52,8 @@ PROFILES: Mapping[str, RagChatParams] = MappingProxyType({
     "rag-chat-mt-mini": dataclasses.replace(_MINI, tenants=_MULTI_TENANT, num_sessions=20),
 })
 
+SHARED_PREFIX = "shared-prefix"
+GENERATOR_SHARED_PREFIX = "shared_prefix"  # the `generator:` key of a parameter file (inference-perf's type name)
 _PARAM_SUFFIXES = (".yaml", ".yml")
 _TRACE_SUFFIXES = (".jsonl", ".csv")
 
@@ -55,13 +63,22 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
                   time_scale: float = 1.0) -> Workload:
     """A workload from a profile name, a trace file or a YAML file of rag-chat parameters.
 
-    `num_sessions` sets the session count of a generator or keeps the first rows/sessions of a trace;
+    `num_sessions` sets the session count of a generator (shared-prefix: its request count) or keeps the first
+    rows/sessions of a trace;
     `overrides` replaces rag-chat parameters (traces take none); `vocab_size` bounds token ids (default 32000,
     fits any model with >= 32K ids; pass the model's size for smaller vocabularies); `time_scale` multiplies
     arrival gaps and think times. Raises WorkloadError naming the valid choices or keys.
     """
     overrides = dict(overrides or {})
     suffix = Path(name_or_path).suffix.lower()
+    if name_or_path == SHARED_PREFIX:
+        return _shared_prefix(SharedPrefixParams(), overrides, name_or_path, seed, num_sessions, vocab_size)
+    if suffix in _PARAM_SUFFIXES:
+        _require_file(name_or_path)
+        document = read_yaml(Path(name_or_path), "workload parameters")
+        if isinstance(document, dict) and document.get("generator") == GENERATOR_SHARED_PREFIX:
+            return workload_from_mapping(document, Path(name_or_path).stem, seed=seed, num_sessions=num_sessions,
+                                         vocab_size=vocab_size, where=name_or_path)
     if name_or_path in PROFILES:
         params, name = PROFILES[name_or_path], name_or_path
     elif suffix in _PARAM_SUFFIXES:
@@ -83,6 +100,33 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
         overrides["vocab_size"] = vocab_size
     workload = generate_rag_chat(params.replace(overrides), seed=seed, name=name)
     return _scaled(workload, time_scale)
+
+
+def workload_from_mapping(document: Mapping[str, object], name: str, *, seed: int = 0,
+                          num_sessions: int | None = None, vocab_size: int | None = None,
+                          where: str = "workload") -> Workload:
+    """A generator's workload from a parameter mapping (a parameter file's document, or a case file's
+    `workload:`): `generator: shared_prefix` and SharedPrefixParams fields. WorkloadError naming the key."""
+    document = dict(document)
+    if document.pop("generator", None) != GENERATOR_SHARED_PREFIX:
+        raise WorkloadError(f"{where}: field 'generator' must be {GENERATOR_SHARED_PREFIX!r} (rag-chat parameters "
+                            "are read from a parameter file)")
+    name = str(document.pop("name", name))
+    try:
+        params = SharedPrefixParams().replace(document)
+    except (WorkloadError, TypeError) as error:
+        raise WorkloadError(f"{where}: {error}") from None
+    return _shared_prefix(params, {}, name, seed, num_sessions, vocab_size)
+
+
+def _shared_prefix(params: SharedPrefixParams, overrides: Mapping[str, object], name: str, seed: int,
+                   num_requests: int | None, vocab_size: int | None) -> Workload:
+    changes = dict(overrides)
+    if num_requests is not None:
+        changes["num_requests"] = num_requests
+    if vocab_size is not None:
+        changes["vocab_size"] = vocab_size
+    return generate_shared_prefix(params.replace(changes), seed=seed, name=name)
 
 
 def _params_from_yaml(path: Path) -> tuple[RagChatParams, str]:

@@ -23,6 +23,10 @@ from kvbench.workloads.profiles import load_workload
 
 from ..harness.instrument_fixture import free_port, instrument_process
 
+# A run whose exit code a test reads but whose subject is not the client's own lag: a loaded test machine can
+# push the event loop's p99 past the 10 ms default, which makes a point invalid (exit 1).
+NOT_ABOUT_LAG = ("--max-lag-ms", "1000")
+
 
 def _wait_for_records(out, driver, count, timeout_s=120):
     """Until `out/requests.jsonl` holds `count` records (bounded; the driver must still be running)."""
@@ -37,7 +41,7 @@ def _wait_for_records(out, driver, count, timeout_s=120):
 def test_run_on_our_engine_writes_every_result_file(tmp_path):
     out = tmp_path / "run"
     code = main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=4096", "--num-sessions", "4",
-                 "--concurrency", "2", "--out", str(out)])
+                 "--concurrency", "2", *NOT_ABOUT_LAG, "--out", str(out)])
     assert code == 0
     for name in ("config.yaml", "env.json", "requests.jsonl", "summary.json", "summary.csv", "summary.md",
                  "ttft_cdf.png", "throughput_vs_ttft_p99.png", "engines/kvengine/engine.log"):
@@ -150,7 +154,7 @@ def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
 def test_metrics_that_are_not_prometheus_text_do_not_stop_the_run(tmp_path, body):
     with instrument_process("--metrics-body", body) as (url, _):
         out = tmp_path / "run"
-        code = main(["run", "--url", url, "--num-sessions", "2", "--out", str(out)])
+        code = main(["run", "--url", url, "--num-sessions", "2", *NOT_ABOUT_LAG, "--out", str(out)])
     assert code == 0
     (entry,) = _entries(out)
     assert entry["summary"]["overall"]["completed"] == entry["summary"]["overall"]["requests"] > 0
@@ -171,7 +175,7 @@ def test_an_out_folder_holding_a_run_is_refused(tmp_path, capsys):
 def test_overwrite_replaces_the_run(tmp_path):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
-        flags = ["run", "--url", url, "--num-sessions", "2", "--concurrency", "1", "--out", str(out)]
+        flags = ["run", "--url", url, "--num-sessions", "2", "--concurrency", "1", *NOT_ABOUT_LAG, "--out", str(out)]
         assert main(flags) == 0
         first = [r.identity for r in read_records(out / "requests.jsonl")]
         assert main([*flags, "--overwrite"]) == 0
@@ -183,7 +187,7 @@ def test_overwrite_replaces_the_run(tmp_path):
 def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     with instrument_process() as (url, _):
-        flags = ["run", "--url", url, "--num-sessions", "3", "--concurrency", "1", "--num-requests", "100"]
+        flags = ["run", "--url", url, "--num-sessions", "3", "--concurrency", "1", "--num-requests", "100", *NOT_ABOUT_LAG]
         assert main([*flags, "--out", str(whole)]) == 0
         # What a SIGKILL after four answers leaves: the config and the first four records, no summary.
         cut.mkdir()
@@ -204,7 +208,7 @@ def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
 def test_report_rebuilds_a_missing_summary_from_the_records(tmp_path, capsys):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
-        assert main(["run", "--url", url, "--num-sessions", "3", "--out", str(out)]) == 0
+        assert main(["run", "--url", url, "--num-sessions", "3", *NOT_ABOUT_LAG, "--out", str(out)]) == 0
     (written,) = _entries(out)
     for name in ("summary.json", "summary.csv", "summary.md"):
         (out / name).unlink()
@@ -298,7 +302,7 @@ def test_the_oracle_follows_our_engines_isolation_on_a_multi_tenant_workload(tmp
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "run"
     code = main(["run", "--set", "model=tiny-random", "--workload", str(trace), "--concurrency", "1",
-                 "--out", str(out)])
+                 *NOT_ABOUT_LAG, "--out", str(out)])
     assert code == 0
     reusable = {(r.session_id, r.turn): r.reusable_tokens for r in read_records(out / "requests.jsonl")}
     assert reusable[("b", 0)] == 0
@@ -309,7 +313,7 @@ def test_run_with_two_workers_writes_one_run_folder_with_every_request_and_both_
     with instrument_process("--first-token-ms", "10", "--chunk-interval-ms", "2") as (url, _):
         out = tmp_path / "run"
         code = main(["run", "--url", url, "--num-sessions", "4", "--concurrency", "4", "--workers", "2",
-                     "--out", str(out)])
+                     *NOT_ABOUT_LAG, "--out", str(out)])
     assert code == 0
     (entry,) = _entries(out)
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]

@@ -6,6 +6,7 @@ from kvbench.cli.commands import (
     compare_cmd,
     eval_cmd,
     plan_cmd,
+    published_cmd,
     report_cmd,
     run_cmd,
     serve_cmd,
@@ -15,4 +16,4 @@ from kvbench.cli.commands import (
 )
 
 ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, plan_cmd, calibrate_cmd,
-       bench_cmd)
+       published_cmd, bench_cmd)

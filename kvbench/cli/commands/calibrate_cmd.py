@@ -41,6 +41,13 @@ def register(commands, formatter) -> None:
     cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
     cal.add_argument("--out", type=Path, default=None,
                      help="profile JSON to write (default results/sim/<hardware>-calibrated.json)")
+    cal.add_argument("--published", type=Path, metavar="CASE.yaml",
+                     help="fit to a published GPU experiment instead (results/sim/published/*.yaml): efficiencies, "
+                     "step overhead and router latency on one router's stages up to --max-rate, the rest checked")
+    cal.add_argument("--fit-router", default="precise-prefix", help="with --published: the router fitted on")
+    cal.add_argument("--max-rate", type=number_above(0), default=20.0, help="with --published: fit stages <= this")
+    cal.add_argument("--max-evaluations", type=int, default=30, help="with --published: simulations at most")
+    cal.add_argument("--no-check", action="store_true", help="with --published: skip the check of the rest")
     cal.set_defaults(handler=handle_calibrate)
 
     val = commands.add_parser(
@@ -61,6 +68,10 @@ def register(commands, formatter) -> None:
 
 
 def handle_calibrate(args: argparse.Namespace) -> int:
+    if args.published is not None:
+        from kvbench.cli.commands.calibrate_published_cmd import handle_published
+
+        return handle_published(args)
     # Two torch threads spin against each other on this class of CPU unless OpenMP waits passively.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch

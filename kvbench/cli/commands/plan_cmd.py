@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
+from kvbench.cli.console_table import Column, print_table
 from kvbench.cli.flag_types import at_least
 from kvbench.settings import SettingsError
 
@@ -71,7 +72,8 @@ def handle_plan(args: argparse.Namespace) -> int:
     from kvbench.sim.engine import SimConfig
     from kvbench.sim.geometry import load_geometry
     from kvbench.sim.hardware import load_hardware
-    from kvbench.sim.plan import plan_point, search_nodes
+    from kvbench.sim.plan import NodeSearch, plan_point, search_nodes
+    from kvbench.sim.plan_floor import slo_floors, unreachable
     from kvbench.sim.plan_report import PlanLine, answer_text, write_plan
     from kvbench.sim.presets import PRESETS
     from kvbench.workloads.profiles import load_workload
@@ -113,25 +115,36 @@ def handle_plan(args: argparse.Namespace) -> int:
             console.print(f"{label} on {point.nodes} node(s): {values}: {verdict} "
                           f"({point.virtual_s:,.0f} s served, simulated in {point.wall_s:.1f} s)")
 
+        floors = slo_floors(workload, config, targets)  # at unbounded nodes: known before any simulation
+        console.print(f"{label} floor at unbounded nodes: "
+                      + ", ".join(f"{name} {value:,.0f} ms" for name, value in floors.items()))
+        reason = unreachable(targets, floors)
+        if reason is not None:
+            console.print(f"{label}: {reason}")
+            lines.append(PlanLine(config.preset.name, config.kv_dtype, config.preset.route,
+                                  NodeSearch(None, (), (), reason, floors)))
+            continue
         try:
             search = search_nodes(lambda n, config=config: plan_point(workload, load, config, n, targets, args.seed),
                                   args.max_nodes, targets, on_point=written)
         except ValueError as error:
             raise SettingsError(f"{label}: {error}") from None
+        search = dataclasses.replace(search, floors=floors)
         lines.append(PlanLine(config.preset.name, config.kv_dtype, config.preset.route, search))
         write_plan(run_dir, lines, targets, settings, plots=False)  # results as the search goes
     settings["wall_s"] = round(time.perf_counter() - started, 1)
     files = write_plan(run_dir, lines, targets, settings, plots=not args.no_plots)
-    table = Table(title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
-                  f" ({workload.name}, {geometry.name})")
-    for column in ("preset", "KV", "routing", "nodes needed", "node counts tried", "node-h at answer", "non-monotone"):
-        table.add_column(column, justify="right")
+    columns = [Column("preset", False), Column("KV", False), Column("routing", False), Column("nodes needed", True),
+               Column("node counts tried", False), Column("node-h at answer", True), Column("non-monotone", True)]
+    rows = []
     for l in lines:
         at = next((p for p in l.search.points if p.nodes == l.search.answer), None)
-        table.add_row(l.preset, l.kv_dtype, l.route, answer_text(l.search, args.max_nodes),
-                      ", ".join(str(p.nodes) for p in l.search.points),
-                      "-" if at is None else f"{at.node_hours:,.2f}", str(len(l.search.non_monotone)))
-    console.print(table)
+        rows.append([escape(l.preset), escape(l.kv_dtype), escape(l.route), answer_text(l.search, args.max_nodes),
+                     ", ".join(str(p.nodes) for p in l.search.points),
+                     "-" if at is None else f"{at.node_hours:,.2f}", str(len(l.search.non_monotone))])
+    print_table(console, columns, rows, keys=2,
+                title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
+                f" ({workload.name}, {geometry.name})")
     for l in lines:
         for finding in l.search.non_monotone:
             console.print(f"[yellow]non-monotone {l.preset}/{l.kv_dtype}: {finding}[/yellow]")

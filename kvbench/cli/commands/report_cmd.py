@@ -28,12 +28,18 @@ def register(commands, formatter) -> None:
         formatter_class=formatter,
     )
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
-    parser.add_argument("--format", choices=("md", "csv"), default="md")
+    parser.add_argument("--format", choices=("table", "md", "csv", "html"), default="table",
+                        help="table: kvbench's console table (numbers never cut); md: Markdown; csv; html: one "
+                        "self-contained file (tables, plots, config, env, flags), see --out")
+    parser.add_argument("--out", type=Path, help="--format html: the file to write (default RUN_DIR/report.html for "
+                        "one folder, ./kvbench-report.html for several)")
     parser.add_argument("--all-tenants", action="store_true", help="include per-tenant rows (default: totals only)")
     parser.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    if args.format == "html":
+        return _html(args)
     frames = []
     for run_dir in args.run_dirs:
         frame = summary_frame(_entries(run_dir))
@@ -44,8 +50,21 @@ def handle(args: argparse.Namespace) -> int:
         table = table[table["tenant"] == "all"]
     if args.format == "csv":
         table.to_csv(sys.stdout, index=False)
-    else:
+    elif args.format == "md":
         print(markdown_table(table, ["run_dir", *MD_COLUMNS]))
+    else:
+        from kvbench.cli.tables import SUMMARY_COLUMNS, print_frame, wide_console
+
+        print_frame(wide_console(), table, {"run_dir": "run", **SUMMARY_COLUMNS}, keys=2)
+    return 0
+
+
+def _html(args: argparse.Namespace) -> int:
+    from kvbench.measure.html_report import report_html
+
+    out = args.out or (args.run_dirs[0] / "report.html" if len(args.run_dirs) == 1 else Path("kvbench-report.html"))
+    out.write_text(report_html(args.run_dirs, [_entries(run_dir) for run_dir in args.run_dirs]))
+    print(f"report: {out}")
     return 0
 
 

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvbench.cli.flag_types import at_least, number_above
+from kvbench.cli import vllm_flags
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import Progress as RunProgress
@@ -64,12 +65,17 @@ def register(commands, formatter) -> None:
     parser.add_argument("--workload", default=None, help=f"profile name or trace/param file (default {DEFAULT_WORKLOAD})")
     parser.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=number_above(0), help="open loop: new sessions per second (Poisson)")
+    load.add_argument("--rate", type=number_above(0),
+                      help="open loop: new SESSIONS per second (Poisson), each playing all its turns; for requests "
+                      "per second as vLLM counts them, use --request-rate")
     load.add_argument("--concurrency", type=at_least(1), help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
     load.add_argument("--trace-times", action="store_true", help="replay the workload's own arrival times")
-    parser.add_argument("--burstiness", type=number_above(0), default=1.0, help="gamma shape for --rate (1.0 = Poisson)")
+    vllm_flags.add_load_flags(load, parser)
+    parser.add_argument("--burstiness", type=number_above(0), default=1.0,
+                        help="gamma shape for --rate or --request-rate (1.0 = Poisson; smaller is burstier), as vLLM's")
     stop = parser.add_mutually_exclusive_group()
-    stop.add_argument("--num-requests", type=at_least(1), help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS})")
+    stop.add_argument("--num-requests", "--num-prompts", type=at_least(1),
+                      help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS}; --num-prompts as vLLM)")
     stop.add_argument("--duration", type=number_above(0), help="stop sending after this many seconds")
     parser.add_argument("--warmup", type=at_least(0), default=None, help="requests excluded from metrics at the start")
     parser.add_argument("--repeat", type=at_least(1), default=None, help="repetitions of every load point")
@@ -82,9 +88,12 @@ def register(commands, formatter) -> None:
                         "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
     parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
     parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
+    parser.add_argument("--max-lag-ms", type=number_above(0), default=None,
+                        help="client lag past which a point is invalid (client.max_lag_ms, default 10; exit 1)")
     parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
     parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
+    vllm_flags.add_report_flags(parser)
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>); one that holds a run is "
                         "refused unless --resume or --overwrite is given")
     reuse = parser.add_mutually_exclusive_group()
@@ -149,9 +158,12 @@ def config_from_args(args: argparse.Namespace):
         client["api"] = args.api
     if args.tokenizer:
         client["tokenizer"] = args.tokenizer
+    if args.max_lag_ms is not None:
+        client["max_lag_ms"] = args.max_lag_ms
     if args.workers is not None:
         client["workers"] = args.workers
     slo = data.setdefault("slo", {})
+    slo.update(vllm_flags.goodput_slo(args))
     if args.slo_ttft_ms is not None:
         slo["ttft_ms"] = args.slo_ttft_ms
     if args.slo_tpot_ms is not None:
@@ -177,6 +189,9 @@ def _main_job_label(engine: str, kv_dtype: str) -> str:
 
 
 def _load_point(args: argparse.Namespace) -> dict:
+    vllm = vllm_flags.load_point(args)
+    if vllm is not None:
+        return vllm
     if args.rate is not None:
         return {"rate": args.rate, "burstiness": args.burstiness}
     if args.trace_times:
@@ -209,14 +224,27 @@ def handle(args: argparse.Namespace) -> int:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 1
     if (run_dir / SUMMARY_MD).exists():
-        frame = print_summary(run_dir)
+        frame = print_summary(run_dir, _percentiles(args))
         labels = [_main_job_label(DEFAULT_ENGINE, dtype) for dtype in MAIN_JOB_KV_DTYPES]
         if [engine.label for engine in config.engines] == labels:
             print_tradeoff(frame, *labels, f"the same {MAIN_JOB_KV_BYTES / 2**20:.0f} MiB of device KV")
     for failure in outcome.failures:
         console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
+    # 1 for any invalid point, whatever made it so (client lag too): a CI job reads only the exit code.
+    invalid = [entry for entry in outcome.entries if not entry.valid]
+    for entry in invalid:
+        if not any(failure.startswith(f"{entry.run_id}: ") for failure in outcome.failures):
+            reasons = "; ".join(entry.invalid_reasons)
+            console.print(f"[bold red]invalid:[/bold red] {escape(entry.run_id)}: {escape(reasons)}", highlight=False)
     console.print(results_line(run_dir))
-    return 1 if outcome.failures or not outcome.entries else 0
+    return 1 if outcome.failures or invalid or not outcome.entries else 0
+
+
+def _percentiles(args: argparse.Namespace) -> dict[str, str] | None:
+    """The percentile columns `--percentile-metrics`/`--metric-percentiles` select; None: the table's own."""
+    if args.percentile_metrics is None and args.metric_percentiles is None:
+        return None
+    return vllm_flags.percentile_columns(args)
 
 
 def _bar_progress(bar: Progress) -> RunProgress:
@@ -266,6 +294,9 @@ def _simulate(args: argparse.Namespace) -> int:
     """`kvbench run --engine sim ...` is `kvbench simulate` with the run flags."""
     from kvbench.cli.commands.sim_cmd import handle_simulate
 
+    if args.request_rate is not None or args.max_concurrency is not None:
+        raise SettingsError("--engine sim: the simulator plays --rate or --concurrency; --request-rate and "
+                            "--max-concurrency are for real engines")
     if args.config is not None or args.url or args.duration is not None:
         raise SettingsError("--engine sim: give flags (not CONFIG.yaml, --url or --duration); see kvbench simulate --help")
     return handle_simulate(argparse.Namespace(

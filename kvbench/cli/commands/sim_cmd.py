@@ -53,8 +53,73 @@ def register(commands, formatter) -> None:
     sim.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
     sim.add_argument("--device-kv-tokens", type=at_least(1), help="override the device KV budget (tokens per node)")
     sim.add_argument("--tenants-file", help="tenant quotas and reservations (the format `kvbench serve` reads)")
+    add_fleet_flags(sim)
     add_simulated_load_flags(sim, "sim")
+    sim.add_argument("--stages", type=_stages, metavar="R:S,...",
+                     help="Poisson load stages RATE:SECONDS, run one after the other, each drained before the next "
+                     "(e.g. 3:20,10:20); results per stage")
+    sim.add_argument("--warmup-stage", type=_stage, metavar="R:S", help="a stage before --stages, left out of results")
     sim.set_defaults(handler=handle_simulate)
+
+
+def _stages(text: str):
+    from kvbench.measure.stages import parse_stages
+
+    try:
+        return parse_stages(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _stage(text: str):
+    from kvbench.measure.stages import parse_stage
+
+    try:
+        return parse_stage(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def add_fleet_flags(parser: argparse.ArgumentParser) -> None:
+    """What a fleet needs beside the preset: node count, routing, the engine's limits, devices and memory."""
+    from kvbench.sim.config import MEMORY_MODELS
+    from kvbench.sim.presets import ROUTES
+
+    parser.add_argument("--nodes", type=at_least(1), help="replicas in the fleet (default: the preset's)")
+    parser.add_argument("--route", choices=ROUTES, help="routing over the nodes (default: the preset's)")
+    parser.add_argument("--page-size", type=at_least(1), help="KV page (block) size in tokens, vLLM's --block-size")
+    parser.add_argument("--max-num-seqs", type=at_least(1), help="sequences per step at most (vLLM's flag)")
+    parser.add_argument("--max-num-batched-tokens", type=at_least(1), help="tokens per step at most (vLLM's flag)")
+    parser.add_argument("--tp", "--devices-per-node", dest="tp", type=at_least(1),
+                        help="devices per node, one tensor-parallel replica (default: the hardware profile's)")
+    parser.add_argument("--gpu-memory-utilization", type=number_above(0),
+                        help="share of device memory the engine takes (vLLM's flag; default the profile's 0.9)")
+    parser.add_argument("--memory-model", choices=MEMORY_MODELS, default="reserve",
+                        help="device KV budget: reserve (memory share less a fixed activation reserve) or vllm "
+                        "(vLLM's profiled arithmetic at the batch limits)")
+    parser.add_argument("--router-latency-ms", type=number_above(-1e-9), help="time in the router per request")
+
+
+def fleet_preset(preset, args: argparse.Namespace):
+    """`preset` with the fleet flags given on the command line."""
+    import dataclasses
+
+    changes = {"num_nodes": args.nodes, "route": args.route, "page_size": args.page_size,
+               "max_num_seqs": args.max_num_seqs, "max_step_tokens": args.max_num_batched_tokens,
+               "router_latency_s": None if args.router_latency_ms is None else args.router_latency_ms / 1e3}
+    return dataclasses.replace(preset, **{k: v for k, v in changes.items() if v is not None})
+
+
+def fleet_hardware(hardware, args: argparse.Namespace):
+    import dataclasses
+
+    if args.tp is not None:
+        hardware = hardware.with_devices(args.tp)
+    if args.gpu_memory_utilization is not None:
+        if args.gpu_memory_utilization > 1:
+            raise SettingsError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: give a fraction in (0, 1]")
+        hardware = dataclasses.replace(hardware, memory_fraction=args.gpu_memory_utilization)
+    return hardware
 
 
 def add_simulated_load_flags(parser: argparse.ArgumentParser, out_prefix: str) -> None:
@@ -115,6 +180,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
     from kvbench.cli.tables import print_summary, results_line
     from kvbench.measure.schedule import LoadSpec
+    from kvbench.measure.stages import StagePlan
     from kvbench.sim.engine import SimConfig, simulate
     from kvbench.sim.geometry import load_geometry
     from kvbench.sim.hardware import load_hardware
@@ -124,22 +190,33 @@ def handle_simulate(args: argparse.Namespace) -> int:
 
     try:
         geometry = load_geometry(args.model)
-        hardware = load_hardware(args.hardware)
-        presets = [get_preset(name) for name in (args.preset or list(PRESETS))]
+        hardware = fleet_hardware(load_hardware(args.hardware), args)
+        presets = [fleet_preset(get_preset(name), args) for name in (args.preset or list(PRESETS))]
         load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests)
         tenants = load_tenants(args.tenants_file) if args.tenants_file else TenantsConfig()
+        plan = None
+        if args.stages or args.warmup_stage:
+            if not args.stages:
+                raise SettingsError("--warmup-stage needs --stages (the measured stages after it)")
+            if args.rate is not None or args.concurrency is not None:
+                raise SettingsError("--stages sets the load: leave out --rate and --concurrency")
+            plan = StagePlan(args.stages, args.warmup_stage)
     except ValueError as error:
         raise SettingsError(str(error)) from None
-    workload = load_workload(args.workload, seed=args.seed, num_sessions=args.num_sessions,
+    num_sessions = args.num_sessions if plan is None or args.num_sessions else plan.total_requests
+    workload = load_workload(args.workload, seed=args.seed, num_sessions=num_sessions,
                              time_scale=args.time_scale, vocab_size=min(geometry.vocab_size, 32000))
     run_dir = args.out or Path("runs") / f"sim-{Path(workload.name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"[yellow]{hardware.assumptions()}[/yellow]")
     results = []
     for preset in presets:
         for kv_dtype in args.kv_dtype or ["fp8"]:
-            config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
-                               tenants=tenants)
             try:
+                config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
+                                   tenants=tenants, memory_model=args.memory_model)
+                if plan is not None:
+                    results += simulate_stage_entries(workload, plan, config, args.seed)
+                    continue
                 result = simulate(workload, load, config, run_id=sim_point(config, workload, load).run_id,
                                   seed=args.seed)
             except ValueError as error:
@@ -151,8 +228,42 @@ def handle_simulate(args: argparse.Namespace) -> int:
                         "num_sessions": args.num_sessions, "presets": [p.name for p in presets],
                         "kv_dtypes": args.kv_dtype or ["fp8"], "load": load.label, "seed": args.seed,
                         "time_scale": args.time_scale, "device_kv_tokens": args.device_kv_tokens,
-                        "tenants_file": args.tenants_file, "assumptions": hardware.assumptions()}}
+                        "tenants_file": args.tenants_file, "assumptions": hardware.assumptions(),
+                        "nodes": presets[0].num_nodes, "route": presets[0].route, "page_size": presets[0].page_size,
+                        "max_num_seqs": presets[0].max_num_seqs, "max_num_batched_tokens": presets[0].max_step_tokens,
+                        "devices_per_node": hardware.num_devices, "memory_model": args.memory_model,
+                        "stages": None if plan is None else [s.label for s in plan.stages],
+                        "warmup_stage": None if plan is None or plan.warmup is None else plan.warmup.label}}
     write_sim_run(run_dir, results, doc, plots=not args.no_plots)
     print_summary(run_dir)
     console.print(results_line(run_dir))
     return 0
+
+
+def simulate_stage_entries(workload, plan, config, seed: int) -> list:
+    """One run folder entry per measured stage (its records only), the stage's rate as its load point."""
+    import dataclasses
+
+    from kvbench.measure.schedule import LoadSpec
+    from kvbench.sim.run_folder import sim_entry, sim_point
+    from kvbench.sim.staged import simulate_stages
+
+    staged = simulate_stages(workload, plan, config, run_id=f"sim:{config.preset.name}/{config.kv_dtype}/stages",
+                             seed=seed)
+    console.print(f"{config.preset.name} {config.kv_dtype}: {len(staged.result.records):,} requests over "
+                  f"{len(plan.all_stages)} stages, {staged.result.virtual_s:,.0f} s virtual in "
+                  f"{staged.result.wall_s:.1f} s")
+    entries, seen = [], {}
+    for stage, records, summary in zip(plan.stages, staged.stage_records, staged.stage_summaries()):
+        load = LoadSpec(rate=stage.rate, duration_s=stage.duration_s)
+        repeat = seen[load.label] = seen.get(load.label, -1) + 1
+        run_id = sim_point(config, workload, load, repeat).run_id  # each stage a load point of its own
+        result = dataclasses.replace(staged.result, records=tuple(dataclasses.replace(r, run_id=run_id)
+                                                                  for r in records))
+        entry = sim_entry(result, workload, load, config, repeat=repeat)
+        ttft = summary.ttft_ms
+        console.print(f"  stage {stage.label}: {summary.completed} done, out {summary.output_tok_s or 0:,.0f} tok/s, "
+                      f"TTFT mean {ttft.mean if ttft else float('nan'):,.0f} ms, p90 "
+                      f"{ttft.p90 if ttft else float('nan'):,.0f} ms")
+        entries.append((result, entry))
+    return entries

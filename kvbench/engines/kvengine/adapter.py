@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
-from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, TIER_SECRET_ENV, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
 from kvbench.engines.launch import LOG_FILE, free_port
@@ -65,6 +65,8 @@ class KVEngineAdapter:
         # is logged and visible in ps). The run's API key may be a tenant's, which may not reset everyone.
         self._admin_key = secrets.token_urlsafe(24)
         env = {"OMP_WAIT_POLICY": "PASSIVE", ADMIN_KEY_ENV: self._admin_key}
+        if self.settings.engine.tier_secret:
+            env[TIER_SECRET_ENV] = self.settings.engine.tier_secret
         self._process = ManagedProcess(self.command(), env, workdir / LOG_FILE)
 
     def serve_options(self) -> ServeOptions:
@@ -76,7 +78,8 @@ class KVEngineAdapter:
 
     def command(self) -> list[str]:
         """`kvbench serve` with one flag per engine setting that differs from its default."""
-        return [sys.executable, "-m", SERVER_MODULE, *to_argv(self.settings.engine), *to_argv(self.serve_options()),
+        engine = dataclasses.replace(self.settings.engine, tier_secret=None)  # through the environment instead
+        return [sys.executable, "-m", SERVER_MODULE, *to_argv(engine), *to_argv(self.serve_options()),
                 *self.settings.extra_args]
 
     @property
@@ -99,7 +102,10 @@ class KVEngineAdapter:
 
     def describe(self) -> Mapping[str, object]:
         e = self.settings.engine
-        return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity": e.kv_capacity,
+        # The capacity settings as given (`kv_capacity_bytes` wins); what the engine allocated is the entry's
+        # `kv_capacity`, read from its /metrics.
+        return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity_setting": e.kv_capacity,
+                "kv_capacity_bytes_setting": e.kv_capacity_bytes,
                 "prefix_caching": e.prefix_caching, "host_capacity": e.host_capacity, "disk_capacity": e.disk_capacity,
                 "remote": bool(e.remote_url), "isolation": e.isolation.value, "device_ttl_s": e.device_ttl_s,
                 "host_ttl_s": e.host_ttl_s, "tensor_parallel_size": e.tensor_parallel_size}

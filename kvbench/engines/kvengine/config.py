@@ -36,8 +36,13 @@ from kvbench.settings import Bounds, check_bounds
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtime/engine.py maps them)
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
+TIER_SECRET_ENV = "KVENGINE_TIER_SECRET"  # the lower tiers' record secret, kept out of argv the same way
 AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
+# A decode step with this many prefill tokens beside it stays within 2x a pure decode step on a 2-core CPU
+# (`benchmarks/engine_bench.py --mixed 0,16,32,64 --batches 4`, SmolLM2-135M fp32, under load: 16 -> 1.12x,
+# 32 -> 1.72x, 64 -> 3.70x), so ITL stays within 2x while a 512-token prompt joins, in 16 steps.
+DEFAULT_PREFILL_BESIDE_DECODES = 32
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
 
@@ -49,10 +54,11 @@ class IsolationMode(StrEnum):
 
 
 def setting(default: Any, help: str, *, unit: str = "", gt: float | None = None, ge: float | None = None,
-            le: float | None = None, choices: tuple[str, ...] | None = None) -> Any:
+            le: float | None = None, choices: tuple[str, ...] | None = None, repr: bool = True) -> Any:
     """A settings field: its default, its help (a flag's), its unit and range (`settings.build` enforces
-    them, and so does the config itself) and, for a string, its choices (an enum field's are its values)."""
-    return field(default=default, metadata={"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices})
+    them, and so does the config itself) and, for a string, its choices (an enum field's are its values).
+    `repr=False` keeps a secret out of the config's repr (and so out of logs)."""
+    return field(default=default, repr=repr, metadata={"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices})
 
 
 def choices_of(f: dataclasses.Field, hint: Any) -> tuple[str, ...] | None:
@@ -103,6 +109,9 @@ class EngineConfig:
     page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
     max_num_seqs: int = setting(16, "sequences running at once", ge=1)
     max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
+    max_prefill_beside_decodes: int = setting(
+        DEFAULT_PREFILL_BESIDE_DECODES, "prefill tokens a step computes beside running decodes (decodes go first; "
+        "a step without decodes prefills up to max_step_tokens)", unit="tokens", ge=1)
     prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
     device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
                           "is cuda:0 .. cuda:N-1)")
@@ -121,6 +130,10 @@ class EngineConfig:
     disk_dir: str | None = setting(None, "directory of the disk tier's page files")
     remote_url: str | None = setting(None, "shared Redis KV tier, e.g. redis://127.0.0.1:6379/0 (shared by every "
                                      "engine of the same model and KV format)")
+    # Not in repr (a logged config never shows it); `kvbench serve` reads $KVENGINE_TIER_SECRET without the flag.
+    tier_secret: str | None = setting(None, f"secret of the HMAC-SHA256 that authenticates disk and remote tier "
+                                      f"records (default: ${TIER_SECRET_ENV}); one per shared store: an engine "
+                                      "with another secret misses every record", repr=False)
     device_ttl_s: float = setting(DEFAULT_TTL.device_s, "idle seconds before a page leaves device (tenants may "
                                   "set their own)", unit="s", gt=0)
     host_ttl_s: float = setting(DEFAULT_TTL.host_s, "idle seconds before a page leaves host memory", unit="s", gt=0)

@@ -21,6 +21,9 @@ DEFAULT_TENANT = TenantId("default")
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_step_tokens: int = 2048  # prefill chunk tokens + decode tokens per step
+    # Prefill tokens a step may compute beside running decodes (None: up to max_step_tokens). Decodes are
+    # scheduled first; a step without decodes prefills up to max_step_tokens. See Scheduler._schedule.
+    max_prefill_beside_decodes: int | None = None
     allow_swap: bool = False  # preempt by swapping to host instead of recomputing
     strict_isolation: bool = True  # False: a request's declared-shareable prefix is cached in the shared namespace
     prefix_caching: bool = True  # False: never look up or insert cached pages (every prompt recomputed)
@@ -28,6 +31,8 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1 or self.max_step_tokens < 1:
             raise ValueError("SchedulerConfig: max_num_seqs and max_step_tokens must be >= 1")
+        if self.max_prefill_beside_decodes is not None and self.max_prefill_beside_decodes < 1:
+            raise ValueError("SchedulerConfig: max_prefill_beside_decodes must be >= 1 (or None: no own limit)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,33 +196,54 @@ class Scheduler(CompactSteps):
         return StepPlan(now, tuple(items), tuple(preempted), tuple(swap_out), tuple(swap_in))
 
     def _schedule(self, now: float, compact: bool) -> tuple[list, list, list, list, list]:
-        budget = self.config.max_step_tokens
-        items: list = []
-        starts: list[int] = []
-        preempted: list[RequestId] = []
-        swap_out: list[SwapOut] = []
-        swap_in: list[SwapIn] = []
-        i, ps = 0, self.index.page_size
-        while i < len(self._running) and budget > 0:
-            seq = self._running[i]
+        """Decodes first, then prefill chunks (running sequences' next chunks, in running order, then admissions).
+
+        One step's budgets (vLLM's max_num_batched_tokens, decodes first, chunked prefill after):
+
+            decodes   1 token per decoding sequence, up to max_step_tokens
+            prefill   what max_step_tokens leaves, and at most max_prefill_beside_decodes while a decode runs
+
+        so a long prompt is computed in small chunks beside running decodes instead of making them wait for its
+        whole prefill; a step without decodes prefills up to max_step_tokens. A sequence that needs pages may
+        preempt only sequences this step has not scheduled (never a decode already in the plan)."""
+        config, running, ps = self.config, self._running, self.index.page_size
+        budget = config.max_step_tokens
+        items, starts, preempted, swap_out, swap_in = [], [], [], [], []  # plan entries, decode starts, ids, swaps
+        scheduled, dropped, prefills = set(), set(), []  # sequences in the plan, preempted, to prefill after decodes
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
             length = len(seq.request.prompt) + len(seq.output)  # seq.length, inlined: once per sequence per step
-            n = min(length - seq.num_computed, budget)
-            need = -(-(seq.num_computed + n) // ps) - len(seq.pages)  # _pages_for, inlined
-            if need > 0:  # most decode steps stay inside their last page: nothing to allocate or preempt
-                while not self.can_allocate(need, seq.request.tenant, now) and self._running[-1] is not seq:
-                    self._preempt(self._running.pop(), now, preempted, swap_out)
-                if not self.can_allocate(need, seq.request.tenant, now):
-                    self._preempt(self._running.pop(i), now, preempted, swap_out)
-                    continue
-                self.allocate(seq, need)
-            if compact and n == 1 and seq.num_computed + 1 == length:  # a decode
-                items.append(seq)
+            if seq.num_computed + 1 != length or not seq.output:
+                prefills.append(seq)  # scheduled after every decode
+                i += 1
+                continue
+            need = -(-length // ps) - len(seq.pages)  # _pages_for, inlined
+            # most decode steps stay inside their last page: nothing to allocate or preempt
+            if need > 0 and not self._make_room(i, need, now, scheduled, dropped, preempted, swap_out):
+                continue  # it was preempted itself
+            scheduled.add(seq)
+            if compact:  # the simulator's entry for a decode is the sequence itself (see CompactPlan)
                 starts.append(seq.num_computed)
-            else:
-                items.append(self._item(seq, n))
-            budget -= n
+            items.append(seq if compact else self._item(seq, 1))
+            budget -= 1
             i += 1
-        while self._waiting and budget > 0 and len(self._running) < self.config.max_num_seqs and not preempted:
+        if scheduled and config.max_prefill_beside_decodes is not None:
+            budget = min(budget, config.max_prefill_beside_decodes)
+        for seq in prefills:
+            if budget <= 0:
+                break
+            if seq in dropped:
+                continue
+            n = min(len(seq.request.prompt) + len(seq.output) - seq.num_computed, budget)
+            need = -(-(seq.num_computed + n) // ps) - len(seq.pages)
+            if need > 0 and not self._make_room(running.index(seq), need, now, scheduled, dropped, preempted,
+                                                swap_out):
+                continue
+            scheduled.add(seq)
+            items.append(self._item(seq, n))
+            budget -= n
+        while self._waiting and budget > 0 and len(running) < config.max_num_seqs and not preempted:
             seq = self._waiting[0]
             if seq.swapped_pages:
                 if not self.can_allocate(seq.swapped_pages, seq.request.tenant, now):
@@ -230,13 +251,29 @@ class Scheduler(CompactSteps):
                 self.allocate(seq, seq.swapped_pages)
                 swap_in.append(SwapIn(seq.request.request_id, tuple(seq.pages)))
                 seq.swapped_pages = 0
-                self._running.append(self._waiting.popleft())
+                running.append(self._waiting.popleft())
                 continue  # resumes computing next step, after the copy
             if not self._admit(seq, budget, now, items):
                 break
             budget -= items[-1].end - items[-1].start
-            self._running.append(self._waiting.popleft())
+            running.append(self._waiting.popleft())
         return items, starts, preempted, swap_out, swap_in
+
+    def _make_room(self, i: int, need: int, now: float, scheduled: set, dropped: set, preempted: list,
+                   swap_out: list) -> bool:
+        """Allocate `need` pages to running[i], evicting cached pages, then preempting the latest admitted sequences
+        after it that this step has not scheduled; if that is not enough, running[i] itself is preempted (False)."""
+        running = self._running
+        seq = running[i]
+        while not self.can_allocate(need, seq.request.tenant, now):
+            victim = next((j for j in range(len(running) - 1, i, -1) if running[j] not in scheduled), None)
+            victim_seq = running.pop(i if victim is None else victim)
+            dropped.add(victim_seq)
+            self._preempt(victim_seq, now, preempted, swap_out)
+            if victim is None:
+                return False
+        self.allocate(seq, need)
+        return True
 
     def _admit(self, seq: _Seq, budget: int, now: float, items: list[ScheduledSeq]) -> bool:
         req, ps = seq.request, self.index.page_size

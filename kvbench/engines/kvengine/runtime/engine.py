@@ -126,6 +126,7 @@ class Engine:
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_step_tokens=config.max_step_tokens,
+                max_prefill_beside_decodes=config.max_prefill_beside_decodes,
                 strict_isolation=config.isolation == IsolationMode.STRICT,
                 prefix_caching=config.prefix_caching,
             ),
@@ -134,6 +135,7 @@ class Engine:
         self.offload = executor_for(config, self.kv_cache, self.scheduler, self.tenants, journal, self.events,
                                     self.key_salt)
         self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
+        self.metrics.capacity(self.pool.capacity * config.page_size, self.bytes_per_token)
         self.limits = RequestLimits(self.max_model_len, config.page_size, self.pool.capacity, model_config.vocab_size)
         self._shared_prefixes = self._declared_prefixes()
         # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the

@@ -12,6 +12,9 @@ Per tenant (label `tenant`; tier one of device, host, disk, remote):
 - `kvbench:tenant_kv_pages{tier}`: pages held now (device, host, disk; the shared remote tier is not per
   engine and is not counted); `kvbench:tenant_kv_quota_pages` and `kvbench:tenant_kv_quota_usage_ratio`
   (device pages / quota) for tenants with a quota.
+Device KV: `kvbench:kv_capacity_tokens` and `kvbench:kv_capacity_bytes`, the tier as allocated (after
+`kv_capacity: auto` or `kv_capacity_bytes` were resolved), per device; `kvbench:kv_pages_used` of
+`kvbench:kv_pages_capacity` pages in use.
 Per tier: `kvbench:kv_tier_failures_total{tier,reason}`: a tier skipped (full, unavailable) or a page
 that failed verification (corrupt), each a miss and a recompute, never an error.
 """
@@ -47,6 +50,10 @@ class EngineMetrics:
         self.pages_used = Gauge("kvbench:kv_pages_used", "Device KV pages in use (held or cached)", labels, registry=r)
         self.pages_total = Gauge("kvbench:kv_pages_capacity", "Usable device KV pages", labels, registry=r)
         self.bytes_per_token = Gauge("kvbench:kv_bytes_per_token", "KV bytes per cached token", labels, registry=r)
+        self.capacity_tokens = Gauge("kvbench:kv_capacity_tokens", "Device KV tier size in tokens, per device",
+                                     labels, registry=r)
+        self.capacity_bytes = Gauge("kvbench:kv_capacity_bytes", "Device KV tier size in bytes, per device",
+                                    labels, registry=r)
         self.running = Gauge("kvbench:num_requests_running", "Requests being computed", labels, registry=r)
         self.waiting = Gauge("kvbench:num_requests_waiting", "Requests waiting for admission", labels, registry=r)
         tenant = labels + ["tenant"]
@@ -107,6 +114,11 @@ class EngineMetrics:
         for tenant, quota in self.quotas.items():
             if quota:
                 self.quota_usage.labels(name, tenant).set(pages.get((tenant, "device"), 0) / quota)
+
+    def capacity(self, tokens: int, bytes_per_token: int) -> None:
+        """The device KV tier as allocated (set once: what a run's summary records as the engine's capacity)."""
+        self.capacity_tokens.labels(self.model_name).set(tokens)
+        self.capacity_bytes.labels(self.model_name).set(tokens * bytes_per_token)
 
     def occupancy(self, used: int, total: int, running: int, waiting: int, bytes_per_token: int) -> None:
         name = self.model_name

@@ -29,6 +29,7 @@ A page that cannot be read or verified ends the restore there: the rest of the p
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
 
 REMOTE_TIER = "remote"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,15 +342,19 @@ def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Schedu
     ps = config.page_size
     capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
     host = disk = remote = None
+    secret = (config.tier_secret or "").encode()
     if config.host_capacity >= ps:
         capacities[Tier.HOST] = config.host_capacity // ps
         host = HostStore(capacities[Tier.HOST], kv_cache.page_bytes,
                          pin=torch.cuda.is_available() and kv_cache.device.type == "cuda")
     if config.disk_capacity >= ps:
         capacities[Tier.DISK] = config.disk_capacity // ps
-        disk = DiskStore(Path(config.disk_dir), kv_cache.layout_fingerprint)
+        disk = DiskStore(Path(config.disk_dir), kv_cache.layout_fingerprint, secret)
     if config.remote_url:
-        remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint)
+        remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint, secret)
+        if not secret:
+            log.warning("the remote KV tier has no tier secret (--tier-secret or $KVENGINE_TIER_SECRET): anyone who "
+                        "can write to that Redis can forge pages that this engine would serve")
     default_ttl = TierTTL(config.device_ttl_s, config.host_ttl_s)
     policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls()), events=events)
     return OffloadExecutor(kv_cache, scheduler, policy, journal, events, key_salt, host, disk, remote,

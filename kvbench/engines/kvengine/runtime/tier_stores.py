@@ -1,13 +1,15 @@
 """Byte stores of the lower KV tiers: host memory, disk files and a shared Redis, keyed by page content key.
 
-Each store keeps whole page records: a header (magic, the KV layout fingerprint, a digest of the page's
-content key, the payload's length and CRC-32 checksum; CRC because it runs at memory speed, and it guards
-against corruption, not adversaries) and the page's bytes as `PagedKVCache.read_pages` exports them. `get`
-returns the payload only when the record is whole and was written for the same layout and the same content
-key; anything else (a truncated or corrupted file, another model's or dtype's page, another page's record
-copied or renamed over this one, a tier that is down) is a miss, never wrong KV. A store that fails (a full
-disk, a stopped Redis) answers False / None and says why in `StoreFailure`s its caller counts; the engine
-keeps serving without that tier.
+Each store keeps whole page records: a header (magic, the KV layout fingerprint, the payload's length, an
+HMAC-SHA256 over (content key, layout fingerprint, payload) under the deployment's tier secret) and the page's
+bytes as `PagedKVCache.read_pages` exports them. `get` returns the payload only when the record is whole and its
+MAC verifies; a record cut short or written for another layout is "corrupt", one whose MAC fails (a forged or
+bit-flipped payload, another page's record copied over this one, a record written under another secret) is
+"forged": either is a miss, never wrong KV. Without a secret the MAC is keyed with the empty key: it still
+catches corruption and copied records, but anyone who can write to the store can forge a record, so the engine
+warns once at start when a shared remote tier has no secret. The secret and the content keys are never logged.
+A store that fails (a full disk, a stopped Redis) answers False / None and says why in `StoreFailure`s its
+caller counts; the engine keeps serving without that tier.
 
 Disk page files are private to the engine's user: folders 0700, files 0600 (KV bytes are the prompts' content).
 
@@ -17,50 +19,72 @@ Which pages go where and when is the pure core's decision (`core.tiers`); these 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import struct
 import threading
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-_MAGIC = b"KVP2"
-_HEADER = struct.Struct("<4s16s16sQI")  # magic, layout fingerprint, content key digest, payload length, CRC-32
+_MAGIC = b"KVP3"
+_HEADER = struct.Struct("<4s16sQ32s")  # magic, layout fingerprint, payload length, HMAC-SHA256
 
 
 @dataclass(frozen=True, slots=True)
 class StoreFailure:
     tier: str
-    reason: str  # "full", "unavailable", "corrupt" (includes a record of another page)
-
-
-def _key_digest(key: str) -> bytes:
-    return hashlib.blake2b(key.encode(), digest_size=16).digest()
+    reason: str  # "full", "unavailable", "corrupt" (cut short, another layout), "forged" (the MAC fails)
 
 
 def _fingerprint(fingerprint: str) -> bytes:
     return fingerprint.encode()[:16].ljust(16, b"\0")
 
 
-def encode_record(fingerprint: str, key: str, payload: bytes) -> bytes:
-    """The record of the page whose content key is `key`."""
-    digest = zlib.crc32(payload)
-    return _HEADER.pack(_MAGIC, _fingerprint(fingerprint), _key_digest(key), len(payload), digest) + payload
+def _mac(secret: bytes, fingerprint: str, key: str, payload: bytes) -> bytes:
+    """HMAC-SHA256 over (content key, full layout fingerprint, payload), each length-prefixed so that no two
+    different triples feed the same bytes."""
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in (key.encode(), fingerprint.encode()):
+        mac.update(struct.pack("<Q", len(part)) + part)
+    mac.update(payload)
+    return mac.digest()
 
 
-def decode_record(fingerprint: str, key: str, record: bytes) -> bytes | None:
-    """The payload of a whole, intact record written for `fingerprint` and the page `key`; None otherwise."""
+def encode_record(fingerprint: str, key: str, payload: bytes, secret: bytes = b"") -> bytes:
+    """The record of the page whose content key is `key`, authenticated with `secret`."""
+    header = _HEADER.pack(_MAGIC, _fingerprint(fingerprint), len(payload), _mac(secret, fingerprint, key, payload))
+    return header + payload
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """What a stored record turned out to be: its payload, or why it is a miss."""
+
+    payload: bytes | None
+    failure: str | None = None  # "corrupt" or "forged" when payload is None
+
+
+def decode_record(fingerprint: str, key: str, record: bytes, secret: bytes = b"") -> Decoded:
+    """The payload of a whole record written for `fingerprint` and the page `key` whose MAC verifies."""
     if len(record) < _HEADER.size:
-        return None
-    magic, fp, key_digest, length, digest = _HEADER.unpack_from(record)
+        return Decoded(None, "corrupt")
+    magic, fp, length, mac = _HEADER.unpack_from(record)
     payload = record[_HEADER.size :]
     if magic != _MAGIC or fp != _fingerprint(fingerprint) or length != len(payload):
-        return None
-    if key_digest != _key_digest(key) or zlib.crc32(payload) != digest:
-        return None
-    return payload
+        return Decoded(None, "corrupt")
+    if not hmac.compare_digest(mac, _mac(secret, fingerprint, key, payload)):
+        return Decoded(None, "forged")
+    return Decoded(payload)
+
+
+def _verified(store: DiskStore | RedisStore, key: str, record: bytes) -> bytes | None:
+    """The payload of a record a store read back, or None with the reason counted in its failures."""
+    decoded = decode_record(store.fingerprint, key, record, store.secret)
+    if decoded.failure is not None:
+        store.failures.append(StoreFailure(store.name, decoded.failure))
+    return decoded.payload
 
 
 @dataclass(slots=True)
@@ -142,6 +166,7 @@ class DiskStore:
 
     root: Path
     fingerprint: str
+    secret: bytes = field(default=b"", repr=False)
     name: str = "disk"
     failures: list[StoreFailure] = field(default_factory=list)
 
@@ -159,7 +184,7 @@ class DiskStore:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             path.parent.mkdir(mode=0o700, exist_ok=True)
-            self._write_file(tmp, encode_record(self.fingerprint, key, payload))
+            self._write_file(tmp, encode_record(self.fingerprint, key, payload, self.secret))
             os.replace(tmp, path)
             return True
         except OSError as exc:
@@ -178,10 +203,7 @@ class DiskStore:
             record = self.path(key).read_bytes()
         except OSError:
             return None
-        payload = decode_record(self.fingerprint, key, record)
-        if payload is None:
-            self.failures.append(StoreFailure(self.name, "corrupt"))
-        return payload
+        return _verified(self, key, record)
 
     def delete(self, key: str) -> None:
         self.path(key).unlink(missing_ok=True)
@@ -197,6 +219,7 @@ class RedisStore:
 
     url: str
     fingerprint: str
+    secret: bytes = field(default=b"", repr=False)
     prefix: str = "kvbench:page:"
     timeout_s: float = 0.5
     name: str = "remote"
@@ -220,26 +243,21 @@ class RedisStore:
             return False, None
 
     def put(self, key: str, payload: bytes) -> bool:
-        ok, _ = self._call(self._client.set, self.prefix + key, encode_record(self.fingerprint, key, payload),
-                           nx=True)
+        record = encode_record(self.fingerprint, key, payload, self.secret)
+        ok, _ = self._call(self._client.set, self.prefix + key, record, nx=True)
         return ok
 
     def get(self, key: str) -> bytes | None:
         _, record = self._call(self._client.get, self.prefix + key)
         if record is None:
             return None
-        payload = decode_record(self.fingerprint, key, record)
-        if payload is None:
-            self.failures.append(StoreFailure(self.name, "corrupt"))
-        return payload
+        return _verified(self, key, record)
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         _, records = self._call(self._client.mget, [self.prefix + k for k in keys])
         if records is None:
             return [None] * len(keys)
-        out = [None if r is None else decode_record(self.fingerprint, k, r) for k, r in zip(keys, records)]
-        self.failures.extend(StoreFailure(self.name, "corrupt") for r, p in zip(records, out) if r is not None and p is None)
-        return out
+        return [None if r is None else _verified(self, k, r) for k, r in zip(keys, records)]
 
     def delete(self, key: str) -> None:
         self._call(self._client.delete, self.prefix + key)

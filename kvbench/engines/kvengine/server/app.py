@@ -1,9 +1,11 @@
 """The OpenAI-compatible HTTP server of our engine (aiohttp).
 
-Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health,
-GET /metrics (Prometheus), POST /reset_prefix_cache. Model compute runs on the engine's own thread
-(`AsyncEngine`), tokenisation on a thread of the server's own; handlers only parse, stream and format, so
-the event loop (and /health) keeps answering whatever a request carries.
+Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health
+(alive), GET /ready (503 while a tokenizer lane is saturated), GET /metrics (Prometheus), POST
+/reset_prefix_cache. Model compute runs on the engine's own thread (`AsyncEngine`), tokenisation in the
+server's two tokenizer lanes (`tokenizer_lanes`: small requests never wait behind large ones, a full lane is a
+429); handlers only parse, stream and format, so the event loop (and /health) keeps answering whatever a
+request carries. Every error is a JSON error in the OpenAI shape (`errors`).
 
 Identity: with a tenants file, the Bearer key names the tenant (an unknown or missing key gets 401), and a
 request that names a different tenant (body `tenant`, or header `X-Tenant`) gets 403: a key cannot claim
@@ -15,8 +17,9 @@ one gets 401, a tenant's key 403. `metrics_open` opens /metrics to anyone (a Pro
 /health is always open; /v1/models needs a key wherever the completions do. Keys are compared in constant
 time (`hmac.compare_digest`).
 
-Limits: a body beyond `protocol.max_body_bytes` of the model's context gets 413, a text prompt beyond
-`protocol.max_prompt_chars` 400 before it is tokenised. A non-streaming client that leaves is noticed
+Limits: a body beyond `protocol.max_body_bytes` of the model's context gets 413, a body nested deeper than
+`admission.MAX_JSON_DEPTH` 400 before it is parsed, a text prompt beyond `protocol.max_prompt_chars` (for a
+chat: its templated length bound, or more than `admission.MAX_MESSAGES` messages) 400 before it is tokenised. A non-streaming client that leaves is noticed
 within `DISCONNECT_POLL_S` and its request aborted (its pages freed), as a streaming one is at its next write.
 """
 
@@ -27,7 +30,6 @@ import contextlib
 import hmac
 import json
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -35,7 +37,9 @@ from aiohttp import web
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput
+from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_depth, check_messages, prompt_chars
 from kvbench.engines.kvengine.server.answer import Answer
+from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
 from kvbench.engines.kvengine.server.protocol import (
     ParsedRequest,
     RequestError,
@@ -44,6 +48,8 @@ from kvbench.engines.kvengine.server.protocol import (
     parse_chat,
     parse_completion,
 )
+from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
+from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
 
@@ -72,22 +78,25 @@ class Caller:
 
 ASYNC_ENGINE = web.AppKey("async_engine", AsyncEngine)
 KEYS = web.AppKey("keys", Keys)
-TOKENIZE = web.AppKey("tokenize", ThreadPoolExecutor)
+LANES = web.AppKey("lanes", TokenizerLanes)
+TEMPLATE = web.AppKey("template", TemplateCost)
 
 
 def make_app(async_engine: AsyncEngine, api_key: str | None = None, admin_key: str | None = None,
-             metrics_open: bool = False) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes(async_engine.engine.max_model_len))
+             metrics_open: bool = False, lane_limits: LaneLimits = LaneLimits()) -> web.Application:
+    engine = async_engine.engine
+    app = web.Application(client_max_size=max_body_bytes(engine.max_model_len), middlewares=[openai_errors])
     app[ASYNC_ENGINE] = async_engine
     app[KEYS] = Keys(api_key, admin_key, metrics_open)
-    # One thread: a fast tokenizer is not meant to be driven from several threads at once, and a long
-    # prompt then delays other prompts' tokenisation, never the event loop.
-    app[TOKENIZE] = ThreadPoolExecutor(1, "kvengine-tokenize")
+    app[SERVER_METRICS] = ServerMetrics(engine.metrics.registry, engine.model_name)
+    app[LANES] = TokenizerLanes(max_prompt_chars(engine.max_model_len), app[SERVER_METRICS], lane_limits)
+    app[TEMPLATE] = TemplateCost.measure(engine.loaded.tokenizer)
     app.on_cleanup.append(_stop_tokenizer)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
     return app
@@ -100,11 +109,7 @@ def _engine(request: web.Request) -> Engine:
 
 
 async def _stop_tokenizer(app: web.Application) -> None:
-    app[TOKENIZE].shutdown(wait=False, cancel_futures=True)
-
-
-def error_response(message: str, status: int = 400, kind: str = "invalid_request_error", param: str | None = None):
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status)
+    app[LANES].close()
 
 
 async def _body(request: web.Request) -> Mapping:
@@ -113,9 +118,12 @@ async def _body(request: web.Request) -> Mapping:
     if (request.content_length or 0) > request.client_max_size:
         raise too_large  # refused before a byte of it is read
     try:
-        body = await request.json()
+        raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    check_json_depth(raw)  # before json.loads recurses into it
+    try:
+        body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
         raise RequestError(f"the body is not valid JSON ({str(exc).splitlines()[0][:100]})") from None
     if not isinstance(body, Mapping):
@@ -184,29 +192,33 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
     return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
-                         chat=False)
+                         lambda body: prompt_chars(body), chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
+    template = request.app[TEMPLATE]
     return await _handle(request, lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant, limit),
-                         chat=True)
+                         lambda body: check_messages(body, template, limit), chat=True)
 
 
-async def _handle(request: web.Request, parse, chat: bool) -> web.StreamResponse:
-    """Authenticate, parse and validate (each failure an OpenAI-style error), then serve the generation.
-    Parsing tokenises, so it runs on the tokenizer thread. This is where a request is checked against the
-    engine's limits, once: the engine trusts what it is given."""
+async def _handle(request: web.Request, parse, cost, chat: bool) -> web.StreamResponse:
+    """Authenticate, bound, parse and validate (each failure an OpenAI-style error), then serve the generation.
+    `cost(body)`: the characters parsing will tokenise, checked on the event loop (RequestError beyond what
+    the context holds); parsing then runs in that cost's tokenizer lane. This is where a request is checked
+    against the engine's limits, once: the engine trusts what it is given."""
+    _tenant(request)  # 401 before reading the body
+    body = await _body(request)
+    tenant = _tenant(request, body)
+    _check_model(request, body)
     try:
-        _tenant(request)  # 401 before reading the body
-        body = await _body(request)
-        tenant = _tenant(request, body)
-        _check_model(request, body)
-        parsed = await asyncio.get_running_loop().run_in_executor(request.app[TOKENIZE], parse, body, tenant)
+        parsed = await request.app[LANES].run(cost(body), parse, body, tenant)
         _engine(request).limits.check(parsed.generation)
-    except RequestError as exc:
-        return error_response(str(exc), exc.status, exc.kind, exc.param)
+    except LaneFull as exc:
+        return error_response(str(exc), 429, headers={"Retry-After": str(exc.retry_after_s)})
+    except RequestError:
+        raise
     except ValueError as exc:
         return error_response(str(exc))
     return await _serve(request, parsed, chat=chat)
@@ -259,7 +271,7 @@ async def _serve_whole(request: web.Request, async_engine: AsyncEngine, answer: 
                 task.cancel()  # generate() aborts the request on its way out
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-                return web.Response(status=499)  # nobody reads it; logs see why the request ended
+                raise ConnectionResetError("the client left")  # counted by the error middleware
         task.result()  # what collect() raised, if anything
     except RuntimeError as exc:
         return error_response(str(exc), 500, "server_error")
@@ -279,10 +291,7 @@ def _event(payload: dict) -> bytes:
 
 
 async def models(request: web.Request) -> web.Response:
-    try:
-        _tenant(request)
-    except RequestError as exc:
-        return error_response(str(exc), exc.status, exc.kind, exc.param)
+    _tenant(request)
     engine = _engine(request)
     return web.json_response({
         "object": "list",
@@ -297,19 +306,23 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def ready(request: web.Request) -> web.Response:
+    """Ready for more work: 200, or 503 while the engine failed or a tokenizer lane would refuse its largest
+    request (the lanes' depths either way; /health stays 200 while the process is alive)."""
+    lanes = request.app[LANES]
+    failure, saturated = request.app[ASYNC_ENGINE].failure, lanes.saturated()
+    status = "failed" if failure is not None else "saturated" if saturated else "ready"
+    return web.json_response({"status": status, "saturated_lanes": saturated, "queue_depth": lanes.depths()},
+                             status=200 if status == "ready" else 503)
+
+
 async def metrics(request: web.Request) -> web.Response:
     if not request.app[KEYS].metrics_open:
-        try:
-            _require_admin(request, "/metrics")
-        except RequestError as exc:
-            return error_response(str(exc), exc.status, exc.kind, exc.param)
+        _require_admin(request, "/metrics")
     return web.Response(body=_engine(request).metrics.exposition(), content_type="text/plain", charset="utf-8")
 
 
 async def reset_prefix_cache(request: web.Request) -> web.Response:
-    try:
-        _require_admin(request, "/reset_prefix_cache")
-    except RequestError as exc:
-        return error_response(str(exc), exc.status, exc.kind, exc.param)
+    _require_admin(request, "/reset_prefix_cache")
     freed = await request.app[ASYNC_ENGINE].call(lambda engine: engine.reset_prefix_cache())
     return web.json_response({"status": "ok", "freed_pages": freed})

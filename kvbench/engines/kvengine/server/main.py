@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
 import threading
 from pathlib import Path
 
-from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, TIER_SECRET_ENV, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import add_flags, from_args
 
 EXIT_ENGINE_FAILED = 1
@@ -36,12 +37,12 @@ def serve(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.runtime.tenants_config import load_tenants
 
     config, options = from_args(EngineConfig, args), from_args(ServeOptions, args)
+    if config.tier_secret is None and os.environ.get(TIER_SECRET_ENV):
+        config = dataclasses.replace(config, tier_secret=os.environ[TIER_SECRET_ENV])
     if config.tenants_file:
         load_tenants(config.tenants_file)  # a bad file is reported now, not after loading the model
 
     import torch
-    from aiohttp import web
-
     from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
     from kvbench.engines.kvengine.runtime.engine import Engine
     from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
@@ -57,7 +58,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     log = logging.getLogger("kvbench.serve")
     log.info("memory budget per device: %s", budget.describe())
-    log.info("loading %s (kv %s, %d tokens of device KV)", config.model, config.kv_format.label, config.kv_capacity)
+    log.info("loading %s (kv %s, %d tokens of device KV)", config.model, config.kv_format.label, budget.kv_tokens)
     loop: list[asyncio.AbstractEventLoop] = []  # the server's loop, once it runs
     rank_failure: list[str] = []
     stopping = threading.Event()
@@ -108,8 +109,29 @@ def serve(args: argparse.Namespace) -> int:
     app.on_cleanup.append(stop_engine)
     log.info("serving %s on http://%s:%d (%d KV bytes per token)", engine.model_name, options.host, options.port,
              engine.bytes_per_token)
-    web.run_app(app, host=options.host, port=options.port, print=None, access_log=None)
+    _run_app(app, options.host, options.port)
     return EXIT_ENGINE_FAILED if async_engine.failure is not None or rank_failure else 0
+
+
+def _run_app(app, host: str, port: int) -> None:
+    """`web.run_app`, with the server's own AppRunner (parser errors answered without echoing bytes): serve until
+    SIGINT/SIGTERM or `_graceful_exit`, then clean up (the engine stops in the app's cleanup)."""
+    from aiohttp import web
+
+    from kvbench.engines.kvengine.server.errors import AppRunner
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    runner = AppRunner(app, access_log=None, handle_signals=True)
+    try:
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, host, port).start())
+        loop.run_forever()
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
 
 
 def _graceful_exit() -> None:

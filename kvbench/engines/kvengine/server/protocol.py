@@ -3,7 +3,10 @@
 Every bad field gets a 400 with a message naming the field and the fix (`RequestError`). Extensions that
 vLLM users know are accepted: `ignore_eos`, `return_token_ids`, `top_k` -1 or 0 (off; others are refused),
 token-id prompts. Numbers must be finite (Python's JSON reader accepts NaN and Infinity); a temperature below
-`GREEDY_BELOW_TEMPERATURE` (1e-5, vLLM's _SAMPLING_EPS) is served greedily, as vLLM does.
+`GREEDY_BELOW_TEMPERATURE` (1e-5, vLLM's _SAMPLING_EPS) is served greedily, as vLLM does. Booleans are JSON
+booleans (`"yes"` and `1` are refused). A field this engine would otherwise ignore (`UNSUPPORTED`: best_of > 1,
+penalties, logit_bias, tools, ...) is refused with a 400 naming it unless it holds its no-op value; `user` and
+`metadata` are accepted and change nothing (they describe the caller, not the output).
 """
 
 from __future__ import annotations
@@ -25,6 +28,34 @@ MAX_CHARS_PER_TOKEN = 64
 MAX_BODY_BYTES_PER_TOKEN = MAX_CHARS_PER_TOKEN * 6
 BODY_OVERHEAD_BYTES = 1 << 20
 _ids = itertools.count()
+
+
+def _absent_or(*no_ops: object):
+    return lambda value: value is None or any(value == v and type(value) is type(v) for v in no_ops)
+
+
+# Fields of the OpenAI (and vLLM) APIs this engine does not implement: each with the values that mean "off".
+# Any other value is refused (400 naming the field) rather than silently ignored.
+UNSUPPORTED = {
+    "best_of": _absent_or(1),
+    "presence_penalty": _absent_or(0, 0.0),
+    "frequency_penalty": _absent_or(0, 0.0),
+    "repetition_penalty": _absent_or(1, 1.0),
+    "min_p": _absent_or(0, 0.0),
+    "min_tokens": _absent_or(0),
+    "logit_bias": _absent_or({}),
+    "suffix": _absent_or(""),
+    "use_beam_search": _absent_or(False),
+    "tools": _absent_or([]),
+    "tool_choice": _absent_or("none"),
+    "functions": _absent_or([]),
+    "function_call": _absent_or("none"),
+    "response_format": lambda value: value is None or value == {"type": "text"},
+    "guided_json": _absent_or(),
+    "guided_regex": _absent_or(),
+    "guided_choice": _absent_or(),
+    "guided_grammar": _absent_or(),
+}
 
 
 def max_prompt_chars(max_model_len: int) -> int:
@@ -100,6 +131,7 @@ def parse_chat(body: Mapping, chat_prompt_ids, tenant: str, max_chars: int) -> P
 
 def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprobs: int | None, echo: bool,
             tenant: str) -> ParsedRequest:
+    check_unsupported(body)
     if _int(body, "n", 1, 1) != 1:
         raise RequestError("n: only n=1 is supported", "n")
     temperature = _float(body, "temperature", 1.0, 0.0)  # below GREEDY_BELOW_TEMPERATURE: greedy
@@ -139,13 +171,21 @@ def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprob
     return ParsedRequest(
         generation=generation,
         stream=_bool(body, "stream", False),
-        include_usage=bool(options.get("include_usage", False)),
+        include_usage=_bool(options, "include_usage", False, "stream_options.include_usage"),
         echo=echo,
         stop=tuple(stop),
         return_token_ids=_bool(body, "return_token_ids", False),
         logprobs=logprobs,
         drop_generated=echo and max_tokens == 0,
     )
+
+
+def check_unsupported(body: Mapping) -> None:
+    """A 400 naming every field whose value this engine would have to ignore."""
+    named = sorted(name for name, no_op in UNSUPPORTED.items() if not no_op(body.get(name)))
+    if named:
+        raise RequestError(f"{', '.join(named)}: not supported by this engine; omit {'them' if len(named) > 1 else 'it'}"
+                           f" (or send the default: best_of 1, penalties 0, no tools)", named[0])
 
 
 def _check_chars(count: int, max_chars: int, name: str) -> None:
@@ -159,12 +199,13 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _bool(body: Mapping, name: str, default: bool) -> bool:
+def _bool(body: Mapping, name: str, default: bool, label: str | None = None) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise RequestError(f"{name}: must be true or false, got {value!r}", name)
+        label = label or name
+        raise RequestError(f"{label}: must be true or false, got {value!r}", label)
     return value
 
 

@@ -35,7 +35,8 @@ def workloads(draw):
         arrivals.setdefault(step, []).append(Request(RequestId(f"r{k}"), tokens, max_new_tokens=out, tenant=tenant,
                                                      shared_tokens=len(shared)))
     config = SchedulerConfig(max_num_seqs=draw(st.integers(2, 4)), max_step_tokens=draw(st.integers(4, 64)),
-                             allow_swap=draw(st.booleans()), strict_isolation=draw(st.booleans()))
+                             allow_swap=draw(st.booleans()), strict_isolation=draw(st.booleans()),
+                             max_prefill_beside_decodes=draw(st.none() | st.integers(1, 8)))
     return num_pages, ps, arrivals, config
 
 
@@ -57,3 +58,53 @@ def check(num_pages, ps, arrivals, config) -> None:
 @given(workloads())
 def test_every_step_keeps_each_page_counted_once_per_holder(workload):
     check(*workload)
+
+
+def check_budget(num_pages, ps, arrivals, config) -> int:
+    """On the engine's path, step by step: a sequence that sampled a token (and has room for more) decodes it
+    in the very next step unless that step preempts it, and a step that decodes computes at most
+    `max_prefill_beside_decodes` prefill tokens beside its decodes. Returns how many steps ran prefill
+    beside decodes (to show the rule was exercised)."""
+    drive = Drive(num_pages, ps, arrivals, ENGINE, config).play()
+    requests = {r.request_id: r for rs in arrivals.values() for r in rs}
+    produced = dict.fromkeys(requests, 0)
+    preempted: dict[int, set] = {}
+    for t, rid in drive.preempted:
+        preempted.setdefault(t, set()).add(rid)
+    decoding: set = set()  # sampled last step, not finished: each must decode in this one
+    mixed = 0
+    for t in sorted(drive.plans):
+        length = {rid: len(r.prompt) + produced[rid] for rid, r in requests.items()}
+        plan = drive.plans[t]
+        decodes = {rid for rid, start, end, _ in plan if rid in decoding and (start, end) == (length[rid] - 1,
+                                                                                             length[rid])}
+        prefill = sum(end - start for rid, start, end, _ in plan if rid not in decodes)
+        if len(decoding) <= config.max_step_tokens:  # room for every decode: none may wait
+            assert decoding - decodes <= preempted.get(t, set()), (t, decoding, plan)
+        if decodes:
+            mixed += prefill > 0
+            limit = config.max_prefill_beside_decodes or config.max_step_tokens
+            assert prefill <= min(limit, config.max_step_tokens - len(decodes)), (t, plan)
+        decoding -= preempted.get(t, set())
+        for rid, start, end, _ in plan:
+            if end == length[rid]:  # it sampled
+                produced[rid] += 1
+                (decoding.add if produced[rid] < requests[rid].max_new_tokens else decoding.discard)(rid)
+    return mixed
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workloads())
+def test_decodes_go_first_and_prefill_beside_them_stays_within_its_budget(workload):
+    check_budget(*workload)
+
+
+def test_a_prompt_beside_a_decode_is_prefilled_in_chunks_of_the_budget():
+    """The property's rule binds: a request arriving while another decodes is prefilled in chunks of the
+    budget beside it, where without the budget its whole prompt runs in one step beside the decode."""
+    arrivals = {0: [Request(RequestId("a"), prompt(6, 1), max_new_tokens=12)],
+                2: [Request(RequestId("b"), prompt(30, 2), max_new_tokens=2)]}
+    budgeted = SchedulerConfig(max_step_tokens=64, max_prefill_beside_decodes=4)
+    assert check_budget(20, 4, arrivals, budgeted) == 8  # b's 30 tokens: 7 chunks of 4, then 2, beside a
+    unlimited = SchedulerConfig(max_step_tokens=64)
+    assert check_budget(20, 4, arrivals, unlimited) == 1  # all 30 in one step beside a's decode

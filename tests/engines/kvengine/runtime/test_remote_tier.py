@@ -75,3 +75,77 @@ def test_a_stopped_redis_leaves_the_engine_serving_and_is_counted(loaded, redis)
     failures = engine.metrics.tier_failures_total.labels(engine.model_name, "remote", "unavailable")._value.get()
     assert failures >= 1
     engine.close()
+
+
+# --- authenticated records (issue 28) ---------------------------------------------------------------------
+
+def _page_keys(engine, prompt):
+    from kvbench.engines.kvengine.core.content_keys import page_keys
+    from kvbench.engines.kvengine.core.namespaces import namespace_for
+
+    return page_keys(engine.key_salt, namespace_for("default", shareable=False, strict=True), prompt, 16)
+
+
+def _failures(engine, reason: str) -> float:
+    return engine.metrics.tier_failures_total.labels(engine.model_name, "remote", reason)._value.get()
+
+
+def test_a_forged_record_in_the_shared_redis_is_a_counted_miss_and_the_output_is_unchanged(loaded, redis):
+    """An attacker who can write to Redis copies a real record's header, writes a random payload and fixes
+    up every checksum it can compute; before the MAC this was served as a remote hit and changed the output."""
+    import redis as redis_client
+
+    secret = "deployment-secret"
+    reference = tokens(run(make_engine(loaded), greedy("ref", PROMPT))["ref"])
+    writer = make_engine(loaded, remote_url=redis.url, tier_secret=secret)
+    run(writer, greedy("a", PROMPT))
+    client = redis_client.Redis.from_url(redis.url)
+    names = [writer.offload.remote.prefix + key for key in _page_keys(writer, PROMPT)[:4]]
+    records = [client.get(name) for name in names]
+    assert all(records), "the writer published every full prompt page"
+    import random
+    import struct
+    import zlib
+
+    rng = random.Random(28)
+    for name, record in zip(names, records):
+        header_size = 48 if record[:4] == b"KVP2" else 60  # KVP2 (before the MAC): its header ends in a CRC-32
+        header = bytearray(record[:header_size])
+        payload = rng.randbytes(len(record) - header_size)
+        if record[:4] == b"KVP2":
+            struct.pack_into("<I", header, header_size - 4, zlib.crc32(payload))
+        client.set(name, bytes(header) + payload)
+    reader = make_engine(loaded, remote_url=redis.url, tier_secret=secret)
+    out = run(reader, greedy("b", PROMPT))["b"]
+    assert tokens(out) == reference
+    assert out[-1].cached_tokens == 0 and not (out[-1].cached_tokens_by_tier or {}).get("remote")
+    assert _failures(reader, "forged") >= 1
+    writer.close(), reader.close()
+
+
+def test_records_written_under_a_rotated_secret_are_misses(loaded, redis):
+    old = make_engine(loaded, remote_url=redis.url, tier_secret="old-secret")
+    first = run(old, greedy("a", PROMPT))["a"]
+    same = run(make_engine(loaded, remote_url=redis.url, tier_secret="old-secret"), greedy("s", PROMPT))["s"]
+    assert same[-1].cached_tokens_by_tier == {"remote": 64}  # the secret itself does not make misses
+    rotated = make_engine(loaded, remote_url=redis.url, tier_secret="new-secret")
+    out = run(rotated, greedy("b", PROMPT))["b"]
+    assert tokens(out) == tokens(first)
+    assert out[-1].cached_tokens == 0
+    assert _failures(rotated, "forged") >= 1
+    old.close(), rotated.close()
+
+
+def test_a_remote_tier_without_a_secret_warns_once_and_never_logs_keys(loaded, redis, caplog):
+    with caplog.at_level("WARNING"):
+        engine = make_engine(loaded, remote_url=redis.url)
+        run(engine, greedy("a", PROMPT))
+    warnings = [r for r in caplog.records if "tier secret" in r.getMessage()]
+    assert len(warnings) == 1
+    keys = _page_keys(engine, PROMPT)
+    assert not any(key in r.getMessage() for r in caplog.records for key in keys)
+    with caplog.at_level("WARNING"):
+        caplog.clear()
+        make_engine(loaded, remote_url=redis.url, tier_secret="set").close()
+    assert not [r for r in caplog.records if "tier secret" in r.getMessage()]
+    engine.close()

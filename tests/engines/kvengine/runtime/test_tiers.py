@@ -90,8 +90,9 @@ def demote_to_disk(engine, clock) -> None:
     assert tier_usage(engine) == {"disk": 5}
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "copied"])
-def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_unchanged(loaded, tiered, damage):
+@pytest.mark.parametrize("damage, reason", [("flip", "forged"), ("truncate", "corrupt"), ("copied", "forged")])
+def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_unchanged(loaded, tiered, damage,
+                                                                                           reason):
     engine, clock = tiered
     reference = tokens(run(make_engine(loaded), greedy("ref", NEXT))["ref"])
     demote_to_disk(engine, clock)
@@ -111,8 +112,8 @@ def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_
     out = run(engine, greedy("t2", NEXT))["t2"]
     assert tokens(out) == reference
     assert out[-1].cached_tokens_by_tier == {"disk": 32}
-    failures = engine.metrics.tier_failures_total.labels(engine.model_name, "disk", "corrupt")._value.get()
-    assert failures == 1
+    failures = engine.metrics.tier_failures_total.labels(engine.model_name, "disk", reason)._value.get()
+    assert failures == 1  # a payload whose MAC fails (flipped, or another page's) is counted as forged
 
 
 def test_disk_pages_are_private_to_the_engines_user(loaded, tiered):

