@@ -26,6 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).resolve().parent.parent
 
 # name -> (instrument flags, client settings beyond the defaults above)
@@ -55,7 +57,7 @@ def run_case(name: str, flags: list[str], client: dict, client_src: Path, work: 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(HERE)}
     server = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port), *flags],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -66,7 +68,7 @@ def run_case(name: str, flags: list[str], client: dict, client_src: Path, work: 
                 time.sleep(0.1)
         settings = {"request_timeout_s": 10, "stall_timeout_s": 5, "max_lag_ms": 1000, **client}
         config = work / f"{abs(hash(name))}.yaml"
-        config.write_text(json.dumps({
+        config.write_text(yaml.safe_dump({
             "engines": [{"engine": "endpoint", "settings": {"url": url}}],
             "workloads": [{"name": "rag-chat-mini", "num_sessions": 3}],
             "loads": [{"concurrency": 1}, {"concurrency": 2}], "client": settings,
@@ -74,9 +76,10 @@ def run_case(name: str, flags: list[str], client: dict, client_src: Path, work: 
         out = work / f"{abs(hash(name))}-run"
         start = time.perf_counter()
         try:
+            # cwd: not this checkout (`python -m` puts the working directory first on sys.path)
             done = subprocess.run([sys.executable, "-m", "kvbench.cli", "run", str(config), "--out", str(out)],
                                   env={**os.environ, "PYTHONPATH": str(client_src), "COLUMNS": "200"},
-                                  capture_output=True, text=True, timeout=timeout_s)
+                                  capture_output=True, text=True, timeout=timeout_s, cwd=work)
             code, stderr = str(done.returncode), done.stderr
         except subprocess.TimeoutExpired:
             code, stderr = f"killed at {timeout_s:g} s", ""

@@ -61,13 +61,29 @@ def layer_plot(errors: dict[str, np.ndarray], path: Path, title: str) -> None:
     """Heatmaps of relative quantisation error [layer, kv head], one per (setting, K or V) in `errors`."""
     names = list(errors)
     with _figure(path, len(names), title, width=2.6, tight=False) as (figure, axes):  # a shared colorbar
-        top = max(float(np.nanmax(values)) for values in errors.values())
+        norm = error_scale(errors)
         for axis, name in zip(axes, names):
-            image = axis.imshow(errors[name], aspect="auto", cmap="viridis", vmin=0.0, vmax=top)
+            image = axis.imshow(errors[name], aspect="auto", cmap="viridis", norm=norm)
             axis.set_title(name, fontsize=8)
             axis.set_xlabel("kv head")
             axis.set_ylabel("layer")
         figure.colorbar(image, ax=list(axes), fraction=0.02)
+
+
+def error_scale(errors: dict[str, np.ndarray]):
+    """The heatmaps' shared colour scale: from the smallest error to the largest (not from 0, where errors of
+    0.05-0.06 would all be the same colour), logarithmic when they span more than 10x."""
+    from matplotlib.colors import LogNorm, Normalize
+
+    values = np.concatenate([np.asarray(v, dtype=np.float64).ravel() for v in errors.values()])
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return Normalize(0.0, 1.0)
+    low, high = float(values.min()), float(values.max())
+    positive = values[values > 0]
+    if positive.size and high > 10 * float(positive.min()):
+        return LogNorm(float(positive.min()), high)
+    return Normalize(low, high if high > low else low + 1e-12)
 
 
 def tradeoff_plot(points: Sequence[dict], path: Path) -> None:

@@ -362,6 +362,11 @@ def _summary_format(column: str, value: object) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+def summary_cell(column: str, value: object) -> str:
+    """One cell of the summary table as eval.md writes it (the console prints the same text)."""
+    return _summary_format(column, value)
+
+
 def _row_format(column: str, value: object) -> str:
     if column in ("delta_pct", "detectable_pct"):
         return f"{value:+.2f}%" if column == "delta_pct" else f"{value:.2f}%"

@@ -177,14 +177,26 @@ async def _read_events(
     finished = False
     chunks = response.content.iter_any()
     first = True
+    # The whole request's deadline is kept here too, not only by the wait_for around the request: on Python
+    # 3.11 a wait_for whose read completes as it is cancelled swallows the cancellation (fixed in 3.12), and
+    # a server that streams without pause then held a request far past request_timeout_s.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + config.request_timeout_s - (time.perf_counter_ns() - record.sent_ns) / 1e9
     while True:
-        timeout = config.first_byte_timeout_s if first else config.stall_timeout_s
+        phase = config.first_byte_timeout_s if first else config.stall_timeout_s
+        left = deadline - loop.time()
+        if left <= 0:
+            record.error = f"{ERR_TIMEOUT}: no complete answer within {config.request_timeout_s:g} s"
+            return False
+        timeout = min(phase, left)
         try:
             data = await asyncio.wait_for(chunks.__anext__(), timeout=timeout)
         except StopAsyncIteration:
             break
         except asyncio.TimeoutError:
-            if first:
+            if timeout < phase:
+                record.error = f"{ERR_TIMEOUT}: no complete answer within {config.request_timeout_s:g} s"
+            elif first:
                 record.error = f"{ERR_TIMEOUT}: no first byte within {timeout:g} s of the response headers"
             else:
                 record.error = f"{ERR_STALL}: no bytes for {timeout:g} s"

@@ -92,11 +92,12 @@ def make_app(
     log: InstrumentLog | None = None,
     served_model: str | None = None,
     metrics_body: str | None = None,
+    max_model_len: int | None = None,
 ) -> web.Application:
     """An aiohttp app; `behaviour` is fixed, or a function of (request index, body) for per-request faults.
 
     `served_model`: the one model name answered (None: any); `metrics_body`: what GET /metrics returns
-    (None: no /metrics route).
+    (None: no /metrics route); `max_model_len`: the context window /v1/models states (None: none).
     """
     log = log if log is not None else InstrumentLog()
     timer = PreciseTimer()  # one spinner for every stream's chunk deadlines
@@ -122,7 +123,10 @@ def make_app(
         return web.Response(text="ok")
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "instrument", "object": "model"}]})
+        model = {"id": served_model or "instrument", "object": "model"}
+        if max_model_len is not None:
+            model["max_model_len"] = max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -257,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="share the port with other instrument processes (SO_REUSEPORT: the kernel spreads connections)")
     parser.add_argument("--served-model", help="answer only this model name (others: 404)")
     parser.add_argument("--metrics-body", help="what GET /metrics returns (default: no /metrics, a 404)")
+    parser.add_argument("--max-model-len", type=int, help="the context window /v1/models states (default: none)")
     parser.add_argument("--override", action="append", default=[], metavar="PATH=JSON",
                         help="put this JSON value at this path of every event (e.g. usage.prompt_tokens='\"lots\"')")
     parser.add_argument("--ignore-max-tokens", action="store_true", help="stream tokens until the client leaves")
@@ -277,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
         ignore_max_tokens=args.ignore_max_tokens,
         first_event_bytes=args.first_event_bytes,
     )
-    app = make_app(behaviour, served_model=args.served_model, metrics_body=args.metrics_body)
+    app = make_app(behaviour, served_model=args.served_model, metrics_body=args.metrics_body,
+                   max_model_len=args.max_model_len)
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, reuse_port=args.reuse_port or None)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
+from kvbench.engines.http import request
 from kvbench.engines.kv_capacity import kv_capacity
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
@@ -37,7 +38,7 @@ from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.preflight import check_cells, require_all_can_start
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import reconcile
-from kvbench.harness.stream_answer import breach_reason
+from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.folder_lock import locked_run_dir
 from kvbench.measure.metrics import failure_reason, ttft_values
@@ -118,13 +119,15 @@ def run_experiment(
     With `ray_address` (a Ray cluster's address, or `auto`) every engine setting runs as a Ray task on a node
     with the resources its entry declares, its load workers as Ray actors (`harness/ray_cluster.py`)."""
     validate_experiment(config)
+    if ray_address is not None:
+        from kvbench.harness.ray_cluster import import_ray, run_on_ray
+
+        import_ray()  # a missing Ray is bad input, refused before the folder is made
     helps: dict = {}  # each installed engine's --help, run once here and reused at its launch
     if ray_address is None:  # on Ray the cells start on other nodes, which the driver cannot check
         require_all_can_start(check_cells(config, run_dir, helps))
     with locked_run_dir(run_dir):  # a second run on this folder is refused, naming the holder
         if ray_address is not None:
-            from kvbench.harness.ray_cluster import run_on_ray
-
             return run_on_ray(config, run_dir, progress, mode, ray_address)
         resumed = open_run_dir(run_dir, config.to_dict(), mode)
         write_config_and_env(run_dir, config.to_dict(), collect_env())
@@ -143,8 +146,13 @@ def run_experiment(
             experiment.write_summaries()
         if outcome.entries:
             write_plots(run_dir, outcome.entries, experiment.ttfts)
-            write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
-                          config.client.api, config.client.tokenizer)
+            try:
+                write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
+                              config.client.api, config.client.tokenizer)
+            except Exception as exc:  # noqa: BLE001 - what was measured is written; an export must not fail the run
+                warning = f"requests_metrics / vllm exports not written: {type(exc).__name__}: {exc}"
+                outcome.warnings.append(warning)
+                progress.on_message(warning)
         return outcome
 
 
@@ -225,6 +233,7 @@ class _Experiment:
     warned_metrics: set[str] = field(default_factory=set)
     pool: Callable[[], WorkerPool] | None = None  # where a point's load workers run (None: processes here)
     helps: Mapping[tuple[str, ...], tuple[str, str] | None] = field(default_factory=dict)  # preflight's --help texts
+    context: int = DEFAULT_MAX_CONTEXT  # the running engine's context window: the bound of its answers' usage
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
@@ -262,6 +271,7 @@ class _Experiment:
             self.progress.on_message(f"starting {engine.label}")
             adapter.start()
             adapter.wait_healthy(self.config.client.health_timeout_s)
+            self.context = _context_window(adapter)
         except EngineError as exc:
             adapter.stop()
             if index == 0 and engine.engine == "endpoint":
@@ -339,6 +349,7 @@ class _Experiment:
                 first_byte_timeout_s=client.first_byte_timeout_s,
                 stall_timeout_s=client.stall_timeout_s,
                 ignore_eos=client.ignore_eos,
+                max_context_tokens=self.context,
             ),
             load=point.load,
             run_id=point.id.run_id,
@@ -379,6 +390,13 @@ class _Experiment:
         except RunWriteError:
             if not best_effort:
                 raise
+
+
+def _context_window(adapter: EngineAdapter) -> int:
+    """The context window the engine states in /v1/models, else the client's general bound."""
+    endpoint = adapter.endpoint
+    reply = request("GET", endpoint.base_url.rstrip("/") + "/v1/models", timeout_s=10, api_key=endpoint.api_key)
+    return (stated_context(reply.body, endpoint.model) if reply.ok else None) or DEFAULT_MAX_CONTEXT
 
 
 def _stated_capacity(samples: Mapping[str, float] | None) -> dict | None:

@@ -121,11 +121,15 @@ def parse_payload(payload: str, api: str, limits: AnswerLimits) -> Chunk | Failu
 
 def _piece(choice: object, name: str, api: str) -> Piece:
     choice = _object(choice, name)
+    reasoning = ""
     if api == API_COMPLETIONS:
         text = _string(choice.get("text"), f"{name}.text")
     else:
         delta = _object(choice.get("delta", {}), f"{name}.delta", optional=True)
         text = _string(delta.get("content"), f"{name}.delta.content")
+        # A reasoning model's thinking (vLLM's and SGLang's reasoning parsers): tokens, but not the answer text.
+        for key in ("reasoning_content", "reasoning"):
+            reasoning += _string(delta.get(key), f"{name}.delta.{key}")
     ids = choice.get("token_ids")
     token_ids = None
     if ids is not None:
@@ -136,7 +140,7 @@ def _piece(choice: object, name: str, api: str) -> Piece:
     logprob_tokens = _logprob_tokens(choice.get("logprobs"), f"{name}.logprobs")
     if token_ids:
         tokens = len(token_ids)
-    elif text:
+    elif text or reasoning:
         tokens = logprob_tokens or 1
     else:
         tokens = 0
@@ -323,3 +327,20 @@ def breach_reason(records: Sequence[RequestRecord]) -> str | None:
     count = sum(breaches.values())
     example = error if times == count else f"most often ({times}x): {error}"
     return f"server answers failed the client's checks: {count}/{len(records)} requests ({example})"
+
+
+def stated_context(models_body: str, model: str) -> int | None:
+    """The context window a server states for `model` in its /v1/models answer (`max_model_len`, as vLLM and
+    our engine send it; a server that lists one model serves that one whatever it is called), or None when
+    it states none that is a positive integer."""
+    try:
+        body = json.loads(models_body)
+    except (ValueError, RecursionError):
+        return None
+    entries = body.get("data") if isinstance(body, dict) else None
+    entries = [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+    named = [entry for entry in entries if entry.get("id") == model] or (entries if len(entries) == 1 else [])
+    value = named[0].get("max_model_len") if named else None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, DEFAULT_MAX_CONTEXT)
+    return None

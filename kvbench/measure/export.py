@@ -147,7 +147,10 @@ def write_exports(run_dir: Path, entries: Sequence[RunEntry], records_by_run: Ma
     else:
         import pandas as pd
 
-        pd.DataFrame(rows).to_parquet(run_dir / REQUESTS_METRICS_PARQUET, index=False)
+        # Settings as JSON text: parquet has no type for an empty mapping, nor for mappings whose keys differ.
+        frame = pd.DataFrame([{**row, "engine_settings": json.dumps(row["engine_settings"], sort_keys=True)}
+                              for row in rows])
+        frame.to_parquet(run_dir / REQUESTS_METRICS_PARQUET, index=False)
         written.append(run_dir / REQUESTS_METRICS_PARQUET)
     folder = run_dir / VLLM_RESULTS_DIR
     folder.mkdir(exist_ok=True)

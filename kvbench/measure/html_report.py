@@ -1,6 +1,7 @@
 """`kvbench report RUN... --format html`: one self-contained HTML file for one or more run folders.
 
-Everything is inside the file: the results table, every plot of each folder (its PNGs, base64 data URIs),
+Everything is inside the file: the TTFT CDFs of every point of every folder overlaid, then per folder the
+results table, every plot of the folder (its PNGs, base64 data URIs),
 the config and environment the run recorded, each point's invalid reasons and its warm-cache flag (a point
 whose engine's prefix cache was not reset before it). No network, no external script or style: it opens
 the same from a mail attachment as from the run folder. Formats what the run folder holds; computes nothing.
@@ -17,10 +18,15 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import tempfile
+
 import pandas as pd
 
-from kvbench.measure.report import MD_COLUMNS, md_columns, summary_frame
-from kvbench.measure.run_folder import CONFIG_YAML, ENV_JSON, RunEntry
+from kvbench.measure.metrics import ttft_values
+from kvbench.measure.report import MD_COLUMNS, md_columns, summary_frame, write_overlay_cdf
+from kvbench.measure.run_folder import CONFIG_YAML, ENV_JSON, RunEntry, records_by_run
+
+OVERLAY_PNG = "ttft_cdf_all_points.png"
 
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -31,6 +37,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: now
 tr.invalid td { background: #fff0f0; }
 .flag { color: #a00; } .warm { color: #a60; }
 img.plot { max-width: 48%; margin: 0 1% 1em 0; border: 1px solid #eee; }
+div.wide { overflow-x: auto; max-width: 100%; }
 pre { background: #f7f7f7; padding: 0.7em; overflow-x: auto; font-size: 12px; }
 """
 _CHECK_PLOTS = """
@@ -50,8 +57,9 @@ def report_html(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunE
     """The page for `run_dirs`, with each folder's entries (as `kvbench report` read or rebuilt them)."""
     sections = [_section(run_dir, entries) for run_dir, entries in zip(run_dirs, entries_by_dir)]
     title = "kvbench report: " + ", ".join(run_dir.name for run_dir in run_dirs)
+    overlay = _overlay(run_dirs, entries_by_dir)
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{''.join(sections)}"
+            f"<style>{_STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{overlay}{''.join(sections)}"
             f"<script>{_CHECK_PLOTS}</script>\n</body></html>\n")
 
 
@@ -78,7 +86,8 @@ def _table(frame: pd.DataFrame) -> str:
         cells = "".join(_cell(column, row[column]) for column in columns)
         invalid = ' class="invalid"' if row.get("valid") is False else ""
         rows.append(f"<tr{invalid}>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    # A wide table scrolls inside its box instead of running off the page.
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
 def _cell(column: str, value) -> str:
@@ -106,10 +115,29 @@ def _flags(entries: Sequence[RunEntry]) -> str:
     return f"<h3>Flags</h3><ul>{''.join(items)}</ul>"
 
 
+def _overlay(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEntry]]) -> str:
+    """Every point's TTFT CDF of every folder on one axis (identical samples share a curve)."""
+    samples = {}
+    for run_dir, entries in zip(run_dirs, entries_by_dir):
+        records = records_by_run(run_dir)
+        for entry in entries:
+            values = ttft_values(records.get(entry.run_id, ()))
+            if values:
+                samples[f"{run_dir.name}: {entry.engine} {entry.load}" if len(run_dirs) > 1 else f"{entry.engine} {entry.load}"] = values
+    if not samples:
+        return ""
+    with tempfile.TemporaryDirectory() as folder:
+        path = write_overlay_cdf(Path(folder) / OVERLAY_PNG, samples, "TTFT CDF of every point")
+        return f"<h2>All points</h2>{_image(path)}\n"
+
+
+def _image(path: Path) -> str:
+    return (f'<img class="plot" alt="{html.escape(path.name)}" title="{html.escape(path.name)}" '
+            f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">')
+
+
 def _plots(run_dir: Path) -> str:
     images = sorted(run_dir.glob("*.png"))
     if not images:
         return "<p>No plots in this folder.</p>"
-    return "".join(
-        f'<img class="plot" alt="{html.escape(path.name)}" title="{html.escape(path.name)}" '
-        f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">' for path in images)
+    return "".join(_image(path) for path in images)

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvbench.distribution import PERCENTILES
@@ -170,28 +171,78 @@ def _flags(entry: RunEntry) -> list[str]:
     return flags
 
 
+def write_overlay_cdf(path: Path, samples: Mapping[str, Sequence[float]], title: str) -> Path:
+    """TTFT CDFs of several runs on one axis (`kvbench report --format html` over several folders)."""
+    with _figure(path, "TTFT (ms)", "fraction of requests", title) as axis:
+        draw_cdfs(axis, samples)
+    return path
+
+
 def write_plots(run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
     """TTFT CDF per engine setting, and throughput vs TTFT p99 across load points. Returns the files."""
-    import numpy as np
-
     written = []
     warm = f" ({WARM_CACHE})" if any(entry.cache_state == WARM_CACHE for entry in entries) else ""
     if ttft_by_setting:
         with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", f"TTFT CDF per engine setting{warm}") as axis:
-            for label, values in ttft_by_setting.items():
-                if len(values):
-                    ordered = np.sort(np.asarray(values))
-                    axis.plot(ordered, np.arange(1, ordered.size + 1) / ordered.size, label=label)
+            draw_cdfs(axis, ttft_by_setting)
         written.append(run_dir / TTFT_CDF_PNG)
     frame = summary_frame(entries)
     overall = frame[frame["tenant"] == "all"]
     if not overall.empty:
         path = run_dir / THROUGHPUT_PNG
         with _figure(path, "output tokens/s", "TTFT p99 (ms)", f"Throughput vs TTFT p99 across load points{warm}") as axis:
-            for (engine, workload), group in overall.groupby(["engine", "workload"]):
-                axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
+            draw_throughput_points(axis, overall)
         written.append(path)
     return written
+
+
+_STYLES = ("-", "--", "-.", ":")
+
+
+def same_samples(samples: Mapping[str, Sequence[float]]) -> list[tuple[str, np.ndarray]]:
+    """(label, sorted sample) per distinct sample: settings whose samples are identical share one curve,
+    labelled `a = b` (four identical curves drawn over each other read as one unlabelled line)."""
+    groups: list[tuple[list[str], np.ndarray]] = []
+    for label, values in samples.items():
+        ordered = np.sort(np.asarray(values, dtype=np.float64))
+        if not ordered.size:
+            continue
+        for labels, other in groups:
+            if other.shape == ordered.shape and np.allclose(other, ordered, rtol=1e-9, atol=0.0):
+                labels.append(label)
+                break
+        else:
+            groups.append(([label], ordered))
+    return [(" = ".join(labels), ordered) for labels, ordered in groups]
+
+
+def draw_cdfs(axis, samples: Mapping[str, Sequence[float]]) -> None:
+    """One step CDF per distinct sample (see `same_samples`), each in its own line style too, so curves that
+    nearly coincide stay apart; the x axis is logarithmic when the samples span more than 20x."""
+    curves = same_samples(samples)
+    for index, (label, ordered) in enumerate(curves):
+        axis.step(ordered, np.arange(1, ordered.size + 1) / ordered.size, where="post", label=label,
+                  linestyle=_STYLES[index % len(_STYLES)], linewidth=2.2 - 0.3 * (index % 4))
+    positive = [ordered[ordered > 0] for _, ordered in curves]
+    low = min((values.min() for values in positive if values.size), default=None)
+    high = max((values.max() for values in positive if values.size), default=None)
+    if low is not None and high > 20 * low:
+        axis.set_xscale("log")
+
+
+def draw_throughput_points(axis, overall: pd.DataFrame) -> None:
+    """One line per (engine setting, workload) through its load points, in throughput order, each point
+    labelled with its load (and, for a setting with one point, its engine), so a single point is not an
+    anonymous dot."""
+    for (engine, workload), group in overall.groupby(["engine", "workload"]):
+        group = group.dropna(subset=["output_tok_s", "ttft_p99_ms"]).sort_values("output_tok_s")
+        if group.empty:
+            continue
+        axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
+        for _, row in group.iterrows():
+            text = row["load"] if len(group) > 1 else f"{engine} {row['load']}"
+            axis.annotate(str(text), (row["output_tok_s"], row["ttft_p99_ms"]), textcoords="offset points",
+                          xytext=(4, 4), fontsize=7)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,9 @@
                       prompts, 6,000-token system prompts, 1,200-token questions, 1,000 output tokens
                       (`workloads/shared_prefix.py`); one request per session, arrivals from the load
 
+`sharegpt:FILE`, `dataset:PATH`, `random` and `prefix_repetition` are real or vLLM-style datasets read through
+Hugging Face `datasets` (`text_datasets.py`); their options come as `overrides`.
+
 A path is read by its kind: `.jsonl` is Mooncake or kvbench JSONL (sniffed from the first record), `.csv` is
 an Azure trace, `.yaml`/`.yml` holds rag-chat parameters: any `RagChatParams` field, plus an optional
 `profile:` to start from (default `rag-chat`) and an optional `name:`; with `generator: shared_prefix` it holds
@@ -29,6 +32,7 @@ from kvbench.settings import read_yaml
 from kvbench.workloads.ragchat import RagChatParams, generate_rag_chat
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 from kvbench.workloads.spec import Session, TenantSpec, Turn, Workload, WorkloadError
+from kvbench.workloads.text_datasets import is_dataset_name, load_dataset_workload
 from kvbench.workloads.traces import TRACE_READERS, sniff_trace_format
 
 _MULTI_TENANT = (
@@ -71,6 +75,10 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
     """
     overrides = dict(overrides or {})
     suffix = Path(name_or_path).suffix.lower()
+    if is_dataset_name(name_or_path):
+        workload = load_dataset_workload(name_or_path, seed=seed, num_sessions=num_sessions, options=overrides,
+                                         vocab_size=vocab_size)
+        return _scaled(workload, time_scale)
     if name_or_path == SHARED_PREFIX:
         return _shared_prefix(SharedPrefixParams(), overrides, name_or_path, seed, num_sessions, vocab_size)
     if suffix in _PARAM_SUFFIXES:
@@ -93,7 +101,8 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
         return reader(name_or_path, seed=seed, time_scale=time_scale, limit=num_sessions, **options)
     else:
         raise WorkloadError(f"unknown workload {name_or_path!r}: use a profile ({', '.join(PROFILES)}), a trace "
-                            f"({', '.join(_TRACE_SUFFIXES)}) or a parameter file ({', '.join(_PARAM_SUFFIXES)})")
+                            f"({', '.join(_TRACE_SUFFIXES)}), a parameter file ({', '.join(_PARAM_SUFFIXES)}) or a dataset "
+                            "(sharegpt:FILE, dataset:PATH, random, prefix_repetition)")
     if num_sessions is not None:
         overrides["num_sessions"] = num_sessions
     if vocab_size is not None:

@@ -28,7 +28,7 @@ def _entries(out):
 def test_a_field_no_server_could_send_fails_its_requests_and_every_point_still_runs(tmp_path, capsys):
     out = tmp_path / "run"
     with instrument_process("--override", 'usage.prompt_tokens="lots"') as (url, _):
-        code = main(["run", str(_config(tmp_path, url)), "--out", str(out)])
+        code = main(["run", str(_config(tmp_path, url, "max_lag_ms: 1000")), "--out", str(out)])
     assert code == 1
     entries = _entries(out)
     assert [entry["load"] for entry in entries] == ["conc=1", "conc=2"]  # the second point ran after the first
@@ -53,3 +53,13 @@ def test_a_point_invalid_only_for_client_lag_exits_1(tmp_path, capsys):
         assert entry["summary"]["overall"]["errors"] == 0
         assert len(entry["invalid_reasons"]) == 1 and entry["invalid_reasons"][0].startswith("client lag: ")
     assert "invalid:" in capsys.readouterr().out
+
+
+def test_usage_past_the_context_window_the_server_states_is_a_failed_answer(tmp_path):
+    out = tmp_path / "run"
+    with instrument_process("--max-model-len", "50") as (url, _):  # /v1/models: max_model_len 50
+        code = main(["run", str(_config(tmp_path, url, "max_lag_ms: 1000")), "--out", str(out)])
+    assert code == 1
+    records = list(read_records(out / "requests.jsonl"))
+    assert records and all(rec.error.startswith("bad_answer: usage.prompt_tokens is ") and
+                           rec.error.endswith(", past the context bound 50") for rec in records), records[0].error

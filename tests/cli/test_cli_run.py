@@ -114,7 +114,8 @@ def _entries(out):
 def test_a_run_where_every_request_fails_is_invalid_and_fails(tmp_path, capsys):
     with instrument_process("--served-model", "instrument") as (url, _):
         out = tmp_path / "run"
-        code = main(["run", "--url", url, "--model", "wrong-model", "--num-sessions", "3", "--out", str(out)])
+        code = main(["run", "--url", url, "--model", "wrong-model", "--num-sessions", "3", *NOT_ABOUT_LAG,
+                     "--out", str(out)])
     assert code == 1
     (entry,) = _entries(out)
     assert entry["valid"] is False

@@ -58,3 +58,19 @@ def test_a_label_longer_than_the_label_width_folds_instead_of_ending_in_dots():
     text = _render(frame, 120)
     assert "…" not in text
     assert "vllm[kv_cache_dtype=fp8" in text.replace("\n", " ")
+
+
+def test_eval_prints_its_summary_in_the_same_style_with_every_number(tmp_path, monkeypatch):
+    from kvbench.cli.commands import eval_cmd
+    from kvbench.measure.run_folder import EVAL_MD, EVAL_SUMMARY_CSV
+
+    pd.DataFrame({"setting": ["fp16", "fp8_e4m3/tensor"], "kl": [0.0, 1.234e-4], "top1_agreement": [1.0, 0.9871],
+                  "ppl_delta_pct": [0.0, -0.4312], "items": [512, 512]}).to_csv(tmp_path / EVAL_SUMMARY_CSV, index=False)
+    out = io.StringIO()
+    monkeypatch.setattr(eval_cmd, "console", Console(file=out, width=80, color_system=None))
+    eval_cmd.print_eval_summary({EVAL_SUMMARY_CSV: tmp_path / EVAL_SUMMARY_CSV, EVAL_MD: tmp_path / EVAL_MD})
+    text = out.getvalue()
+    cells = re.split(r"\s+", text)
+    for cell in ("1.23e-04", "98.7%", "-0.43%", "512", "fp8_e4m3/tensor"):
+        assert cell in cells, cell
+    assert "|" not in text and "…" not in text  # not Markdown, nothing cut

@@ -113,3 +113,41 @@ def test_the_sse_bound_counts_an_event_across_its_lines_and_chunks():
     parser = SSEParser(max_event_bytes=100)
     for _ in range(50):  # many events under the bound: each one counts alone
         assert parser.feed(b"data: " + b"z" * 90 + b"\n\n") == ["z" * 90]
+
+
+def test_a_reasoning_models_thinking_is_content_but_not_answer_text():
+    # vLLM's and SGLang's reasoning parsers stream the thinking as delta.reasoning_content (or .reasoning): a
+    # request that spent its max_tokens thinking produced content, not "no content".
+    from kvbench.harness.stream_answer import API_CHAT, AnswerLimits, AnswerReader
+    from kvbench.measure.records import RequestRecord
+
+    reader = AnswerReader(API_CHAT, AnswerLimits(max_tokens=2))
+    record = RequestRecord(run_id="r", request_id="q", session_id="s", tenant="t", turn=0, queued_ns=0)
+    for arrival, key in enumerate(("reasoning_content", "reasoning"), start=1):
+        payload = '{"choices": [{"delta": {"%s": "hm", "content": null}}]}' % key
+        assert reader.take(payload, arrival, record) is None
+    assert reader.finish(record) is None
+    assert reader.result.text == "" and record.chunks == [[1, 1], [2, 1]]
+
+
+def test_a_stream_without_end_is_cut_at_request_timeout_s():
+    # A long answer within max_tokens that the server streams without a pause: Python 3.11's wait_for, cancelled
+    # as a read completes, swallowed the cancellation and the request ran on far past request_timeout_s (it
+    # hung a 2 s request for more than 40 s). The run goes in a thread of its own so that a hang fails here.
+    import threading
+
+    outcome = {}
+
+    def play():
+        async def go():
+            async with serving(InstrumentBehaviour(first_token_ms=1, chunk_interval_ms=0.2, ignore_max_tokens=True)) as (url, _):
+                generator = LoadGenerator(EndpointConfig(base_url=url, model="m", request_timeout_s=1),
+                                          LoadSpec(concurrency=1), run_id="long")
+                return await generator.run(workload(sessions=2, max_tokens=10**9))
+        outcome["result"] = asyncio.run(go())
+
+    thread = threading.Thread(target=play, daemon=True)
+    thread.start()
+    thread.join(timeout=60)  # 2 requests of 1 s each: 60 s is far past any load's delay
+    assert not thread.is_alive(), "a request ran on past request_timeout_s"
+    assert [rec.error for rec in outcome["result"].records] == ["timeout: no complete answer within 1 s"] * 2

@@ -111,3 +111,47 @@ def test_write_exports_writes_jsonl_parquet_and_one_vllm_file_per_point(point, t
     assert list(parquet.ttft_ms) == [json.loads(line)["ttft_ms"] for line in lines]
     (vllm_file,) = (tmp_path / VLLM_RESULTS_DIR).iterdir()
     assert vllm_file in written and json.loads(vllm_file.read_text())["kvbench"]["run_id"] == entry.run_id
+    assert json.loads(parquet.engine_settings[0]) == {"kv_dtype": "fp8_e4m3"}
+
+
+def test_parquet_takes_points_without_engine_settings_and_with_different_ones(point, tmp_path):
+    """An endpoint's empty settings and another point's different keys (parquet has no type for either as a
+    mapping: a run wrote its records and then failed here)."""
+    entry, records, _, _ = point
+    bare = dataclasses.replace(entry, engine_settings={}, run_id="bare")
+    write_exports(tmp_path, [bare], {"bare": records}, {LOAD.label: dataclasses.asdict(LOAD)})
+    assert set(pd.read_parquet(tmp_path / REQUESTS_METRICS_PARQUET).engine_settings) == {"{}"}
+    write_exports(tmp_path, [bare, entry], {"bare": records, entry.run_id: records},
+                  {LOAD.label: dataclasses.asdict(LOAD)})
+    assert sorted(set(pd.read_parquet(tmp_path / REQUESTS_METRICS_PARQUET).engine_settings)) == [
+        "{\"kv_dtype\": \"fp8_e4m3\"}", "{}"]
+
+
+def test_kvbench_report_reads_vllms_own_result_file_beside_a_run(point, tmp_path, capsys):
+    """The fixture vLLM wrote and our vllm/<point>.json, in one `kvbench report` table with vLLM's numbers."""
+    from kvbench.cli.main import main
+    from kvbench.measure.report import write_summaries
+
+    entry, records, _, _ = point
+    write_summaries(tmp_path, [entry])
+    ours = tmp_path / "ours.json"
+    ours.write_text(json.dumps(vllm_result(entry, records, dataclasses.asdict(LOAD))))
+    assert main(["report", str(tmp_path), str(FIXTURE), str(ours), "--format", "csv"]) == 0
+    frame = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+    theirs = json.loads(FIXTURE.read_text())
+    row = frame[frame.run_dir == FIXTURE.name].iloc[0]
+    assert row.ttft_p99_ms == pytest.approx(theirs["p99_ttft_ms"]) and row.requests == 6
+    assert row.output_tok_s == pytest.approx(theirs["output_throughput"]) and row.load == "rps=20.0,max=2"
+    assert pd.isna(row.cache_hit_rate)  # vLLM does not measure it: missing, not 0
+    mine = frame[frame.run_dir == "ours.json"].iloc[0]
+    folder = frame[frame.run_dir == tmp_path.name].iloc[0]
+    assert mine.ttft_p99_ms == pytest.approx(folder.ttft_p99_ms) and mine.req_s == pytest.approx(folder.req_s)
+
+
+def test_a_json_that_is_not_a_vllm_result_is_one_line_naming_what_is_missing(tmp_path, capsys):
+    from kvbench.cli.main import main
+
+    bad = tmp_path / "x.json"
+    bad.write_text('{"completed": 3}')
+    assert main(["report", str(bad)]) == 2
+    assert "not a vllm bench serve result: no failed, request_throughput, output_throughput" in capsys.readouterr().err

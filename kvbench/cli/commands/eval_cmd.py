@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from kvbench.cli.flag_types import at_least
 
@@ -81,6 +82,27 @@ def handle(args: argparse.Namespace) -> int:
     from kvbench.measure.run_folder import EVAL_MD
 
     paths = run_eval(config, run_dir, progress=lambda message: console.print(f"  {message}", highlight=False))
-    console.print(paths[EVAL_MD].read_text().split("## Every metric")[0], markup=False, highlight=False)
+    print_eval_summary(paths)
     console.print(f"results: {', '.join(str(path) for path in paths.values())}")
     return 0
+
+
+def print_eval_summary(paths) -> None:
+    """The eval's summary in kvbench's console table style (numbers never cut); eval.md holds the rest (paired
+    deltas, the baseline's scores, positions), as Markdown."""
+    import math
+
+    import pandas as pd
+
+    from kvbench.cli.console_table import Column, print_table
+    from kvbench.evals.results import summary_cell
+    from kvbench.measure.run_folder import EVAL_MD, EVAL_SUMMARY_CSV
+
+    if EVAL_SUMMARY_CSV not in paths or not paths[EVAL_SUMMARY_CSV].exists():
+        return
+    frame = pd.read_csv(paths[EVAL_SUMMARY_CSV])
+    columns = [Column(str(column), frame[column].dtype.kind in "fi") for column in frame.columns]
+    rows = [[escape("n/a" if isinstance(value, float) and math.isnan(value) else summary_cell(str(column), value))
+             for column, value in row.items()] for _, row in frame.iterrows()]
+    print_table(console, columns, rows, title="KV quality eval: summary")
+    console.print(f"paired deltas with intervals, the baseline's scores and positions: {paths[EVAL_MD]}", highlight=False)

@@ -27,7 +27,8 @@ def register(commands, formatter) -> None:
         f"gets one rebuilt from its {CONFIG_YAML} and {REQUESTS_JSONL}.",
         formatter_class=formatter,
     )
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="kvbench run folders, or vllm bench serve --save-result JSON files (table, md, csv)")
     parser.add_argument("--format", choices=("table", "md", "csv", "html"), default="table",
                         help="table: kvbench's console table (numbers never cut); md: Markdown; csv; html: one "
                         "self-contained file (tables, plots, config, env, flags), see --out")
@@ -40,9 +41,14 @@ def register(commands, formatter) -> None:
 def handle(args: argparse.Namespace) -> int:
     if args.format == "html":
         return _html(args)
+    from kvbench.measure.foreign_results import is_vllm_result, vllm_result_row
+
     frames = []
     for run_dir in args.run_dirs:
-        frame = summary_frame(_entries(run_dir))
+        if is_vllm_result(run_dir):  # a `vllm bench serve --save-result` file, beside our run folders
+            frame = pd.DataFrame([vllm_result_row(run_dir)], columns=summary_frame([]).columns)
+        else:
+            frame = summary_frame(_entries(run_dir))
         frame.insert(0, "run_dir", run_dir.name)
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)

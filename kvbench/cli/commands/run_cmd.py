@@ -11,19 +11,22 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+)
 
 from kvbench.cli.flag_types import at_least, number_above
-from kvbench.cli import vllm_flags
+from kvbench.cli import find_max_flags, vllm_flags
+from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
-from kvbench.harness.runner import Progress as RunProgress
 from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
+from kvbench.workloads.text_datasets import needs_tokenizer
 
 console = Console()
 error_console = Console(stderr=True, soft_wrap=True)
@@ -62,7 +65,9 @@ def register(commands, formatter) -> None:
         help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML; with "
         "CONFIG.yaml, it overrides that setting of every engine",
     )
-    parser.add_argument("--workload", default=None, help=f"profile name or trace/param file (default {DEFAULT_WORKLOAD})")
+    parser.add_argument("--workload", default=None,
+                        help=f"profile name, trace/param file, or dataset: sharegpt:FILE (with --tokenizer), "
+                        f"dataset:PATH, random, prefix_repetition (default {DEFAULT_WORKLOAD})")
     parser.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=number_above(0),
@@ -94,6 +99,10 @@ def register(commands, formatter) -> None:
     parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
     parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
     vllm_flags.add_report_flags(parser)
+    find_max_flags.add_flags(parser)
+    parser.add_argument("--progress-every", type=number_above(0), default=DEFAULT_EVERY_S, metavar="S",
+                        help="off a terminal (CI logs, pipes): a progress line every S seconds (default "
+                        f"{DEFAULT_EVERY_S:g})")
     parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>); one that holds a run is "
                         "refused unless --resume or --overwrite is given")
     reuse = parser.add_mutually_exclusive_group()
@@ -135,6 +144,8 @@ def config_from_args(args: argparse.Namespace):
         if args.api_key:
             settings.setdefault("api_key", args.api_key)
         workload = {"name": args.workload or DEFAULT_WORKLOAD}
+        if args.tokenizer and needs_tokenizer(workload["name"]):
+            workload["overrides"] = {"tokenizer": args.tokenizer}  # a text dataset is tokenized with it
         if args.num_sessions is not None:
             workload["num_sessions"] = args.num_sessions
         data = {
@@ -208,15 +219,17 @@ def handle(args: argparse.Namespace) -> int:
         from kvbench.harness.dry_run import print_dry_run
 
         return print_dry_run(config, run_dir, console, error_console)
+    if args.find_max:
+        return find_max_flags.run(args, config, run_dir, console)
     mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.FRESH
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(), console=console, transient=False,
+        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
     ) as bar:
         try:
             with _terminate_is_interrupt():
-                outcome = run_experiment(config, run_dir, _bar_progress(bar), mode, ray_address=args.ray)
+                outcome = run_experiment(config, run_dir, live_progress(bar, args.progress_every), mode, ray_address=args.ray)
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
@@ -245,32 +258,6 @@ def _percentiles(args: argparse.Namespace) -> dict[str, str] | None:
     if args.percentile_metrics is None and args.metric_percentiles is None:
         return None
     return vllm_flags.percentile_columns(args)
-
-
-def _bar_progress(bar: Progress) -> RunProgress:
-    """One progress bar per point: requests answered, errors so far, then the point's TTFT p50."""
-    tasks: dict[str, int] = {}
-    errors = {"n": 0}
-
-    def start(run_id: str, total: int) -> None:
-        errors["n"] = 0
-        tasks[run_id] = bar.add_task(escape(run_id), total=total, status="")
-
-    def record(rec) -> None:
-        if rec.error:
-            errors["n"] += 1
-        task = tasks.get(rec.run_id)
-        if task is not None:
-            bar.update(task, advance=1, status=f"errors {errors['n']}" if errors["n"] else "")
-
-    def end(entry: RunEntry) -> None:
-        ttft = entry.summary["overall"]["ttft_ms"]
-        task = tasks.get(entry.run_id)
-        if task is not None:
-            bar.update(task, status=f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request")
-
-    return RunProgress(on_point_start=start, on_record=record, on_point_end=end,
-                       on_message=lambda text: bar.console.print(text, markup=False, highlight=False))
 
 
 @contextlib.contextmanager

@@ -58,7 +58,8 @@ def setting(default: Any, help: str, *, unit: str = "", gt: float | None = None,
     """A settings field: its default, its help (a flag's), its unit and range (`settings.build` enforces
     them, and so does the config itself) and, for a string, its choices (an enum field's are its values).
     `repr=False` keeps a secret out of the config's repr (and so out of logs)."""
-    return field(default=default, repr=repr, metadata={"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices})
+    metadata = {"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices}
+    return field(default=default, repr=repr, metadata=metadata)
 
 
 def choices_of(f: dataclasses.Field, hint: Any) -> tuple[str, ...] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from kvbench.engines.kvengine.adapter import KVEngineAdapter, KVEngineSettings
-from kvbench.engines.kvengine.config import EngineConfig, IsolationMode, ServeOptions, setting
+from kvbench.engines.kvengine.config import TIER_SECRET_ENV, EngineConfig, IsolationMode, ServeOptions, setting
 from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat, ScaleMode
 from kvbench.engines.kvengine.flags import add_flags, from_args, to_argv
 from kvbench.engines.kvengine.server.main import add_arguments
@@ -29,6 +29,7 @@ NON_DEFAULT_ENGINE = {
     "served_model_name": "tiny", "threads": 2, "cuda_graphs": True, "host_capacity": 1024, "disk_capacity": 2048,
     "disk_dir": "/tmp/kv-disk", "remote_url": "redis://127.0.0.1:6379/1", "device_ttl_s": 2.5,
     "host_ttl_s": 1e6, "tier_interval_s": 0.125, "tenants_file": "tenants.yaml", "isolation": "shared-prefix",
+    "tier_secret": "s3",
 }
 NON_DEFAULT_SERVE = {"host": "0.0.0.0", "port": 9999, "api_key": "k1", "admin_key": "k2", "metrics_open": True,
                      "step_log": "steps.jsonl"}
@@ -62,7 +63,9 @@ def test_the_adapter_launches_the_server_with_its_settings_and_nothing_else(tmp_
     command = adapter.command()
     assert command[1:3] == ["-m", "kvbench.engines.kvengine.server.main"]
     args = serve_parser().parse_args(command[3:])
-    assert from_args(EngineConfig, args) == adapter.settings.engine
+    # The tier secret travels in the environment, never in argv (ps and logs show argv).
+    assert not any("s3" == part for part in command) and adapter._process.env[TIER_SECRET_ENV] == "s3"
+    assert from_args(EngineConfig, args) == dataclasses.replace(adapter.settings.engine, tier_secret=None)
     assert from_args(ServeOptions, args) == dataclasses.replace(adapter.serve_options(), metrics_open=True)
     assert (args.port, args.api_key, args.step_log) == (8123, "sk-run", str(tmp_path / "steps.jsonl"))
 

@@ -16,7 +16,8 @@ Device KV: `kvbench:kv_capacity_tokens` and `kvbench:kv_capacity_bytes`, the tie
 `kv_capacity: auto` or `kv_capacity_bytes` were resolved), per device; `kvbench:kv_pages_used` of
 `kvbench:kv_pages_capacity` pages in use.
 Per tier: `kvbench:kv_tier_failures_total{tier,reason}`: a tier skipped (full, unavailable) or a page
-that failed verification (corrupt), each a miss and a recompute, never an error.
+that failed verification (corrupt: cut short or another layout; forged: its HMAC fails), each a miss and a
+recompute, never an error.
 """
 
 from __future__ import annotations

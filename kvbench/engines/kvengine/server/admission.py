@@ -1,9 +1,11 @@
 """What a request may cost before any of it is spent: checks that run on the event loop, in time linear in the
 body's bytes, before the body is parsed deeper or a character of it is tokenised.
 
-- JSON depth: Python's JSON reader recurses once per level, so a body nested 100,000 deep raised
-  RecursionError (a 500 and a traceback). `check_json_depth` refuses more than `MAX_JSON_DEPTH` levels (no
-  OpenAI request needs more than a handful) from the raw bytes, before `json.loads` sees them.
+- JSON shape: Python's JSON reader recurses once per level, so a body nested 100,000 deep raised
+  RecursionError (a 500 and a traceback); and it holds the GIL while it builds objects (0.3 s for a chat of
+  100,000 messages, during which the event loop answers nobody). `check_json_shape` refuses more than
+  `MAX_JSON_DEPTH` levels (no OpenAI request needs more than a handful) and more than `MAX_JSON_CONTAINERS`
+  objects and arrays, from the raw bytes, before `json.loads` sees them.
 - Chat size: a chat of 100,000 one-character messages is short text but a long templated prompt (900,011
   tokens with the tiny model's template, 3.6 s of tokenising before its refusal). `check_messages` caps the
   count at `MAX_MESSAGES` (2048, the OpenAI API's own cap on `messages`) and bounds the templated length
@@ -13,29 +15,48 @@ body's bytes, before the body is parsed deeper or a character of it is tokenised
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.engines.kvengine.server.protocol import RequestError
+from kvbench.engines.kvengine.server.protocol import RequestError, check_chars
 
 MAX_JSON_DEPTH = 64
 MAX_MESSAGES = 2048  # the OpenAI API's maximum length of `messages`
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+MAX_JSON_CONTAINERS = 4 * MAX_MESSAGES + 256  # a full chat whose messages carry content parts, plus tools
 
 
-def check_json_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
-    """RequestError when `raw` nests arrays/objects deeper than `limit` (brackets inside strings not counted)."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
-        return  # cannot nest deeper than it has brackets: most bodies stop here
-    data = np.frombuffer(_STRING.sub(b'""', raw), dtype=np.uint8)
-    step = np.isin(data, (ord("["), ord("{"))).astype(np.int32) - np.isin(data, (ord("]"), ord("}")))
-    depth = int(np.cumsum(step).max(initial=0))
-    if depth > limit:
-        raise RequestError(f"the body nests JSON {depth} levels deep; at most {limit} are accepted (a request needs "
-                           "a handful): flatten it", status=400)
+def check_json_shape(raw: bytes, depth_limit: int = MAX_JSON_DEPTH, count_limit: int = MAX_JSON_CONTAINERS) -> None:
+    """RequestError when `raw` nests arrays/objects deeper than `depth_limit` or holds more than `count_limit`
+    of them (brackets inside strings not counted)."""
+    if raw.count(b"[") + raw.count(b"{") <= min(depth_limit, count_limit):
+        return  # cannot nest deeper, or hold more, than it has brackets: most bodies stop here
+    data = np.frombuffer(raw, dtype=np.uint8)
+    opening = (data == ord("[")) | (data == ord("{"))  # (np.isin sorts: 5x slower)
+    brackets = np.flatnonzero(opening | (data == ord("]")) | (data == ord("}")))
+    brackets = brackets[_outside_strings(data, brackets)]
+    opens = opening[brackets]
+    depth = int(np.cumsum(np.where(opens, 1, -1)).max(initial=0))
+    if depth > depth_limit:
+        raise RequestError(f"the body nests JSON {depth} levels deep; at most {depth_limit} are accepted (a request "
+                           "needs a handful): flatten it")
+    if int(opens.sum()) > count_limit:
+        raise RequestError(f"the body holds {int(opens.sum())} JSON objects and arrays; at most {count_limit} are "
+                           f"accepted (a chat holds at most {MAX_MESSAGES} messages): send less")
+
+
+def _outside_strings(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether each of `positions` (sorted byte indexes) lies outside every JSON string: an even number of
+    unescaped quotes before it. A quote is escaped after an odd run of backslashes. Vectorised: a regex over
+    the 200,000 strings of a 100,000-message chat held the GIL 0.5 s."""
+    quotes = np.flatnonzero(data == ord('"'))
+    if quotes.size and np.any(data[np.maximum(quotes - 1, 0)] == ord("\\")):
+        index = np.arange(data.size, dtype=np.int32)
+        last_other = np.maximum.accumulate(np.where(data == ord("\\"), -1, index))
+        run_before = index[quotes] - 1 - last_other[np.maximum(quotes - 1, 0)]  # backslashes just before
+        quotes = quotes[(quotes == 0) | (run_before % 2 == 0)]
+    return np.searchsorted(quotes, positions) % 2 == 0
 
 
 @dataclass(frozen=True)
@@ -88,9 +109,12 @@ def check_messages(body: Mapping, template: TemplateCost, max_chars: int) -> int
     return bound
 
 
-def prompt_chars(body: Mapping) -> int:
-    """Characters a completion body asks to tokenise (0 for token ids; the parser refuses other shapes)."""
+def check_prompt(body: Mapping, max_chars: int) -> int:
+    """Characters a completion body asks to tokenise (0 for token ids; the parser refuses other shapes), or
+    RequestError naming `prompt` beyond what the context holds."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
-    return len(prompt) if isinstance(prompt, str) else 0
+    chars = len(prompt) if isinstance(prompt, str) else 0
+    check_chars(chars, max_chars, "prompt")
+    return chars

@@ -18,8 +18,9 @@ one gets 401, a tenant's key 403. `metrics_open` opens /metrics to anyone (a Pro
 time (`hmac.compare_digest`).
 
 Limits: a body beyond `protocol.max_body_bytes` of the model's context gets 413, a body nested deeper than
-`admission.MAX_JSON_DEPTH` 400 before it is parsed, a text prompt beyond `protocol.max_prompt_chars` (for a
-chat: its templated length bound, or more than `admission.MAX_MESSAGES` messages) 400 before it is tokenised. A non-streaming client that leaves is noticed
+`admission.MAX_JSON_DEPTH` or holding more than `admission.MAX_JSON_CONTAINERS` objects 400 before it is
+parsed, a text prompt beyond `protocol.max_prompt_chars` (for a chat: its templated length bound, or more
+than `admission.MAX_MESSAGES` messages) 400 before it is tokenised. A non-streaming client that leaves is noticed
 within `DISCONNECT_POLL_S` and its request aborted (its pages freed), as a streaming one is at its next write.
 """
 
@@ -37,7 +38,7 @@ from aiohttp import web
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput
-from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_depth, check_messages, prompt_chars
+from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_shape, check_messages, check_prompt
 from kvbench.engines.kvengine.server.answer import Answer
 from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
 from kvbench.engines.kvengine.server.protocol import (
@@ -51,6 +52,7 @@ from kvbench.engines.kvengine.server.protocol import (
 from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
 from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes
 
+SHAPE_INLINE_BYTES = 1 << 16  # bodies up to this size have their JSON shape checked on the event loop
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
 
 
@@ -121,7 +123,10 @@ async def _body(request: web.Request) -> Mapping:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
-    check_json_depth(raw)  # before json.loads recurses into it
+    if len(raw) > SHAPE_INLINE_BYTES:  # numpy releases the GIL: the loop answers others meanwhile
+        await asyncio.get_running_loop().run_in_executor(None, check_json_shape, raw)
+    else:
+        check_json_shape(raw)  # before json.loads recurses into it, or builds 100,000 objects
     try:
         body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
@@ -192,7 +197,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
     return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
-                         lambda body: prompt_chars(body), chat=False)
+                         lambda body: check_prompt(body, limit), chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

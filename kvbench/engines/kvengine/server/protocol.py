@@ -98,7 +98,7 @@ def parse_completion(body: Mapping, tokenizer, tenant: str, max_chars: int) -> P
     if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        _check_chars(len(prompt), max_chars, "prompt")
+        check_chars(len(prompt), max_chars, "prompt")
         prompt_ids = tuple(tokenizer(prompt)["input_ids"])
     elif isinstance(prompt, list) and prompt and all(_is_int(token) for token in prompt):
         prompt_ids = tuple(prompt)
@@ -120,7 +120,7 @@ def parse_chat(body: Mapping, chat_prompt_ids, tenant: str, max_chars: int) -> P
                 and isinstance(message.get("role"), str)):
             raise RequestError(f"messages[{index}]: each message needs a string 'role' and a string 'content'",
                                "messages")
-    _check_chars(sum(len(m["content"]) + len(m["role"]) for m in messages), max_chars, "messages")
+    check_chars(sum(len(m["content"]) + len(m["role"]) for m in messages), max_chars, "messages")
     prompt_ids = tuple(chat_prompt_ids([{"role": m["role"], "content": m["content"]} for m in messages]))
     want = _bool(body, "logprobs", False)
     top = _optional_int(body, "top_logprobs", 0, MAX_LOGPROBS)
@@ -184,11 +184,12 @@ def check_unsupported(body: Mapping) -> None:
     """A 400 naming every field whose value this engine would have to ignore."""
     named = sorted(name for name, no_op in UNSUPPORTED.items() if not no_op(body.get(name)))
     if named:
-        raise RequestError(f"{', '.join(named)}: not supported by this engine; omit {'them' if len(named) > 1 else 'it'}"
-                           f" (or send the default: best_of 1, penalties 0, no tools)", named[0])
+        them = "them" if len(named) > 1 else "it"
+        raise RequestError(f"{', '.join(named)}: not supported by this engine; omit {them} (or send the default: "
+                           "best_of 1, penalties 0, no tools)", named[0])
 
 
-def _check_chars(count: int, max_chars: int, name: str) -> None:
+def check_chars(count: int, max_chars: int, name: str) -> None:
     if count > max_chars:
         raise RequestError(f"{name}: {count} characters cannot fit the model's context of "
                            f"{max_chars // MAX_CHARS_PER_TOKEN} tokens (at most {max_chars} characters are "

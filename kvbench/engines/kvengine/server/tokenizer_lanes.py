@@ -10,13 +10,17 @@ characters stay within `max_chars`; a lane that is empty always admits one. Othe
 answers 429 with Retry-After, counted in `kvbench:tokenize_rejected_total{lane}`). `saturated()` names the lanes
 that would refuse a request of their largest size (`/ready` answers 503 while any would).
 
-Both lanes call the same tokenizer: a fast (Rust) tokenizer encodes from several threads at once as long as no
-call changes its truncation or padding, and none of ours does. Depths are touched on the event loop only.
+The large lane's thread runs at a lower CPU priority (nice 10): tokenising half a million characters is CPU
+work that would otherwise take a core from the engine's steps. Both lanes call the same tokenizer: a fast
+(Rust) tokenizer encodes from several threads at once as long as no call changes its truncation or padding,
+and none of ours does (and it releases the GIL while it encodes). Depths are touched on the event loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
 
 T = TypeVar("T")
 RETRY_AFTER_S = 1
+LARGE_LANE_NICENESS = 10  # the large lane's thread yields the CPU to the engine, the loop and the small lane
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,7 @@ class TokenizerLanes:
             "small": Lane("small", limits.small_requests, None, limits.small_chars,
                           ThreadPoolExecutor(1, "kvengine-tokenize-small")),
             "large": Lane("large", limits.large_requests, limits.large_chars or 2 * largest, largest,
-                          ThreadPoolExecutor(1, "kvengine-tokenize-large")),
+                          ThreadPoolExecutor(1, "kvengine-tokenize-large", initializer=_lower_priority)),
         }
         for name in self.lanes:
             self.metrics.lane_depth(name, 0)
@@ -116,3 +121,11 @@ class TokenizerLanes:
     def close(self) -> None:
         for lane in self.lanes.values():
             lane.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    """Raise this thread's niceness (Linux schedules threads one by one); elsewhere a no-op."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LARGE_LANE_NICENESS)
+    except (AttributeError, OSError):
+        pass
