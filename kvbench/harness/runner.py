@@ -37,7 +37,7 @@ from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.preflight import check_cells, require_all_can_start
 from kvbench.harness.workers import WorkerPool, run_on_workers
-from kvbench.harness.reconcile import reconcile
+from kvbench.harness.reconcile import cache_reasons, reconcile
 from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.folder_lock import locked_run_dir
@@ -201,22 +201,6 @@ def invalid_reasons(
     if client is not None and not client.valid:
         reasons.append(f"client lag: {client.reason}")
     return reasons
-
-
-# After a reset, a cache can hit at most what the oracle (an unbounded cache of this point's own prompts) could;
-# the tolerance absorbs blocks an engine shares that the oracle's isolation rule does not count (2 points).
-HIT_OVER_ORACLE_TOLERANCE = 0.02
-
-
-def cache_reasons(summary: Mapping, cache_reset: bool | None) -> list[str]:
-    """The breach of hit rate <= oracle + tolerance, for a point whose cache was reset (a warm cache may pass
-    the oracle legitimately: its outputs say "warm cache" instead)."""
-    cache = summary["overall"]["cache"]
-    hit, oracle = cache.get("cache_hit_rate"), cache.get("oracle_hit_rate")
-    if not cache_reset or hit is None or oracle is None or hit <= oracle + HIT_OVER_ORACLE_TOLERANCE:
-        return []
-    return [f"cache hit rate {hit:.1%} exceeds the oracle's {oracle:.1%} + {HIT_OVER_ORACLE_TOLERANCE:.0%} after a "
-            "cache reset: the server's cached_tokens are wrong, or its reset did not empty the cache"]
 
 
 @dataclass(slots=True)
