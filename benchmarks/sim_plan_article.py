@@ -43,8 +43,11 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=30.0, help="median think time between turns, seconds")
     parser.add_argument("--max-nodes", type=int, default=16)
     parser.add_argument("--presets", default=",".join(ARTICLE), help="rows to plan, comma-separated")
+    parser.add_argument("--hardware", default="8xh200",
+                        help="node profile (a name, or a fitted .json: results/sim/published/llm-d-precise-prefix/"
+                        "8xh200-fitted.json carries the efficiencies fitted on llm-d's H100 case)")
     args = parser.parse_args()
-    geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware("8xh200")
+    geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
     console = Console()
     console.print(hardware.assumptions())
     table = Table(title=f"rag-chat, {args.sessions} sessions, think median {args.think:g} s, Qwen2.5-72B fp8 on "

@@ -13,6 +13,9 @@ Version history (add a step to _UPGRADES whenever SCHEMA_VERSION is bumped):
             into every version-1 config that did not set it: `shared` in a version-1 file reads as the default.
             (A version-1 oracle shared every tenant's prefix; the two differ only on multi-tenant workloads,
             which the per-setting workload params still tell apart.)
+    2 -> 3  our engine gained max_prefill_beside_decodes (default 32: prefill beside running decodes is capped);
+            before, a step's prefill beside decodes was bounded by max_step_tokens alone, so a kvengine entry
+            without the key gets its max_step_tokens (default 512) there: the rule the run was made with.
 """
 
 from __future__ import annotations
@@ -42,7 +45,27 @@ def _v1_to_v2(config: dict) -> dict:
     return {**config, "client": client}
 
 
-_UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+# Our engine's step budget before version 3 (kvengine's max_step_tokens default then and now).
+_V2_STEP_TOKENS = 512
+
+
+def kvengine_settings_as_run(settings: Mapping[str, Any], version: int) -> dict:
+    """A kvengine entry's settings as written by config.yaml `version`, with what that version's engine did
+    for settings added since (2 -> 3: prefill beside decodes bounded by the step budget alone)."""
+    out = dict(settings)
+    if version < 3 and "max_prefill_beside_decodes" not in out:
+        out["max_prefill_beside_decodes"] = out.get("max_step_tokens", _V2_STEP_TOKENS)
+    return out
+
+
+def _v2_to_v3(config: dict) -> dict:
+    engines = [{**entry, "settings": kvengine_settings_as_run(entry.get("settings") or {}, 2)}
+               if isinstance(entry, Mapping) and entry.get("engine") == "kvengine" else entry
+               for entry in config.get("engines") or ()]
+    return {**config, "engines": engines}
+
+
+_UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def defaults() -> dict:

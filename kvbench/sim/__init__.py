@@ -10,4 +10,9 @@ host/disk/remote copies on the core's prefix index and defines the seam a node d
 `ttl_tiers` runs our engine's TierPolicy behind that seam; `node` is the one module that drives the core
 (schedule -> cost -> postprocess); `engine` is the discrete-event loop and client (`simulate`); `validate`
 replays a real run of our engine; `run_folder` writes the same run folder as a real run.
+`config` is what a simulation simulates (SimConfig) and `vllm_memory` vLLM's KV memory arithmetic; `routing` picks
+a fleet's node per request (round-robin, sticky, least-loaded, SGLang's cache-aware, llm-d's precise-prefix);
+`staged` plays a ladder of load stages on one fleet; `published` reads a published GPU experiment's case file
+and compares it stage by stage (`published_report` writes and checks the comparison), `calibrate_published`
+fits the device speeds to part of one; `plan_floor` is the SLO floor at unbounded nodes `kvbench plan` checks first.
 """

@@ -58,6 +58,20 @@ class Case:
     published: Mapping[str, Mapping[str, tuple[float | None, ...]]]  # router -> metric -> one value per stage
     whole_ladder: Mapping[str, Mapping[str, float]]
     path: Path
+    fleet_scale: float = 1.0  # published replicas / simulated replicas (`subsample`); throughput scaled back by it
+
+
+def subsample(case: Case, replicas: int) -> Case:
+    """`case` on `replicas` of its replicas at replicas/N of every stage's rate (each replica's load kept), its
+    simulated throughput to be scaled back by N/replicas. Sound for routers that spread requests evenly
+    whatever the content (round-robin, least-loaded); a prefix-aware router would also need the content cut."""
+    if not 1 <= replicas <= case.replicas:
+        raise CaseError(f"--replicas {replicas}: give 1 to {case.replicas} (the case's replicas)")
+    k = replicas / case.replicas
+    scale = lambda stage: dataclasses.replace(stage, rate=stage.rate * k)  # noqa: E731
+    plan = dataclasses.replace(case.plan, stages=tuple(scale(s) for s in case.plan.stages),
+                               warmup=None if case.plan.warmup is None else scale(case.plan.warmup))
+    return dataclasses.replace(case, replicas=replicas, plan=plan, fleet_scale=case.replicas / replicas)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +193,10 @@ class Row:
         return self.simulated / self.published
 
 
-def stage_values(summary: Summary) -> dict[str, float | None]:
-    """The compared metrics of one stage's (or the whole ladder's) summary, in the case file's units."""
-    return {"output_tok_s": summary.output_tok_s,
+def stage_values(summary: Summary, fleet_scale: float = 1.0) -> dict[str, float | None]:
+    """The compared metrics of one stage's (or the whole ladder's) summary, in the case file's units (a
+    subsampled fleet's throughput scaled back to the whole fleet)."""
+    return {"output_tok_s": None if summary.output_tok_s is None else summary.output_tok_s * fleet_scale,
             "ttft_mean_s": summary.ttft_ms.mean / 1e3 if summary.ttft_ms else None,
             "ttft_p90_s": summary.ttft_ms.p90 / 1e3 if summary.ttft_ms else None,
             "itl_mean_ms": summary.itl_ms.mean if summary.itl_ms else None}
@@ -205,12 +220,13 @@ def compare_route(case: Case, route: str, fit: Fit | None = None, seed: int = 0,
     published = case.published.get(route, {})
     rows = []
     for position, summary in zip(indices, staged.stage_summaries()):
-        values = stage_values(summary)
+        values = stage_values(summary, case.fleet_scale)
         for metric in STAGE_METRICS:
-            rows.append(Row(route, f"{case.plan.stages[position].rate:g}", metric,
+            rows.append(Row(route, f"{case.plan.stages[position].rate * case.fleet_scale:g}", metric,
                             published.get(metric, (None,) * len(case.plan.stages))[position], values[metric]))
     if stage_subset is None:
-        whole = stage_values(summarize_run([r for stage in staged.stage_records for r in stage]).overall)
+        whole = stage_values(summarize_run([r for stage in staged.stage_records for r in stage]).overall,
+                             case.fleet_scale)
         for metric in WHOLE_METRICS:
             rows.append(Row(route, "whole", metric, case.whole_ladder.get(route, {}).get(metric), whole[metric]))
     return RouteRun(route, staged, tuple(rows))

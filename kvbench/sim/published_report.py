@@ -83,7 +83,8 @@ def check_targets(rows: Sequence[Row], stages: Sequence[str]) -> list[Target]:
                and r.stage != "whole" and r.ratio is not None]
     off = [r for r in precise if not 0.5 <= r.ratio <= 2.0]
     targets.append(Target("precise TTFT mean within 2x at every stage", None if not precise else not off,
-                          ", ".join(f"{r.stage}/s {r.ratio:.2f}" for r in off) or "all within"))
+                          ", ".join(f"{r.stage}/s {r.ratio:.2f}" for r in off)
+                          or ("all within" if precise else "no precise-prefix rows")))
     itl = [r for r in rows if r.metric == "itl_mean_ms" and r.ratio is not None]
     targets.append(Target("ITL mean within +-25%", None if not itl else all(0.75 <= r.ratio <= 1.25 for r in itl),
                           ", ".join(f"{r.route} {r.ratio:.2f}" for r in itl) or "not published"))

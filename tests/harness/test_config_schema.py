@@ -25,7 +25,7 @@ def today(**client) -> dict:
 
 
 def folders(tmp_path, base_config, new_config):
-    records = make_records(1)
+    records = make_records(1, noise=0.05)  # a quiet machine's runs: the metrics resolve, so only config decides
     base = write_run(tmp_path / "base", [(entry(records), records)], config=base_config)
     new = write_run(tmp_path / "new", [(entry(records), records)], config=new_config)
     return compare(read_run_folder(base), read_run_folder(new))
@@ -70,3 +70,12 @@ def test_an_unknown_schema_version_is_one_named_mismatch_and_a_config_error(tmp_
     with pytest.raises(ValueError, match="schema_version"):
         parse_config({"engines": ["kvengine"], "schema_version": "two"})
     assert parse_config({"engines": ["kvengine"], "schema_version": 1}).to_dict()["schema_version"] == SCHEMA_VERSION
+
+
+def test_a_kvengine_entry_before_version_3_keeps_the_prefill_rule_it_ran_with():
+    # Before max_prefill_beside_decodes existed, prefill beside decodes was bounded by the step budget alone.
+    assert config_schema.kvengine_settings_as_run({"max_step_tokens": 96}, 2)["max_prefill_beside_decodes"] == 96
+    assert config_schema.kvengine_settings_as_run({}, 1)["max_prefill_beside_decodes"] == 512
+    assert "max_prefill_beside_decodes" not in config_schema.kvengine_settings_as_run({}, 3)  # today's default
+    read = config_schema.current({**BASELINE_CONFIG})
+    assert read.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 512

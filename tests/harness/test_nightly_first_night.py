@@ -14,8 +14,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_first_night_records_the_baseline_and_the_second_compares(tmp_path):
-    good = simple_run(tmp_path / "fixtures" / "good", seed=1)
-    slow = simple_run(tmp_path / "fixtures" / "slow", seed=2, ttft_factor=1.4)
+    # Quiet runs, so the verdicts resolve (a noisy pair is inconclusive, which --strict fails).
+    good = simple_run(tmp_path / "fixtures" / "good", seed=1, noise=0.05)
+    slow = simple_run(tmp_path / "fixtures" / "slow", seed=2, ttft_factor=1.4, noise=0.05)
     root = tmp_path / "checkout"
     (root / "ci").mkdir(parents=True)
     (root / "ci" / "nightly-cpu.yaml").write_text("engines: [kvengine]\n")

@@ -100,3 +100,19 @@ def test_simulate_runs_stages_on_a_fleet(tmp_path):
     assert [e["load"] for e in summary["runs"]] == ["rate=2", "rate=4"]
     assert [e["summary"]["overall"]["requests"] for e in summary["runs"]] == [4, 4]
     assert main(argv[:-2] + ["--rate", "2", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_a_subsampled_fleet_keeps_each_replicas_load_and_scales_throughput_back(case_file):
+    from kvbench.sim.published import compare_route, subsample
+
+    case = parse_case(case_file)
+    half = subsample(case, 1)
+    assert half.replicas == 1 and half.fleet_scale == 2.0
+    assert [s.rate for s in half.plan.stages] == [1.0, 2.0] and half.plan.warmup.rate == 1.0
+    run = compare_route(half, "round-robin")
+    staged = run.staged
+    first = summarize_run(list(staged.stage_records[0])).overall
+    row = next(r for r in run.rows if r.stage == "2" and r.metric == "output_tok_s")  # labelled by the full rate
+    assert row.simulated == pytest.approx(first.output_tok_s * 2)
+    with pytest.raises(CaseError, match="replicas"):
+        subsample(case, 3)

@@ -46,7 +46,7 @@ def register(commands, formatter) -> None:
                      "step overhead and router latency on one router's stages up to --max-rate, the rest checked")
     cal.add_argument("--fit-router", default="precise-prefix", help="with --published: the router fitted on")
     cal.add_argument("--max-rate", type=number_above(0), default=20.0, help="with --published: fit stages <= this")
-    cal.add_argument("--max-evaluations", type=int, default=30, help="with --published: simulations at most")
+    cal.add_argument("--max-evaluations", type=int, default=24, help="with --published: simulations at most")
     cal.add_argument("--no-check", action="store_true", help="with --published: skip the check of the rest")
     cal.set_defaults(handler=handle_calibrate)
 
@@ -136,6 +136,9 @@ def handle_calibrate(args: argparse.Namespace) -> int:
 
 def handle_validate(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.adapter import KVEngineSettings
+    import yaml
+
+    from kvbench.harness import config_schema
     from kvbench.harness.config import load_config_file
     from kvbench.measure.run_folder import read_entries, records_by_run
     from kvbench.sim.hardware import load_hardware
@@ -153,6 +156,8 @@ def handle_validate(args: argparse.Namespace) -> int:
         if not (run_dir / name).is_file():
             raise SettingsError(f"run_dir: {run_dir / name} is missing; give a folder written by `kvbench run`")
     experiment = load_config_file(run_dir / CONFIG_YAML)
+    # the engine settings as the run had them (keys added since the run mean what they did then)
+    written_version = (yaml.safe_load((run_dir / CONFIG_YAML).read_text()) or {}).get(config_schema.VERSION_KEY, 1)
     entries = [entry for entry in read_entries(run_dir) if entry.engine_name == "kvengine"]
     if not entries:
         raise SettingsError(f"run_dir: {run_dir} has no runs of our engine (kvengine); the simulator models it only")
@@ -166,7 +171,8 @@ def handle_validate(args: argparse.Namespace) -> int:
     for entry in entries:
         try:
             # run_dir only names a disk tier folder, which a simulation never opens
-            settings = KVEngineSettings.parse(entry.engine_settings, run_dir).engine
+            as_run = config_schema.kvengine_settings_as_run(entry.engine_settings, written_version)
+            settings = KVEngineSettings.parse(as_run, run_dir).engine
             config = sim_config_for_engine(settings, engine_geometry(settings.model, args.geometry), hardware)
         except ValueError as error:
             raise SettingsError(f"{entry.run_id}: {error}") from None

@@ -104,22 +104,34 @@ def fleet_preset(preset, args: argparse.Namespace):
     """`preset` with the fleet flags given on the command line."""
     import dataclasses
 
-    changes = {"num_nodes": args.nodes, "route": args.route, "page_size": args.page_size,
-               "max_num_seqs": args.max_num_seqs, "max_step_tokens": args.max_num_batched_tokens,
-               "router_latency_s": None if args.router_latency_ms is None else args.router_latency_ms / 1e3}
+    flag = _fleet_flags(args)
+    changes = {"num_nodes": flag["nodes"], "route": flag["route"], "page_size": flag["page_size"],
+               "max_num_seqs": flag["max_num_seqs"], "max_step_tokens": flag["max_num_batched_tokens"],
+               "router_latency_s": None if flag["router_latency_ms"] is None else flag["router_latency_ms"] / 1e3}
     return dataclasses.replace(preset, **{k: v for k, v in changes.items() if v is not None})
 
 
 def fleet_hardware(hardware, args: argparse.Namespace):
     import dataclasses
 
-    if args.tp is not None:
-        hardware = hardware.with_devices(args.tp)
-    if args.gpu_memory_utilization is not None:
-        if args.gpu_memory_utilization > 1:
-            raise SettingsError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: give a fraction in (0, 1]")
-        hardware = dataclasses.replace(hardware, memory_fraction=args.gpu_memory_utilization)
+    flag = _fleet_flags(args)
+    if flag["tp"] is not None:
+        hardware = hardware.with_devices(flag["tp"])
+    utilization = flag["gpu_memory_utilization"]
+    if utilization is not None:
+        if utilization > 1:
+            raise SettingsError(f"--gpu-memory-utilization {utilization}: give a fraction in (0, 1]")
+        hardware = dataclasses.replace(hardware, memory_fraction=utilization)
     return hardware
+
+
+_FLEET_FLAGS = ("nodes", "route", "page_size", "max_num_seqs", "max_num_batched_tokens", "tp",
+                "gpu_memory_utilization", "router_latency_ms", "stages", "warmup_stage")
+
+
+def _fleet_flags(args: argparse.Namespace) -> dict:
+    """The fleet and stage flags of `args`, None where not given (`kvbench run --engine sim` has none)."""
+    return {name: getattr(args, name, None) for name in _FLEET_FLAGS}
 
 
 def add_simulated_load_flags(parser: argparse.ArgumentParser, out_prefix: str) -> None:
@@ -194,13 +206,13 @@ def handle_simulate(args: argparse.Namespace) -> int:
         presets = [fleet_preset(get_preset(name), args) for name in (args.preset or list(PRESETS))]
         load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests)
         tenants = load_tenants(args.tenants_file) if args.tenants_file else TenantsConfig()
-        plan = None
-        if args.stages or args.warmup_stage:
-            if not args.stages:
+        plan, flag = None, _fleet_flags(args)
+        if flag["stages"] or flag["warmup_stage"]:
+            if not flag["stages"]:
                 raise SettingsError("--warmup-stage needs --stages (the measured stages after it)")
             if args.rate is not None or args.concurrency is not None:
                 raise SettingsError("--stages sets the load: leave out --rate and --concurrency")
-            plan = StagePlan(args.stages, args.warmup_stage)
+            plan = StagePlan(flag["stages"], flag["warmup_stage"])
     except ValueError as error:
         raise SettingsError(str(error)) from None
     num_sessions = args.num_sessions if plan is None or args.num_sessions else plan.total_requests
@@ -213,7 +225,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
         for kv_dtype in args.kv_dtype or ["fp8"]:
             try:
                 config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
-                                   tenants=tenants, memory_model=args.memory_model)
+                                   tenants=tenants, memory_model=getattr(args, "memory_model", "reserve"))
                 if plan is not None:
                     results += simulate_stage_entries(workload, plan, config, args.seed)
                     continue
@@ -231,7 +243,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
                         "tenants_file": args.tenants_file, "assumptions": hardware.assumptions(),
                         "nodes": presets[0].num_nodes, "route": presets[0].route, "page_size": presets[0].page_size,
                         "max_num_seqs": presets[0].max_num_seqs, "max_num_batched_tokens": presets[0].max_step_tokens,
-                        "devices_per_node": hardware.num_devices, "memory_model": args.memory_model,
+                        "devices_per_node": hardware.num_devices, "memory_model": getattr(args, "memory_model", "reserve"),
                         "stages": None if plan is None else [s.label for s in plan.stages],
                         "warmup_stage": None if plan is None or plan.warmup is None else plan.warmup.label}}
     write_sim_run(run_dir, results, doc, plots=not args.no_plots)

@@ -23,7 +23,6 @@ pages are released, the rest of the step completes; see `_run_isolating`). Anyth
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -51,20 +50,8 @@ from kvbench.engines.kvengine.core.tenants import TenantLedger
 from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY_RANDOM: evals import it here
-    TINY_RANDOM,
-    TORCH_COMPUTE_DTYPES,
-    DeviceOp,
-    DropSwap,
-    Forward,
-    ForwardResult,
-    Ranks,
-    SwapIn,
-    SwapOut,
-    build_runner,
-    chunks_of,
-    load_rank_model,
-    model_config_of,
-    rank_device,
+    TINY_RANDOM, TORCH_COMPUTE_DTYPES, DeviceOp, DropSwap, Forward, ForwardResult, Ranks, SwapIn, SwapOut, build_runner,
+    chunks_of, is_device_error, load_rank_model, model_config_of, model_digest, rank_device,
 )
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
@@ -117,7 +104,7 @@ class Engine:
         num_pages = self.kv_cache.num_pages
         self.events = EventLog()
         self.pool = PagePool(num_pages, config.page_size)
-        self.key_salt = f"{self.model_name}:{_model_digest(self.loaded)}:{self.kv_cache.layout_fingerprint}"
+        self.key_salt = f"{self.model_name}:{model_digest(self.loaded)}:{self.kv_cache.layout_fingerprint}"
         journal = PageJournal()
         self.index = PrefixIndex(self.pool, events=self.events, key_salt=self.key_salt, journal=journal)
         self.tenants = load_tenants(config.tenants_file) if config.tenants_file else TenantsConfig()
@@ -279,7 +266,7 @@ class Engine:
             sampled, outputs = self._run(seqs)
             return sampled, outputs, {}
         except Exception as exc:
-            if _is_device_error(exc):
+            if is_device_error(exc):
                 raise
             if len(seqs) == 1:
                 return {}, [], {seqs[0].request_id: _describe(exc)}
@@ -289,7 +276,7 @@ class Engine:
             try:
                 one_sampled, one_outputs = self._run((item,))
             except Exception as exc:
-                if _is_device_error(exc):
+                if is_device_error(exc):
                     raise
                 failed[item.request_id] = _describe(exc)
                 continue
@@ -396,20 +383,5 @@ class Engine:
         self.offload.close()
 
 
-def _is_device_error(exc: BaseException) -> bool:
-    """An error of the device itself (a CUDA fault), after which no request can be computed."""
-    device_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
-    return device_error is not None and isinstance(exc, device_error)
-
-
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def _model_digest(loaded: LoadedModel) -> str:
-    """A short digest of the model's identity (config and a sample of its weights) for content keys."""
-    h = hashlib.blake2b(repr(loaded.config).encode(), digest_size=8)
-    first = next(loaded.model.parameters(), None)
-    if first is not None:
-        h.update(first.detach().flatten()[:4096].float().cpu().numpy().tobytes())
-    return h.hexdigest()

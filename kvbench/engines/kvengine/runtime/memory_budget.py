@@ -4,6 +4,7 @@ from the model's config and the settings before anything is allocated, against w
     limit   = memory_utilization x free memory of one device at start (host RAM available, on cpu)
     needed  = ranks sharing that memory x (weights + KV + activations)      (cpu: every rank; cuda: one)
     weights = this rank's parameters x compute dtype bytes                   (a meta-device model: no bytes)
+              + its linear weights once more where they are prepacked (prepacked_weights, cpu fp32)
     KV      = pages of kv_capacity x page_size x this rank's KV bytes per token
     kv_capacity auto: the most pages that leave needed <= limit
 
@@ -35,7 +36,7 @@ import torch
 from kvbench.engines.kvengine.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
-from kvbench.engines.kvengine.model.llama import LlamaForCausalLM
+from kvbench.engines.kvengine.model.llama import LlamaForCausalLM, can_prepack, prepacked_bytes
 from kvbench.engines.kvengine.model.parallel import TensorParallel
 from kvbench.engines.kvengine.runtime.model_runner import TORCH_COMPUTE_DTYPES, capacity_pages
 from kvbench.settings import SettingsError
@@ -103,6 +104,8 @@ def plan_memory(model_config: ModelConfig, config: EngineConfig, free_bytes: int
         model = LlamaForCausalLM(model_config, parallel=parallel)
     local = model.config
     weights = sum(p.numel() for p in model.parameters()) * dtype.itemsize  # a tied LM head counts once
+    if config.prepacked_weights and can_prepack(config.device, dtype):
+        weights += prepacked_bytes(model)  # oneDNN's copies of the linear weights (LlamaForCausalLM.prepack)
     per_token = PagedKVCache(local, 1, config.page_size, config.kv_format, "meta",
                              compute_dtype=dtype).bytes_per_token
     context = config.max_model_len or model_config.max_position_embeddings

@@ -13,6 +13,7 @@ With one rank, `Ranks()` sends to nobody.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -163,6 +164,10 @@ def build_runner(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, 
                             compute_dtype=dtype)
     # Paged attention for this device and format: a kernel on CUDA where one is installed (model/gpu_attention.py).
     loaded.model.attention = attention_for(device, fmt, dtype)
+    if config.prepacked_weights:
+        loaded.model.prepack()  # no-op (0 bytes) off cpu fp32; memory_budget counted its bytes
+    else:
+        loaded.model.prepacked = None  # `loaded` may have served an engine that prepacked it
     forward = None
     if config.cuda_graphs:
         from kvbench.engines.kvengine.model.cuda_graphs import DecodeGraphs
@@ -181,3 +186,18 @@ def serve_ops(runner: ModelRunner, receive: Callable[[], DeviceOp | None]) -> No
 def chunks_of(chunks: Sequence[SequenceChunk]) -> tuple[SequenceChunk, ...]:
     """Chunks as plain values (token lists, page tuples), cheap to send to other ranks."""
     return tuple(SequenceChunk(list(c.token_ids), c.num_computed_tokens, tuple(c.page_table)) for c in chunks)
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """An error of the device itself (a CUDA fault), after which no request can be computed."""
+    device_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8
+    return device_error is not None and isinstance(exc, device_error)
+
+
+def model_digest(loaded: LoadedModel) -> str:
+    """A short digest of the model's identity (config and a sample of its weights) for content keys."""
+    h = hashlib.blake2b(repr(loaded.config).encode(), digest_size=8)
+    first = next(loaded.model.parameters(), None)
+    if first is not None:
+        h.update(first.detach().flatten()[:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()

@@ -62,7 +62,8 @@ def test_every_step_keeps_each_page_counted_once_per_holder(workload):
 
 def check_budget(num_pages, ps, arrivals, config) -> int:
     """On the engine's path, step by step: a sequence that sampled a token (and has room for more) decodes it
-    in the very next step unless that step preempts it, and a step that decodes computes at most
+    in the very next step unless that step preempts it, and a step that decodes (a sampled sequence's last
+    token) computes at most
     `max_prefill_beside_decodes` prefill tokens beside its decodes. Returns how many steps ran prefill
     beside decodes (to show the rule was exercised)."""
     drive = Drive(num_pages, ps, arrivals, ENGINE, config).play()
@@ -76,12 +77,13 @@ def check_budget(num_pages, ps, arrivals, config) -> int:
     for t in sorted(drive.plans):
         length = {rid: len(r.prompt) + produced[rid] for rid, r in requests.items()}
         plan = drive.plans[t]
-        decodes = {rid for rid, start, end, _ in plan if rid in decoding and (start, end) == (length[rid] - 1,
-                                                                                             length[rid])}
+        # a decode: the last token of a request that has sampled (recomputed after a preemption, or not)
+        decodes = {rid for rid, start, end, _ in plan if produced[rid] and (start, end) == (length[rid] - 1,
+                                                                                           length[rid])}
         prefill = sum(end - start for rid, start, end, _ in plan if rid not in decodes)
         if len(decoding) <= config.max_step_tokens:  # room for every decode: none may wait
             assert decoding - decodes <= preempted.get(t, set()), (t, decoding, plan)
-        if decodes:
+        if decodes & decoding:  # running decodes (not only a re-admitted sequence's recomputed last token)
             mixed += prefill > 0
             limit = config.max_prefill_beside_decodes or config.max_step_tokens
             assert prefill <= min(limit, config.max_step_tokens - len(decodes)), (t, plan)

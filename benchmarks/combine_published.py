@@ -1,0 +1,18 @@
+"""Combine per-router comparisons (`kvbench validate-published --router R --out DIR`) into one with the targets:
+`python benchmarks/combine_published.py CASE.yaml OUT_DIR DIR1 DIR2 ...`."""
+import json
+import sys
+from pathlib import Path
+from kvbench.sim.published import Row, parse_case
+from kvbench.sim.published_report import check_targets, write_comparison
+case = parse_case(Path(sys.argv[1]))
+out = Path(sys.argv[2])
+rows, header = [], []
+for folder in sys.argv[3:]:
+    doc = json.loads((Path(folder) / "comparison.json").read_text())
+    rows += [Row(r["route"], r["stage"], r["metric"], r["published"], r["simulated"]) for r in doc["rows"]]
+    header += [h for h in doc["header"] if h not in header]
+targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages])
+for t in targets:
+    print(("met" if t.met else "not met" if t.met is False else "n/a") + f": {t.name} ({t.detail})")
+print(write_comparison(out, case.name, rows, targets, header))

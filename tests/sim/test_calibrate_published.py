@@ -1,0 +1,48 @@
+"""calibrate --published: the router latency solved exactly, and a fit that recovers what made the data."""
+
+import json
+
+import pytest
+
+from kvbench.sim.calibrate_published import START, best_router_latency, fit_published, transfer
+from kvbench.sim.hardware import load_hardware
+from kvbench.sim.published import Fit, Row, compare_route, parse_case
+
+CASE = """
+name: fit-case
+hardware: {profile: h100, devices_per_replica: 2, replicas: 2}
+model: qwen3-32b
+engine: {name: vllm, block_size: 64, gpu_memory_utilization: 0.9, max_num_seqs: 64, max_num_batched_tokens: 2048}
+workload: {generator: shared_prefix, num_groups: 2, num_prompts_per_group: 2, system_prompt_len: 1024,
+           question_len: 256, output_len: 24}
+stages: {warmup: "2:1", ladder: "2:3,6:2"}
+routers: [precise-prefix]
+published:
+  precise-prefix: {PUBLISHED}
+"""
+
+
+def test_the_router_latency_lifts_simulated_ttft_onto_published():
+    rows = [Row("p", "3", "ttft_mean_s", 0.15, 0.10), Row("p", "10", "ttft_p90_s", 0.25, 0.20),
+            Row("p", "3", "output_tok_s", 100.0, 50.0)]  # throughput rows play no part
+    assert best_router_latency(rows) == pytest.approx(0.05, abs=1e-3)
+    assert best_router_latency([Row("p", "3", "ttft_mean_s", 0.1, 0.3)]) == 0.0  # never negative
+
+
+def test_a_fit_recovers_the_speeds_that_made_the_published_values(tmp_path):
+    truth = Fit(0.5, 0.6, 0.004, 0.03, "truth")
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE.replace("{PUBLISHED}", "{output_tok_s: [1, 1]}"))
+    made = compare_route(parse_case(path), "precise-prefix", truth).rows
+    published = {m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
+                 for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")}
+    path.write_text(CASE.replace("{PUBLISHED}", json.dumps(published)))
+    case = parse_case(path)
+    result = fit_published(case, "precise-prefix", max_rate=10, max_evaluations=14)
+    first, best = result.evaluations[0], min(result.evaluations, key=lambda e: e.cost)
+    assert best.cost < first.cost and result.fit == best.fit
+    assert result.fit.bw_efficiency == pytest.approx(0.6, rel=0.15)  # decode-bound outputs pin the bandwidth
+    assert all(abs(r.ratio - 1) < 0.1 for r in result.rows if r.ratio is not None)
+    h200 = transfer(result.fit, load_hardware("8xh200"))
+    assert h200.device.bw_efficiency == result.fit.bw_efficiency and h200.device.memory_bw == 4.8e12
+    assert START.router_latency_s == 0.0
