@@ -12,7 +12,7 @@ console = Console()
 
 
 SUMMARY_COLUMNS = {
-    "engine": "engine", "kv_dtype": "kv", "workload": "workload", "load": "load", "tenant": "tenant",
+    "engine": "engine", "kv_dtype": "kv", "workload": "workload", "load": "load", "cache": "cache", "tenant": "tenant",
     "requests": "req", "errors": "err", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
     "ttft_from_schedule_p99_ms": "sched. TTFT p99", "itl_p50_ms": "ITL p50 ms", "output_tok_s": "out tok/s", "cache_hit_rate": "hit",
     "oracle_hit_rate": "oracle", "prefill_recompute_rate": "recompute",

@@ -17,18 +17,26 @@ from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import build
 
 
+# Where the engines kvbench knows reset their prefix cache, in the order probed (all POST): vLLM's (served with
+# VLLM_SERVER_DEV_MODE=1; our engine's is the same path, behind its admin key), then SGLang's.
+KNOWN_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
+AUTO = "auto"
+
+
 @dataclass(frozen=True)
 class EndpointSettings:
-    """`url` is the server's base URL (with or without /v1). `reset_path` (e.g. /reset_prefix_cache for
-    vLLM, /flush_cache for SGLang) is POSTed before each run when given; `metrics_path` is scraped. Both send
-    `admin_key` when given (a server with tenant keys keeps its admin endpoints from them), else `api_key`."""
+    """`url` is the server's base URL (with or without /v1). `reset_path` is POSTed before each point to empty
+    the server's prefix cache: `auto` (the default) probes KNOWN_RESET_PATHS and keeps the first that answers
+    2xx; a path uses that one (and a failure is an error); null never resets. Without a reset every output says
+    "warm cache". `metrics_path` is scraped. Both send `admin_key` when given (a server with tenant keys keeps
+    its admin endpoints from them), else `api_key`."""
 
     url: str = "http://127.0.0.1:8000"
     model: str | None = None  # None: the first model the server's /v1/models lists
     api_key: str | None = None
     admin_key: str | None = None
     kv_dtype: str = "unknown"
-    reset_path: str | None = None
+    reset_path: str | None = AUTO
     metrics_path: str | None = "/metrics"
     output_token_ids: bool = False
     reachable_within_s: float = 5.0  # someone else's server should already be up: do not wait long
@@ -41,6 +49,9 @@ class EndpointAdapter:
         self.settings = build(EndpointSettings, settings, "engine.endpoint")
         base = self.settings.url.rstrip("/")
         self._base = base[: -len("/v1")] if base.endswith("/v1") else base
+        self._reset_path = None if self.settings.reset_path == AUTO else self.settings.reset_path
+        self._probed = self.settings.reset_path != AUTO  # auto: the known paths are tried at the first reset
+        self.reset_note: str | None = None  # why the cache is not reset (none of the known paths answered)
         self._model = self.settings.model
         self._model_source = "settings" if self._model is not None else None
 
@@ -56,12 +67,13 @@ class EndpointAdapter:
             token_id_prompts=True,
             cached_token_reporting=True,
             output_token_ids=self.settings.output_token_ids,
-            cache_reset=self.settings.reset_path is not None,
+            cache_reset=self.settings.reset_path is not None,  # auto: it may; reset_cache() says whether it did
         )
 
     def describe(self) -> Mapping[str, object]:
         return {"kv_dtype": self.settings.kv_dtype, "url": self._base, "model": self._model,
-                "model_source": self._model_source}
+                "model_source": self._model_source, "reset_path": self._reset_path,
+                **({"cache_reset_note": self.reset_note} if self.reset_note else {})}
 
     @property
     def _admin_key(self) -> str | None:
@@ -101,12 +113,29 @@ class EndpointAdapter:
                               "(or settings.model)") from None
 
     def reset_cache(self) -> bool:
-        if not self.settings.reset_path:
+        """Empty the server's prefix cache; False when it cannot (no reset path, or none of the known ones
+        answered: the point then runs on a warm cache, and says so)."""
+        if not self._probed:  # auto, first point: the probe's accepted POST is this point's reset
+            self._probed = True
+            self._reset_path = self._probe_reset_paths()
+            return self._reset_path is not None
+        if not self._reset_path:
             return False
-        reply = request("POST", self._base + self.settings.reset_path, api_key=self._admin_key)
-        if not reply.ok:
-            raise EngineError(f"cache reset {self.settings.reset_path} failed: {reply.error or reply.status} {reply.body[:200]}")
+        reply = request("POST", self._base + self._reset_path, api_key=self._admin_key)
+        if not reply.ok or _refused(reply):
+            raise EngineError(f"cache reset {self._reset_path} failed: {reply.error or reply.status} {reply.body[:200]}")
         return True
+
+    def _probe_reset_paths(self) -> str | None:
+        """The first of KNOWN_RESET_PATHS the server accepts (2xx, not vLLM's `{"success": false}`), or None."""
+        answers = []
+        for path in KNOWN_RESET_PATHS:
+            reply = request("POST", self._base + path, api_key=self._admin_key)
+            if reply.ok and not _refused(reply):
+                return path
+            answers.append(f"POST {path}: {reply.error or reply.status}")
+        self.reset_note = f"no cache reset path answered ({'; '.join(answers)}): warm cache"
+        return None
 
     def scrape_metrics(self) -> Mapping[str, float] | None:
         if not self.settings.metrics_path:
@@ -116,6 +145,15 @@ class EndpointAdapter:
 
     def stop(self) -> None:
         """Not ours to stop."""
+
+
+def _refused(reply) -> bool:
+    """vLLM answers 200 `{"success": false}` when it did not reset (blocks still held)."""
+    try:
+        body = json.loads(reply.body)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("success") is False
 
 
 def served_models(body: str) -> list[str]:

@@ -183,6 +183,8 @@ class LaunchedServer:
         self.check_flags = check_flags
         self._process = ManagedProcess(plan.command, plan.env, workdir / LOG_FILE, scrub_prefixes=plan.scrub_env_prefixes)
         self._probe_sent = False
+        # The installed engine's --help when the caller already ran it (kvbench run's preflight), else None
+        self.prefetched_help: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -199,7 +201,7 @@ class LaunchedServer:
     def _check_against_help(self, help_command: Sequence[str]) -> None:
         """Flags drift between versions: refuse to launch a command the installed engine would reject."""
         try:
-            code, text = self.plan.run_help()
+            code, text = (0, self.prefetched_help) if self.prefetched_help else self.plan.run_help()
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EngineError(f"could not run {' '.join(help_command)!r}: {exc}") from None
         (self.workdir / HELP_FILE).write_text(text)

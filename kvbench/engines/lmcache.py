@@ -42,7 +42,7 @@ from kvbench.engines.launch import (
     kv_dtype_label,
 )
 from kvbench.engines.vllm import (
-    DISTRIBUTIONS, KV_VOCABULARY, REFERENCE_HELP, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,
+    DISTRIBUTIONS, KV_VOCABULARY, PYTHON_ENV, REFERENCE_HELP, VLLMSettings, reset_prefix_cache, resolve_model, settings_values, vllm_plan, vllm_python,  # noqa: F401 - PYTHON_ENV: preflight names it
 )
 from kvbench.settings import SettingsError, build
 

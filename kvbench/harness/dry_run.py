@@ -11,19 +11,19 @@ A flag or key a version lacks is a problem naming both; `kvbench run` exits 2 on
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from kvbench.engines.launch import command_problems, help_flags, reference_dir, respell
+from kvbench.engines.launch import command_problems, reference_dir, respell
 from kvbench.engines.registry import engine_factory
 from kvbench.harness.config import ExperimentConfig
+from kvbench.harness.preflight import installed_help, start_problems
 from kvbench.measure.run_folder import engine_dir
 from kvbench.measure.schedule import LoadSpec
 from kvbench.workloads.spec import Workload
@@ -95,6 +95,7 @@ class CellPlan:
     checks: tuple[HelpCheck, ...]
     points: tuple[PointPlan, ...]
     note: str = ""
+    cannot_start: tuple[str, ...] = ()  # why it cannot start on this machine (harness/preflight.py); empty: it can
 
     @property
     def problems(self) -> list[str]:
@@ -108,8 +109,8 @@ def plan_experiment(config: ExperimentConfig, run_dir: Path, use_installed: bool
     for engine in config.engines:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(run_dir, engine.label))
         points = tuple(_points(config, spec, adapter) for spec in config.workloads)
-        cells.append(_cell(engine.label, engine.engine, adapter, tuple(p for group in points for p in group),
-                           helps, use_installed))
+        cell = _cell(engine.label, engine.engine, adapter, tuple(p for group in points for p in group), helps, use_installed)
+        cells.append(dataclasses.replace(cell, cannot_start=tuple(start_problems(adapter))))
     return cells
 
 
@@ -125,7 +126,7 @@ def _cell(label: str, name: str, adapter, points: tuple[PointPlan, ...], helps: 
     if use_installed and plan.help_command:
         key = tuple(plan.help_command)
         if key not in helps:
-            helps[key] = _installed_help(plan)
+            helps[key] = installed_help(plan)
         installed = helps[key]
     checks: list[HelpCheck] = []
     if installed is not None:
@@ -153,20 +154,6 @@ def _cell(label: str, name: str, adapter, points: tuple[PointPlan, ...], helps: 
                                     tuple(f"unknown key {key}" for key in sorted(keys - known))))
     return CellPlan(label, name, tuple(command), masked_env(plan.env), tuple(plan.scrub_env_prefixes),
                     {file: mask(text) for file, text in plan.files.items()}, tuple(checks), points)
-
-
-def _installed_help(plan) -> tuple[str, str] | None:
-    """The installed engine's --help and where it came from, or None when that engine is not installed here."""
-    executable = plan.help_command[0]
-    if not (shutil.which(executable) or Path(executable).exists()):
-        return None
-    try:
-        code, text = plan.run_help()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if code != 0 or not help_flags(text):
-        return None
-    return text, f"installed: {shlex.join(plan.help_command)}"
 
 
 def _reference_keys(path: Path) -> set[str]:
@@ -232,6 +219,7 @@ def format_plan(cells: Sequence[CellPlan]) -> str:
     lines: list[str] = []
     for number, cell in enumerate(cells, 1):
         lines.append(f"== cell {number}/{len(cells)}: {cell.label} ({cell.engine}) ==")
+        lines += [f"cannot start here: {reason}" for reason in cell.cannot_start]
         if cell.note:
             lines.append(cell.note)
         for check in cell.checks:
@@ -261,11 +249,15 @@ def format_plan(cells: Sequence[CellPlan]) -> str:
         estimate = f"at least ~{total / 60:.0f} min of load" + (" plus the closed-loop points" if unknown else "")
         lines.append(f"  expected: {estimate}, plus the engine's start (and a restart per point for restart_to_reset)")
         lines.append("")
+    blocked = sum(1 for cell in cells if cell.cannot_start)
+    lines.append(f"{blocked} of {len(cells)} cells cannot start here" + (" (see 'cannot start here' above; "
+                 "kvbench run refuses the config until they can)" if blocked else ""))
     return "\n".join(lines)
 
 
 def print_dry_run(config: ExperimentConfig, run_dir: Path, console, error_console) -> int:
-    """`kvbench run --dry-run`: print the plan; 2 when a targeted version lacks a flag or key, else 0."""
+    """`kvbench run --dry-run`: print the plan; 2 when a targeted version lacks a flag or key, else 0 (cells that
+    cannot start on this machine are a plan's fact, not an error: each says why, and a last line counts them)."""
     cells = plan_experiment(config, run_dir)
     console.print(format_plan(cells), markup=False, highlight=False, soft_wrap=True)
     problems = [problem for cell in cells for problem in cell.problems]

@@ -1,4 +1,5 @@
-"""Per-request cached tokens against the engine's own counters, scraped before and after a run."""
+"""Per-request cached tokens against the engine's own counters, scraped before and after a run, and against the
+oracle after a cache reset."""
 
 from __future__ import annotations
 
@@ -55,3 +56,20 @@ def reconcile(
         detail = f"usage sum {client} vs {name} delta {server:g}"
         return Reconciliation(name, server, client, agree, detail)
     return Reconciliation(None, None, client, None, "no known cached-token counter in /metrics")
+
+
+# After a reset, a cache can hit at most what the oracle (an unbounded cache of this point's own prompts) could;
+# the tolerance absorbs blocks an engine shares that the oracle's isolation rule does not count (2 points).
+HIT_OVER_ORACLE_TOLERANCE = 0.02
+
+
+def cache_reasons(summary: Mapping, cache_reset: bool | None) -> list[str]:
+    """The breach of hit rate <= oracle + tolerance, for a point whose cache was reset (a warm cache may pass
+    the oracle legitimately: its outputs say "warm cache" instead)."""
+    cache = summary["overall"]["cache"]
+    hit, oracle = cache.get("cache_hit_rate"), cache.get("oracle_hit_rate")
+    if not cache_reset or hit is None or oracle is None or hit <= oracle + HIT_OVER_ORACLE_TOLERANCE:
+        return []
+    return [f"cache hit rate {hit:.1%} exceeds the oracle's {oracle:.1%} + {HIT_OVER_ORACLE_TOLERANCE:.0%} after a "
+            "cache reset: the server's cached_tokens are wrong, its reset did not empty the cache, or it shares "
+            "prefixes across tenants the oracle's isolation rule keeps apart"]

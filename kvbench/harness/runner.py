@@ -35,8 +35,9 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig, load_config_file
 from kvbench.harness.env import collect_env
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.preflight import check_cells, require_all_can_start
 from kvbench.harness.workers import WorkerPool, run_on_workers
-from kvbench.harness.reconcile import reconcile
+from kvbench.harness.reconcile import cache_reasons, reconcile
 from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.folder_lock import locked_run_dir
@@ -122,6 +123,9 @@ def run_experiment(
         from kvbench.harness.ray_cluster import import_ray, run_on_ray
 
         import_ray()  # a missing Ray is bad input, refused before the folder is made
+    helps: dict = {}  # each installed engine's --help, run once here and reused at its launch
+    if ray_address is None:  # on Ray the cells start on other nodes, which the driver cannot check
+        require_all_can_start(check_cells(config, run_dir, helps))
     with locked_run_dir(run_dir):  # a second run on this folder is refused, naming the holder
         if ray_address is not None:
             return run_on_ray(config, run_dir, progress, mode, ray_address)
@@ -129,7 +133,7 @@ def run_experiment(
         write_config_and_env(run_dir, config.to_dict(), collect_env())
         outcome = RunOutcome(run_dir)
         with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-            experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome)
+            experiment = _Experiment(config, run_dir, writer, progress, resumed, outcome, helps=helps)
             try:
                 for engine_index, engine in enumerate(config.engines):
                     experiment.run_engine(engine_index, engine)
@@ -212,10 +216,14 @@ class _Experiment:
     ttfts: dict[str, list[float]] = field(default_factory=dict)
     warned_metrics: set[str] = field(default_factory=set)
     pool: Callable[[], WorkerPool] | None = None  # where a point's load workers run (None: processes here)
+    helps: Mapping[tuple[str, ...], tuple[str, str] | None] = field(default_factory=dict)  # preflight's --help texts
     context: int = DEFAULT_MAX_CONTEXT  # the running engine's context window: the bound of its answers' usage
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
+        server = getattr(adapter, "server", None)
+        if server is not None and server.plan.help_command and self.helps.get(tuple(server.plan.help_command)):
+            server.prefetched_help = self.helps[tuple(server.plan.help_command)][0]
         points = list(self._points(engine, adapter))
         if all(point.id.run_id in self.resumed.entries for point in points):
             for point in points:
@@ -295,6 +303,9 @@ class _Experiment:
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
             kv_capacity=_stated_capacity(before or after),
         )
+        breach = cache_reasons(entry.summary, reset)
+        if breach:
+            entry = dataclasses.replace(entry, valid=False, invalid_reasons=(*entry.invalid_reasons, *breach))
         self._add(entry, records)
         return result.aborted is None
 

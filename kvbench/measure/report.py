@@ -17,7 +17,7 @@ import pandas as pd
 
 from kvbench.distribution import PERCENTILES
 from kvbench.measure.run_folder import (
-    SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, RunEntry, replace_file, write_entries,
+    SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, WARM_CACHE, RunEntry, replace_file, write_entries,
 )
 from kvbench.measure.write_errors import writing
 
@@ -37,9 +37,9 @@ PERCENTILE_COLUMNS = [f"{metric}_p{p}_ms" for metric in ("ttft", "tpot", "itl", 
 # Goodput's SLO attainment: the share of measured requests meeting every SLO (None without an SLO).
 GOODPUT_COLUMNS = ["goodput_req_s", "slo_attainment"]
 EXTRA_COLUMNS = [*SCHEDULE_COLUMNS, "slo_attainment",
-                 *(column for column in PERCENTILE_COLUMNS if column not in COLUMNS), "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
+                 *(column for column in PERCENTILE_COLUMNS if column not in COLUMNS), "cache", "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
 MD_COLUMNS = [
-    "engine", "kv_dtype", "workload", "load", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
+    "engine", "kv_dtype", "workload", "load", "cache", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
     "ttft_from_schedule_p99_ms", "itl_p50_ms", "tpot_p50_ms", "output_tok_s", "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
 ]
 
@@ -87,6 +87,7 @@ def _row(entry: RunEntry, group: Mapping, fairness: float | None) -> dict:
         "cache_hit_rate": cache["cache_hit_rate"],
         "oracle_hit_rate": cache["oracle_hit_rate"],
         "prefill_recompute_rate": cache["prefill_recompute_rate"],
+        "cache": entry.cache_state,  # "warm cache": not reset before the point
         "run_id": entry.run_id,
         "repeat": entry.repeat,
         "valid": entry.valid,
@@ -165,6 +166,10 @@ def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[
 
 def _flags(entry: RunEntry) -> list[str]:
     flags = [f"INVALID: {reason}" for reason in entry.invalid_reasons]
+    if entry.cache_state == WARM_CACHE:
+        note = entry.engine_description.get("cache_reset_note")
+        flags.append(f"{WARM_CACHE}: the engine's prefix cache was not reset before this point"
+                     + (f" ({note})" if note else "") + "; its hit rate includes earlier points' prompts")
     reconciliation = entry.reconciliation or {}
     if reconciliation.get("agree") is False:
         flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
@@ -184,15 +189,16 @@ def write_overlay_cdf(path: Path, samples: Mapping[str, Sequence[float]], title:
 def write_plots(run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
     """TTFT CDF per engine setting, and throughput vs TTFT p99 across load points. Returns the files."""
     written = []
+    warm = f" ({WARM_CACHE})" if any(entry.cache_state == WARM_CACHE for entry in entries) else ""
     if ttft_by_setting:
-        with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", "TTFT CDF per engine setting") as axis:
+        with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", f"TTFT CDF per engine setting{warm}") as axis:
             draw_cdfs(axis, ttft_by_setting)
         written.append(run_dir / TTFT_CDF_PNG)
     frame = summary_frame(entries)
     overall = frame[frame["tenant"] == "all"]
     if not overall.empty:
         path = run_dir / THROUGHPUT_PNG
-        with _figure(path, "output tokens/s", "TTFT p99 (ms)", "Throughput vs TTFT p99 across load points") as axis:
+        with _figure(path, "output tokens/s", "TTFT p99 (ms)", f"Throughput vs TTFT p99 across load points{warm}") as axis:
             draw_throughput_points(axis, overall)
         written.append(path)
     return written

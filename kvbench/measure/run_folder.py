@@ -72,6 +72,7 @@ RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML,
 
 INTERRUPTED = "interrupted: the run was stopped before this point finished"
 REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
+WARM_CACHE = "warm cache"  # a point whose engine cache was not reset first (RunEntry.cache_state)
 
 
 class RunFolderError(SettingsError):
@@ -134,8 +135,15 @@ class RunEntry:
                    invalid_reasons=tuple(invalid_reasons), aborted=aborted,
                    interrupted=aborted in (INTERRUPTED, REBUILT), **known)
 
+    @property
+    def cache_state(self) -> str | None:
+        """"warm cache" when the engine's cache was not reset before the point (its hit rate then includes
+        earlier points' prompts, and may pass the oracle), "reset" when it was, None when unknown."""
+        return None if self.cache_reset is None else "reset" if self.cache_reset else WARM_CACHE
+
     def to_json(self) -> dict:
-        return {item.name: _plain(getattr(self, item.name)) for item in fields(self)}
+        """Every field, and `cache` (`cache_state`: what a reader of the JSON should see without a lookup)."""
+        return {**{item.name: _plain(getattr(self, item.name)) for item in fields(self)}, "cache": self.cache_state}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "RunEntry":
