@@ -157,9 +157,11 @@ class Comparison:
     def mismatched(self) -> bool:
         return bool(self.mismatches) or any(row.one_sided for row in self.rows)
 
-    def exit_code(self, strict: bool = False) -> int:
-        """1 on any regression (or, when strict, any mismatch or inconclusive metric), else 0."""
-        return 1 if self.regressions or (strict and (self.mismatched or self.inconclusive)) else 0
+    def exit_code(self, strict: bool = False, allow_inconclusive: bool = False) -> int:
+        """1 on any regression (or, when strict, any mismatch or inconclusive metric, unless inconclusive ones
+        are allowed: a gate that cannot power every metric still refuses mismatches and regressions), else 0."""
+        unresolved = bool(self.inconclusive) and not allow_inconclusive
+        return 1 if self.regressions or (strict and (self.mismatched or unresolved)) else 0
 
 
 def judge(spec: MetricSpec, delta: float | None, ci: tuple[float, float] | None) -> Verdict:

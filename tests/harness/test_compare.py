@@ -367,6 +367,12 @@ def test_two_small_runs_of_the_same_engine_are_inconclusive_and_strict_fails_on_
     assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50"]) == 0
     assert "**1 inconclusive**" in capsys.readouterr().out
     assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict"]) == 1
+    # A gate that allows inconclusive metrics still reports them, and still fails on a config mismatch.
+    assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict", "--allow-inconclusive"]) == 0
+    assert "**1 inconclusive**" in capsys.readouterr().out
+    other = write_run(tmp_path / "other", [(entry(make_records(22, n=12)), make_records(22, n=12))],
+                      config={"seed": 1, "repeat": 1, "stop": {"num_requests": 200}})  # another seed
+    assert cli(["compare", str(base), str(other), "--metrics", "ttft_p50", "--strict", "--allow-inconclusive"]) == 1
     csv = cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--format", "csv"])
     assert csv == 0 and ",inconclusive," in capsys.readouterr().out
 

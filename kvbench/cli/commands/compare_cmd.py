@@ -50,6 +50,9 @@ def register(commands, formatter) -> None:
     parser.add_argument("--resamples", type=at_least(1), default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--seed", type=at_least(0), default=0, help="bootstrap seed (default 0)")
     parser.add_argument("--strict", action="store_true", help="also exit 1 when the folders do not measure the same thing, or a metric is inconclusive")
+    parser.add_argument("--allow-inconclusive", action="store_true",
+                        help="with --strict: an inconclusive metric is reported (headline, table) but does not fail; "
+                             "mismatches and regressions still do (for a gate whose runs cannot resolve every metric)")
     parser.add_argument("--format", choices=("md", "csv"), default="md")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     parser.set_defaults(handler=handle_compare)
@@ -87,7 +90,7 @@ def handle_compare(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
-    return comparison.exit_code(strict=args.strict)
+    return comparison.exit_code(strict=args.strict, allow_inconclusive=args.allow_inconclusive)
 
 
 def handle_baseline_update(args: argparse.Namespace) -> int:
