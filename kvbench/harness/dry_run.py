@@ -101,6 +101,27 @@ class CellPlan:
     def problems(self) -> list[str]:
         return [f"{self.label}: {check.version}: {problem}" for check in self.checks for problem in check.problems]
 
+    @property
+    def expected_s(self) -> float:
+        """Seconds of load of every point and repetition whose length is planned (a lower bound: see open_ended)."""
+        return sum(point.expected_s * point.repeat for point in self.points if point.expected_s is not None)
+
+    @property
+    def open_ended(self) -> bool:
+        """Some point (closed loop without duration_s) lasts as long as the engine takes."""
+        return any(point.expected_s is None for point in self.points)
+
+
+def budget_problem(cells: Sequence[CellPlan], budget_min: float) -> str | None:
+    """Why the plan cannot fit `budget_min` minutes of one job (its cells one after another), or None."""
+    total_min = sum(cell.expected_s for cell in cells) / 60
+    if total_min <= budget_min:
+        return None
+    longest = max(cells, key=lambda cell: cell.expected_s)
+    return (f"--budget {budget_min:g}: the plan needs at least ~{total_min:.1f} min of load over {len(cells)} cells "
+            f"(the longest, {longest.label}, ~{longest.expected_s / 60:.0f} min); run the cells as separate jobs "
+            "(ci/github-nightly.yml's GPU matrix), or lower stop.duration_s, loads or repeat")
+
 
 def plan_experiment(config: ExperimentConfig, run_dir: Path, use_installed: bool = True) -> list[CellPlan]:
     """Every cell's plan; adapters are built (which checks their settings), nothing is started or written."""
@@ -237,30 +258,39 @@ def format_plan(cells: Sequence[CellPlan]) -> str:
             lines.append(f"file {file_name}:")
             lines += [f"  {line}" for line in text.rstrip().splitlines()]
         lines.append("load plan:")
-        total = 0.0
-        unknown = False
         for point in cell.points:
             lines.append(f"  {point.workload}: {point.sessions} sessions, {point.requests} requests (of "
                          f"{point.workload_requests} in the workload) at {point.load}, x{point.repeat}: {point.how}")
-            if point.expected_s is None:
-                unknown = True
-            else:
-                total += point.expected_s * point.repeat
-        estimate = f"at least ~{total / 60:.0f} min of load" + (" plus the closed-loop points" if unknown else "")
-        lines.append(f"  expected: {estimate}, plus the engine's start (and a restart per point for restart_to_reset)")
+        lines.append(f"  expected: {_estimate(cell.expected_s, cell.open_ended)}, plus the engine's start "
+                     "(and a restart per point for restart_to_reset)")
         lines.append("")
+    if cells:
+        lines.append(f"== expected duration per cell ({len(cells)} cells) ==")
+        width = max(len(cell.label) for cell in cells)
+        lines += [f"  {cell.label:<{width}}  {_estimate(cell.expected_s, cell.open_ended)}" for cell in cells]
+        total = sum(cell.expected_s for cell in cells)
+        lines.append(f"  {'total':<{width}}  {_estimate(total, any(cell.open_ended for cell in cells))}, one cell "
+                     "after another (with --ray, cells run in parallel on free nodes)")
     blocked = sum(1 for cell in cells if cell.cannot_start)
     lines.append(f"{blocked} of {len(cells)} cells cannot start here" + (" (see 'cannot start here' above; "
                  "kvbench run refuses the config until they can)" if blocked else ""))
     return "\n".join(lines)
 
 
-def print_dry_run(config: ExperimentConfig, run_dir: Path, console, error_console) -> int:
-    """`kvbench run --dry-run`: print the plan; 2 when a targeted version lacks a flag or key, else 0 (cells that
-    cannot start on this machine are a plan's fact, not an error: each says why, and a last line counts them)."""
+def _estimate(seconds: float, open_ended: bool) -> str:
+    size = f"~{seconds / 60:.0f} min" if seconds >= 60 else f"~{seconds:.0f} s"
+    return f"at least {size} of load" + (" plus the closed-loop points" if open_ended else "")
+
+
+def print_dry_run(config: ExperimentConfig, run_dir: Path, console, error_console,
+                  budget_min: float | None = None) -> int:
+    """`kvbench run --dry-run`: print the plan; 2 when a targeted version lacks a flag or key, or the plan's
+    load cannot fit `budget_min` minutes, else 0 (cells that cannot start on this machine are a plan's fact, not
+    an error: each says why, and a last line counts them)."""
     cells = plan_experiment(config, run_dir)
     console.print(format_plan(cells), markup=False, highlight=False, soft_wrap=True)
-    problems = [problem for cell in cells for problem in cell.problems]
-    for problem in problems:
-        error_console.print(f"error: {problem} (fix the setting or extra_args)", markup=False, highlight=False)
-    return 2 if problems else 0
+    problems = [f"{problem} (fix the setting or extra_args)" for cell in cells for problem in cell.problems]
+    over = budget_problem(cells, budget_min) if budget_min is not None else None
+    for problem in problems + ([over] if over else []):
+        error_console.print(f"error: {problem}", markup=False, highlight=False)
+    return 2 if problems or over else 0

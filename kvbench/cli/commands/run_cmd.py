@@ -112,6 +112,12 @@ def register(commands, formatter) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print every cell's command line, environment, "
                         "generated files and load plan, checked against the engine's --help; launch nothing "
                         "(exit 2 on a flag the targeted version lacks)")
+    parser.add_argument("--cell", action="append", default=[], metavar="LABEL",
+                        help="with CONFIG.yaml, run only this engine cell (repeatable): a cell's label, e.g. "
+                        "'vllm-prefix[kv_cache_dtype=auto]', or an engine's label for all its swept cells")
+    parser.add_argument("--budget", type=number_above(0), metavar="MINUTES",
+                        help="refuse (exit 2) a plan whose cells' load, one after another, needs more than MINUTES "
+                        "(the dry run's total; e.g. the CI job's timeout-minutes)")
     sim = parser.add_argument_group("simulated engine (--engine sim; see `kvbench simulate --help`)")
     sim.add_argument("--sim-model", default="qwen2.5-72b", help="model geometry to simulate")
     sim.add_argument("--sim-hardware", default="8xh200", help="hardware profile to simulate")
@@ -135,7 +141,11 @@ def config_from_args(args: argparse.Namespace):
         data = config.to_dict()
         for engine in data["engines"]:  # --set overrides every engine setting of the matrix
             engine["settings"] = {**engine["settings"], **settings}
+        if args.cell:
+            data["engines"] = _cells(data["engines"], args.cell, args.config)
     else:
+        if args.cell:
+            raise SettingsError("--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)")
         engine = args.engine or ("endpoint" if args.url else DEFAULT_ENGINE)
         if args.url:
             settings.setdefault("url", args.url)
@@ -186,6 +196,15 @@ def config_from_args(args: argparse.Namespace):
     return parse_config(data, where=str(args.config) if args.config else "flags")
 
 
+def _cells(engines: list[dict], wanted: list[str], config: Path) -> list[dict]:
+    """The engine cells `--cell` names (a cell label, or the base label of swept cells), in the config's order."""
+    labels = [engine["label"] for engine in engines]
+    for label in wanted:
+        if not any(label in (cell, cell.split("[")[0]) for cell in labels):
+            raise SettingsError(f"--cell {label!r}: {config} has no such cell; its cells: {', '.join(labels)}")
+    return [engine for engine in engines if {engine["label"], engine["label"].split("[")[0]} & set(wanted)]
+
+
 def _engines(engine: str, settings: dict, main_job: bool) -> list[dict]:
     """The flag-built run's engine entries: the main job's KV comparison, or the one engine as asked."""
     if not main_job or any(key in settings for key in MAIN_JOB_OVERRIDDEN_BY):
@@ -218,7 +237,15 @@ def handle(args: argparse.Namespace) -> int:
     if args.dry_run:
         from kvbench.harness.dry_run import print_dry_run
 
-        return print_dry_run(config, run_dir, console, error_console)
+        return print_dry_run(config, run_dir, console, error_console, budget_min=args.budget)
+    if args.budget is not None:
+        from kvbench.harness.dry_run import budget_problem, plan_experiment
+
+        over = budget_problem(plan_experiment(config, run_dir, use_installed=False), args.budget)
+        if over:
+            error_console.print(f"error: {over} (see it per cell: kvbench run ... --dry-run)", markup=False,
+                                highlight=False)
+            return 2
     if args.find_max:
         return find_max_flags.run(args, config, run_dir, console)
     mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.FRESH
