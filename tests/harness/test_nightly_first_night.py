@@ -2,6 +2,7 @@
 run is promoted and the job passes; the next night compares against it (and a regression then fails); a failed
 first run records nothing. `kvbench run` is a stand-in that copies a prepared folder; the rest is the real CLI."""
 
+import pytest
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from tests.harness.test_compare import simple_run
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_first_night_records_the_baseline_and_the_second_compares(tmp_path):
     # Quiet runs, so the verdicts resolve (a noisy pair is inconclusive, which --strict fails).
     good = simple_run(tmp_path / "fixtures" / "good", seed=1, noise=0.05)

@@ -48,6 +48,7 @@ def instrument():
         process.wait()
 
 
+@pytest.mark.slow
 def test_our_engine_without_prefix_caching_is_a_regression(tmp_path):
     settings = ["--set", "model=tiny-random", "--set", "kv_capacity=8192"]
     baseline = run(tmp_path / "on", *settings)
@@ -57,6 +58,7 @@ def test_our_engine_without_prefix_caching_is_a_regression(tmp_path):
     assert "cache_hit_rate" in report and "regression" in report
 
 
+@pytest.mark.slow
 def test_a_three_times_slower_first_token_is_caught(tmp_path, instrument):
     # 50 ms against 150 ms injected: far beyond what load adds here (a few ms at the median), so the gate's verdict
     # is the instrument's, not the machine's. Its power on a 20% shift and its false-alarm rate between draws of

@@ -57,6 +57,7 @@ def play_at(url, wl, load, workers, path=None, pool=None):
         return run_on_workers(generator, wl, workers, writer, pool=pool)
 
 
+@pytest.mark.slow
 def test_ray_actors_send_the_same_requests_and_timing_as_one_worker(tmp_path):
     wl = workload(sessions=4, turns=2, max_tokens=4, think=0.01)
     load = LoadSpec(concurrency=4)
@@ -79,6 +80,7 @@ def test_ray_actors_send_the_same_requests_and_timing_as_one_worker(tmp_path):
     assert by_request(read_records(tmp_path / "requests.jsonl")).keys() == twos.keys()
 
 
+@pytest.mark.slow
 def test_a_killed_ray_actor_fails_the_point_by_name_and_keeps_the_finished_records(tmp_path):
     pool = RayPool()
     killed = []
@@ -116,6 +118,7 @@ def _scratch_folders() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob("kvbench-cell-*"))
 
 
+@pytest.mark.slow
 def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_path):
     scratch = _scratch_folders()
     with instrument_process("--served-model", "instrument", "--first-token-ms", "20", "--chunk-interval-ms", "5") as (url, _):
@@ -138,6 +141,7 @@ def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_p
     assert sorted(r.request_id for r in records) == sorted(r.request_id for r in read_records(tmp_path / "here" / REQUESTS_JSONL))
 
 
+@pytest.mark.slow
 def test_a_resumed_run_on_ray_plots_the_requests_it_kept(tmp_path, monkeypatch):
     with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (url, _):
         config = parse_config(_matrix(url))
@@ -153,6 +157,7 @@ def test_a_resumed_run_on_ray_plots_the_requests_it_kept(tmp_path, monkeypatch):
     assert {engine: sorted(v) for engine, v in plotted.items()} == {engine: sorted(v) for engine, v in kept.items()}
 
 
+@pytest.mark.slow
 def test_a_failing_cell_fails_alone_with_its_log(tmp_path):
     with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (url, _):
         outcome = run_experiment(parse_config(_matrix(url, failing_cell=True)), tmp_path, ray_address="auto")

@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 
 import numpy as np
+import pytest
 
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.instrument import InstrumentBehaviour
@@ -116,6 +117,7 @@ def test_the_point_is_invalid_when_a_worker_falls_behind_and_each_worker_has_its
     assert result.client.schedule_lag_ms.n == 4  # pooled over both workers' requests
 
 
+@pytest.mark.slow
 def test_without_ray_kvbench_imports_and_run_ray_says_how_to_install_it(tmp_path):
     # `ray` made unimportable, as on a base install; --workers needs nothing of it.
     code = ("import sys; sys.modules['ray'] = None\n"

@@ -63,6 +63,7 @@ def real_run(tmp_path_factory):
     return serve_workload(tmp_path_factory.mktemp("real"))
 
 
+@pytest.mark.slow
 def test_simulator_replays_the_engine_cache_decisions_exactly(real_run):
     workload, load, records, real_events = real_run
     assert len(records) == workload.num_requests and all(r.ok for r in records)
@@ -122,6 +123,7 @@ def by_tier(record) -> dict[str, int]:
     return {tier: n for tier, n in (record.cached_tokens_by_tier or {}).items() if n}
 
 
+@pytest.mark.slow
 def test_the_engine_ttl_tiers_preset_restores_what_the_engine_restores(tiered_run):
     """The kvengine-tiers preset runs the core's TierPolicy as the engine's offload executor does: the same
     pages go down to host, the same ones come back, and every request reports the same cached tokens per

@@ -13,6 +13,8 @@ recompute it on the commit before the change and say so here.
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, simulate
 from kvbench.sim.geometry import load_geometry
@@ -34,6 +36,7 @@ def record_stream_digest(records) -> str:
     return digest.hexdigest()
 
 
+@pytest.mark.slow
 def test_the_synthetic_trace_simulates_to_the_records_of_the_unoptimised_simulator():
     config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8")
     result = simulate(load_workload(str(TRACE)), LoadSpec(), config)

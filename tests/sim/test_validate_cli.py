@@ -19,6 +19,7 @@ from kvbench.sim.validate import WEIGHT_DTYPES, engine_geometry
 VALIDATION = Path(__file__).resolve().parents[2] / "results" / "sim" / "validation"
 
 
+@pytest.mark.slow
 def test_validate_sim_reproduces_the_cache_hit_rate_of_a_real_run(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=1280", "--num-sessions", "4",

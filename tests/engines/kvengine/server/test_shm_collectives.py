@@ -48,6 +48,7 @@ def _rank_main(rank: int, size: int, init_method: str, results) -> None:
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the transport is x86-64 only")
+@pytest.mark.slow
 def test_two_ranks_sum_and_concatenate_through_shared_memory_and_fall_back_for_large_tensors():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()

@@ -100,6 +100,7 @@ def test_every_dashboard_expression_names_an_exported_metric(url):
         assert any(wanted in e for e in exprs), wanted
 
 
+@pytest.mark.slow
 def test_a_real_prometheus_scrapes_per_tenant_metrics(url, tmp_path):
     binary = shutil.which("prometheus")
     if binary is None:
