@@ -8,10 +8,8 @@ SGLang's POST /flush_cache (200 text)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import threading
 
 import matplotlib.axes
 import pandas as pd
@@ -23,7 +21,7 @@ from kvbench.harness.instrument import InstrumentBehaviour, make_app
 from kvbench.measure.report import write_plots
 from kvbench.measure.run_folder import read_entries
 
-from ..harness.instrument_fixture import free_port
+from ..harness.instrument_fixture import app_in_thread
 
 BLOCK = 16
 
@@ -67,25 +65,8 @@ def cache_server(cache: PrefixCache, reset_route: str | None):
         app.router.add_post("/reset_prefix_cache", vllm_reset)
     elif reset_route == "sglang":
         app.router.add_post("/flush_cache", sglang_flush)
-    port, loop, ready = free_port(), asyncio.new_event_loop(), threading.Event()
-    runner = web.AppRunner(app, access_log=None)
-
-    def serve():
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        ready.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+    with app_in_thread(web.AppRunner(app, access_log=None)) as url:
+        yield url
 
 
 def _sweep(url: str, out, *flags: str) -> int:
