@@ -28,7 +28,8 @@ from kvbench.evals.items import DEFAULT_BLOCK, buckets, direct_metrics, make_ite
 from kvbench.evals.kv_settings import DEFAULT_DTYPES, DEFAULT_SCALES, KVSetting, baseline_of
 from kvbench.evals.lm_eval_run import LMEvalOptions, TaskScore, run_lm_eval
 from kvbench.evals.passkey import DEPTHS
-from kvbench.evals.results import PasskeyOutcome, SettingResult, write_tables
+from kvbench.evals.report import write_tables
+from kvbench.evals.results import PasskeyOutcome, SettingResult
 from kvbench.evals.tasks import TASKS, check_tasks
 from kvbench.measure.run_folder import EVAL_CONFIG_JSON, engine_dir
 from kvbench.settings import SettingsError, build
@@ -144,7 +145,8 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
     results = [SettingResult(s.label, scores[s.label], divergence_method=method, **measured.get(s.label, {}))
                for s in settings]
     if config.perf_run is not None:
-        from kvbench.evals.results import metric_rows, write_tradeoff
+        from kvbench.evals.report import write_tradeoff
+        from kvbench.evals.results import metric_rows
         from kvbench.evals.tradeoff import perf_by_setting, tradeoff_frame
 
         perf = perf_by_setting(Path(config.perf_run), config.engine)
@@ -262,7 +264,7 @@ def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Pro
         }
     if config.layer_profile:
         from kvbench.evals.layers import layer_errors
-        from kvbench.evals.results import write_layer_profile
+        from kvbench.evals.report import write_layer_profile
 
         progress("per-layer K/V error profile")
         out[LAYERS] = write_layer_profile(layer_errors(loaded, settings, token_windows[0][:LAYER_TOKENS]), run_dir)

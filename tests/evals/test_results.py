@@ -76,7 +76,7 @@ def test_tradeoff_puts_a_run_folders_performance_beside_the_evals_deltas(tmp_pat
 
     from kvbench.evals.items import DirectMetric
     from kvbench.evals.paired import PairedDelta
-    from kvbench.evals.results import write_tradeoff
+    from kvbench.evals.report import write_tradeoff
     from kvbench.evals.tradeoff import perf_by_setting, tradeoff_frame
 
     run = Path(__file__).parents[2] / "results" / "baselines" / "nightly-cpu"  # a real `kvbench run` folder, fp32 KV

@@ -95,7 +95,7 @@ def print_eval_summary(paths) -> None:
     import pandas as pd
 
     from kvbench.cli.console_table import Column, print_table
-    from kvbench.evals.results import summary_cell
+    from kvbench.evals.report import summary_cell
     from kvbench.measure.run_folder import EVAL_MD, EVAL_SUMMARY_CSV
 
     if EVAL_SUMMARY_CSV not in paths or not paths[EVAL_SUMMARY_CSV].exists():
