@@ -15,8 +15,9 @@ Requests that get no answer at all (connection errors, timeouts, stalls) `abort_
 a row mean the engine is gone or hung: the run stops sending, cancels what is in flight (those requests
 get no record: nothing was measured) and says why in `LoadResult.aborted`.
 
-The client checks itself: schedule lag (sent - queued) and event-loop lag are measured; a run whose lag is
-past the threshold is marked invalid, because its TTFTs would include the client's own delays.
+The client checks itself (`kvbench.harness.client_check`, whose `ClientCheck` is re-exported here): schedule
+lag (sent - queued) and event-loop lag are measured; a run whose lag is past the threshold is marked invalid,
+because its TTFTs would include the client's own delays.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from kvbench.harness.client import (
     completions_body,
     stream_request,
 )
+from kvbench.harness.client_check import ClientCheck, check_lags, probe_loop
 from kvbench.harness.clock import PreciseTimer
 from kvbench.harness.pacing import Gate, OpenGate, gate_for
-from kvbench.distribution import Distribution
 from kvbench.measure.conversation import (
     Ask,
     Conversation,
@@ -61,10 +62,9 @@ from kvbench.measure.records import (
     RecordWriter,
     RequestRecord,
 )
-from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
+from kvbench.measure.schedule import LoadSpec, session_offsets
 from kvbench.workloads.spec import Session, Workload
 
-_LOOP_PROBE_S = 0.01
 _PREOPENED_CONNECTIONS = 64
 # Error kinds that mean the server did not answer at all (as opposed to answering with an error).
 UNANSWERED_KINDS = (ERR_CONNECTION, ERR_TIMEOUT, ERR_STALL)
@@ -76,36 +76,6 @@ class TextCodec(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
-
-
-@dataclass(frozen=True)
-class ClientCheck:
-    """The client's self-check. `valid` is False when its own lag could distort the measurements."""
-
-    schedule_lag_ms: Distribution | None
-    loop_lag_ms: Distribution | None
-    max_lag_ms: float
-    valid: bool
-    reason: str | None
-    # Several load workers: each one's own check, and how far apart their starts were (wall clock, ms).
-    start_offset_ms: float | None = None  # this worker's start minus the planned start epoch
-    workers: tuple[ClientCheck, ...] = ()
-    start_spread_ms: float | None = None
-
-    def to_dict(self) -> dict:
-        out = {
-            "schedule_lag_ms": self.schedule_lag_ms.to_dict() if self.schedule_lag_ms else None,
-            "loop_lag_ms": self.loop_lag_ms.to_dict() if self.loop_lag_ms else None,
-            "max_lag_ms": self.max_lag_ms,
-            "valid": self.valid,
-            "reason": self.reason,
-        }
-        if self.start_offset_ms is not None:
-            out["start_offset_ms"] = self.start_offset_ms
-        if self.workers:
-            out["start_spread_ms"] = self.start_spread_ms
-            out["workers"] = [worker.to_dict() for worker in self.workers]
-        return out
 
 
 @dataclass(frozen=True)
@@ -221,7 +191,7 @@ class LoadGenerator:
                 await state.timer.sleep_until(state.t0_ns)
                 start_offset_ms = (time.time() - start_at_s) * 1e3
             state.gate = gate_for(self.load, self.seed, state.t0_ns, state.timer, state.may_send)
-            probe = asyncio.create_task(_probe_loop(loop_lags))
+            probe = asyncio.create_task(probe_loop(loop_lags))
             try:
                 await self._play(http, workload, list(offsets), state)
             finally:
@@ -381,16 +351,8 @@ class LoadGenerator:
                             f"(last: {record.error})")
 
     def check(self, schedule_lags: Sequence[float], loop_lags: Sequence[float]) -> ClientCheck:
-        """The self-check of these lags (ms) against `max_lag_ms`."""
-        schedule = Distribution.of(list(schedule_lags))
-        loop = Distribution.of(list(loop_lags))
-        reason = None
-        # Closed loop has no schedule to keep; only the loop lag matters there.
-        if schedule is not None and self.load.mode != MODE_CONCURRENCY and schedule.p99 > self.max_lag_ms:
-            reason = f"schedule lag p99 {schedule.p99:.2f} ms > {self.max_lag_ms:g} ms"
-        elif loop is not None and loop.p99 > self.max_lag_ms:
-            reason = f"event-loop lag p99 {loop.p99:.2f} ms > {self.max_lag_ms:g} ms"
-        return ClientCheck(schedule, loop, self.max_lag_ms, reason is None, reason)
+        """The self-check of these lags (ms) against `max_lag_ms` (see `client_check`)."""
+        return check_lags(schedule_lags, loop_lags, self.max_lag_ms, self.load.mode)
 
 
 @dataclass(slots=True)
@@ -411,10 +373,3 @@ class _Chat:
     def answered(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
 
-
-async def _probe_loop(lags: list[float]) -> None:
-    """Event-loop lag: how late a 10 ms sleep wakes up."""
-    while True:
-        before = time.perf_counter_ns()
-        await asyncio.sleep(_LOOP_PROBE_S)
-        lags.append(max((time.perf_counter_ns() - before) / 1e6 - _LOOP_PROBE_S * 1e3, 0.0))

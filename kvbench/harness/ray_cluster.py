@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kvbench.harness.config import EngineSpec, ExperimentConfig
 from kvbench.harness.env import collect_env
+from kvbench.harness.experiment import Experiment, Progress, RunOutcome
 from kvbench.harness.workers import Done, Lost, Message, Ready, Sent, WorkerJob, WorkerStartError, play_reporting, ready
 from kvbench.measure.metrics import ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
@@ -183,8 +184,6 @@ class _CellEnd:
 def run_cell(config: ExperimentConfig, index: int, resumed: Resumed) -> Iterator[list]:
     """The Ray task of engine setting `index`: the runner's own code for one engine, in a scratch run folder on
     this node; yields batches of what happens (points started, records, entries, messages) and then _CellEnd."""
-    from kvbench.harness.runner import Progress, RunOutcome, _Experiment
-
     ray = import_ray()
     engine = config.engines[index]
     run_dir = Path(tempfile.mkdtemp(prefix="kvbench-cell-"))
@@ -202,7 +201,7 @@ def run_cell(config: ExperimentConfig, index: int, resumed: Resumed) -> Iterator
     def body() -> None:
         try:
             with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-                _Experiment(config, run_dir, writer, progress, resumed, outcome,
+                Experiment(config, run_dir, writer, progress, resumed, outcome,
                             pool=lambda: RayPool(node_id=node)).run_engine(index, engine)  # used for workers > 1
         except Exception as exc:  # noqa: BLE001 - the cell fails alone, and says why
             outcome.failures.append(f"{engine.label}: {traceback.format_exception_only(exc)[-1].strip()}")
@@ -225,8 +224,6 @@ def run_cell(config: ExperimentConfig, index: int, resumed: Resumed) -> Iterator
 
 def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode, address: str):
     """The matrix with every engine setting as a Ray task, into one run folder here (see the module doc)."""
-    from kvbench.harness.runner import RunOutcome
-
     ray = connect(address)
     resumed = open_run_dir(run_dir, config.to_dict(), mode)
     write_config_and_env(run_dir, config.to_dict(), collect_env())
