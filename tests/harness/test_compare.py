@@ -242,7 +242,7 @@ def test_missing_metric_and_mismatched_settings_are_reported_not_skipped(tmp_pat
     assert "turns_mean: 4 -> 6" in text and "stop.num_requests: 200 -> 100" in text
     assert comparison.exit_code() == 0 and comparison.exit_code(strict=True) == 1
     assert cli(["compare", str(base), str(new)]) == 0
-    assert cli(["compare", str(base), str(new), "--strict"]) == 1
+    assert cli(["compare", str(base), str(new), "--strict", "--format", "md"]) == 1
     out = capsys.readouterr().out
     assert "## Mismatches" in out and "turns_mean" in out and "only in the baseline" in out
 
@@ -367,11 +367,12 @@ def test_two_small_runs_of_the_same_engine_are_inconclusive_and_strict_fails_on_
     assert ttft.ci_high - ttft.ci_low > 2 * ttft.spec.tolerance
     assert ttft.verdict is Verdict.INCONCLUSIVE
     assert not comparison.regressions and comparison.exit_code() == 0 and comparison.exit_code(strict=True) == 1
-    assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50"]) == 0
+    assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--format", "md"]) == 0
     assert "**1 inconclusive**" in capsys.readouterr().out
     assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict"]) == 1
     # A gate that allows inconclusive metrics still reports them, and still fails on a config mismatch.
-    assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict", "--allow-inconclusive"]) == 0
+    assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict", "--allow-inconclusive",
+                "--format", "md"]) == 0
     assert "**1 inconclusive**" in capsys.readouterr().out
     other = write_run(tmp_path / "other", [(entry(make_records(22, n=12)), make_records(22, n=12))],
                       config={"seed": 1, "repeat": 1, "stop": {"num_requests": 200}})  # another seed

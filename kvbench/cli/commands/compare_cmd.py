@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 
+from kvbench.cli.console_table import Column, print_table
 from kvbench.cli.flag_types import at_least, number_between
+from kvbench.cli.tables import wide_console
 from kvbench.harness.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
 from kvbench.harness.compare import CompareOptions, Comparison, MetricComparison, compare
 from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS
@@ -53,8 +56,10 @@ def register(commands, formatter) -> None:
     parser.add_argument("--allow-inconclusive", action="store_true",
                         help="with --strict: an inconclusive metric is reported (headline, table) but does not fail; "
                              "mismatches and regressions still do (for a gate whose runs cannot resolve every metric)")
-    parser.add_argument("--format", choices=("md", "csv"), default="md")
-    parser.add_argument("--out", type=Path, help="also write the table to this file")
+    parser.add_argument("--format", choices=("table", "md", "csv"), default="table",
+                        help="table: kvbench's console tables (numbers never cut); md: Markdown; csv")
+    parser.add_argument("--out", type=Path, help="also write the comparison to this file (Markdown, or CSV with "
+                        "--format csv)")
     parser.set_defaults(handler=handle_compare)
 
     baseline = commands.add_parser("baseline", help="manage stored baselines", formatter_class=formatter)
@@ -86,7 +91,10 @@ def handle_compare(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     comparison = compare(baseline, new, options)
     text = comparison_csv(comparison) if args.format == "csv" else comparison_markdown(comparison)
-    sys.stdout.write(text)
+    if args.format == "table":
+        print_comparison(wide_console(), comparison)
+    else:
+        sys.stdout.write(text)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
@@ -159,34 +167,69 @@ def _row_cells(row: MetricComparison) -> dict:
     }
 
 
-def comparison_markdown(comparison: Comparison) -> str:
-    options = comparison.options
-    level = f"{100 * options.confidence:g}%"
+def _headline(comparison: Comparison, strong) -> str:
+    """The result in one sentence; `strong` marks its alarming parts (Markdown bold, console colour)."""
     regressions, improvements, unresolved = comparison.regressions, comparison.improvements, comparison.inconclusive
-    headline = f"**{len(regressions)} regression{'s' if len(regressions) != 1 else ''}**" if regressions else "no regression"
+    headline = strong(f"{len(regressions)} regression{'s' if len(regressions) != 1 else ''}") if regressions else "no regression"
+    return (f"Result: {headline}, {len(improvements)} improvement{'s' if len(improvements) != 1 else ''}"
+            + (f", {strong(f'{len(unresolved)} inconclusive')} (the interval reaches past the tolerance: more "
+               "requests or repetitions, or a wider --max-regression)" if unresolved else "")
+            + (f", {strong('the folders do not measure the same thing')} (see Mismatches)" if comparison.mismatched
+               else "") + ".")
+
+
+def _method(comparison: Comparison) -> str:
+    options = comparison.options
+    return (f"A regression needs both: the {100 * options.confidence:g}% bootstrap CI of the delta lies wholly on the "
+            f"bad side of 0 ({options.resamples} resamples of requests, repetitions resampled too, seed "
+            f"{options.seed}) AND the delta exceeds the tolerance; no change needs the whole CI within the tolerance, "
+            "else the metric is inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
+            "Values are the mean over repetitions; percentiles use linear interpolation.")
+
+
+def _sections(comparison: Comparison) -> list[tuple[str, list[MetricComparison], bool]]:
+    """(title, rows, with the CI) of each table, in order."""
+    perf = [row for row in comparison.rows if row.kind == "perf"]
+    quality = [row for row in comparison.rows if row.kind == "quality"]
+    sections = [("Regressions", list(comparison.regressions), True), ("Serving metrics", perf, True),
+                (f"Quality ({EVAL_JSON})", quality, False)]
+    return [section for section in sections if section[1]]
+
+
+def print_comparison(console: Console, comparison: Comparison) -> None:
+    """The comparison in kvbench's console style: the result, then each section as a table whose numbers are
+    never cut (cli/console_table.py)."""
+    console.print(f"[bold]kvbench compare[/bold]: {escape(str(comparison.baseline_dir))} -> "
+                  f"{escape(str(comparison.new_dir))}", highlight=False)
+    console.print(_headline(comparison, lambda text: f"[bold red]{escape(text)}[/bold red]"), highlight=False)
+    console.print(_method(comparison), style="dim", highlight=False)
+    for title, rows, with_ci in _sections(comparison):
+        cells = [_row_cells(row) for row in rows]
+        names = [name for name in cells[0] if with_ci or name not in ("CI", "kv_dtype")]
+        columns = [Column({"kv_dtype": "kv"}.get(name, name), name in _NUMERIC) for name in names]
+        print_table(console, columns, [[escape(str(cell[name])) for name in names] for cell in cells],
+                    keys=3 if with_ci else 2, title=title)
+    for title, lines in (("Mismatches", comparison.mismatches), ("Notes", comparison.notes)):
+        if lines:
+            console.print(f"[bold]{title}[/bold]")
+            for text in lines:
+                console.print(f"- {escape(text)}", highlight=False)
+
+
+_NUMERIC = {"baseline", "new", "delta", "CI", "tolerance"}
+
+
+def comparison_markdown(comparison: Comparison) -> str:
     lines = [
         f"# kvbench compare: `{comparison.baseline_dir}` -> `{comparison.new_dir}`",
         "",
-        f"Result: {headline}, {len(improvements)} improvement{'s' if len(improvements) != 1 else ''}"
-        + (f", **{len(unresolved)} inconclusive** (the interval reaches past the tolerance: more requests or "
-           "repetitions, or a wider --max-regression)" if unresolved else "")
-        + (", **the folders do not measure the same thing** (see Mismatches)" if comparison.mismatched else "") + ".",
+        _headline(comparison, lambda text: f"**{text}**"),
         "",
-        f"A regression needs both: the {level} bootstrap CI of the delta lies wholly on the bad side of 0 "
-        f"({options.resamples} resamples of requests, repetitions resampled too, seed {options.seed}) AND the "
-        "delta exceeds the tolerance; no change needs the whole CI within the tolerance, else the metric is "
-        "inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
-        "Values are the mean over repetitions; percentiles use linear interpolation.",
+        _method(comparison),
         "",
     ]
-    perf = [row for row in comparison.rows if row.kind == "perf"]
-    quality = [row for row in comparison.rows if row.kind == "quality"]
-    if regressions:
-        lines += ["## Regressions", "", _table(regressions), ""]
-    if perf:
-        lines += ["## Serving metrics", "", _table(perf), ""]
-    if quality:
-        lines += [f"## Quality ({EVAL_JSON})", "", _table(quality, with_ci=False), ""]
+    for title, rows, with_ci in _sections(comparison):
+        lines += [f"## {title}", "", _table(rows, with_ci), ""]
     if comparison.mismatches:
         lines += ["## Mismatches", "", *[f"- {text}" for text in comparison.mismatches], ""]
     if comparison.notes:
