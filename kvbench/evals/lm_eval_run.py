@@ -1,4 +1,6 @@
-"""lm-eval through `local-completions` against an OpenAI-compatible URL, offline, on the shipped tasks.
+"""lm-eval through `local-completions` against an OpenAI-compatible URL, on the shipped tasks (offline) and
+lm-eval's own (their data from the Hugging Face hub, or from the datasets cache where the hub is unreachable
+or HF_DATASETS_OFFLINE is set; data that is in neither is one error naming the task and the fix).
 
 Loglikelihood tasks need the engine's prompt logprobs (`echo: true, logprobs: 1`) and a local tokenizer to
 split context from continuation: we send token ids (`tokenized_requests=True`) tokenized with the engine's own
@@ -13,9 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.evals.tasks import DATA_DIR, render_tasks
+from kvbench.evals.tasks import DATA_DIR, TASKS, render_tasks
+from kvbench.settings import SettingsError
 
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class TaskDataError(SettingsError):
+    """An lm-eval task whose data is neither in the local datasets cache nor reachable on the hub."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +56,14 @@ class LMEvalOptions:
 
 def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, work_dir: Path) -> list[TaskScore]:
     """Run `tasks` against `base_url` (no /v1); returns every numeric metric with its standard error."""
-    os.environ.update(OFFLINE_ENV)  # before lm_eval imports datasets: every task reads local files only
+    own = [name for name in tasks if name not in TASKS]
+    if not own:
+        os.environ.update(OFFLINE_ENV)  # before lm_eval imports datasets: every shipped task reads local files only
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     task_dir = render_tasks(tasks, work_dir / "lm_eval_tasks", options.data_dir)
+    manager = TaskManager(include_path=str(task_dir), include_defaults=bool(own))
     results = lm_eval.simple_evaluate(
         model="local-completions",
         model_args={
@@ -66,9 +76,9 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
             "max_length": options.max_length,
             "max_retries": 1,
         },
-        tasks=list(tasks),
+        tasks=load_tasks(tasks, manager),
         limit=options.limit,
-        task_manager=TaskManager(include_path=str(task_dir), include_defaults=False),
+        task_manager=manager,
         bootstrap_iters=options.bootstrap_iters,
         log_samples=True,  # per-document metrics: the paired deltas
         random_seed=0,
@@ -77,6 +87,23 @@ def run_lm_eval(base_url: str, tasks: Sequence[str], options: LMEvalOptions, wor
         fewshot_random_seed=0,
     )
     return scores_from_results(results)
+
+
+def load_tasks(names: Sequence[str], manager) -> list:
+    """lm-eval's task objects of `names` (a group stays its name), each loaded on its own so that data it cannot
+    load is a `TaskDataError` naming the task and the fix, not a traceback from deep inside `datasets`."""
+    loaded = []
+    for name in names:
+        try:
+            found = manager.load([name])
+        except OSError as exc:  # datasets: ConnectionError (hub unreachable, offline mode), DatasetNotFoundError
+            raise TaskDataError(
+                f"lm-eval task {name}: its data is not in this machine's Hugging Face datasets cache and the hub "
+                f"cannot give it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}). Fix: run this eval once "
+                "where huggingface.co is reachable (the cache is then reused offline), or copy a filled cache here "
+                f"and set HF_DATASETS_CACHE to it, or use a shipped task: {', '.join(TASKS)}") from None
+        loaded.extend([name] if found.get("groups") else found["tasks"].values())
+    return loaded
 
 
 def scores_from_results(results: Mapping) -> list[TaskScore]:

@@ -1,4 +1,6 @@
-"""The shipped lm-eval tasks: local YAML + JSONL in `kvbench/evals/data`, runnable offline.
+"""The eval's lm-eval tasks: the shipped ones (local YAML + JSONL in `kvbench/evals/data`, runnable offline,
+the default) and lm-eval's own registry (arc_easy, hellaswag, ...: `lm-eval ls tasks`), whose data lm-eval
+loads from the Hugging Face hub or the local datasets cache.
 
 lm-eval resolves a task's `data_files` against the working directory, so `render_tasks` copies the YAML into
 a folder of the run with the data paths made absolute; that folder is what lm-eval's TaskManager includes.
@@ -6,6 +8,8 @@ a folder of the run with the data paths made absolute; that folder is what lm-ev
 
 from __future__ import annotations
 
+import difflib
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,16 +42,37 @@ TASKS = {
 
 
 def check_tasks(names: Sequence[str]) -> tuple[str, ...]:
-    unknown = [name for name in names if name not in TASKS]
+    """`names` as given when each is a shipped task or one of lm-eval's (its registry is read only when a name
+    is not shipped: that takes seconds)."""
+    own = [name for name in names if name not in TASKS]
+    if not own:
+        return tuple(names)
+    registry = lm_eval_task_names()
+    unknown = [name for name in own if name not in registry]
     if unknown:
-        raise SettingsError(f"tasks: unknown {', '.join(unknown)}; shipped tasks: {', '.join(TASKS)}")
+        close = [match for name in unknown for match in difflib.get_close_matches(name, registry, n=2)]
+        raise SettingsError(f"tasks: unknown {', '.join(unknown)}; shipped tasks: {', '.join(TASKS)}; or one of "
+                            f"lm-eval's {len(registry)} tasks (`lm-eval ls tasks`)"
+                            + (f", e.g. {', '.join(close)}" if close else ""))
     return tuple(names)
 
 
+@functools.lru_cache(maxsize=1)
+def lm_eval_task_names() -> frozenset[str]:
+    """Every task and group name lm-eval's own registry knows (its defaults; the shipped tasks are apart)."""
+    try:
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise SettingsError("tasks: lm-eval is not installed; install kvbench's eval extra (pip install "
+                            "'kvbench[eval]') or use the shipped tasks " + ", ".join(TASKS)) from None
+    return frozenset(TaskManager(include_defaults=True).all_tasks)
+
+
 def render_tasks(names: Sequence[str], folder: Path, data_dir: Path = DATA_DIR) -> Path:
-    """Write the YAML of `names` into `folder` with absolute data paths; returns `folder`."""
+    """Write the YAML of the shipped tasks among `names` into `folder` with absolute data paths; returns
+    `folder` (lm-eval's own tasks need no files)."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in check_tasks(names):
+    for name in (name for name in names if name in TASKS):
         config = yaml.safe_load((data_dir / f"{name}.yaml").read_text())
         files = config["dataset_kwargs"]["data_files"]
         config["dataset_kwargs"]["data_files"] = {split: str((data_dir / path).resolve()) for split, path in files.items()}

@@ -34,7 +34,9 @@ def register(commands, formatter) -> None:
                         "(default fp32,fp16,fp8_e4m3,fp8_e5m2; another engine takes its own names, e.g. vLLM's "
                         "--kv-cache-dtype auto,bfloat16,fp8_e4m3, TensorRT-LLM's auto,fp8)")
     parser.add_argument("--kv-scale", help="comma list of fp8 scale modes (default tensor,channel)")
-    parser.add_argument("--tasks", help="comma list of shipped lm-eval tasks (default all)")
+    parser.add_argument("--tasks", help="comma list of lm-eval tasks: the shipped offline ones (default all of them) "
+                        "and lm-eval's own (e.g. arc_easy; `lm-eval ls tasks`), whose data comes from the Hugging Face "
+                        "hub or the local datasets cache")
     parser.add_argument("--limit", type=at_least(1), help="documents per lm-eval task (default 3; --full: 40)")
     parser.add_argument("--full", action="store_true", help="the documented full run (results/evals/: kvbench/evals/runner.py "
                         "FULL_RUN; ~35 min on 2 CPU cores)")

@@ -1,0 +1,44 @@
+"""lm-eval's own tasks beside the shipped ones: the registry knows lm-eval's defaults, and a task whose data is
+neither cached nor reachable (this machine has no hub) is one error naming the task and the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvbench.evals.lm_eval_run import LMEvalOptions, TaskDataError, run_lm_eval
+from kvbench.evals.tasks import TASKS, check_tasks, lm_eval_task_names
+from kvbench.settings import SettingsError
+
+pytest.importorskip("lm_eval")
+
+
+def test_the_task_registry_includes_lm_evals_defaults_and_shipped_tasks_stay_the_default():
+    from kvbench.evals.runner import EvalConfig
+
+    registry = lm_eval_task_names()
+    assert {"arc_easy", "hellaswag", "lambada_openai"} <= registry and len(registry) > 1000
+    assert check_tasks(("kvb_plays_mc", "arc_easy")) == ("kvb_plays_mc", "arc_easy")
+    assert EvalConfig().tasks == tuple(TASKS)
+    with pytest.raises(SettingsError, match=r"unknown arc_eazy.*lm-eval ls tasks.*e\.g\. arc_easy"):
+        check_tasks(("arc_eazy",))
+
+
+def test_a_known_task_whose_data_is_absent_names_the_task_and_the_fix(tmp_path, monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
+    # No hub here and an empty cache: what an air-gapped machine that never ran arc_easy has.
+    for module in (datasets.config, huggingface_hub.constants):
+        monkeypatch.setattr(module, "HF_HUB_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "empty-cache")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(TaskDataError) as caught:
+        run_lm_eval("http://127.0.0.1:9", ["arc_easy"], LMEvalOptions(tokenizer=Path("unused")), tmp_path)
+    message = str(caught.value)
+    assert message.startswith("lm-eval task arc_easy: its data is not in this machine's Hugging Face datasets cache")
+    assert "huggingface.co is reachable" in message and "HF_DATASETS_CACHE" in message and "kvb_plays_mc" in message
+    assert "\n" not in message
