@@ -41,12 +41,28 @@ def summary_columns(frame, percentiles: dict[str, str] | None = None) -> dict[st
 def print_summary(run_dir: Path, percentiles: dict[str, str] | None = None):
     """Print the run folder's results table (`percentiles`: column -> title of the percentiles to show, default
     TTFT p50/p99 and ITL p50); returns the summary frame it printed (for `print_tradeoff`)."""
+    from kvbench.measure.extra_percentiles import add_percentiles
     from kvbench.measure.report import summary_frame
     from kvbench.measure.run_folder import read_entries
 
     frame = summary_frame(read_entries(run_dir))
+    if percentiles is not None and any(column not in frame for column in percentiles):
+        frame = add_percentiles(frame, _request_rows(run_dir), list(percentiles))
     print_frame(_wide(), frame, summary_columns(frame, percentiles))
     return frame
+
+
+def _request_rows(run_dir: Path) -> list[dict]:
+    """The per-request export's rows (none where the run wrote none: those percentiles are then n/a)."""
+    import json
+
+    from kvbench.measure.run_folder import REQUESTS_METRICS_JSONL
+
+    path = run_dir / REQUESTS_METRICS_JSONL
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
 
 
 def wide_console() -> Console:

@@ -6,8 +6,8 @@
 - `--goodput ttft:MS tpot:MS e2el:MS`: goodput SLOs in milliseconds (vLLM's `KEY:VALUE` pairs, separated by
   spaces; commas also separate them here).
 - `--percentile-metrics ttft,tpot,itl,e2el` and `--metric-percentiles 50,99`: which metrics' percentiles the
-  console table shows (vLLM's defaults: ttft,tpot,itl at 99). The percentiles are those every summary holds
-  (50, 90, 95, 99); vLLM accepts any, kvbench refuses others by name.
+  console table shows (vLLM's defaults: ttft,tpot,itl at 99). Any 0 < p < 100, as vLLM: 50, 90, 95 and 99 are in
+  every summary, others are computed from the per-request export (measure/extra_percentiles.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from kvbench.distribution import PERCENTILES
+from kvbench.measure.extra_percentiles import percentile_column
 from kvbench.settings import SettingsError
 
 # vLLM's goodput metric names -> kvbench's SLO fields.
@@ -71,9 +71,9 @@ def percentiles(text: str) -> tuple[float, ...]:
             value = float(part)
         except ValueError:
             value = math.nan
-        if value not in PERCENTILES:
-            raise argparse.ArgumentTypeError(f"the summaries hold the percentiles {','.join(map(str, PERCENTILES))}; "
-                                             f"got {part!r}")
+        if not 0 < value < 100:
+            raise argparse.ArgumentTypeError(f"each percentile must be a number between 0 and 100 (exclusive), e.g. "
+                                             f"50,90,99.9; got {part!r}")
         values.append(value)
     if not values:
         raise argparse.ArgumentTypeError(f"expected percentiles, e.g. 50,90,99, got {text!r}")
@@ -99,8 +99,8 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"metrics whose percentiles the table shows: {','.join(PERCENTILE_METRICS)} "
                         f"(default {','.join(DEFAULT_PERCENTILE_METRICS)}, as vLLM)")
     parser.add_argument("--metric-percentiles", type=percentiles, metavar="LIST",
-                        help="percentiles shown for them, of 50,90,95,99 (default 99, as vLLM; all four are "
-                        "always in summary.json)")
+                        help="percentiles shown for them, any 0 < p < 100 (default 99, as vLLM); 50, 90, 95 and "
+                        "99 are in summary.json, others come from requests_metrics.jsonl")
 
 
 def goodput_slo(args: argparse.Namespace) -> dict[str, float]:
@@ -134,7 +134,7 @@ def percentile_columns(args: argparse.Namespace) -> dict[str, str]:
     """Summary-frame column -> table title for the percentiles the flags select, e.g. ttft_p99_ms: TTFT p99 ms."""
     names = args.percentile_metrics or DEFAULT_PERCENTILE_METRICS
     shown = args.metric_percentiles or DEFAULT_METRIC_PERCENTILES
-    return {f"{PERCENTILE_METRICS[name]}_p{p:g}_ms": f"{name.upper()} p{p:g} ms" for name in names for p in shown}
+    return {percentile_column(PERCENTILE_METRICS[name], p): f"{name.upper()} p{p:g} ms" for name in names for p in shown}
 
 
 def _at_least_one(text: str) -> int:

@@ -117,3 +117,32 @@ def test_percentile_flags_choose_the_tables_percentile_columns(tmp_path, capsys)
         assert title in table
     assert "ITL p50" not in table and table.count("TTFT p99") == 1  # only "sched. TTFT p99" is left
     assert "307.0" in table  # TTFT p90 of 10, 50, 90, 400 (linear interpolation)
+
+
+def test_any_percentile_between_0_and_100_is_shown_from_the_per_request_export(tmp_path, capsys):
+    """vLLM accepts any 0 < p < 100: p25 and p99.9 are not in the summary; they come from requests_metrics.jsonl
+    with the summary's own samples and interpolation."""
+    import numpy as np
+
+    from kvbench.cli.commands.run_cmd import _percentiles
+    from kvbench.cli.main import build_parser
+    from kvbench.cli.tables import print_summary
+    from kvbench.measure.export import write_exports
+
+    import dataclasses
+
+    ttfts = [10, 50, 90, 400]
+    point = PointId("ours", "w", "rps=2", 0)
+    records = [dataclasses.replace(_record(i, ttft), run_id=point.run_id) for i, ttft in enumerate(ttfts)]
+    entry = RunEntry.of(point, records, SLO())
+    write_summaries(tmp_path, [entry])
+    write_exports(tmp_path, [entry], {entry.run_id: records}, {})
+    args = build_parser().parse_args(["run", "--percentile-metrics", "ttft", "--metric-percentiles", "25,99.9"])
+    frame = print_summary(tmp_path, _percentiles(args))
+    table = capsys.readouterr().out
+    assert "TTFT p25 ms" in table and "TTFT p99.9 ms" in table
+    assert frame["ttft_p99.9_ms"].iloc[0] == pytest.approx(np.percentile(ttfts, 99.9))
+    assert f"{np.percentile(ttfts, 25):.1f}" in table and f"{np.percentile(ttfts, 99.9):.1f}" in table
+    for bad in ("0", "100", "abc"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["run", "--metric-percentiles", bad])

@@ -148,6 +148,24 @@ def test_kvbench_report_reads_vllms_own_result_file_beside_a_run(point, tmp_path
     assert mine.ttft_p99_ms == pytest.approx(folder.ttft_p99_ms) and mine.req_s == pytest.approx(folder.req_s)
 
 
+def test_kvbench_report_puts_aiperf_and_guidellm_rows_beside_a_run_labelled_by_tool(point, tmp_path, capsys):
+    from kvbench.cli.main import main
+    from kvbench.measure.report import write_summaries
+
+    data = REPO / "tests" / "data"
+    aiperf, guidellm = data / "aiperf" / "profile_export_aiperf.json", data / "guidellm" / "benchmarks.json"
+    write_summaries(tmp_path, [point[0]])
+    assert main(["report", str(tmp_path), str(FIXTURE), str(aiperf), str(guidellm), "--format", "csv"]) == 0
+    frame = pd.read_csv(__import__("io").StringIO(capsys.readouterr().out))
+    assert list(frame.tool) == ["kvbench", "vllm bench", "aiperf 0.13.0", "guidellm 0.8.1", "guidellm 0.8.1"]
+    assert frame.ttft_p99_ms.notna().all() and frame.req_s.notna().all() and frame.tpot_p50_ms.notna().all()
+    assert main(["report", str(tmp_path), str(aiperf), str(guidellm)]) == 0
+    table = capsys.readouterr().out
+    assert "aiperf 0.13.0" in table and "guidellm 0.8.1" in table and "kvbench" in table
+    assert main(["report", str(guidellm), "--format", "html"]) == 2
+    assert "--format html reads kvbench run folders only" in capsys.readouterr().err
+
+
 def test_a_json_that_is_not_a_vllm_result_is_one_line_naming_what_is_missing(tmp_path, capsys):
     from kvbench.cli.main import main
 
