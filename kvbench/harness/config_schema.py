@@ -16,6 +16,8 @@ Version history (add a step to _UPGRADES whenever SCHEMA_VERSION is bumped):
     2 -> 3  our engine gained max_prefill_beside_decodes (default 32: prefill beside running decodes is capped);
             before, a step's prefill beside decodes was bounded by max_step_tokens alone, so a kvengine entry
             without the key gets its max_step_tokens (default 512) there: the rule the run was made with.
+    3 -> 4  max_prefill_beside_decodes' default became 128 (from 32): a version-3 kvengine entry without the key
+            gets 32, the default it ran with.
 """
 
 from __future__ import annotations
@@ -47,25 +49,31 @@ def _v1_to_v2(config: dict) -> dict:
 
 # Our engine's step budget before version 3 (kvengine's max_step_tokens default then and now).
 _V2_STEP_TOKENS = 512
+# max_prefill_beside_decodes' default in version 3.
+_V3_PREFILL_BESIDE_DECODES = 32
 
 
 def kvengine_settings_as_run(settings: Mapping[str, Any], version: int) -> dict:
     """A kvengine entry's settings as written by config.yaml `version`, with what that version's engine did
-    for settings added since (2 -> 3: prefill beside decodes bounded by the step budget alone)."""
+    for settings added or changed since (2 -> 3: prefill beside decodes bounded by the step budget alone;
+    3 -> 4: that budget's default was 32)."""
     out = dict(settings)
     if version < 3 and "max_prefill_beside_decodes" not in out:
         out["max_prefill_beside_decodes"] = out.get("max_step_tokens", _V2_STEP_TOKENS)
+    elif version < 4 and "max_prefill_beside_decodes" not in out:
+        out["max_prefill_beside_decodes"] = _V3_PREFILL_BESIDE_DECODES
     return out
 
 
-def _v2_to_v3(config: dict) -> dict:
-    engines = [{**entry, "settings": kvengine_settings_as_run(entry.get("settings") or {}, 2)}
+def _kvengine_as_run(config: dict, version: int) -> dict:
+    engines = [{**entry, "settings": kvengine_settings_as_run(entry.get("settings") or {}, version)}
                if isinstance(entry, Mapping) and entry.get("engine") == "kvengine" else entry
                for entry in config.get("engines") or ()]
     return {**config, "engines": engines}
 
 
-_UPGRADES: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
+_UPGRADES: dict[int, Callable[[dict], dict]] = {
+    1: _v1_to_v2, 2: lambda config: _kvengine_as_run(config, 2), 3: lambda config: _kvengine_as_run(config, 3)}
 
 
 def defaults() -> dict:

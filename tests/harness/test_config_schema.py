@@ -76,6 +76,11 @@ def test_a_kvengine_entry_before_version_3_keeps_the_prefill_rule_it_ran_with():
     # Before max_prefill_beside_decodes existed, prefill beside decodes was bounded by the step budget alone.
     assert config_schema.kvengine_settings_as_run({"max_step_tokens": 96}, 2)["max_prefill_beside_decodes"] == 96
     assert config_schema.kvengine_settings_as_run({}, 1)["max_prefill_beside_decodes"] == 512
-    assert "max_prefill_beside_decodes" not in config_schema.kvengine_settings_as_run({}, 3)  # today's default
+    # Version 3's default was 32 (today's is 128); from version 4 a missing key is today's default.
+    assert config_schema.kvengine_settings_as_run({}, 3)["max_prefill_beside_decodes"] == 32
+    assert config_schema.kvengine_settings_as_run({"max_prefill_beside_decodes": 7}, 3)["max_prefill_beside_decodes"] == 7
+    assert "max_prefill_beside_decodes" not in config_schema.kvengine_settings_as_run({}, 4)
+    read3 = config_schema.current({**BASELINE_CONFIG, "schema_version": 3})
+    assert read3.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 32
     read = config_schema.current({**BASELINE_CONFIG})
     assert read.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 512

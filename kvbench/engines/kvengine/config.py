@@ -39,10 +39,13 @@ ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin 
 TIER_SECRET_ENV = "KVENGINE_TIER_SECRET"  # the lower tiers' record secret, kept out of argv the same way
 AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
 DEFAULT_PORT = 8000
-# A decode step with this many prefill tokens beside it stays within 2x a pure decode step on a 2-core CPU
-# (`benchmarks/engine_bench.py --mixed 0,16,32,64 --batches 4`, SmolLM2-135M fp32, under load: 16 -> 1.12x,
-# 32 -> 1.72x, 64 -> 3.70x), so ITL stays within 2x while a 512-token prompt joins, in 16 steps.
-DEFAULT_PREFILL_BESIDE_DECODES = 32
+# Prefill tokens beside running decodes, chosen on the README main job (benchmarks/engine_budget_ab.yaml:
+# rag-chat-mini, concurrency 4, fp32 and fp8_e4m3 in 96 MiB; two runs, 2 shared cores, load 0.3-9). 32 gave
+# the fp8 line 2x the TTFT p50 of 512 (the step budget: the rule before) and fp32 1.4-1.8x; 512 gave ITL p99
+# 1.1-1.7 s; 128 kept fp8 TTFT p50 with 512's (657 / 519 ms against 572 / 605), fp32 within 1.0-1.5x of it,
+# and ITL p99 at 0.35-0.85x of 512's. (A batch-4 decode step with P prefill tokens beside it, against a pure
+# one: P=16 1.12x, 32 1.72x, 64 3.70x, `benchmarks/engine_bench.py --mixed`: ITL p99 <= 2x p50 would need ~32.)
+DEFAULT_PREFILL_BESIDE_DECODES = 128
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
 
