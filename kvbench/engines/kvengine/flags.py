@@ -67,7 +67,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
               only: Collection[str] | None = None) -> None:
     """One flag per init field of `cls` (or per field named in `only`, for a command that sets a few)."""
     for f, base in _init_fields(cls, only):
-        help_text = f.metadata.get("help", "") + (" (default: %(default)s)" if f.default not in (None, ()) else "")
+        help_text = f.metadata.get("help", "").replace("%", "%%")  # a setting's help is plain text, not a format
+        help_text += " (default: %(default)s)" if f.default not in (None, ()) else ""
         if base is bool:
             parser.add_argument(flag_of(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=f.default, help=help_text)
