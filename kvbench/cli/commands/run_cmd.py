@@ -143,6 +143,12 @@ def config_from_args(args: argparse.Namespace):
             engine["settings"] = {**engine["settings"], **settings}
         if args.cell:
             data["engines"] = _cells(data["engines"], args.cell, args.config)
+        _refuse_matrix_flags(args)
+        if _load_asked(args):  # a load flag replaces the config's load points, as --num-requests its stop
+            data["loads"] = [_load_point(args)]
+        if args.num_sessions is not None:
+            for workload in data["workloads"]:
+                workload["num_sessions"] = args.num_sessions
     else:
         if args.cell:
             raise SettingsError("--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)")
@@ -216,6 +222,21 @@ def _engines(engine: str, settings: dict, main_job: bool) -> list[dict]:
 
 def _main_job_label(engine: str, kv_dtype: str) -> str:
     return f"{engine}-{kv_dtype}"
+
+
+def _refuse_matrix_flags(args: argparse.Namespace) -> None:
+    """With CONFIG.yaml its engines and workloads are the matrix: a flag that would name another is refused, never
+    silently dropped."""
+    for flag, value in (("--engine", args.engine), ("--url", args.url), ("--model", args.model),
+                        ("--api-key", args.api_key), ("--workload", args.workload)):
+        if value:
+            raise SettingsError(f"{flag}: CONFIG.yaml names the engines and workloads; set it in {args.config} "
+                                "(an engine setting of every cell: --set KEY=VALUE), or drop CONFIG.yaml to run from flags")
+
+
+def _load_asked(args: argparse.Namespace) -> bool:
+    return any(value is not None for value in (args.rate, args.concurrency, args.request_rate, args.max_concurrency)) \
+        or bool(args.trace_times)
 
 
 def _load_point(args: argparse.Namespace) -> dict:
