@@ -99,3 +99,17 @@ def _number(text: str) -> float:
         return float(text)
     except ValueError:
         return math.nan
+
+
+def checked_by(parse: Callable[[str], object]) -> Callable[[str], str]:
+    """A flag whose text `parse` must accept (its ValueError is the flag's error), kept as the text: e.g. the
+    stages of `kvbench run --stages`, which its config's load point holds as written."""
+
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+        return text.strip()
+
+    return check

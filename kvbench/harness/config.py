@@ -16,7 +16,9 @@ The YAML form (every key optional except `engines`):
         num_sessions: 10
         overrides: {turns_mean: 4}
     loads: [{rate: 1.0}, {concurrency: 4}]   # each: rate | request_rate | concurrency, optional burstiness
-                                    # and max_concurrency (a cap on an open loop, as vLLM's)
+                                    # and max_concurrency (a cap on an open loop, as vLLM's); or stages:
+      # - {stages: "3:20,10:20", warmup_stage: "15:50"}   # a Poisson ladder RATE:SECONDS (measure/stages.py):
+      #   one point per measured stage, on one server that keeps its cache; stop: does not apply to it
     stop: {num_requests: 40, duration_s: 120, warmup_requests: 0}
     client: {api: completions, request_timeout_s: 600, header_timeout_s: 60, first_byte_timeout_s: 300,
              stall_timeout_s: 120, max_lag_ms: 10, max_error_rate: 0.1,
@@ -40,6 +42,7 @@ from typing import Any
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import SLO
 from kvbench.measure.schedule import LoadSpec
+from kvbench.measure.stages import StagePlan, parse_stage, parse_stages
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
@@ -47,7 +50,7 @@ from kvbench.workloads.spec import Workload
 
 # The config.yaml form's version: bump it when a key is added or a default changes, and say in
 # harness/config_schema.py what a config of the version before meant (compare fills it in before comparing).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -78,17 +81,37 @@ class WorkloadSpec:
 @dataclass(frozen=True)
 class LoadPoint:
     """One load point: `rate` new sessions/s, `request_rate` requests/s (vLLM's `--request-rate`; `inf` sends
-    each request when it is ready) or `concurrency` requests in flight; `max_concurrency` caps an open loop."""
+    each request when it is ready) or `concurrency` requests in flight; `max_concurrency` caps an open loop.
+    Or `stages` (`3:20,10:20`, after an optional `warmup_stage` `15:50`): a Poisson ladder, one point per
+    measured stage (`plan`)."""
 
     rate: float | None = bounded(None, gt=0, unit="sessions/s")
     concurrency: int | None = bounded(None, ge=1)
     burstiness: float = bounded(1.0, gt=0)
     request_rate: float | str | None = bounded(None, gt=0, unit="requests/s")  # a number, or the word inf
     max_concurrency: int | None = bounded(None, ge=1)
+    stages: str | None = None  # RATE:SECONDS,... as `--stages` writes them
+    warmup_stage: str | None = None  # RATE:SECONDS
 
     def __post_init__(self) -> None:
         if isinstance(self.request_rate, str) and self.request_rate.strip().lower() != "inf":
             raise ValueError(f"request_rate: expected a number > 0 or inf, got {self.request_rate!r:.40}")
+        if self.warmup_stage is not None and self.stages is None:
+            raise ValueError("warmup_stage: needs stages (the measured stages after it)")
+        if self.stages is not None:
+            given = [name for name in ("rate", "request_rate", "concurrency", "max_concurrency")
+                     if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"stages set the load (Poisson at each stage's rate): leave out {', '.join(given)}")
+            self.plan  # noqa: B018 - parsed here, so that a bad stage is refused with the config
+
+    @property
+    def plan(self) -> StagePlan | None:
+        """The stages as a plan (None: not a staged load point)."""
+        if self.stages is None:
+            return None
+        return StagePlan(parse_stages(self.stages),
+                         parse_stage(self.warmup_stage) if self.warmup_stage is not None else None)
 
     @property
     def requests_per_s(self) -> float | None:
@@ -145,8 +168,14 @@ class ExperimentConfig:
     name: str = "run"
 
     def load_specs(self) -> list[LoadSpec]:
-        return [
-            LoadSpec(
+        """Every load point's load, in order; a staged load point gives one per measured stage (without the stop
+        conditions: the stages are the load)."""
+        specs = []
+        for point in self.loads:
+            if point.plan is not None:
+                specs += [LoadSpec(rate=staged.stage.rate, stage=staged) for staged in point.plan.points()]
+                continue
+            specs.append(LoadSpec(
                 rate=point.rate,
                 concurrency=point.concurrency,
                 burstiness=point.burstiness,
@@ -155,9 +184,8 @@ class ExperimentConfig:
                 num_requests=self.stop.num_requests,
                 duration_s=self.stop.duration_s,
                 warmup_requests=self.stop.warmup_requests,
-            )
-            for point in self.loads
-        ]
+            ))
+        return specs
 
     def to_dict(self) -> dict:
         """The config.yaml form, with its schema_version."""
@@ -224,6 +252,9 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
                      request_rate=load.requests_per_s, max_concurrency=load.max_concurrency)
         except ValueError as exc:
             raise SettingsError(f"loads[{index}]: {exc}") from None
+    if config.client.workers > 1 and any(load.plan is not None for load in config.loads):
+        raise SettingsError("client.workers: load stages are played by one load process (the driver's own); "
+                            "set workers to 1 for a config with stages")
     return config
 
 
@@ -244,7 +275,9 @@ def _check_matrix_size(data: Mapping[str, Any], repeat: int) -> None:
                    if isinstance(values, list) and values] if isinstance(sweep, Mapping) else []
         settings += math.prod(length for _, length in lengths)
         factors += lengths
-    factors += [("workloads", len(_list(data, "workloads")) or 1), ("loads", len(_list(data, "loads")) or 1),
+    loads = sum(str(raw["stages"]).count(",") + 1 if isinstance(raw, Mapping) and raw.get("stages") else 1
+                for raw in _list(data, "loads"))  # a staged load point is one cell per stage
+    factors += [("workloads", len(_list(data, "workloads")) or 1), ("loads", loads or 1),
                 ("repeat", repeat)]
     cells = max(settings, 1) * math.prod(length for name, length in factors if not name.startswith("engines["))
     if cells > MAX_CELLS:

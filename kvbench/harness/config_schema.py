@@ -18,6 +18,8 @@ Version history (add a step to _UPGRADES whenever SCHEMA_VERSION is bumped):
             without the key gets its max_step_tokens (default 512) there: the rule the run was made with.
     3 -> 4  max_prefill_beside_decodes' default became 128 (from 32): a version-3 kvengine entry without the key
             gets 32, the default it ran with.
+    4 -> 5  a load point may be `stages` (with `warmup_stage`), a Poisson ladder; a version-4 load point has
+            neither key, and load points are compared as written (not filled), so nothing changes.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def _kvengine_as_run(config: dict, version: int) -> dict:
 
 
 _UPGRADES: dict[int, Callable[[dict], dict]] = {
-    1: _v1_to_v2, 2: lambda config: _kvengine_as_run(config, 2), 3: lambda config: _kvengine_as_run(config, 3)}
+    1: _v1_to_v2, 2: lambda config: _kvengine_as_run(config, 2), 3: lambda config: _kvengine_as_run(config, 3),
+    4: lambda config: config}
 
 
 def defaults() -> dict:

@@ -3,6 +3,9 @@ point's entry and rewrite the summary files (the runner's loop for one engine se
 
 `harness/runner.py` runs a whole matrix with it, here; `harness/ray_cluster.py` runs each engine setting with it
 as a Ray task on a node of a cluster. Nothing here prints: `Progress` callbacks report what happens.
+
+A staged load point's stages are consecutive points on the one server: the first resets its cache as every
+point does, the ones after keep it (their entries say "warm cache") and are played by `harness/stage_play.py`.
 """
 
 import dataclasses
@@ -20,6 +23,7 @@ from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.stage_play import StageChain, play_stage
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import cache_reasons, reconcile
 from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
@@ -74,6 +78,12 @@ class _Point:
 
     @property
     def total_requests(self) -> int:
+        """What the point sends: a stage's sessions' turns (warm-up included), else up to the request budget."""
+        staged = self.load.stage
+        if staged is not None:
+            parts = staged.parts(0)  # the counts do not depend on the seed
+            return sum(len(session.turns) for part in parts
+                       for session in self.workload.sessions[part.first: part.first + part.stage.requests])
         return min(self.workload.num_requests, self.load.num_requests or self.workload.num_requests)
 
 
@@ -120,6 +130,7 @@ class Experiment:
     pool: Callable[[], WorkerPool] | None = None  # where a point's load workers run (None: processes here)
     helps: Mapping[tuple[str, ...], tuple[str, str] | None] = field(default_factory=dict)  # preflight's --help texts
     context: int = DEFAULT_MAX_CONTEXT  # the running engine's context window: the bound of its answers' usage
+    stages: StageChain = field(default_factory=StageChain)  # the load ladder being played on the running engine
 
     def run_engine(self, index: int, engine: EngineSpec) -> None:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
@@ -171,7 +182,8 @@ class Experiment:
         """Run one point and add its entry; False when it was aborted (the engine is gone)."""
         run_id = point.id.run_id
         finished = self._finished(point)
-        reset = adapter.reset_cache() if adapter.capabilities.cache_reset else False
+        keeps_cache = point.load.stage is not None and point.load.stage.keeps_cache
+        reset = adapter.reset_cache() if adapter.capabilities.cache_reset and not keeps_cache else False
         before = self._scrape(engine, adapter)
         description = dict(adapter.describe())
         context = {"kv_dtype": description.get("kv_dtype", "unknown"), "engine_description": description,
@@ -214,6 +226,10 @@ class Experiment:
     def _play(self, generator: LoadGenerator, point: _Point, finished: Sequence[RequestRecord]) -> LoadResult:
         """One worker in this process, as always; several as processes (or Ray actors) on one schedule."""
         client = self.config.client
+        staged = point.load.stage
+        if staged is not None:
+            return play_stage(generator, point.workload, staged, self.config.seed + point.id.repeat,
+                              self.stages.oracle_for(staged, generator), self.writer, self.progress.on_record, finished)
         if client.workers == 1:
             return eventloop.run(generator.run(point.workload, self.writer, self.progress.on_record, finished))
         return run_on_workers(generator, point.workload, client.workers, self.writer, self.progress.on_record,

@@ -158,15 +158,17 @@ class LoadGenerator:
         finished: Sequence[RequestRecord] = (),
         offsets: Sequence[float] | None = None,
         start_at_s: float | None = None,
+        oracle: ReuseOracle | None = None,
     ) -> LoadResult:
         """Play `workload`; `finished` are this point's records from an interrupted run, replayed, not sent.
 
         A load worker is given its sessions' start `offsets` (fixed by the driver for all workers) and the
-        common start as a wall-clock epoch `start_at_s`; alone, the generator draws the offsets itself and
-        starts once its connections are open."""
+        common start as a wall-clock epoch `start_at_s`; alone, the generator draws the offsets itself (a
+        stage is given its own) and starts once its connections are open. `oracle` continues what an earlier
+        play on the same cache observed (a later load stage); None starts a new one (`new_oracle`)."""
         if self.endpoint.api == API_CHAT and self.codec is None:
             raise ValueError("api=chat needs a tokenizer to turn the workload's token ids into text: give --tokenizer")
-        oracle = ReuseOracle.following(self.isolation, self.shared_prefixes, self.codec.encode if self.codec else None)
+        oracle = oracle if oracle is not None else self.new_oracle()
         if offsets is None:
             offsets = session_offsets(self.load, [session.arrival_s for session in workload.sessions], self.seed)
         state = _RunState(
@@ -208,6 +210,10 @@ class LoadGenerator:
             loop_lags_ms=tuple(loop_lags),
             missed_arrivals=state.gate.missed,
         )
+
+    def new_oracle(self) -> ReuseOracle:
+        """An oracle that has observed nothing, under this engine's isolation rule."""
+        return ReuseOracle.following(self.isolation, self.shared_prefixes, self.codec.encode if self.codec else None)
 
     async def _play(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
         """Start every session on its schedule and wait for all; an abort cancels them (and ends this quietly)."""

@@ -46,14 +46,23 @@ from kvbench.workloads.profiles import load_workload
 
 def validate_experiment(config: ExperimentConfig) -> None:
     """Fail on bad input before anything starts or is written: every engine adapter must resolve and accept its
-    settings (adapters only check them when built: nothing is launched or created), every workload must load."""
+    settings (adapters only check them when built: nothing is launched or created), every workload must load,
+    with a session for every request of every load ladder."""
     for index, engine in enumerate(config.engines):
         try:
             engine_factory(engine.engine)(engine.settings, engine_dir(Path(), engine.label))
         except SettingsError as exc:
             raise SettingsError(f"engines[{index}] ({engine.label}): {exc}") from None
+    plans = [load.plan for load in config.loads if load.plan is not None]
     for spec in config.workloads:
         load_workload(spec.name, seed=config.seed, num_sessions=1, overrides=spec.overrides, time_scale=spec.time_scale)
+        if plans:  # every stage needs sessions of its own: count the workload's as it will be played
+            sessions = len(spec.load(config.seed).sessions)
+            for plan in plans:
+                try:
+                    plan.require_sessions(sessions)
+                except ValueError as exc:
+                    raise SettingsError(f"workload {spec.name}: {exc}") from None
 
 
 def run_experiment(

@@ -43,7 +43,7 @@ from typing import Protocol
 
 from kvbench.harness import eventloop
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
-from kvbench.measure.conversation import ConversationDriver, ReuseOracle
+from kvbench.measure.conversation import ConversationDriver
 from kvbench.measure.records import RecordWriter, RequestRecord
 from kvbench.measure.schedule import session_offsets, split_schedule
 from kvbench.workloads.spec import Workload
@@ -273,9 +273,7 @@ def run_on_workers(
     worker's result for the whole point. `generator` is the point's generator as one worker would run it."""
     pool = pool if pool is not None else ProcessPool()
     jobs = plan_jobs(generator, workload, workers, finished, tokenizer)
-    oracle = ReuseOracle.following(generator.isolation, generator.shared_prefixes,
-                                   generator.codec.encode if generator.codec else None)
-    conversations = ConversationDriver(generator.run_id, generator.load, oracle)
+    conversations = ConversationDriver(generator.run_id, generator.load, generator.new_oracle())
     talks = {session.session_id: conversations.start(session) for session in workload.sessions}
     for record in sorted(finished, key=lambda r: (r.sent_ns or 0, r.session_id, r.turn)):
         talks[record.session_id].replay(record)

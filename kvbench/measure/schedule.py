@@ -6,7 +6,7 @@ Request rate (vLLM's `--request-rate`): *request* arrivals on such a schedule, e
 request that is ready (a session's next turn first, else a new session's first turn).
 Closed loop: a fixed number of requests in flight. Trace: the workload's own arrival times.
 A `max_concurrency` cap (vLLM's `--max-concurrency`) combines with either open loop: an arrival past the cap
-waits for a request to finish.
+waits for a request to finish. Stages (`measure/stages.py`): a Poisson ladder, one point per measured stage.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from kvbench.measure.stages import StagedLoad
 
 MODE_RATE = "rate"
 MODE_CONCURRENCY = "concurrency"
@@ -35,6 +37,8 @@ class LoadSpec:
     - none of these: replay the workload's own arrival times (scaled by the workload's time scale).
     - `max_concurrency`: a cap on requests in flight under `rate`, `request_rate` or a trace (vLLM's
       `--max-concurrency`); an arrival past it waits, and its TTFT from schedule counts the wait.
+    - `stage`: one measured stage of a ladder (with `rate` its Poisson rate): the stage's own sessions at the
+      plan's arrivals (`StagedLoad.parts`); the stop conditions below do not apply, the stage is the load.
     Stop conditions: at most `num_requests` requests sent, and none sent after `duration_s`; whichever comes
     first. The first `warmup_requests` requests are sent and recorded but excluded from metrics.
     """
@@ -47,8 +51,12 @@ class LoadSpec:
     warmup_requests: int = 0
     request_rate: float | None = None
     max_concurrency: int | None = None
+    stage: StagedLoad | None = None
 
     def __post_init__(self) -> None:
+        if self.stage is not None and (self.rate != self.stage.stage.rate or self.cap is not None
+                                       or self.request_rate is not None):
+            raise ValueError("load: a stage is Poisson at its own rate: give rate=stage.rate, nothing else")
         given = [name for name in ("rate", "request_rate", "concurrency") if getattr(self, name) is not None]
         if len(given) > 1:
             raise ValueError(f"load: give one of rate (sessions/s), request_rate (requests/s) or concurrency, not "
@@ -85,7 +93,10 @@ class LoadSpec:
 
     @property
     def label(self) -> str:
-        """A short name for tables: `rate=2`, `rps=4`, `conc=8` or `trace`, a cap as `,max=4`."""
+        """A short name for tables: `rate=2`, `rps=4`, `conc=8` or `trace`, a cap as `,max=4`; a stage's own
+        (`10/s x 20 s`)."""
+        if self.stage is not None:
+            return self.stage.stage.label
         cap = f",max={self.max_concurrency}" if self.max_concurrency is not None else ""
         if self.rate is not None:
             return f"rate={self.rate:g}{cap}"

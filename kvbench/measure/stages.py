@@ -10,7 +10,13 @@ metric.
     | warm-up 15/s x 50 s | drain | 1 s | 3/s x 20 s | drain | 1 s | 10/s x 20 s | drain | ...
       requests 0..749             (warmup)  750..809                  810..1009
 
-Written `RATE:SECONDS`, comma-separated: `--stages 3:20,10:20,15:20 --warmup-stage 15:50`.
+Written `RATE:SECONDS`, comma-separated: `--stages 3:20,10:20,15:20 --warmup-stage 15:50`. A "request" here is
+the start of a session of the workload, in the workload's order (stage 0 takes the first `requests` of them):
+one request for a single-turn workload such as shared-prefix; a multi-turn session plays all its turns.
+
+Against a real server (`kvbench run --stages`), each measured stage is a load point of its own (`StagedLoad`):
+the first one also plays the warm-up before it, recorded under its point and marked warm-up; the ones after it
+skip the cache reset before a point, as the simulator's fleet keeps its cache.
 """
 
 from __future__ import annotations
@@ -83,6 +89,17 @@ class StagePlan:
         position -= 1 if self.warmup is not None else 0
         return position if position >= 0 else None
 
+    def require_sessions(self, available: int) -> None:
+        """ValueError when a workload of `available` sessions is too short for the stages' requests."""
+        if available < self.total_requests:
+            raise ValueError(f"the stages send {self.total_requests:,} requests but the workload has "
+                             f"{available:,} sessions: generate at least that many (--num-sessions "
+                             f"{self.total_requests}; shared-prefix cycles its prompts)")
+
+    def points(self) -> tuple[StagedLoad, ...]:
+        """The measured stages as load points, in order."""
+        return tuple(StagedLoad(self, index) for index in range(len(self.stages)))
+
     def arrivals(self, seed: int) -> list[np.ndarray]:
         """Per stage (in `all_stages` order), its requests' send offsets from the stage's start, in seconds:
         exponential gaps with mean 1/rate, the first at 0, from a stream of its own per stage."""
@@ -91,6 +108,45 @@ class StagePlan:
             gaps = np.random.default_rng([seed, 11, index]).exponential(1.0 / stage.rate, size=stage.requests)
             out.append(np.cumsum(gaps) - gaps[0])
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class StagePart:
+    """What one stage plays: the workload's sessions `first .. first + stage.requests - 1`, each started at its
+    `offsets` entry (seconds from the stage's start); every request of a warm-up part is marked warm-up."""
+
+    stage: Stage
+    first: int
+    offsets: tuple[float, ...]
+    warmup: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StagedLoad:
+    """Measured stage `index` of `plan` as one load point. It plays `parts`: the warm-up first when it is the
+    first stage, then its own stage; each part drained before the next, `plan.gap_s` between them."""
+
+    plan: StagePlan
+    index: int
+
+    @property
+    def stage(self) -> Stage:
+        return self.plan.stages[self.index]
+
+    @property
+    def keeps_cache(self) -> bool:
+        """True after the first stage: the server keeps the cache the stage before left (no reset), and the
+        stage starts `plan.gap_s` after that stage drained."""
+        return self.index > 0
+
+    def parts(self, seed: int) -> tuple[StagePart, ...]:
+        """The parts this point plays, in order, with the plan's arrivals for `seed` (module docstring)."""
+        skip = 1 if self.plan.warmup is not None else 0
+        positions = ([0] if skip and self.index == 0 else []) + [self.index + skip]
+        bounds, arrivals = self.plan.first_request(), self.plan.arrivals(seed)
+        return tuple(StagePart(self.plan.all_stages[position], bounds[position],
+                               tuple(float(offset) for offset in arrivals[position]), warmup=position < skip)
+                     for position in positions)
 
 
 def parse_stage(text: str) -> Stage:

@@ -37,10 +37,7 @@ class StagedResult:
 
 def check_enough(workload: Workload, plan: StagePlan) -> None:
     """ValueError when the workload has fewer sessions than the stages send requests."""
-    if len(workload.sessions) < plan.total_requests:
-        raise ValueError(f"the stages send {plan.total_requests:,} requests but the workload has "
-                         f"{len(workload.sessions):,} sessions: generate at least that many (--num-sessions "
-                         f"{plan.total_requests}; shared-prefix cycles its prompts)")
+    plan.require_sessions(len(workload.sessions))
 
 
 def simulate_stages(workload: Workload, plan: StagePlan, config: SimConfig, run_id: str = "sim", seed: int = 0,

@@ -15,7 +15,7 @@ from rich.progress import (
     BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
 )
 
-from kvbench.cli.flag_types import at_least, number_above
+from kvbench.cli.flag_types import at_least, checked_by, number_above
 from kvbench.cli import find_max_flags, vllm_flags
 from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
@@ -24,6 +24,7 @@ from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
+from kvbench.measure.stages import STAGE_EXAMPLE, StagePlan, parse_stage, parse_stages
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
@@ -76,6 +77,12 @@ def register(commands, formatter) -> None:
     load.add_argument("--concurrency", type=at_least(1), help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
     load.add_argument("--trace-times", action="store_true", help="replay the workload's own arrival times")
     vllm_flags.add_load_flags(load, parser)
+    load.add_argument("--stages", type=checked_by(parse_stages), metavar="R:S,...",
+                      help=f"Poisson load stages RATE:SECONDS (e.g. {STAGE_EXAMPLE}), one after the other on one "
+                      "server that keeps its cache, each drained before the next (1 s between); a row per stage; "
+                      "each request starts a session of the workload (--num-sessions defaults to their count)")
+    parser.add_argument("--warmup-stage", type=checked_by(parse_stage), metavar="R:S",
+                        help="a stage before --stages, sent and recorded but left out of every result")
     parser.add_argument("--burstiness", type=number_above(0), default=1.0,
                         help="gamma shape for --rate or --request-rate (1.0 = Poisson; smaller is burstier), as vLLM's")
     stop = parser.add_mutually_exclusive_group()
@@ -144,6 +151,7 @@ def config_from_args(args: argparse.Namespace):
         if args.cell:
             data["engines"] = _cells(data["engines"], args.cell, args.config)
         _refuse_matrix_flags(args)
+        _refuse_stop_flags_with_stages(args)
         if _load_asked(args):  # a load flag replaces the config's load points, as --num-requests its stop
             data["loads"] = [_load_point(args)]
         if args.num_sessions is not None:
@@ -159,11 +167,14 @@ def config_from_args(args: argparse.Namespace):
             settings.setdefault("model", args.model)
         if args.api_key:
             settings.setdefault("api_key", args.api_key)
+        _refuse_stop_flags_with_stages(args)
         workload = {"name": args.workload or DEFAULT_WORKLOAD}
         if args.tokenizer and needs_tokenizer(workload["name"]):
             workload["overrides"] = {"tokenizer": args.tokenizer}  # a text dataset is tokenized with it
         if args.num_sessions is not None:
             workload["num_sessions"] = args.num_sessions
+        elif args.stages:  # a session for every request of the stages, as `kvbench simulate --stages` makes
+            workload["num_sessions"] = _stage_plan(args).total_requests
         data = {
             "name": Path(workload["name"]).stem,
             "engines": _engines(engine, settings, main_job=not (args.engine or args.url)),
@@ -235,11 +246,31 @@ def _refuse_matrix_flags(args: argparse.Namespace) -> None:
 
 
 def _load_asked(args: argparse.Namespace) -> bool:
-    return any(value is not None for value in (args.rate, args.concurrency, args.request_rate, args.max_concurrency)) \
-        or bool(args.trace_times)
+    return any(value is not None for value in (args.rate, args.concurrency, args.request_rate, args.max_concurrency,
+                                               args.stages)) or bool(args.trace_times)
+
+
+def _refuse_stop_flags_with_stages(args: argparse.Namespace) -> None:
+    """The stages are the load and its stop: a flag that would set another is refused, never silently dropped."""
+    if args.warmup_stage and not args.stages:
+        raise SettingsError("--warmup-stage needs --stages (the measured stages after it)")
+    if not args.stages:
+        return
+    for flag, value in (("--max-concurrency", args.max_concurrency), ("--num-requests", args.num_requests),
+                        ("--duration", args.duration), ("--warmup", args.warmup), ("--find-max", args.find_max),
+                        ("--workers", args.workers if args.workers != 1 else None)):
+        if value is not None:
+            raise SettingsError(f"{flag}: --stages sets the load, its stop and its warm-up (--warmup-stage); leave "
+                                f"out {flag}")
+
+
+def _stage_plan(args: argparse.Namespace) -> StagePlan:
+    return StagePlan(parse_stages(args.stages), parse_stage(args.warmup_stage) if args.warmup_stage else None)
 
 
 def _load_point(args: argparse.Namespace) -> dict:
+    if args.stages:
+        return {"stages": args.stages, "warmup_stage": args.warmup_stage}
     vllm = vllm_flags.load_point(args)
     if vllm is not None:
         return vllm
@@ -339,4 +370,6 @@ def _simulate(args: argparse.Namespace) -> int:
         num_sessions=args.num_sessions, preset=args.sim_preset, kv_dtype=args.sim_kv_dtype, weight_dtype=None,
         device_kv_tokens=None, rate=args.rate, concurrency=args.concurrency, time_scale=1.0,
         num_requests=args.num_requests, seed=args.seed or 0, out=args.out, no_plots=False, tenants_file=None,
+        stages=parse_stages(args.stages) if args.stages else None,
+        warmup_stage=parse_stage(args.warmup_stage) if args.warmup_stage else None,
     ))
