@@ -26,6 +26,7 @@ from kvbench.harness.config import ExperimentConfig
 from kvbench.harness.preflight import installed_help, start_problems
 from kvbench.measure.run_folder import engine_dir
 from kvbench.measure.schedule import LoadSpec
+from kvbench.measure.stages import StagedLoad
 from kvbench.workloads.spec import Workload
 
 MASK = "***"
@@ -188,6 +189,8 @@ def _points(config: ExperimentConfig, spec, adapter) -> list[PointPlan]:
 
 
 def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
+    if load.stage is not None:
+        return _stage_point(workload, load.stage, repeat)
     total = workload.num_requests
     requests = min(total, load.num_requests or total)
     sends = planned_sends(workload, load.rate)[:requests]
@@ -220,6 +223,21 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
         expected = load.duration_s if expected is None else min(expected, load.duration_s)
         how += f"; sending stops at {load.duration_s:g} s" + ("" if load.concurrency is None else " at the latest")
     return PointPlan(workload.name, sessions, requests, total, label, repeat, expected, how)
+
+
+def _stage_point(workload: Workload, staged: StagedLoad, repeat: int) -> PointPlan:
+    """A stage's point: its sessions (the first stage's warm-up too) at the stage's Poisson rate, for its seconds."""
+    parts = staged.parts(seed=0)  # what is sent and for how long do not depend on the seed
+    sessions = [session for part in parts for session in workload.sessions[part.first: part.first + part.stage.requests]]
+    gaps = (len(parts) - 1 + staged.keeps_cache) * staged.plan.gap_s
+    expected = sum(part.stage.duration_s for part in parts) + gaps
+    warmup = [part.stage.label for part in parts if part.warmup]
+    label = f"stage {staged.stage.label} (Poisson)" + (f" after the warm-up {warmup[0]}" if warmup else "")
+    how = (f"~{expected:g} s: the stages' seconds, each drained before the next, and {staged.plan.gap_s:g} s between "
+           "(answers' own time not counted); " + ("the cache of the stage before kept" if staged.keeps_cache
+                                                   else "the cache reset first"))
+    return PointPlan(workload.name, len(sessions), sum(len(session.turns) for session in sessions),
+                     workload.num_requests, label, repeat, expected, how)
 
 
 def planned_sends(workload: Workload, rate: float | None) -> list[tuple[float, int]]:

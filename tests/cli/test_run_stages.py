@@ -5,12 +5,15 @@ cache reset before the ladder and none between its stages; the flags that would 
 from __future__ import annotations
 
 import json
+import time
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 import yaml
 
 from kvbench.cli.main import main
+from kvbench.harness import stage_play
 from kvbench.measure.records import read_records
 
 from ..engines.test_endpoint_cache_reset import PrefixCache, cache_server
@@ -30,14 +33,16 @@ def _workload(tmp_path) -> str:
     return str(path)
 
 
-def test_each_stage_is_a_row_after_a_warmup_left_out_on_one_warm_server(tmp_path, capsys):
-    cache, out = PrefixCache(), tmp_path / "run"
+def test_each_stage_is_a_row_after_a_warmup_left_out_on_one_warm_server(tmp_path, capsys, monkeypatch):
+    cache, out, pauses = PrefixCache(), tmp_path / "run", []
+    monkeypatch.setattr(stage_play, "time", SimpleNamespace(sleep=lambda s: (pauses.append(s), time.sleep(s))))
     with cache_server(cache, "vllm") as url:
         code = main(["run", "--url", url, "--set", "metrics_path=null", "--workload", _workload(tmp_path),
                      "--stages", "20:0.5,40:0.5", "--warmup-stage", "20:0.5", *NOT_ABOUT_LAG, "--out", str(out)])
     console = capsys.readouterr().out
     assert code == 0, console
     assert cache.resets == 1  # before the ladder, none between its stages
+    assert pauses == [1.0, 1.0]  # the gap after the warm-up's drain and after the first stage's
 
     entries = json.loads((out / "summary.json").read_text())["runs"]
     assert [entry["load"] for entry in entries] == LABELS

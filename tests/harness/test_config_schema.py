@@ -84,3 +84,19 @@ def test_a_kvengine_entry_before_version_3_keeps_the_prefill_rule_it_ran_with():
     assert read3.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 32
     read = config_schema.current({**BASELINE_CONFIG})
     assert read.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 512
+
+
+def test_a_version_4_config_reads_as_version_5_unchanged_and_a_staged_load_point_expands_per_stage():
+    version4 = {**BASELINE_CONFIG, "schema_version": 4}
+    read = config_schema.current(version4)
+    assert read.config["loads"] == BASELINE_CONFIG.get("loads") and read.config["schema_version"] == SCHEMA_VERSION == 5
+    config = parse_config({"engines": ["endpoint"], "loads": [{"stages": "3:20, 10:2", "warmup_stage": "15:5"},
+                                                              {"concurrency": 2}]})
+    assert [load.label for load in config.load_specs()] == ["3/s x 20 s", "10/s x 2 s", "conc=2"]
+    assert [load.rate for load in config.load_specs()[:2]] == [3, 10]
+    for bad, says in (({"stages": "3:20", "request_rate": 2}, "leave out request_rate"),
+                      ({"warmup_stage": "3:20"}, "needs stages"), ({"stages": "3"}, "RATE:SECONDS")):
+        with pytest.raises(ValueError, match=says):
+            parse_config({"engines": ["endpoint"], "loads": [bad]})
+    with pytest.raises(ValueError, match="client.workers"):
+        parse_config({"engines": ["endpoint"], "loads": [{"stages": "3:20"}], "client": {"workers": 2}})

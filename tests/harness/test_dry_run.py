@@ -117,3 +117,14 @@ def test_a_duration_stop_bounds_the_planned_requests_and_time(tmp_path):
     config = _config({"v": PRESETS["vllm-prefix"]}, loads=({"rate": 0.5},), stop={"duration_s": 5})
     [point] = plan_experiment(config, tmp_path)[0].points
     assert point.expected_s <= 5 and point.requests < point.workload_requests
+
+
+def test_a_staged_load_point_is_planned_stage_by_stage(tmp_path):
+    config = _config({"v": PRESETS["vllm-no-prefix"]}, loads=({"stages": "1:4,2:2", "warmup_stage": "1:2"},))
+    [cell] = plan_experiment(config, tmp_path)
+    first, second = cell.points
+    assert (first.sessions, second.sessions) == (6, 4)  # the warm-up's 2 sessions then the stage's 4; then 4
+    workload = config.workloads[0].load(config.seed)
+    assert first.requests + second.requests == workload.num_requests  # every turn of the 10 sessions, no stop
+    assert (first.expected_s, second.expected_s) == (2 + 1 + 4, 1 + 2)  # the stages' seconds and 1 s gaps
+    assert "1/s x 4 s" in first.load and "warm-up 1/s x 2 s" in first.load and "kept" in second.how
