@@ -24,6 +24,7 @@ from kvbench.engines.launch import command_problems, reference_dir, respell
 from kvbench.engines.registry import engine_factory
 from kvbench.harness.config import ExperimentConfig
 from kvbench.harness.preflight import installed_help, start_problems
+from kvbench.harness.stage_play import stage_sessions
 from kvbench.measure.run_folder import engine_dir
 from kvbench.measure.schedule import LoadSpec
 from kvbench.measure.stages import StagedLoad
@@ -228,7 +229,7 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
 def _stage_point(workload: Workload, staged: StagedLoad, repeat: int) -> PointPlan:
     """A stage's point: its sessions (the first stage's warm-up too) at the stage's Poisson rate, for its seconds."""
     parts = staged.parts(seed=0)  # what is sent and for how long do not depend on the seed
-    sessions = [session for part in parts for session in workload.sessions[part.first: part.first + part.stage.requests]]
+    sessions = stage_sessions(workload, staged)
     gaps = (len(parts) - 1 + staged.keeps_cache) * staged.plan.gap_s
     expected = sum(part.stage.duration_s for part in parts) + gaps
     warmup = [part.stage.label for part in parts if part.warmup]

@@ -23,7 +23,7 @@ from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
-from kvbench.harness.stage_play import StageChain, play_stage
+from kvbench.harness.stage_play import StageChain, play_stage, stage_sessions
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import cache_reasons, reconcile
 from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
@@ -81,9 +81,7 @@ class _Point:
         """What the point sends: a stage's sessions' turns (warm-up included), else up to the request budget."""
         staged = self.load.stage
         if staged is not None:
-            parts = staged.parts(0)  # the counts do not depend on the seed
-            return sum(len(session.turns) for part in parts
-                       for session in self.workload.sessions[part.first: part.first + part.stage.requests])
+            return sum(len(session.turns) for session in stage_sessions(self.workload, staged))
         return min(self.workload.num_requests, self.load.num_requests or self.workload.num_requests)
 
 

@@ -24,7 +24,7 @@ from kvbench.measure.conversation import ReuseOracle
 from kvbench.measure.records import RecordWriter, RequestRecord
 from kvbench.measure.schedule import LoadSpec
 from kvbench.measure.stages import StagedLoad
-from kvbench.workloads.spec import Workload
+from kvbench.workloads.spec import Session, Workload
 
 
 @dataclass(slots=True)
@@ -51,7 +51,7 @@ def play_stage(
     for number, part in enumerate(staged.parts(seed)):
         if number or staged.keeps_cache:
             time.sleep(staged.plan.gap_s)
-        sessions = workload.sessions[part.first: part.first + part.stage.requests]
+        sessions = part.sessions_of(workload.sessions)
         warmup = sum(len(session.turns) for session in sessions) if part.warmup else 0
         player = dataclasses.replace(generator, load=LoadSpec(rate=part.stage.rate, warmup_requests=warmup))
         results.append(eventloop.run(player.run(dataclasses.replace(workload, sessions=tuple(sessions)), writer,
@@ -59,6 +59,11 @@ def play_stage(
         if results[-1].aborted is not None:
             break
     return joined(generator, results)
+
+
+def stage_sessions(workload: Workload, staged: StagedLoad) -> list[Session]:
+    """Every session the point plays, in order (the first stage's warm-up ones first)."""
+    return [session for part in staged.parts(seed=0) for session in part.sessions_of(workload.sessions)]
 
 
 def joined(generator: LoadGenerator, results: Sequence[LoadResult]) -> LoadResult:

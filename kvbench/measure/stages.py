@@ -21,12 +21,15 @@ skip the cache reset before a point, as the simulator's fleet keeps its cache.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 STAGE_EXAMPLE = "3:20,10:20,15:20"
 STAGE_GAP_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,10 @@ class StagePart:
     first: int
     offsets: tuple[float, ...]
     warmup: bool
+
+    def sessions_of(self, sessions: Sequence[T]) -> Sequence[T]:
+        """This part's sessions of the workload's (all of them, in the workload's order)."""
+        return sessions[self.first: self.first + self.stage.requests]
 
 
 @dataclass(frozen=True, slots=True)

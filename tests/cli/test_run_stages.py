@@ -90,7 +90,8 @@ def test_a_config_load_point_of_stages_runs_the_same_ladder(tmp_path):
             "loads": [{"stages": "20:0.5,40:0.5"}], "client": {"max_lag_ms": 1000}}))
         assert main(["run", str(config), "--out", str(out)]) == 0
     entries = json.loads((out / "summary.json").read_text())["runs"]
-    assert [(entry["load"], entry["summary"]["overall"]["requests"]) for entry in entries] == list(zip(LABELS, [10, 20]))
+    assert [entry["load"] for entry in entries] == LABELS
+    assert [entry["summary"]["overall"]["requests"] for entry in entries] == [10, 20]
     assert cache.resets == 1 and not any(r.warmup for r in read_records(out / "requests.jsonl"))
     assert yaml.safe_load((out / "config.yaml").read_text())["loads"] == [
         {"rate": None, "concurrency": None, "burstiness": 1.0, "request_rate": None, "max_concurrency": None,
@@ -138,3 +139,18 @@ def test_a_bad_or_lone_stage_flag_is_refused_naming_it(tmp_path, capsys, flags, 
         code = exit_.code
     err = capsys.readouterr().err.strip()
     assert code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+def test_stages_replace_a_configs_load_points_and_reach_the_simulator(tmp_path, capsys):
+    config = tmp_path / "conc.yaml"
+    config.write_text(yaml.safe_dump({
+        "engines": [{"engine": "endpoint", "settings": {"url": f"http://127.0.0.1:{free_port()}"}}],
+        "workloads": [{"name": _workload(tmp_path), "num_sessions": 8}], "loads": [{"concurrency": 2}]}))
+    assert main(["run", str(config), "--stages", "2:1,4:1", "--dry-run", "--out", str(tmp_path / "dry")]) == 0
+    plan = capsys.readouterr().out
+    assert "stage 2/s x 1 s" in plan and "stage 4/s x 1 s" in plan and "concurrency 2" not in plan
+    out = tmp_path / "sim"
+    assert main(["run", "--engine", "sim", "--sim-preset", "vllm-prefix", "--workload", "shared-prefix",
+                 "--stages", "2:2", "--warmup-stage", "2:1", "--out", str(out)]) == 0
+    [entry] = json.loads((out / "summary.json").read_text())["runs"]
+    assert entry["summary"]["overall"]["requests"] == 4  # the simulator's stage, its warm-up left out

@@ -24,7 +24,7 @@ from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
-from kvbench.measure.stages import STAGE_EXAMPLE, StagePlan, parse_stage, parse_stages
+from kvbench.measure.stages import STAGE_EXAMPLE, STAGE_GAP_S, StagePlan, parse_stage, parse_stages
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
@@ -79,8 +79,9 @@ def register(commands, formatter) -> None:
     vllm_flags.add_load_flags(load, parser)
     load.add_argument("--stages", type=checked_by(parse_stages), metavar="R:S,...",
                       help=f"Poisson load stages RATE:SECONDS (e.g. {STAGE_EXAMPLE}), one after the other on one "
-                      "server that keeps its cache, each drained before the next (1 s between); a row per stage; "
-                      "each request starts a session of the workload (--num-sessions defaults to their count)")
+                      f"server that keeps its cache, each drained before the next ({STAGE_GAP_S:g} s between); a "
+                      "row per stage; each request starts a session of the workload (--num-sessions defaults to "
+                      "their count)")
     parser.add_argument("--warmup-stage", type=checked_by(parse_stage), metavar="R:S",
                         help="a stage before --stages, sent and recorded but left out of every result")
     parser.add_argument("--burstiness", type=number_above(0), default=1.0,
