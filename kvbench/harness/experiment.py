@@ -155,11 +155,13 @@ class Experiment:
             adapter.stop()
 
     def _points(self, engine: EngineSpec, adapter: EngineAdapter) -> Iterator[_Point]:
+        """Per workload, each load point's repetitions in turn; a ladder's repetition is all its stages in order."""
         for spec in self.config.workloads:
             workload = spec.load(self.config.seed, getattr(adapter, "vocab_size", None))
-            for load in self.config.load_specs():
+            for ladder in _ladders(self.config.load_specs()):
                 for repeat in range(self.config.repeat):
-                    yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, load)
+                    for load in ladder:
+                        yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, load)
 
     def _start(self, index: int, engine: EngineSpec, adapter: EngineAdapter) -> bool:
         try:
@@ -290,6 +292,17 @@ class Experiment:
         except RunWriteError:
             if not best_effort:
                 raise
+
+
+def _ladders(loads: Sequence[LoadSpec]) -> list[list[LoadSpec]]:
+    """The loads in order, a staged load point's stages together (one ladder), every other load on its own."""
+    out: list[list[LoadSpec]] = []
+    for load in loads:
+        if load.stage is not None and load.stage.keeps_cache and out:
+            out[-1].append(load)
+        else:
+            out.append([load])
+    return out
 
 
 def _context_window(adapter: EngineAdapter) -> int:

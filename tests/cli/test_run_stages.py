@@ -87,12 +87,14 @@ def test_a_config_load_point_of_stages_runs_the_same_ladder(tmp_path):
         config.write_text(yaml.safe_dump({
             "engines": [{"engine": "endpoint", "settings": {"url": url, "metrics_path": None}}],
             "workloads": [{"name": _workload(tmp_path), "num_sessions": 30}],
-            "loads": [{"stages": "20:0.5,40:0.5"}], "client": {"max_lag_ms": 1000}}))
+            "loads": [{"stages": "20:0.5,40:0.5"}], "repeat": 2, "client": {"max_lag_ms": 1000}}))
         assert main(["run", str(config), "--out", str(out)]) == 0
     entries = json.loads((out / "summary.json").read_text())["runs"]
-    assert [entry["load"] for entry in entries] == LABELS
-    assert [entry["summary"]["overall"]["requests"] for entry in entries] == [10, 20]
-    assert cache.resets == 1 and not any(r.warmup for r in read_records(out / "requests.jsonl"))
+    # A repetition is the whole ladder: its first stage after a reset, the second on the cache it left.
+    assert [(entry["load"], entry["repeat"], entry["cache_reset"]) for entry in entries] == [
+        (LABELS[0], 0, True), (LABELS[1], 0, False), (LABELS[0], 1, True), (LABELS[1], 1, False)]
+    assert [entry["summary"]["overall"]["requests"] for entry in entries] == [10, 20, 10, 20]
+    assert cache.resets == 2 and not any(r.warmup for r in read_records(out / "requests.jsonl"))
     assert yaml.safe_load((out / "config.yaml").read_text())["loads"] == [
         {"rate": None, "concurrency": None, "burstiness": 1.0, "request_rate": None, "max_concurrency": None,
          "stages": "20:0.5,40:0.5", "warmup_stage": None}]
