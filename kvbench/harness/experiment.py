@@ -134,7 +134,7 @@ class Experiment:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(self.run_dir, engine.label))
         server = getattr(adapter, "server", None)
         if server is not None and server.plan.help_command and self.helps.get(tuple(server.plan.help_command)):
-            server.prefetched_help = self.helps[tuple(server.plan.help_command)][0]
+            server.help_text = self.helps[tuple(server.plan.help_command)][0]
         points = list(self._points(engine, adapter))
         if all(point.id.run_id in self.resumed.entries for point in points):
             for point in points:

