@@ -42,7 +42,7 @@ from typing import Any
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import SLO
 from kvbench.measure.schedule import LoadSpec
-from kvbench.measure.stages import StagePlan, parse_stage, parse_stages
+from kvbench.measure.stages import StagePlan
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
@@ -110,8 +110,7 @@ class LoadPoint:
         """The stages as a plan (None: not a staged load point)."""
         if self.stages is None:
             return None
-        return StagePlan(parse_stages(self.stages),
-                         parse_stage(self.warmup_stage) if self.warmup_stage is not None else None)
+        return StagePlan.parse(self.stages, self.warmup_stage)
 
     @property
     def requests_per_s(self) -> float | None:

@@ -65,6 +65,12 @@ class StagePlan:
         if not self.stages:
             raise ValueError(f"no load stage given; write e.g. {STAGE_EXAMPLE}")
 
+    @classmethod
+    def parse(cls, stages: str, warmup: str | None = None) -> StagePlan:
+        """The plan `--stages STAGES [--warmup-stage WARMUP]` (or a config load point's keys) write; ValueError
+        naming the part that cannot be read."""
+        return cls(parse_stages(stages), parse_stage(warmup) if warmup is not None else None)
+
     @property
     def all_stages(self) -> tuple[Stage, ...]:
         """The stages as they run: the warm-up first, when there is one."""

@@ -266,7 +266,7 @@ def _refuse_stop_flags_with_stages(args: argparse.Namespace) -> None:
 
 
 def _stage_plan(args: argparse.Namespace) -> StagePlan:
-    return StagePlan(parse_stages(args.stages), parse_stage(args.warmup_stage) if args.warmup_stage else None)
+    return StagePlan.parse(args.stages, args.warmup_stage)
 
 
 def _load_point(args: argparse.Namespace) -> dict:
