@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -94,7 +96,9 @@ def test_engine_killed_mid_run_keeps_finished_records_and_fails_clearly(tmp_path
             assert time.monotonic() < deadline
             time.sleep(0.1)
         out = tmp_path / "run"
-        killer = threading.Timer(2.0, server.kill)
+        # The kill comes once a request has finished and been written (not after a fixed time: on a loaded
+        # machine the run may not have finished one in any given number of seconds).
+        killer = threading.Thread(target=_kill_after_a_finished_record, args=(server, out / "requests.jsonl"))
         killer.start()
         code = main(["run", "--url", f"http://127.0.0.1:{port}", "--workload", "rag-chat-mini",
                      "--concurrency", "2", "--out", str(out)])
@@ -109,6 +113,16 @@ def test_engine_killed_mid_run_keeps_finished_records_and_fails_clearly(tmp_path
     assert any(r.error and r.error.startswith("connection") for r in records)
     assert "engine unreachable" in (out / "summary.md").read_text()
     assert "failed" in capsys.readouterr().out
+
+
+def _kill_after_a_finished_record(server: subprocess.Popen, records: Path, deadline_s: float = 120.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):  # not written yet, or a line being written
+            if any(r.ok for r in read_records(records)):
+                break
+        time.sleep(0.05)
+    server.kill()
 
 
 def _entries(out):
