@@ -119,7 +119,7 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
     code = main([
         "run", "--engine", "vllm", "--set", f"python={python}", "--set", "dtype=float32", "--set", "enforce_eager=true",
         "--set", "max_model_len=4096", "--set", "cpu_kv_cache_space_gib=1", "--workload", "rag-chat-mini",
-        "--num-sessions", "4", "--concurrency", "2", "--num-requests", "12", "--out", str(out),
+        "--num-sessions", "4", "--concurrency", "2", "--num-requests", "8", "--out", str(out),
         "--max-lag-ms", "1000",  # the client's lag on a loaded machine is not this test's subject (past it: exit 1)
     ])
     assert code == 0, (out / "engines" / "vllm" / "engine.log").read_text()[-3000:]
