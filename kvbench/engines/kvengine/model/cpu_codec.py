@@ -34,12 +34,17 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_codec.c")
 DISABLE_ENV = "KVBENCH_CPU_CODEC"  # "0": never build or use the kernel
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared")
+# OpenMP for `kv_decode_attention`'s threads (libgomp.so.1: the copy torch has already loaded serves it); a
+# compiler without it builds the same source single-threaded
+OPENMP = ("-fopenmp",)
 FORMAT_CODES = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}  # the kernel's `format` argument
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 _DECODE_ARGS = [ctypes.c_int, _P, _I, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P]
 _ENCODE_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P, _P, _I]
+_F = ctypes.c_float
+_ATTENTION_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _I, _F, _F, _P, _P, _I, _I, _P, _I, _P, _F, _P, ctypes.c_int]
 
 
 def _cpu_id() -> str:
@@ -79,6 +84,7 @@ def load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(_build(compiler, flags)))
     lib.kv_decode.argtypes, lib.kv_decode.restype = _DECODE_ARGS, _I
     lib.kv_encode.argtypes, lib.kv_encode.restype = _ENCODE_ARGS, _I
+    lib.kv_decode_attention.argtypes, lib.kv_decode_attention.restype = _ATTENTION_ARGS, _I
     return lib
 
 
@@ -88,7 +94,10 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return None
     try:
-        return load()
+        try:
+            return load(FLAGS + OPENMP)
+        except subprocess.CalledProcessError:
+            return load()
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
         log.warning("fp8 KV decodes through torch's table lookup (~4x slower): %s not built: %s", SOURCE.name, detail)
@@ -184,4 +193,40 @@ def encode(
     bad = lib.kv_encode(FORMAT_CODES[rows.dtype], x.data_ptr(), _ptr(slots), n, heads, dim, scale.data_ptr(),
                         int(scale.dim() > 0), _ptr(weight), _ptr(shift), rows.data_ptr(), num_rows)
     _check(bad, slots, n, num_rows)
+    return True
+
+
+ATTENTION_FORMATS = {torch.float32: -1, **FORMAT_CODES}  # page storage dtypes `decode_attention` reads
+
+
+def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, page_size: int,
+                     scales: tuple[float, float], rows: torch.Tensor, page_table: torch.Tensor, lens: torch.Tensor,
+                     threads: int, lib: ctypes.CDLL | None = None) -> bool:
+    """One query per sequence over its pages, in the kernel (`kv_decode_attention`): sequence s's query heads
+    `q[rows[s]] [Hq, D]` attend keys 0..lens[s]-1 of its pages `page_table[s]` in `k_rows` / `v_rows`
+    `[pages * page_size, Hkv, D]` (fp32, or fp8 with the tensor `scales` (k, v)); the result goes to
+    `out[rows[s]]`. False when the kernel does not apply (not built, not CPU, not contiguous, another dtype):
+    nothing is written then. `lib` as in `decode`."""
+    lib = lib or library()
+    index_tensors = (rows, page_table, lens)
+    if (lib is None or k_rows.dtype not in ATTENTION_FORMATS or v_rows.dtype != k_rows.dtype
+            or q.dtype != torch.float32 or out.dtype != torch.float32
+            or any(t.dtype != torch.int64 for t in index_tensors) or not _usable(q, out, k_rows, v_rows, *index_tensors)):
+        return False
+    num_rows, heads, dim = k_rows.shape
+    n, q_heads = len(rows), q.shape[1]
+    if (tuple(v_rows.shape) != tuple(k_rows.shape) or num_rows % page_size or q.shape[1:] != (q_heads, dim)
+            or q_heads % heads or out.shape != q.shape or page_table.shape[0] != n or lens.shape != (n,)):
+        raise ValueError(f"decode_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
+                         f"of {page_size} rows, page table {tuple(page_table.shape)}, lens {tuple(lens.shape)} "
+                         f"for {n} rows do not match")
+    if n and (int(rows.min()) < 0 or int(rows.max()) >= q.shape[0]):
+        raise IndexError(f"decode_attention: a row of {rows.tolist()} is outside q's {q.shape[0]} rows")
+    bad = lib.kv_decode_attention(
+        ATTENTION_FORMATS[k_rows.dtype], k_rows.data_ptr(), v_rows.data_ptr(), num_rows // page_size, page_size,
+        heads, dim, scales[0], scales[1], q.data_ptr(), rows.data_ptr(), q_heads, n, page_table.data_ptr(),
+        page_table.shape[1], lens.data_ptr(), dim**-0.5, out.data_ptr(), threads)
+    if bad:
+        raise IndexError(f"decode_attention: sequence {bad - 1}'s length {int(lens[bad - 1])} or one of its pages "
+                         f"is outside the {num_rows // page_size} pages of {page_size}")
     return True

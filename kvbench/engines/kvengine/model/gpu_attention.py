@@ -5,6 +5,7 @@
                               cache (FlashInfer's fp8 KV takes one k_scale / v_scale per layer; channel scales
                               and per-token shifts are ours only)
         TritonPagedAttention  triton importable, cuda (or TRITON_INTERPRET=1, which runs it on CPU for tests)
+        CpuPagedAttention     cpu, fp32 compute, fp32 or tensor-scale fp8 pages, the C kernel built (cpu_attention.py)
         VarlenAttention       anything else: the CPU path, on CUDA tensors too
 
 Both kernel backends attend decode rows (one query per sequence) in the kernel and hand every other row
@@ -25,6 +26,7 @@ from typing import cast
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
+from kvbench.engines.kvengine.model import cpu_attention
 from kvbench.engines.kvengine.model.attention import AttentionBackend, VarlenAttention, VarlenLayout
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
@@ -45,6 +47,8 @@ def attention_for(device: torch.device | str, fmt: KVFormat, compute_dtype: torc
         return FlashInferAttention()
     if triton_available() and (on_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return TritonPagedAttention()
+    if cpu_attention.applies(device, fmt, compute_dtype):
+        return cpu_attention.CpuPagedAttention()
     return VarlenAttention()
 
 

@@ -165,11 +165,13 @@ class LlamaForCausalLM(nn.Module):
         # oneDNN-prepacked copies of the linear weights, per layer (qkv, o, gate_up, down), then the LM head;
         # used for steps of more than one row (`prepack`); None: plain F.linear everywhere
         self.prepacked: tuple[tuple[torch.Tensor, ...], ...] | None = None
+        self.prepacked_min_rows = 2  # steps of fewer rows use plain F.linear (set by `prepack`)
 
     def prepack(self, rows_hint: int = 8) -> int:
         """Keep oneDNN-prepacked copies of every linear weight (fp32 on CPU only, `can_prepack`), used by steps of
         more than one row, where they paid on a 2-core AVX-512 CPU (CPU time of the layers' matmuls, batch 4:
-        -24%, batch 8: -14%; batch 1 is faster unpacked, and stays so). They copy the weights as they are now
+        -24%, batch 8: -14%; batch 1 was faster unpacked there), and for one row too where torch's kernels are
+        AVX2 (`prepacked_min_rows`). They copy the weights as they are now
         (a later in-place change to a parameter does not reach them; `fuse` drops them). Returns the bytes
         they take (about the linear weights' own), 0 where not available."""
         weight = self.lm_head.weight
@@ -180,6 +182,7 @@ class LlamaForCausalLM(nn.Module):
                         pack(l.mlp.gate_up_weight, rows_hint), pack(l.mlp.down_proj.weight, rows_hint))
                        for l in self.model.layers)
         self.prepacked = layers + ((pack(weight, rows_hint),),)
+        self.prepacked_min_rows = prepacked_min_rows()
         return prepacked_bytes(self)
 
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -231,7 +234,7 @@ class LlamaForCausalLM(nn.Module):
         h = tp.embed(self.model.embed_tokens.weight, batch.input_ids, self.full_config)
         cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
         n = h.shape[0]
-        packed = self.prepacked if n > 1 else None  # one row: plain F.linear is faster (see `prepack`)
+        packed = self.prepacked if n >= self.prepacked_min_rows else None  # see `prepack`
         for i, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             qkv_p, o_p, gate_up_p, down_p = packed[i] if packed else (None,) * 4
@@ -246,8 +249,16 @@ class LlamaForCausalLM(nn.Module):
             gate, up = linear(layer.post_attention_layernorm(h), mlp.gate_up_weight, None, gate_up_p).chunk(2, dim=-1)
             h = h + tp.all_reduce(linear(F.silu(gate) * up, mlp.down_proj.weight, None, down_p))
         h = self.model.norm(h[batch.logit_rows])
-        head_p = packed[-1][0] if packed and h.shape[0] > 1 else None
+        head_p = packed[-1][0] if packed and h.shape[0] >= self.prepacked_min_rows else None
         return tp.gather_vocab(linear(h, self.lm_head.weight, None, head_p), self.full_config).float()
+
+
+def prepacked_min_rows() -> int:
+    """The fewest rows a step needs to go through the prepacked weights: 1 where torch's CPU kernels are AVX2
+    (a one-row SmolLM2-135M decode step, 2 cores: 57.0 -> 52.4 ms and 58.2 -> 53.7 ms, the two paths
+    alternated, `benchmarks/engine_bench.py`), else 2 (on AVX-512 one row was faster unpacked: 40.9 against
+    54.8 ms of the layers' matmuls)."""
+    return 1 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 2
 
 
 def prepacked_bytes(model: LlamaForCausalLM) -> int:

@@ -63,3 +63,19 @@ def test_the_memory_budget_counts_the_prepacked_copies():
                           1 << 34)
     expected = prepacked_bytes(tiny_model(seed=0)) if can_prepack("cpu", torch.float32) else 0
     assert with_copies.weights - without.weights == expected
+
+
+@pytest.mark.skipif(not can_prepack("cpu", torch.float32), reason="this torch has no oneDNN")
+@pytest.mark.parametrize("capability, one_row_packed", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
+def test_one_row_steps_use_the_prepacked_weights_only_where_torchs_kernels_are_avx2(monkeypatch, capability,
+                                                                                    one_row_packed):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    model = tiny_model(seed=3)
+    plain = batch_logits(model, [1])
+    model.prepack()
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
+    one_row = batch_logits(model, [1])
+    assert bool(calls) == one_row_packed
+    torch.testing.assert_close(one_row, plain, atol=1e-4, rtol=1e-4)
