@@ -65,7 +65,8 @@ class CpuPagedAttention:
         if layout.rows.numel():
             c = cache.config
             scales = cache.tensor_scales
-            ok = cpu_codec.decode_attention(
+            # channel scales and per-token shifts are not the kernel's: refused before it reads a byte
+            ok = not cache.fmt.shifted and cpu_codec.decode_attention(
                 q, out, cache.k_data[layer].view(-1, c.num_kv_heads, c.head_dim),
                 cache.v_data[layer].view(-1, c.num_kv_heads, c.head_dim), cache.page_size,
                 (1.0, 1.0) if scales is None else (scales[0][layer], scales[1][layer]),

@@ -1,4 +1,5 @@
-"""The fp8 KV codec on CPU as one C pass (`cpu_codec.c`), fused with the gather or scatter of token rows.
+"""The fp8 KV codec on CPU as one C pass (`cpu_codec.c`), fused with the gather or scatter of token rows; and
+decode attention straight over the pages (`decode_attention`, used by `cpu_attention.CpuPagedAttention`).
 
 Why C: torch has no fast fp8 read on CPU. One SmolLM2 layer's K for 4,352 live tokens, one thread, measured
 here: fp32 `index_select` 126-180 us; fp8 `index_select` + 256-entry table lookup (`fp8.lut_decode`) 680-700 us;

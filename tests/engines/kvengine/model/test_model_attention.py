@@ -11,6 +11,8 @@ from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.attention import PaddedAttention, ReferenceAttention, VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.config import RopeScaling
+from kvbench.engines.kvengine.model.cpu_attention import CpuPagedAttention, applies
+from kvbench.engines.kvengine.model.gpu_attention import attention_for
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
 
@@ -53,7 +55,8 @@ def hf(model):
 
 
 @pytest.mark.parametrize("page_size", [16, 5])
-@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention()], ids=["reference", "padded", "varlen"])
+@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention(), CpuPagedAttention()],
+                         ids=["reference", "padded", "varlen", "cpu-paged"])
 def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attention):
     model.attention = attention
     prompt = tokens(37, seed=1)
@@ -76,7 +79,8 @@ def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attenti
         assert (got[0] - dense_logits(hf, seq)[-1]).abs().max() < TOL
 
 
-@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention()], ids=["reference", "padded", "varlen"])
+@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention(), CpuPagedAttention()],
+                         ids=["reference", "padded", "varlen", "cpu-paged"])
 def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
     model.attention = attention
     page_size = 4
@@ -97,16 +101,38 @@ def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
     assert (got - torch.cat([want_b, want_a])).abs().max() < TOL
 
 
-FAST_BACKENDS = [PaddedAttention(), VarlenAttention()]
+FAST_BACKENDS = [PaddedAttention(), VarlenAttention(), CpuPagedAttention()]
+CPU_PAGED_FORMATS = [("fp32", None), ("fp8_e4m3", "tensor"), ("fp8_e5m2", "tensor")]
 
 
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
-@pytest.mark.parametrize("backend", FAST_BACKENDS, ids=["padded", "varlen"])
+@pytest.mark.parametrize("backend", FAST_BACKENDS, ids=["padded", "varlen", "cpu-paged"])
 def test_fast_backends_equal_reference_on_every_format(model, fmt, backend):
     """Every layer's output of the fast path equals the oracle's up to fp32 rounding on a mixed batch of
     ragged decodes, a prompt, and a chunk continuing a shared prefix: it reads the stored bytes as the
-    oracle does."""
+    oracle does. The C kernel reads the formats it applies to; the others it refuses by name."""
+    if isinstance(backend, CpuPagedAttention) and fmt not in CPU_PAGED_FORMATS:
+        with pytest.raises(ValueError, match="CpuPagedAttention cannot read"):
+            max_error_against_reference(model, fmt, backend)
+        return
     assert max_error_against_reference(model, fmt, backend) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
+def test_the_cpu_picks_the_paged_kernel_for_fp32_and_tensor_scale_fp8_pages(fmt):
+    kv_format = KVFormat.parse(*fmt)
+    assert applies("cpu", kv_format, torch.float32) == (fmt in CPU_PAGED_FORMATS)
+    assert isinstance(attention_for("cpu", kv_format, torch.float32), CpuPagedAttention) == (fmt in CPU_PAGED_FORMATS)
+    assert not isinstance(attention_for("cpu", kv_format, torch.bfloat16), CpuPagedAttention)
+
+
+def test_the_paged_kernel_refuses_a_page_outside_the_cache(model):
+    cache = PagedKVCache(model.config, 4, 16)
+    batch = ForwardBatch.build([SequenceChunk([3], 20, [1, 9])], 16)  # page 9 of a 4-page cache
+    q = torch.randn(1, model.config.num_heads, model.config.head_dim)
+    backend = CpuPagedAttention()
+    with pytest.raises(IndexError, match="sequence 0's length 21 or one of its pages is outside the 4 pages"):
+        backend(q, cache, 0, backend.prepare(batch))
 
 
 @pytest.mark.parametrize("fmt", [("bf16", None), ("fp8_e4m3", "tensor"), ("fp8_e5m2", "channel")], ids=str)
