@@ -88,6 +88,7 @@ class Fit:
     step_overhead_s: float
     router_latency_s: float = 0.0
     fitted_on: str = ""
+    fitted_rows: tuple[str, ...] = ()  # `Row.key` of every published value fitted on: the checks are the others
 
     def apply(self, hardware: Hardware) -> Hardware:
         device = dataclasses.replace(hardware.device, flops_efficiency=self.flops_efficiency,
@@ -100,7 +101,8 @@ def load_fit(path: Path) -> Fit:
     try:
         data = json.loads(Path(path).read_text())
         fields = {f.name for f in dataclasses.fields(Fit)}
-        return Fit(**{k: v for k, v in data["fit"].items() if k in fields})
+        values = {k: v for k, v in data["fit"].items() if k in fields}
+        return Fit(**values | {"fitted_rows": tuple(values.get("fitted_rows", ()))})
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise CaseError(f"fit file {path}: {error}; write it with `kvbench calibrate --published CASE.yaml`") from None
 
@@ -195,6 +197,11 @@ class Row:
     metric: str
     published: float | None
     simulated: float | None
+
+    @property
+    def key(self) -> str:
+        """`route/stage/metric`: which published value this is (a fit lists the ones it was made on)."""
+        return f"{self.route}/{self.stage}/{self.metric}"
 
     @property
     def ratio(self) -> float | None:
