@@ -18,7 +18,7 @@ from kvbench.sim.published import CaseError, parse_case, subsample
 from kvbench.sim.staged import simulate_stages
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 
-from tests.sim.test_published import CASE
+from tests.sim.test_published import CASE, simulate_fleet_argv
 
 
 def fleet(route: str = ROUTE_ROUND_ROBIN, nodes: int = 2) -> SimConfig:
@@ -101,13 +101,9 @@ def test_the_shipped_case_caps_the_client():
 
 
 def test_simulate_takes_max_concurrency(tmp_path):
-    params = tmp_path / "sp.yaml"
-    params.write_text("generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: 3\nsystem_prompt_len: 32\n"
-                      "question_len: 8\noutput_len: 6\n")
     out = tmp_path / "run"
-    argv = ["simulate", "--model", "tiny-random", "--hardware", "cpu", "--workload", str(params), "--preset",
-            "vllm-prefix", "--kv-dtype", "fp16", "--nodes", "2", "--route", "round-robin", "--page-size", "4",
-            "--num-sessions", "12", "--rate", "100000", "--max-concurrency", "2", "--no-plots", "--out", str(out)]
+    argv = simulate_fleet_argv(tmp_path, "round-robin", 3, 32, 8, 6) + [
+        "--num-sessions", "12", "--rate", "100000", "--max-concurrency", "2", "--no-plots", "--out", str(out)]
     assert main(argv) == 0
     doc = json.loads((out / "summary.json").read_text())
     assert doc["runs"][0]["load"] == "rate=100000,max=2"
