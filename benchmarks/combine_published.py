@@ -7,12 +7,15 @@ from kvbench.sim.published import Row, parse_case
 from kvbench.sim.published_report import check_targets, write_comparison
 case = parse_case(Path(sys.argv[1]))
 out = Path(sys.argv[2])
-rows, header = [], []
+rows, header, fitted = [], [], set()
 for folder in sys.argv[3:]:
     doc = json.loads((Path(folder) / "comparison.json").read_text())
-    rows += [Row(r["route"], r["stage"], r["metric"], r["published"], r["simulated"]) for r in doc["rows"]]
+    for r in doc["rows"]:
+        rows.append(Row(r["route"], r["stage"], r["metric"], r["published"], r["simulated"]))
+        if r.get("fitted"):  # values a fit was made on: marked, and left out of the targets
+            fitted.add(rows[-1].key)
     header += [h for h in doc["header"] if h not in header]
-targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages])
+targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages], fitted)
 for t in targets:
     print(("met" if t.met else "not met" if t.met is False else "n/a") + f": {t.name} ({t.detail})")
-print(write_comparison(out, case.name, rows, targets, header))
+print(write_comparison(out, case.name, rows, targets, header, fitted))

@@ -1,6 +1,6 @@
 """The article's benchmark table, simulated: RAG chat on Qwen2.5-72B (FP8 weights, FP8 KV) on 8xH200.
 
-    python benchmarks/sim_article_table.py [--rates 1,2,3] [--sessions 600] [--think 30]
+    python benchmarks/sim_article_table.py [--rates 1,2,3] [--sessions 600] [--think 30] [--hardware PROFILE]
 
 Workload: `rag-chat` (1.5K system prompt, 8 x 1K documents from a 1000-document Zipf corpus, ~200-token user
 turns, ~6 turns, 256-token mean answers). The article leaves free: the session arrival rate, the number of
@@ -43,9 +43,12 @@ def main() -> None:
     parser.add_argument("--corpus", type=int, default=1000, help="documents in the corpus")
     parser.add_argument("--kv-dtype", default="fp8")
     parser.add_argument("--presets", default=",".join(ARTICLE), help="presets to simulate, comma-separated")
+    parser.add_argument("--hardware", default="8xh200", help="node profile: a name, or a fitted .json (as "
+                        "benchmarks/sim_plan_article.py takes)")
     args = parser.parse_args()
-    geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware("8xh200")
+    geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
     console = Console()
+    console.print(hardware.assumptions())
     for rate in [float(r) for r in args.rates.split(",")]:
         workload = load_workload("rag-chat", num_sessions=args.sessions,
                                  overrides={"session_rate": rate, "think_time_median_s": args.think,

@@ -4,8 +4,12 @@ The fitted values are the cost model's FLOP/s efficiency, bandwidth efficiency a
 (`hardware.Device`, `Hardware.step_overhead_s`), plus the router's per-request latency (an endpoint picker
 tokenizes and scores every request before it reaches a replica: it is in the published TTFT and in no engine
 step). They are fitted on one router's stages up to a rate (by default precise-prefix at <= 20/s) by least
-squares over the log ratios simulated / published of output tok/s, TTFT mean and TTFT p90 of those stages,
-each evaluation a simulation of the warm-up and those stages. Two weak priors (weight 0.1 on the log distance
+squares over the log ratios simulated / published of output tok/s, TTFT mean and TTFT p90 of those stages, and
+optionally of the output tok/s alone of a few saturated stages of that router (`throughput_rates`): light stages
+run small batches, whose steps read the weights and little KV, so only a saturated stage's throughput sees what
+large-batch steps cost (its TTFT is queueing, which device speeds should not chase). Each evaluation is a
+simulation of the warm-up and those stages (a stage left out is not played: a later one starts from the cache
+the earlier played ones left). Two weak priors (weight 0.1 on the log distance
 from 0.5 and 0.8) keep the efficiencies where the data say little: FLOP efficiency and router latency both
 move TTFT, and only their sum is well determined at light load. Everything else (the other router's ladder, the fitted router above the
 rate) is checked with the fitted values, not refitted (`kvbench validate-published --fit`).
@@ -51,13 +55,16 @@ class PublishedFit:
     route: str
     max_rate: float
     wall_s: float
+    throughput_rates: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
         return {"fit": dataclasses.asdict(self.fit), "fitted_on": {"route": self.route, "max_rate": self.max_rate,
-                                                                   "metrics": list(FIT_METRICS)},
+                                                                   "metrics": list(FIT_METRICS),
+                                                                   "throughput_rates": list(self.throughput_rates)},
                 "residuals": [{"stage": r.stage, "metric": r.metric, "published": r.published,
                                "simulated": r.simulated, "ratio": r.ratio} for r in self.rows],
-                "evaluations": [{**dataclasses.asdict(e.fit), "cost": e.cost, "wall_s": e.wall_s}
+                "evaluations": [{**{k: v for k, v in dataclasses.asdict(e.fit).items() if k != "fitted_rows"},
+                                 "cost": e.cost, "wall_s": e.wall_s}
                                 for e in self.evaluations],
                 "wall_s": self.wall_s}
 
@@ -82,20 +89,37 @@ def best_router_latency(rows: Sequence[Row]) -> float:
 
 def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float = 20.0, start: Fit = START,
                   max_evaluations: int = 24, seed: int = 0,
-                  on_evaluation: Callable[[Evaluation], None] | None = None) -> PublishedFit:
-    """The fit of the module docstring on `route`'s stages at rates <= `max_rate`.
+                  on_evaluation: Callable[[Evaluation], None] | None = None,
+                  throughput_rates: Sequence[float] = ()) -> PublishedFit:
+    """The fit of the module docstring on `route`'s stages at rates <= `max_rate` (and the output tok/s of its
+    stages at `throughput_rates`).
 
     Each evaluation simulates the stages without router latency; the latency that best lifts the simulated
     TTFTs onto the published ones is then solved for exactly (`best_router_latency`: at these loads a constant
     delay before a replica shifts TTFT by itself), and the three device values are searched by Nelder-Mead
     (robust to the small jumps a discrete simulation makes between nearby settings, unlike finite differences)."""
-    subset = [i for i, s in enumerate(case.plan.stages) if s.rate <= max_rate]
+    rates = [s.rate for s in case.plan.stages]
+    subset = [i for i, rate in enumerate(rates) if rate <= max_rate]
     if not subset:
         raise ValueError(f"no stage of {case.name} at <= {max_rate:g}/s to fit on")
+    missing = [f"{r:g}" for r in throughput_rates if r not in rates]
+    if missing:
+        raise ValueError(f"{case.name} has no stage at {', '.join(missing)}/s (its rates: "
+                         f"{', '.join(f'{r:g}' for r in rates)})")
     if route not in case.published:
         raise ValueError(f"{case.name} publishes nothing for {route!r}")
+    throughput_only = {f"{r:g}" for r in throughput_rates if r > max_rate}
+    subset = sorted(set(subset) | {rates.index(r) for r in throughput_rates})
     started = time.perf_counter()
     fitted_on = f"{case.name}: {route} stages <= {max_rate:g}/s ({case.path.name})"
+    if throughput_only:
+        fitted_on = (f"{case.name}: {route} stages <= {max_rate:g}/s and the output tok/s at "
+                     f"{', '.join(sorted(throughput_only, key=float))}/s ({case.path.name})")
+
+    def fitted(rows: Sequence[Row]) -> tuple[Row, ...]:
+        return tuple(r for r in rows if r.metric in FIT_METRICS
+                     and (r.stage not in throughput_only or r.metric == "output_tok_s"))
+
     workload = case_workload(case, case_config(case, route).geometry.vocab_size, seed)
     evaluations: list[Evaluation] = []
 
@@ -104,13 +128,15 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
         t = time.perf_counter()
         run = compare_route(case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed,
                             stage_subset=subset, workload=workload)
-        latency = best_router_latency(run.rows)
-        rows = _with_router(run.rows, latency)
+        used = fitted(run.rows)
+        latency = best_router_latency(used)
+        rows = _with_router(used, latency)
         res = log_residuals(rows, FIT_METRICS)
         priors = [PRIOR_WEIGHT * (math.log(fe) - math.log(START.flops_efficiency)),
                   PRIOR_WEIGHT * (math.log(be) - math.log(START.bw_efficiency))]
         total = float(sum(r * r for r in res + priors))
-        evaluation = Evaluation(Fit(fe, be, overhead_ms / 1e3, latency, fitted_on), rows, total,
+        keys = tuple(r.key for r in rows if r.ratio is not None)
+        evaluation = Evaluation(Fit(fe, be, overhead_ms / 1e3, latency, fitted_on, keys), rows, total,
                                 time.perf_counter() - t)
         evaluations.append(evaluation)
         if on_evaluation is not None:
@@ -122,7 +148,8 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
     minimize(cost, x0, method="Nelder-Mead", options={"maxfev": max_evaluations, "initial_simplex": simplex,
                                                        "xatol": 0.01, "fatol": 1e-3})
     best = min(evaluations, key=lambda e: e.cost)
-    return PublishedFit(best.fit, best.rows, tuple(evaluations), route, max_rate, time.perf_counter() - started)
+    return PublishedFit(best.fit, best.rows, tuple(evaluations), route, max_rate, time.perf_counter() - started,
+                        tuple(throughput_rates))
 
 
 def transfer(fit: Fit, hardware: Hardware) -> Hardware:

@@ -3,8 +3,12 @@
 The client side is the load generator's (`harness/loadgen.py`) on a virtual clock: both play the sessions with
 the conversation driver (`measure/conversation.py`), which builds every prompt (carrying the previous answers
 as token ids), the record and `reusable_tokens` under the simulated engine's isolation rule. Sessions start at
-`session_offsets(load, ...)`; turn k+1 is queued when turn k is done plus its think time (closed loop: when a
-slot frees up). The server side is one or more `SimNode`s (the core's scheduler + a cost model). Records are
+`session_offsets(load, ...)`; turn k+1 is queued when turn k is done plus its think time. Under a cap on requests
+in flight (`load.cap`: a closed loop's concurrency, or an open loop's `max_concurrency`, vLLM's `--max-concurrency`
+and inference-perf's `num_workers x worker_max_concurrency`) a due turn past the cap waits in the client, first
+come first, until a request finishes: its record's `planned_ns` is when it was due, `queued_ns` and `sent_ns` when
+it went, so TTFT counts from the send (as vLLM's benchmark and inference-perf count it) and TTFT from schedule
+counts the wait. The server side is one or more `SimNode`s (the core's scheduler + a cost model). Records are
 the harness's RequestRecords with virtual nanoseconds, so `summarize_run` and the reports apply unchanged.
 
 Events, in virtual seconds, processed in (time, sequence) order so that runs are deterministic:
@@ -88,8 +92,9 @@ class _Sim:
     seq: int = 0
     live: dict = field(default_factory=dict)
     records: list = field(default_factory=list)
-    slots_free: int = 0
-    slot_waiters: deque = field(default_factory=deque)
+    slots_free: int = 0  # under a cap (`load.cap`): requests that may still be sent now
+    slot_waiters: deque = field(default_factory=deque)  # session indices due and waiting for a slot, first come first
+    due: dict = field(default_factory=dict)  # session index -> when its waiting turn became due
     plans: dict = field(default_factory=dict)
     send_order: tuple[str, ...] | None = None  # replay: request ids in the order a real run sent them
     order_pos: int = 0
@@ -100,6 +105,7 @@ class _Sim:
     # slot), so a node's decode run needs to stop only at the next arrival (`arrivals`: the times of the
     # queued TURN and ARRIVE events), not at every node's step end. Routers then read a node's KV usage as of
     # the end of its run (pages its decodes will hold): the one thing that differs from stepping one by one.
+    # Under a cap, a finish sends a waiting request: while any waits, every event may concern every node.
     nodes_independent: bool = False
     arrivals: list = field(default_factory=list)
 
@@ -111,7 +117,7 @@ class _Sim:
 
     def horizon(self) -> float:
         """When the next event that may concern a decoding node happens (see `nodes_independent`)."""
-        if self.nodes_independent:
+        if self.nodes_independent and not self.slot_waiters:
             return self.arrivals[0][0] if self.arrivals else math.inf
         return self.events[0][0] if self.events else math.inf
 
@@ -138,17 +144,19 @@ class _Sim:
         rid = talk.next_request_id
         if not self.in_order(rid, session_index):
             return
-        if self.load.mode == MODE_CONCURRENCY:
+        if self.load.cap is not None:
             if self.slots_free == 0:
+                self.due.setdefault(session_index, now)
                 self.slot_waiters.append(session_index)
                 return
             self.slots_free -= 1
+        due = self.due.pop(session_index, now)
         if not self.driver.may_send(now):
             self.release_slot(now)
             return
         self.sent_in_order(now)
         t_ns = int(round(now * NS))
-        ask = talk.ask(t_ns)
+        ask = talk.ask(t_ns, int(round(due * NS)))
         record, prompt, spec = ask.record, ask.prompt, ask.spec
         record.sent_ns = t_ns
         answer = placeholder_tokens(talk.session.session_id, ask.turn, spec.max_tokens, self.workload.vocab_size)
@@ -165,7 +173,7 @@ class _Sim:
         self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
 
     def release_slot(self, now: float) -> None:
-        if self.load.mode != MODE_CONCURRENCY:
+        if self.load.cap is None:
             return
         self.slots_free += 1
         if self.slot_waiters:
@@ -233,8 +241,6 @@ class _Sim:
     def run(self) -> None:
         sessions = self.workload.sessions
         offsets = session_offsets(self.load, [s.arrival_s for s in sessions], self.seed)
-        if self.load.mode == MODE_CONCURRENCY:
-            self.slots_free = self.load.concurrency or 1
         self.play(sorted(range(len(sessions)), key=lambda i: offsets[i]), offsets)
         self.report_unfinished()
 
@@ -344,7 +350,7 @@ def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, 
     independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY
                    and all(len(s.turns) == 1 for s in workload.sessions))
     return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
-                send_order=tuple(send_order) if send_order is not None else None,
+                slots_free=load.cap or 0, send_order=tuple(send_order) if send_order is not None else None,
                 router=Router(nodes, config.preset.route, config.preset.page_size), nodes_independent=independent)
 
 

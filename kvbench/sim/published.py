@@ -3,9 +3,10 @@
 A case file (YAML; `results/sim/published/*.yaml`) says where the experiment was published (`source`), what ran
 (`hardware`: a device profile, devices per replica, replicas; `model`; `engine`: vLLM's block size, memory
 utilization, batch limits, KV dtype), what was sent (`workload`: a kvbench workload parameter mapping, e.g.
-`generator: shared_prefix` and its five parameters; `stages`: the warm-up and the ladder as RATE:SECONDS) and
-through which `routers` (presets.ROUTES), and what was measured: per router and stage `published`
-`output_tok_s`, `ttft_mean_s`, `ttft_p90_s` (any may be absent), and optionally `whole_ladder` values
+`generator: shared_prefix` and its five parameters; `stages`: the warm-up and the ladder as RATE:SECONDS; `client`:
+the load generator's cap on requests in flight, `max_concurrency`, when it had one, as `kvbench run
+--max-concurrency`) and through which `routers` (presets.ROUTES), and what was measured: per router and stage
+`published` `output_tok_s`, `ttft_mean_s`, `ttft_p90_s` (any may be absent), and optionally `whole_ladder` values
 (`output_tok_s`, `ttft_mean_s`, `itl_mean_ms`).
 
 `parse_case` is the one door for such a file (every field checked, a named failure otherwise); `case_config`
@@ -59,19 +60,23 @@ class Case:
     whole_ladder: Mapping[str, Mapping[str, float]]
     path: Path
     fleet_scale: float = 1.0  # published replicas / simulated replicas (`subsample`); throughput scaled back by it
+    max_concurrency: int | None = None  # the client's cap on requests in flight (None: none)
 
 
 def subsample(case: Case, replicas: int) -> Case:
     """`case` on `replicas` of its replicas at replicas/N of every stage's rate (each replica's load kept), its
-    simulated throughput to be scaled back by N/replicas. Sound for routers that spread requests evenly
-    whatever the content (round-robin, least-loaded); a prefix-aware router would also need the content cut."""
+    simulated throughput to be scaled back by N/replicas, a client's cap on requests in flight cut to the same share.
+    Sound for routers that spread requests evenly whatever the content (round-robin, least-loaded); a prefix-aware
+    router would also need the content cut."""
     if not 1 <= replicas <= case.replicas:
         raise CaseError(f"--replicas {replicas}: give 1 to {case.replicas} (the case's replicas)")
     k = replicas / case.replicas
     scale = lambda stage: dataclasses.replace(stage, rate=stage.rate * k)  # noqa: E731
     plan = dataclasses.replace(case.plan, stages=tuple(scale(s) for s in case.plan.stages),
                                warmup=None if case.plan.warmup is None else scale(case.plan.warmup))
-    return dataclasses.replace(case, replicas=replicas, plan=plan, fleet_scale=case.replicas / replicas)
+    cap = None if case.max_concurrency is None else max(int(round(case.max_concurrency * k)), 1)
+    return dataclasses.replace(case, replicas=replicas, plan=plan, fleet_scale=case.replicas / replicas,
+                               max_concurrency=cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,7 @@ class Fit:
     step_overhead_s: float
     router_latency_s: float = 0.0
     fitted_on: str = ""
+    fitted_rows: tuple[str, ...] = ()  # `Row.key` of every published value fitted on: the checks are the others
 
     def apply(self, hardware: Hardware) -> Hardware:
         device = dataclasses.replace(hardware.device, flops_efficiency=self.flops_efficiency,
@@ -95,7 +101,8 @@ def load_fit(path: Path) -> Fit:
     try:
         data = json.loads(Path(path).read_text())
         fields = {f.name for f in dataclasses.fields(Fit)}
-        return Fit(**{k: v for k, v in data["fit"].items() if k in fields})
+        values = {k: v for k, v in data["fit"].items() if k in fields}
+        return Fit(**values | {"fitted_rows": tuple(values.get("fitted_rows", ()))})
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise CaseError(f"fit file {path}: {error}; write it with `kvbench calibrate --published CASE.yaml`") from None
 
@@ -146,6 +153,11 @@ def parse_case(path: Path) -> Case:
         whole[route] = {k: float(v) for k, v in metrics.items()}
     for key in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
         _need(engine, key, int, f"{where}.engine")
+    client = _need(doc, "client", dict, where) if doc.get("client") is not None else {}
+    cap = client.get("max_concurrency")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise CaseError(f"{where}.client.max_concurrency is {cap!r}; give the requests in flight at most (>= 1), "
+                        "or leave it out for no cap")
     utilization = _need(engine, "gpu_memory_utilization", (int, float), f"{where}.engine")
     if not 0 < utilization <= 1:
         raise CaseError(f"{where}.engine.gpu_memory_utilization is {utilization}; give a fraction in (0, 1]")
@@ -153,7 +165,7 @@ def parse_case(path: Path) -> Case:
                 str(_need(hardware, "profile", str, f"{where}.hardware")),
                 _need(hardware, "devices_per_replica", int, f"{where}.hardware"),
                 _need(hardware, "replicas", int, f"{where}.hardware"), str(_need(doc, "model", str, where)),
-                dict(engine), dict(workload), plan, routers, published, whole, Path(path))
+                dict(engine), dict(workload), plan, routers, published, whole, Path(path), max_concurrency=cap)
 
 
 def case_config(case: Case, route: str, fit: Fit | None = None, hardware: Hardware | None = None) -> SimConfig:
@@ -187,6 +199,11 @@ class Row:
     simulated: float | None
 
     @property
+    def key(self) -> str:
+        """`route/stage/metric`: which published value this is (a fit lists the ones it was made on)."""
+        return f"{self.route}/{self.stage}/{self.metric}"
+
+    @property
     def ratio(self) -> float | None:
         if self.published is None or self.simulated is None:
             return None
@@ -215,7 +232,7 @@ def compare_route(case: Case, route: str, fit: Fit | None = None, seed: int = 0,
     config = case_config(case, route, fit)
     workload = workload or case_workload(case, config.geometry.vocab_size, seed)
     staged = simulate_stages(workload, case.plan, config, run_id=f"{case.name}/{route}", seed=seed,
-                             stage_subset=stage_subset)
+                             stage_subset=stage_subset, max_concurrency=case.max_concurrency)
     indices = list(range(len(case.plan.stages))) if stage_subset is None else sorted(stage_subset)
     published = case.published.get(route, {})
     rows = []

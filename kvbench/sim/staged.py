@@ -2,7 +2,8 @@
 
 Stage s starts its requests (sessions of the workload, in order: stage 0 takes the first `requests` of them)
 at its Poisson offsets from the stage's start; when all have finished, the next stage starts `gap_s` later, as
-inference-perf runs a ladder. The warm-up stage's records are marked warm-up. Results come per stage: each
+inference-perf runs a ladder. `max_concurrency` caps the requests in flight (see `engine.py`: past it a due request
+waits in the client, its TTFT counted from the send). The warm-up stage's records are marked warm-up. Results come per stage: each
 stage's records summarized on their own (`stage_summaries`), so throughput is the stage's output tokens over
 its first send to its last completion, as inference-perf reports it per stage.
 """
@@ -41,7 +42,7 @@ def check_enough(workload: Workload, plan: StagePlan) -> None:
 
 
 def simulate_stages(workload: Workload, plan: StagePlan, config: SimConfig, run_id: str = "sim", seed: int = 0,
-                    stage_subset: Sequence[int] | None = None) -> StagedResult:
+                    stage_subset: Sequence[int] | None = None, max_concurrency: int | None = None) -> StagedResult:
     """Play `plan` on `config`'s fleet (module docstring). Deterministic for the same inputs.
 
     `stage_subset` (indices into `plan.stages`) plays only those measured stages, after the warm-up: a cheaper
@@ -49,7 +50,8 @@ def simulate_stages(workload: Workload, plan: StagePlan, config: SimConfig, run_
     left is missing)."""
     check_enough(workload, plan)
     started = time.perf_counter()
-    load = LoadSpec(warmup_requests=plan.warmup_requests)  # trace mode: the offsets come from the stages
+    # Trace mode: the offsets come from the stages.
+    load = LoadSpec(warmup_requests=plan.warmup_requests, max_concurrency=max_concurrency)
     sim = new_sim(workload, load, config, run_id, seed)
     bounds = plan.first_request()
     arrivals = plan.arrivals(seed)

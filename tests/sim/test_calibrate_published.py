@@ -46,3 +46,34 @@ def test_a_fit_recovers_the_speeds_that_made_the_published_values(tmp_path):
     h200 = transfer(result.fit, load_hardware("8xh200"))
     assert h200.device.bw_efficiency == result.fit.bw_efficiency and h200.device.memory_bw == 4.8e12
     assert START.router_latency_s == 0.0
+
+
+def test_a_saturated_stage_adds_its_throughput_alone_to_the_fit(tmp_path):
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE.replace("{PUBLISHED}", "{output_tok_s: [400, 900], ttft_mean_s: [0.2, 0.3]}"))
+    case = parse_case(path)
+    result = fit_published(case, "precise-prefix", max_rate=2, max_evaluations=4, throughput_rates=[6])
+    assert set(result.fit.fitted_rows) == {"precise-prefix/2/output_tok_s", "precise-prefix/2/ttft_mean_s",
+                                           "precise-prefix/6/output_tok_s"}  # 6/s: its TTFT stays a check
+    assert "output tok/s at 6/s" in result.fit.fitted_on
+    assert result.to_dict()["fitted_on"]["throughput_rates"] == [6]
+    with pytest.raises(ValueError, match="no stage at 7/s"):
+        fit_published(case, "precise-prefix", max_rate=2, max_evaluations=1, throughput_rates=[7])
+
+
+def test_fitted_values_are_marked_and_left_out_of_the_targets(tmp_path):
+    from kvbench.sim.published import load_fit
+    from kvbench.sim.published_report import check_targets, write_comparison
+
+    rows = [Row("precise-prefix", "3", "output_tok_s", 100.0, 100.0),
+            Row("precise-prefix", "60", "output_tok_s", 100.0, 50.0)]  # 0.5: off by far more than 20%
+    assert check_targets(rows, ["3", "60"])[0].met is False
+    fitted = ("precise-prefix/60/output_tok_s",)
+    assert check_targets(rows, ["3", "60"], fitted)[0].met is True
+    md, js = write_comparison(tmp_path, "c", rows, check_targets(rows, ["3", "60"], fitted), [], fitted)
+    assert "0.50 (fit)" in md.read_text() and "1.00 (fit)" not in md.read_text()
+    assert [r["fitted"] for r in json.loads(js.read_text())["rows"]] == [False, True]
+    fit_json = tmp_path / "fit.json"
+    fit_json.write_text(json.dumps({"fit": {"flops_efficiency": 0.5, "bw_efficiency": 0.9, "step_overhead_s": 0.002,
+                                            "fitted_rows": list(fitted)}}))
+    assert load_fit(fit_json).fitted_rows == fitted

@@ -86,15 +86,21 @@ def test_a_bad_case_file_is_one_line_naming_the_field(tmp_path, capsys, edit, me
     assert len(err.splitlines()) == 1 and message.split()[0] in err
 
 
-def test_simulate_runs_stages_on_a_fleet(tmp_path):
+def simulate_fleet_argv(tmp_path, route: str, prompts_per_group: int, system: int, question: int,
+                        output: int) -> list[str]:
+    """`kvbench simulate` of a 2-node tiny fleet behind `route` on a shared-prefix workload of 2 groups."""
     params = tmp_path / "sp.yaml"
-    params.write_text("generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: 2\nsystem_prompt_len: 16\n"
-                      "question_len: 4\noutput_len: 3\n")
+    params.write_text(f"generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: {prompts_per_group}\n"
+                      f"system_prompt_len: {system}\nquestion_len: {question}\noutput_len: {output}\n")
+    return ["simulate", "--model", "tiny-random", "--hardware", "cpu", "--workload", str(params), "--preset",
+            "vllm-prefix", "--kv-dtype", "fp16", "--nodes", "2", "--route", route, "--page-size", "4"]
+
+
+def test_simulate_runs_stages_on_a_fleet(tmp_path):
     out = tmp_path / "run"
-    argv = ["simulate", "--model", "tiny-random", "--hardware", "cpu", "--workload", str(params), "--preset",
-            "vllm-prefix", "--kv-dtype", "fp16", "--nodes", "2", "--route", "precise-prefix", "--page-size", "4",
-            "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--stages", "2:2,4:1", "--warmup-stage", "2:1",
-            "--no-plots", "--out", str(out)]
+    argv = simulate_fleet_argv(tmp_path, "precise-prefix", 2, 16, 4, 3) + [
+        "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--stages", "2:2,4:1", "--warmup-stage", "2:1",
+        "--no-plots", "--out", str(out)]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [e["load"] for e in summary["runs"]] == ["rate=2", "rate=4"]

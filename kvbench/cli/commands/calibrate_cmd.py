@@ -46,6 +46,9 @@ def register(commands, formatter) -> None:
                      "step overhead and router latency on one router's stages up to --max-rate, the rest checked")
     cal.add_argument("--fit-router", default="precise-prefix", help="with --published: the router fitted on")
     cal.add_argument("--max-rate", type=number_above(0), default=20.0, help="with --published: fit stages <= this")
+    cal.add_argument("--fit-throughput-at", type=number_above(0), action="append", default=[], metavar="RATE",
+                     help="with --published: also fit the output tok/s (only) of the fit router's stage at RATE, "
+                     "repeatable: a saturated stage, the one place large-batch steps show (its TTFT stays checked)")
     cal.add_argument("--max-evaluations", type=int, default=24, help="with --published: simulations at most")
     cal.add_argument("--no-check", action="store_true", help="with --published: skip the check of the rest")
     cal.set_defaults(handler=handle_calibrate)

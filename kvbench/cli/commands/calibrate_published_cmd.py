@@ -37,7 +37,7 @@ def handle_published(args: argparse.Namespace) -> int:
 
     try:
         result = fit_published(case, args.fit_router, args.max_rate, max_evaluations=args.max_evaluations,
-                               on_evaluation=seen)
+                               on_evaluation=seen, throughput_rates=args.fit_throughput_at)
     except ValueError as error:
         raise SettingsError(f"{args.published}: {error}") from None
     fit = result.fit
@@ -67,9 +67,9 @@ def handle_published(args: argparse.Namespace) -> int:
                           f"{run.staged.result.wall_s:.0f} s")
             rows += run.rows
             print_rows(run.rows, route)
-        targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages])
+        targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages], fit.fitted_rows)
         for t in targets:
             console.print(f"{'met' if t.met else 'not met' if t.met is False else 'n/a'}: {t.name} ({t.detail})")
-        files += write_comparison(out, case.name, rows, targets, header)
+        files += write_comparison(out, case.name, rows, targets, header, fit.fitted_rows)
     console.print(f"results: {', '.join(str(f) for f in files)}")
     return 0

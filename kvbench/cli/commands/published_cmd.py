@@ -84,10 +84,11 @@ def handle_validate(args: argparse.Namespace) -> int:
         header.append(config_line)
         rows += run.rows
         print_rows(run.rows, route)
-    targets = check_targets(rows, [f"{s.rate:g}" for s in full.plan.stages])
+    fitted = fit.fitted_rows if fit is not None else ()
+    targets = check_targets(rows, [f"{s.rate:g}" for s in full.plan.stages], fitted)
     for t in targets:
         verdict = "[green]met[/green]" if t.met else "[red]not met[/red]" if t.met is False else "n/a"
         console.print(f"{verdict}: {t.name} ({t.detail})")
-    files = write_comparison(out, case.name, rows, targets, header)
+    files = write_comparison(out, case.name, rows, targets, header, fitted)
     console.print(f"results: {', '.join(str(f) for f in files)}")
     return 0

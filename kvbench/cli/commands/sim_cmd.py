@@ -59,6 +59,9 @@ def register(commands, formatter) -> None:
                      help="Poisson load stages RATE:SECONDS, run one after the other, each drained before the next "
                      "(e.g. 3:20,10:20); results per stage")
     sim.add_argument("--warmup-stage", type=_stage, metavar="R:S", help="a stage before --stages, left out of results")
+    sim.add_argument("--max-concurrency", type=at_least(1), metavar="C",
+                     help="the client's cap on requests in flight, with --rate or --stages (as `kvbench run`'s and "
+                     "vLLM's): requests past it wait in the client, and TTFT counts from the send")
     sim.set_defaults(handler=handle_simulate)
 
 
@@ -126,11 +129,12 @@ def fleet_hardware(hardware, args: argparse.Namespace):
 
 
 _FLEET_FLAGS = ("nodes", "route", "page_size", "max_num_seqs", "max_num_batched_tokens", "tp",
-                "gpu_memory_utilization", "router_latency_ms", "stages", "warmup_stage")
+                "gpu_memory_utilization", "router_latency_ms", "stages", "warmup_stage", "max_concurrency")
 
 
 def _fleet_flags(args: argparse.Namespace) -> dict:
-    """The fleet and stage flags of `args`, None where not given (`kvbench run --engine sim` has none)."""
+    """The fleet, stage and client cap flags of `args`, None where not given (`kvbench run --engine sim` has
+    none)."""
     return {name: getattr(args, name, None) for name in _FLEET_FLAGS}
 
 
@@ -204,9 +208,10 @@ def handle_simulate(args: argparse.Namespace) -> int:
         geometry = load_geometry(args.model)
         hardware = fleet_hardware(load_hardware(args.hardware), args)
         presets = [fleet_preset(get_preset(name), args) for name in (args.preset or list(PRESETS))]
-        load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests)
-        tenants = load_tenants(args.tenants_file) if args.tenants_file else TenantsConfig()
         plan, flag = None, _fleet_flags(args)
+        load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests,
+                        max_concurrency=flag["max_concurrency"])
+        tenants = load_tenants(args.tenants_file) if args.tenants_file else TenantsConfig()
         if flag["stages"] or flag["warmup_stage"]:
             if not flag["stages"]:
                 raise SettingsError("--warmup-stage needs --stages (the measured stages after it)")
@@ -227,7 +232,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
                 config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
                                    tenants=tenants, memory_model=getattr(args, "memory_model", "reserve"))
                 if plan is not None:
-                    results += simulate_stage_entries(workload, plan, config, args.seed)
+                    results += simulate_stage_entries(workload, plan, config, args.seed, flag["max_concurrency"])
                     continue
                 result = simulate(workload, load, config, run_id=sim_point(config, workload, load).run_id,
                                   seed=args.seed)
@@ -245,6 +250,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
                         "max_num_seqs": presets[0].max_num_seqs, "max_num_batched_tokens": presets[0].max_step_tokens,
                         "devices_per_node": hardware.num_devices, "memory_model": getattr(args, "memory_model", "reserve"),
                         "stages": None if plan is None else [s.label for s in plan.stages],
+                        "max_concurrency": flag["max_concurrency"],
                         "warmup_stage": None if plan is None or plan.warmup is None else plan.warmup.label}}
     write_sim_run(run_dir, results, doc, plots=not args.no_plots)
     print_summary(run_dir)
@@ -252,8 +258,9 @@ def handle_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def simulate_stage_entries(workload, plan, config, seed: int) -> list:
-    """One run folder entry per measured stage (its records only), the stage's rate as its load point."""
+def simulate_stage_entries(workload, plan, config, seed: int, max_concurrency: int | None = None) -> list:
+    """One run folder entry per measured stage (its records only), the stage's rate (and the cap) as its load
+    point."""
     import dataclasses
 
     from kvbench.measure.schedule import LoadSpec
@@ -261,13 +268,13 @@ def simulate_stage_entries(workload, plan, config, seed: int) -> list:
     from kvbench.sim.staged import simulate_stages
 
     staged = simulate_stages(workload, plan, config, run_id=f"sim:{config.preset.name}/{config.kv_dtype}/stages",
-                             seed=seed)
+                             seed=seed, max_concurrency=max_concurrency)
     console.print(f"{config.preset.name} {config.kv_dtype}: {len(staged.result.records):,} requests over "
                   f"{len(plan.all_stages)} stages, {staged.result.virtual_s:,.0f} s virtual in "
                   f"{staged.result.wall_s:.1f} s")
     entries, seen = [], {}
     for stage, records, summary in zip(plan.stages, staged.stage_records, staged.stage_summaries()):
-        load = LoadSpec(rate=stage.rate, duration_s=stage.duration_s)
+        load = LoadSpec(rate=stage.rate, duration_s=stage.duration_s, max_concurrency=max_concurrency)
         repeat = seen[load.label] = seen.get(load.label, -1) + 1
         run_id = sim_point(config, workload, load, repeat).run_id  # each stage a load point of its own
         result = dataclasses.replace(staged.result, records=tuple(dataclasses.replace(r, run_id=run_id)
