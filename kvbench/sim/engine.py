@@ -34,6 +34,7 @@ import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
 from kvbench.engines.kvengine.core.pages import PagePool
+from kvbench.engines.kvengine.core.plans import probe_shape, stall_bounded_prefill
 from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
@@ -49,7 +50,8 @@ from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
 from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
-from kvbench.sim.presets import TIERS_TTL
+from kvbench.sim.cost import SeqWork
+from kvbench.sim.presets import AUTO, TIERS_TTL
 from kvbench.sim.routing import Router
 from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.spec import Workload
@@ -268,15 +270,30 @@ class _Sim:
         self.live.clear()
 
 
+def prefill_beside_decodes(config: SimConfig, device_pages: int) -> int | None:
+    """The preset's max_prefill_beside_decodes; 'auto' resolved as our engine resolves it, by the core's rule on
+    the probe's steps, here costed by the cost model instead of timed."""
+    preset = config.preset
+    if preset.max_prefill_beside_decodes != AUTO:
+        return preset.max_prefill_beside_decodes
+    shape = probe_shape(preset.max_step_tokens, device_pages * preset.page_size)
+    decode = SeqWork(shape.context, shape.context + 1)
+
+    def step_s(n: int) -> float:  # the engine's median chunk: the second of its prompt
+        return config.cost.step([decode, SeqWork(n, 2 * n)] if n else [decode]).seconds
+
+    return stall_bounded_prefill(step_s, shape, preset.decode_stall_factor)
+
+
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     preset = config.preset
     remote = None
     if preset.remote_bytes > 0:  # one object: every node shares it
         remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
-    sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
-                                   max_prefill_beside_decodes=preset.max_prefill_beside_decodes,
-                                   strict_isolation=config.strict_isolation)
     host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
+    sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
+                                   max_prefill_beside_decodes=prefill_beside_decodes(config, device_pages),
+                                   strict_isolation=config.strict_isolation)
     ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
     sink = events if events is not None else NullEventLog()
     nodes = []

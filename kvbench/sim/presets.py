@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from kvbench.engines.kvengine.config import AUTO, DEFAULT_DECODE_STALL_FACTOR
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, DEFAULT_TTL
 
@@ -59,8 +60,10 @@ class Preset:
     max_num_seqs: int = 256
     max_step_tokens: int = 8192
     # Prefill tokens a step computes beside running decodes (None: up to max_step_tokens); our engine's
-    # max_prefill_beside_decodes, the core scheduler's rule (SchedulerConfig)
-    max_prefill_beside_decodes: int | None = None
+    # max_prefill_beside_decodes, the core scheduler's rule (SchedulerConfig). 'auto': the engine's rule
+    # (core.plans.stall_bounded_prefill) on the cost model's probe steps, within decode_stall_factor.
+    max_prefill_beside_decodes: int | str | None = None
+    decode_stall_factor: float = DEFAULT_DECODE_STALL_FACTOR
     padded_attention: bool = False  # the engine pads a step's sequences to the longest (see CostModel)
     tier_policy: str = TIERS_WRITE_THROUGH
     device_ttl_s: float = DEFAULT_TTL.device_s  # TIERS_TTL: idle seconds before a page leaves device, then host
@@ -77,6 +80,12 @@ class Preset:
             raise ValueError(f"preset {self.name}: route {self.route!r}; use one of {', '.join(ROUTES)}")
         if self.router_latency_s < 0:
             raise ValueError(f"preset {self.name}: router_latency_s must be >= 0")
+        budget = self.max_prefill_beside_decodes
+        if budget is not None and budget != AUTO and (not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"preset {self.name}: max_prefill_beside_decodes {budget!r}; use a number of tokens "
+                             f">= 1, '{AUTO}' or none")
+        if self.decode_stall_factor <= 1:
+            raise ValueError(f"preset {self.name}: decode_stall_factor must be > 1")
         if self.num_nodes < 1:
             raise ValueError(f"preset {self.name}: num_nodes must be >= 1")
         if self.tier_policy not in (TIERS_WRITE_THROUGH, TIERS_TTL):
@@ -97,7 +106,7 @@ PRESETS: Mapping[str, Preset] = {
         Preset("lmcache-shared", "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",
                remote_bytes=100e12, num_nodes=2, route=ROUTE_LEAST_LOADED),
         Preset("kvengine-tiers", "kvbench's engine: TTL tier policy device -> host -> disk, restore on demand",
-               host_fraction=0.5, disk_fraction=0.5, tier_policy=TIERS_TTL),
+               host_fraction=0.5, disk_fraction=0.5, tier_policy=TIERS_TTL, max_prefill_beside_decodes=AUTO),
     )
 }
 

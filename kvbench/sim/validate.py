@@ -57,6 +57,10 @@ def sim_config_for_engine(settings: EngineConfig, geometry: ModelGeometry, hardw
     if settings.remote_url:
         raise ValueError("engine settings: the run used the shared Redis tier (remote_url), which the simulator "
                          "does not model for our engine; validate a run without it")
+    if settings.max_prefill_beside_decodes == AUTO:
+        raise ValueError("engine settings: max_prefill_beside_decodes is auto, which the engine timed at start; "
+                         "validate with max_prefill_beside_decodes set to the tokens its log names ('prefill "
+                         "budget') or /metrics states (kvbench:prefill_beside_decodes_tokens)")
     preset = dataclasses.replace(get_preset("kvengine-tiers"), name="kvengine", page_size=settings.page_size,
                                  max_num_seqs=settings.max_num_seqs, max_step_tokens=settings.max_step_tokens,
                                  max_prefill_beside_decodes=settings.max_prefill_beside_decodes,

@@ -2,13 +2,18 @@
 random weights, driven step by step) and the simulator's node scheduler, built from the same EngineConfig
 (`sim_config_for_engine`), compute the same token spans in every step while prompts arrive beside decodes."""
 
-import numpy as np
+import dataclasses
 
-from kvbench.engines.kvengine.config import EngineConfig
+import numpy as np
+import pytest
+
+from kvbench.engines.kvengine.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, ScheduledSeq
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
-from kvbench.sim.engine import build_nodes
+from kvbench.engines.kvengine.core.plans import probe_shape
+from kvbench.sim.cost import SeqWork
+from kvbench.sim.engine import build_nodes, prefill_beside_decodes
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
 from kvbench.sim.validate import sim_config_for_engine
@@ -24,8 +29,9 @@ def prompt(rid: str, n: int) -> tuple[int, ...]:
     return tuple(np.random.default_rng(ord(rid)).integers(1, 500, n).tolist())
 
 
-def engine_steps() -> list[tuple[tuple[int, int], ...]]:
-    engine = Engine(SETTINGS)
+def engine_steps(settings: EngineConfig = SETTINGS) -> tuple[list[tuple[tuple[int, int], ...]], EngineConfig]:
+    """The token spans of every step, and the engine's settings as it ran (auto resolved)."""
+    engine = Engine(settings)
     steps: list = []
     engine.step_listeners.append(lambda timing: steps.append(timing.work))
     t = 0
@@ -37,11 +43,11 @@ def engine_steps() -> list[tuple[tuple[int, int], ...]]:
             t += 1
     finally:
         engine.close()
-    return steps
+    return steps, engine.config
 
 
-def simulator_steps() -> list[tuple[tuple[int, int], ...]]:
-    config = sim_config_for_engine(SETTINGS, load_geometry("tiny-random"), load_hardware("cpu"))
+def simulator_steps(settings: EngineConfig = SETTINGS) -> list[tuple[tuple[int, int], ...]]:
+    config = sim_config_for_engine(settings, load_geometry("tiny-random"), load_hardware("cpu"))
     sched = build_nodes(config)[0].scheduler
     steps: list = []
     t = 0
@@ -59,10 +65,44 @@ def simulator_steps() -> list[tuple[tuple[int, int], ...]]:
 
 
 def test_the_simulator_takes_the_engine_steps_under_the_prefill_budget():
-    real = engine_steps()
+    real, _ = engine_steps()
     assert simulator_steps() == real
     decodes = [sum(1 for s, e in work if e - s == 1) for work in real]
     prefill = [sum(e - s for s, e in work if e - s > 1) for work in real]
     mixed = [p for d, p in zip(decodes, prefill) if d and p]
     assert mixed and max(mixed) == BUDGET  # prompts joined beside decodes, in chunks of the budget
     assert max(prefill) > BUDGET  # and a step without decodes prefilled beyond it (a's whole prompt)
+
+
+def test_an_auto_budget_reaches_the_simulator_as_the_engine_timed_it():
+    """`auto` is timed by the engine at start; the engine's settings then carry the number, and the simulator
+    built from them takes the same steps. The unresolved setting is refused with the fix named."""
+    auto = dataclasses.replace(SETTINGS, max_prefill_beside_decodes=AUTO)
+    real, ran = engine_steps(auto)
+    assert isinstance(ran.max_prefill_beside_decodes, int)
+    assert simulator_steps(ran) == real
+    with pytest.raises(ValueError, match="max_prefill_beside_decodes is auto.*kvbench:prefill_beside_decodes_tokens"):
+        sim_config_for_engine(auto, load_geometry("tiny-random"), load_hardware("cpu"))
+
+
+@pytest.mark.parametrize("hardware, model", [("cpu", "smollm2-135m"), ("h200", "llama-3.3-70b"),
+                                             ("h200", "smollm2-135m")])
+def test_auto_on_the_cost_model_keeps_a_mixed_step_within_the_factor(hardware, model):
+    """The simulator resolves `auto` on its cost model by the engine's rule: beside one decode, a prefill chunk
+    of the resolved size costs at most decode_stall_factor x the decode step alone, and is within a tenth of the
+    largest that does (or the probe's ceiling binds)."""
+    settings = dataclasses.replace(SETTINGS, max_prefill_beside_decodes=7, max_step_tokens=2048)
+    config = sim_config_for_engine(settings, load_geometry(model), load_hardware(hardware))
+    config = dataclasses.replace(config, preset=dataclasses.replace(config.preset, max_prefill_beside_decodes=AUTO))
+    n = prefill_beside_decodes(config, config.device_pages())
+    shape = probe_shape(config.preset.max_step_tokens, config.device_pages() * config.preset.page_size)
+    decode = SeqWork(shape.context, shape.context + 1)
+
+    def mixed(tokens: int) -> float:
+        return config.cost.step([decode, SeqWork(tokens, 2 * tokens)]).seconds
+
+    alone, factor = config.cost.step([decode]).seconds, config.preset.decode_stall_factor
+    best = max((k for k in range(1, shape.ceiling + 1) if mixed(k) <= factor * alone), default=1)
+    assert mixed(n) <= factor * alone * 1.001
+    assert 0.9 * best <= n <= best  # within a tenth of the largest chunk the cost model allows
+    assert build_nodes(config)[0].scheduler.config.max_prefill_beside_decodes == n

@@ -37,15 +37,15 @@ from kvbench.settings import Bounds, check_bounds
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names (runtime/engine.py maps them)
 ADMIN_KEY_ENV = "KVENGINE_ADMIN_KEY"  # an environment variable keeps the admin key out of argv (ps, logs)
 TIER_SECRET_ENV = "KVENGINE_TIER_SECRET"  # the lower tiers' record secret, kept out of argv the same way
-AUTO = "auto"  # kv_capacity: what fits in memory_utilization of the free device memory (runtime/memory_budget.py)
+AUTO = "auto"  # kv_capacity: what fits in memory (runtime/memory_budget.py); max_prefill_beside_decodes: timed
 DEFAULT_PORT = 8000
-# Prefill tokens beside running decodes, chosen on the README main job (benchmarks/engine_budget_ab.yaml:
-# rag-chat-mini, concurrency 4, fp32 and fp8_e4m3 in 96 MiB; two runs, 2 shared cores, load 0.3-9). 32 gave
-# the fp8 line 2x the TTFT p50 of 512 (the step budget: the rule before) and fp32 1.4-1.8x; 512 gave ITL p99
-# 1.1-1.7 s; 128 kept fp8 TTFT p50 with 512's (657 / 519 ms against 572 / 605), fp32 within 1.0-1.5x of it,
-# and ITL p99 at 0.35-0.85x of 512's. (A batch-4 decode step with P prefill tokens beside it, against a pure
-# one: P=16 1.12x, 32 1.72x, 64 3.70x, `benchmarks/engine_bench.py --mixed`: ITL p99 <= 2x p50 would need ~32.)
-DEFAULT_PREFILL_BESIDE_DECODES = 128
+# A step with running decodes may take this many times a pure decode step (max_prefill_beside_decodes auto).
+# Chosen on `benchmarks/engine_vs_vllm.py` (512-token prompts, 64 out, concurrency 4, SmolLM2-135M fp32, 2 AVX2
+# cores; resolved budget -> TTFT p50 ms / ITL p50 / ITL p99 / out tok/s): factor 2 -> 19 tokens, 7,936 / 177 /
+# 332 / 11.3; 3 -> 30, 3,526 / 164 / 237 / 18.2; 4 -> 57, 2,802 / 140 / 353 / 17.1; a fixed 128 (the default
+# before) 2,315 / 121 / 544 / 18.3. 3 keeps ITL p99 within 2x p50 at 128's throughput; its TTFT is 1.5x 128's.
+# On a GPU, where a decode step reads the weights once whatever its width, it resolves to the step budget.
+DEFAULT_DECODE_STALL_FACTOR = 3.0
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
 
 
@@ -113,9 +113,14 @@ class EngineConfig:
     page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
     max_num_seqs: int = setting(16, "sequences running at once", ge=1)
     max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
-    max_prefill_beside_decodes: int = setting(
-        DEFAULT_PREFILL_BESIDE_DECODES, "prefill tokens a step computes beside running decodes (decodes go first; "
-        "a step without decodes prefills up to max_step_tokens)", unit="tokens", ge=1)
+    max_prefill_beside_decodes: int | Literal["auto"] = setting(
+        AUTO, "prefill tokens a step computes beside running decodes (decodes go first; a step without decodes "
+        f"prefills up to max_step_tokens; '{AUTO}': timed at start, the most that keeps such a step within "
+        "decode_stall_factor of a pure decode step)", unit="tokens", ge=1)
+    decode_stall_factor: float = setting(
+        DEFAULT_DECODE_STALL_FACTOR, f"with max_prefill_beside_decodes '{AUTO}': how many times a pure decode "
+        "step a step with prefill beside its decodes may take (the bound on ITL p99 / p50 under new prompts)",
+        gt=1)
     prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
     device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
                           "is cuda:0 .. cuda:N-1)")
@@ -156,9 +161,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_fields(self)
         object.__setattr__(self, "kv_format", KVFormat.from_settings(self.kv_dtype, self.kv_scale))
-        number = isinstance(self.kv_capacity, int) and not isinstance(self.kv_capacity, bool)
-        if self.kv_capacity != AUTO and not number:
-            raise ValueError(f"kv_capacity {self.kv_capacity!r} must be a number of tokens or '{AUTO}'")
+        for name in ("kv_capacity", "max_prefill_beside_decodes"):
+            value = getattr(self, name)
+            if value != AUTO and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"{name} {value!r} must be a number of tokens or '{AUTO}'")
         if isinstance(self.kv_capacity, int) and self.kv_capacity < self.page_size:
             raise ValueError(f"kv_capacity ({self.kv_capacity}) must hold at least one page of {self.page_size} "
                              "tokens")

@@ -23,7 +23,7 @@ from kvbench.settings import SettingsError, build
 NON_DEFAULT_ENGINE = {
     "model": "tiny-random", "kv_dtype": "fp8_e4m3", "kv_scale": "channel", "kv_capacity": 4096,
     "kv_capacity_bytes": 1 << 20, "page_size": 32, "max_num_seqs": 3, "max_step_tokens": 96,
-    "max_prefill_beside_decodes": 24, "prepacked_weights": False,
+    "max_prefill_beside_decodes": 24, "decode_stall_factor": 2.5, "prepacked_weights": False,
     "prefix_caching": False, "device": "cuda:1", "tensor_parallel_size": 2, "memory_utilization": 0.5,
     "compute_dtype": "bfloat16", "max_model_len": 777,
     "served_model_name": "tiny", "threads": 2, "cuda_graphs": True, "host_capacity": 1024, "disk_capacity": 2048,

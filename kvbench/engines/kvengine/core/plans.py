@@ -5,6 +5,7 @@ FinishedRequest at the end. Frozen values: nothing here changes state.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NewType
 
@@ -33,6 +34,59 @@ class SchedulerConfig:
             raise ValueError("SchedulerConfig: max_num_seqs and max_step_tokens must be >= 1")
         if self.max_prefill_beside_decodes is not None and self.max_prefill_beside_decodes < 1:
             raise ValueError("SchedulerConfig: max_prefill_beside_decodes must be >= 1 (or None: no own limit)")
+
+
+# The probe that `auto` times (runtime/prefill_budget.py on our engine, sim/engine.py on the cost model): one
+# sequence decoding after a PROBE_DECODE_CONTEXT-token prompt, alone and with a chunk of another prompt
+# prefilled beside it, first PROBE_PREFILL_TOKENS, then twice as many while the step stays within the factor.
+PROBE_DECODE_CONTEXT = 64
+PROBE_PREFILL_TOKENS = 128
+PROBE_CHUNKS = 3  # chunks the engine times per size: the probe's KV is the decode and these chunks
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeShape:
+    context: int  # the decoding sequence's prompt
+    first: int  # the first chunk size timed
+    ceiling: int  # the largest chunk the probe may time: the step budget, and what the device KV holds
+
+
+PROBE_REFINEMENTS = 2  # sizes timed inside the bracketing pair, each where the line through the pair crosses
+
+
+def probe_shape(max_step_tokens: int, capacity_tokens: int) -> ProbeShape:
+    """The probe within the step budget (one token of it is the decode) and the device KV (the decode and
+    PROBE_CHUNKS chunks resident)."""
+    ceiling = max(1, min(max_step_tokens - 1, capacity_tokens // (2 * PROBE_CHUNKS)))
+    first = min(PROBE_PREFILL_TOKENS, ceiling)
+    return ProbeShape(min(PROBE_DECODE_CONTEXT, first), first, ceiling)
+
+
+def stall_bounded_prefill(step_s: Callable[[int], float], shape: ProbeShape, factor: float) -> int:
+    """max_prefill_beside_decodes chosen so that a step with running decodes takes at most `factor` times a pure
+    decode step. `step_s(n)`: the seconds of a decode step with an n-token prefill chunk beside it (0: none),
+    timed by our engine or costed by the simulator: one rule for both. Chunks of shape.first, then doubling up
+    to shape.ceiling, are tried until one exceeds the factor (a roofline's flat part is walked, not
+    extrapolated); inside that pair, PROBE_REFINEMENTS sizes where the line through the pair crosses the factor
+    (regula falsi); the budget is the last crossing, at most the largest size within and at least 1."""
+    if factor <= 1:
+        raise ValueError(f"stall_bounded_prefill: factor {factor:g} must be > 1")
+    allowed = factor * step_s(0)
+    low, low_s, n = 0, step_s(0), shape.first
+    while (seconds := step_s(n)) <= allowed:
+        if n >= shape.ceiling:
+            return shape.ceiling
+        low, low_s, n = n, seconds, min(2 * n, shape.ceiling)
+    high, high_s = n, seconds  # low_s <= allowed < high_s
+    for _ in range(PROBE_REFINEMENTS + 1):
+        cross = low + int((allowed - low_s) * (high - low) / (high_s - low_s))
+        if cross <= low or cross >= high or _ == PROBE_REFINEMENTS:
+            break
+        if (seconds := step_s(cross)) <= allowed:
+            low, low_s = cross, seconds
+        else:
+            high, high_s = cross, seconds
+    return max(1, min(high - 1, max(low, cross)))
 
 
 @dataclass(frozen=True, slots=True)

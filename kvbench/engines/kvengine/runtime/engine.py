@@ -54,6 +54,7 @@ from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY
     chunks_of, is_device_error, load_rank_model, model_config_of, model_digest, rank_device,
 )
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
+from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget, measure_prefill_budget
 from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
 from kvbench.engines.kvengine.runtime.requests import (
     GenerationRequest,
@@ -113,7 +114,8 @@ class Engine:
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_step_tokens=config.max_step_tokens,
-                max_prefill_beside_decodes=config.max_prefill_beside_decodes,
+                max_prefill_beside_decodes=None if config.max_prefill_beside_decodes == AUTO
+                else config.max_prefill_beside_decodes,
                 strict_isolation=config.isolation == IsolationMode.STRICT,
                 prefix_caching=config.prefix_caching,
             ),
@@ -131,7 +133,22 @@ class Engine:
         # Who receives the timing of each step that ran the model (simulator calibration records them).
         self.step_listeners: list[Callable[[StepTiming], None]] = []
         self._live: dict[str, LiveRequest] = {}
+        self.prefill_budget: PrefillBudget | None = None  # what `auto` timed, if it was auto
+        if config.max_prefill_beside_decodes == AUTO:
+            self._resolve_prefill_budget()
+        self.metrics.prefill_beside_decodes(self.scheduler.config.max_prefill_beside_decodes)
         self._update_gauges()
+
+    def _resolve_prefill_budget(self) -> None:
+        """max_prefill_beside_decodes `auto`: time the probe (runtime/prefill_budget.py), then start afresh: the
+        scheduler and this engine's config carry the number, the metrics count nothing the probe did."""
+        self.prefill_budget = measure_prefill_budget(self, self.config.decode_stall_factor)
+        tokens = self.prefill_budget.tokens
+        self.scheduler.config = replace(self.scheduler.config, max_prefill_beside_decodes=tokens)
+        self.config = replace(self.config, max_prefill_beside_decodes=tokens)
+        self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
+        self.metrics.capacity(self.pool.capacity * self.config.page_size, self.bytes_per_token)
+        self.event_listeners = [self.metrics.events]
 
     def _declared_prefixes(self) -> tuple[np.ndarray, ...]:
         """The tenants file's shared prefixes as token ids (shared-prefix isolation only): a text as a

@@ -55,6 +55,9 @@ class EngineMetrics:
                                      labels, registry=r)
         self.capacity_bytes = Gauge("kvbench:kv_capacity_bytes", "Device KV tier size in bytes, per device",
                                     labels, registry=r)
+        self.prefill_budget = Gauge("kvbench:prefill_beside_decodes_tokens", "Prefill tokens a step computes "
+                                    "beside running decodes (max_prefill_beside_decodes, resolved)", labels,
+                                    registry=r)
         self.running = Gauge("kvbench:num_requests_running", "Requests being computed", labels, registry=r)
         self.waiting = Gauge("kvbench:num_requests_waiting", "Requests waiting for admission", labels, registry=r)
         tenant = labels + ["tenant"]
@@ -120,6 +123,11 @@ class EngineMetrics:
         """The device KV tier as allocated (set once: what a run's summary records as the engine's capacity)."""
         self.capacity_tokens.labels(self.model_name).set(tokens)
         self.capacity_bytes.labels(self.model_name).set(tokens * bytes_per_token)
+
+    def prefill_beside_decodes(self, tokens: int | None) -> None:
+        """The scheduler's prefill budget beside decodes (None: the step budget alone; the gauge is left out)."""
+        if tokens is not None:
+            self.prefill_budget.labels(self.model_name).set(tokens)
 
     def occupancy(self, used: int, total: int, running: int, waiting: int, bytes_per_token: int) -> None:
         name = self.model_name

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.engines.kvengine.runtime.engine import Engine, StepTiming
+from kvbench.engines.kvengine.runtime.prefill_budget import steps_until_idle
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 
 
@@ -54,13 +55,7 @@ def probe_steps(engine: Engine, cases: Sequence[ProbeCase] = DEFAULT_CASES, seed
         for i in range(case.batch):
             prompt = tuple(int(t) for t in rng.integers(0, vocab, case.prompt_tokens))
             engine.add(GenerationRequest(f"probe-{number}-{i}", prompt, case.max_tokens, ignore_eos=True))
-        steps: list[StepTiming] = []
-        engine.step_listeners.append(steps.append)
-        try:
-            while engine.has_work():
-                engine.step()
-        finally:
-            engine.step_listeners.remove(steps.append)
+        steps = steps_until_idle(engine)
         if not (warmup and number == 0):
             timings.extend(steps)
     return timings

@@ -84,6 +84,8 @@ def serve(args: argparse.Namespace) -> int:
 
         ranks = workers.start(on_exit=rank_exited)
     engine = Engine(config, ranks=ranks)
+    if engine.prefill_budget is not None:
+        log.info("prefill budget: %s", engine.prefill_budget.describe())
     if options.step_log:
         engine.step_listeners.append(StepLog(Path(options.step_log)))
 

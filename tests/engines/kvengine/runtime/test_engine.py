@@ -135,7 +135,8 @@ def test_the_kv_format_is_parsed_once_and_the_model_receives_the_value(loaded, m
     parsed = []
     parse = KVFormat.parse.__func__
     monkeypatch.setattr(KVFormat, "parse", classmethod(lambda cls, *names: parsed.append(names) or parse(cls, *names)))
-    config = EngineConfig(kv_dtype="fp8_e4m3", kv_scale="channel", kv_capacity=1024)
+    # (a number of prefill tokens: `auto` copies the config once resolved, which parses it again)
+    config = EngineConfig(kv_dtype="fp8_e4m3", kv_scale="channel", kv_capacity=1024, max_prefill_beside_decodes=64)
     eng = Engine(config, loaded)
     assert parsed == [("fp8_e4m3", "channel")]  # by the config, from the settings' names
     assert eng.kv_cache.fmt is config.kv_format and eng.kv_cache.k_shift is not None
