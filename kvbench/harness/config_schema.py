@@ -20,6 +20,8 @@ Version history (add a step to _UPGRADES whenever SCHEMA_VERSION is bumped):
             gets 32, the default it ran with.
     4 -> 5  a load point may be `stages` (with `warmup_stage`), a Poisson ladder; a version-4 load point has
             neither key, and load points are compared as written (not filled), so nothing changes.
+    5 -> 6  max_prefill_beside_decodes' default became auto (timed at start within decode_stall_factor, a new
+            key, default 3): a version-5 kvengine entry without the key gets 128, the default it ran with.
 """
 
 from __future__ import annotations
@@ -51,19 +53,22 @@ def _v1_to_v2(config: dict) -> dict:
 
 # Our engine's step budget before version 3 (kvengine's max_step_tokens default then and now).
 _V2_STEP_TOKENS = 512
-# max_prefill_beside_decodes' default in version 3.
+# max_prefill_beside_decodes' default in version 3, and in versions 4-5.
 _V3_PREFILL_BESIDE_DECODES = 32
+_V5_PREFILL_BESIDE_DECODES = 128
 
 
 def kvengine_settings_as_run(settings: Mapping[str, Any], version: int) -> dict:
     """A kvengine entry's settings as written by config.yaml `version`, with what that version's engine did
     for settings added or changed since (2 -> 3: prefill beside decodes bounded by the step budget alone;
-    3 -> 4: that budget's default was 32)."""
+    3 -> 4: that budget's default was 32; 5 -> 6: it was 128, not auto)."""
     out = dict(settings)
     if version < 3 and "max_prefill_beside_decodes" not in out:
         out["max_prefill_beside_decodes"] = out.get("max_step_tokens", _V2_STEP_TOKENS)
     elif version < 4 and "max_prefill_beside_decodes" not in out:
         out["max_prefill_beside_decodes"] = _V3_PREFILL_BESIDE_DECODES
+    elif version < 6 and "max_prefill_beside_decodes" not in out:
+        out["max_prefill_beside_decodes"] = _V5_PREFILL_BESIDE_DECODES
     return out
 
 
@@ -76,7 +81,7 @@ def _kvengine_as_run(config: dict, version: int) -> dict:
 
 _UPGRADES: dict[int, Callable[[dict], dict]] = {
     1: _v1_to_v2, 2: lambda config: _kvengine_as_run(config, 2), 3: lambda config: _kvengine_as_run(config, 3),
-    4: lambda config: config}
+    4: lambda config: config, 5: lambda config: _kvengine_as_run(config, 5)}
 
 
 def defaults() -> dict:

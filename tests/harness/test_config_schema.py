@@ -76,20 +76,26 @@ def test_a_kvengine_entry_before_version_3_keeps_the_prefill_rule_it_ran_with():
     # Before max_prefill_beside_decodes existed, prefill beside decodes was bounded by the step budget alone.
     assert config_schema.kvengine_settings_as_run({"max_step_tokens": 96}, 2)["max_prefill_beside_decodes"] == 96
     assert config_schema.kvengine_settings_as_run({}, 1)["max_prefill_beside_decodes"] == 512
-    # Version 3's default was 32 (today's is 128); from version 4 a missing key is today's default.
+    # Version 3's default was 32, versions 4-5's 128 (today's is auto); from version 6 a missing key is today's.
     assert config_schema.kvengine_settings_as_run({}, 3)["max_prefill_beside_decodes"] == 32
     assert config_schema.kvengine_settings_as_run({"max_prefill_beside_decodes": 7}, 3)["max_prefill_beside_decodes"] == 7
-    assert "max_prefill_beside_decodes" not in config_schema.kvengine_settings_as_run({}, 4)
+    assert config_schema.kvengine_settings_as_run({}, 4)["max_prefill_beside_decodes"] == 128
+    assert config_schema.kvengine_settings_as_run({}, 5)["max_prefill_beside_decodes"] == 128
+    assert config_schema.kvengine_settings_as_run({"max_prefill_beside_decodes": "auto"}, 5)[
+        "max_prefill_beside_decodes"] == "auto"
+    assert "max_prefill_beside_decodes" not in config_schema.kvengine_settings_as_run({}, 6)
+    read5 = config_schema.current({**BASELINE_CONFIG, "schema_version": 5})
+    assert read5.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 128
     read3 = config_schema.current({**BASELINE_CONFIG, "schema_version": 3})
     assert read3.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 32
     read = config_schema.current({**BASELINE_CONFIG})
     assert read.config["engines"][0]["settings"]["max_prefill_beside_decodes"] == 512
 
 
-def test_a_version_4_config_reads_as_version_5_unchanged_and_a_staged_load_point_expands_per_stage():
+def test_a_version_4_config_keeps_its_load_points_and_a_staged_load_point_expands_per_stage():
     version4 = {**BASELINE_CONFIG, "schema_version": 4}
     read = config_schema.current(version4)
-    assert read.config["loads"] == BASELINE_CONFIG.get("loads") and read.config["schema_version"] == SCHEMA_VERSION == 5
+    assert read.config["loads"] == BASELINE_CONFIG.get("loads") and read.config["schema_version"] == SCHEMA_VERSION == 6
     config = parse_config({"engines": ["endpoint"], "loads": [{"stages": "3:20, 10:2", "warmup_stage": "15:5"},
                                                               {"concurrency": 2}]})
     assert [load.label for load in config.load_specs()] == ["3/s x 20 s", "10/s x 2 s", "conc=2"]
