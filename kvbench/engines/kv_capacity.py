@@ -4,7 +4,8 @@ Each engine names it its own way: ours `kvbench:kv_capacity_tokens` and `kvbench
 as allocated, per device); vLLM `vllm:cache_config_info`, an info gauge whose labels hold `kv_cache_size_tokens` in
 recent versions, else `num_gpu_blocks` and `block_size` (tokens = their product; it states no bytes); SGLang `sglang:max_total_num_tokens`. A value is
 per engine replica: where several ranks or replicas report one, the largest is kept. An engine that states
-none gives None (missing, never the configured setting, which may not be what the engine allocated).
+none gives None (missing, never the configured setting, which may not be what the engine allocated). Our
+engine's resolved prefill budget beside decodes is read here too (`stated_prefill_budget`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def kv_capacity(samples: Mapping[str, float] | None) -> KVCapacity | None:
     if tokens is not None:
         return KVCapacity(tokens, None, "sglang:max_total_num_tokens")
     return None
+
+
+def stated_prefill_budget(samples: Mapping[str, float] | None) -> int | None:
+    """Our engine's prefill tokens beside running decodes as it resolved them (`kvbench:prefill_beside_decodes_tokens`,
+    which `auto` times at start), or None where the engine states none."""
+    return _largest(samples, "kvbench:prefill_beside_decodes_tokens") if samples else None
 
 
 def _largest(samples: Mapping[str, float], name: str) -> int | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kvbench.engines.base import EngineAdapter, EngineError
 from kvbench.engines.http import request
-from kvbench.engines.kv_capacity import kv_capacity
+from kvbench.engines.kv_capacity import kv_capacity, stated_prefill_budget
 from kvbench.engines.prometheus import counter_deltas
 from kvbench.engines.registry import engine_factory
 from kvbench.harness import eventloop
@@ -216,6 +216,7 @@ class Experiment:
             reconciliation=reconcile(result.records, before, after).to_dict(),
             server_counters=counter_deltas(before, after, SERVER_COUNTER_PREFIXES) if before and after else None,
             kv_capacity=_stated_capacity(before or after),
+            prefill_beside_decodes=stated_prefill_budget(before or after),
         )
         breach = cache_reasons(entry.summary, reset)
         if breach:

@@ -123,6 +123,8 @@ class RunEntry:
     reconciliation: Mapping | None = None
     server_counters: Mapping[str, float] | None = None
     kv_capacity: Mapping | None = None  # the device KV the engine states: {tokens, bytes, source}; None: not stated
+    # our engine's prefill tokens beside running decodes as it resolved them (its /metrics); None: not stated
+    prefill_beside_decodes: int | None = None
 
     @classmethod
     def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),

@@ -12,6 +12,7 @@ import pytest
 from kvbench.cli.main import main
 from kvbench.engines.kvengine.config import EngineConfig
 from kvbench.engines.kvengine.runtime.step_probe import read_step_log
+from kvbench.measure.run_folder import read_entries
 from kvbench.sim.cost import CostModel, SeqWork
 from kvbench.sim.hardware import load_hardware, save_hardware
 from kvbench.sim.validate import WEIGHT_DTYPES, engine_geometry
@@ -24,6 +25,11 @@ def test_validate_sim_reproduces_the_cache_hit_rate_of_a_real_run(tmp_path, caps
     run = tmp_path / "run"
     assert main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=1280", "--num-sessions", "4",
                  "--concurrency", "1", "--max-lag-ms", "1000", "--out", str(run)]) == 0  # lag: not this test's subject
+    # The engine timed its prefill budget beside decodes (auto, the default) and stated it; the run kept it,
+    # and the simulator below schedules with it.
+    (entry,) = read_entries(run)
+    assert entry.engine_settings.get("max_prefill_beside_decodes", "auto") == "auto"
+    assert isinstance(entry.prefill_beside_decodes, int) and entry.prefill_beside_decodes >= 1
     # The engine logged its steps; the profile is fitted to them.
     steps = run / "engines" / "kvengine" / "steps.jsonl"
     profile = tmp_path / "cpu-fitted.json"

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.cli.flag_types import number_above
-from kvbench.engines.kvengine.config import EngineConfig  # torch-free
+from kvbench.engines.kvengine.config import AUTO, EngineConfig  # torch-free
 from kvbench.engines.kvengine.flags import add_flags, from_args
 from kvbench.measure.run_folder import CONFIG_YAML, REQUESTS_JSONL, SIM_VALIDATION_JSON, SUMMARY_JSON
 from kvbench.settings import SettingsError
@@ -176,6 +176,8 @@ def handle_validate(args: argparse.Namespace) -> int:
             # run_dir only names a disk tier folder, which a simulation never opens
             as_run = config_schema.kvengine_settings_as_run(entry.engine_settings, written_version)
             settings = KVEngineSettings.parse(as_run, run_dir).engine
+            if settings.max_prefill_beside_decodes == AUTO and entry.prefill_beside_decodes:
+                settings = dataclasses.replace(settings, max_prefill_beside_decodes=entry.prefill_beside_decodes)
             config = sim_config_for_engine(settings, engine_geometry(settings.model, args.geometry), hardware)
         except ValueError as error:
             raise SettingsError(f"{entry.run_id}: {error}") from None

@@ -57,7 +57,9 @@ def test_an_engine_failure_exits_the_server_process_non_zero(tmp_path):
     script.write_text(BROKEN_SCHEDULER)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, str(script), "--model", "tiny-random", "--kv-capacity", "2048", "--port", str(port)],
+        # a number of prefill tokens: `auto` would time steps at start, and the scheduler fails at its first
+        [sys.executable, str(script), "--model", "tiny-random", "--kv-capacity", "2048", "--port", str(port),
+         "--max-prefill-beside-decodes", "64"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     try:
         url = f"http://127.0.0.1:{port}"
