@@ -10,9 +10,16 @@ llm-d's precise-prefix profile (guides/precise-prefix-cache-aware/gaie-kv-events
 scorers and takes the highest score (`max-score-picker`; ties: the lowest node index here):
 
     score(node) = 3.0 * prefix + 2.0 * kv_free + 2.0 * queue
-    prefix   = leading 64-token blocks of the prompt resident on the node / the prompt's blocks
+    prefix   = (m - min_m) / (max_m - min_m) over the nodes holding the prompt's first block, where m is a
+               node's resident leading 64-token blocks (1 for all of them when equal, so a lone holder gets 1);
+               0 on a node without the first block
     kv_free  = 1 - the node's KV usage (pages held by requests / all pages)
     queue    = (max_q - q) / (max_q - min_q) over the nodes' waiting requests (1 for all when they are equal)
+
+The guide's README calls the prefix score "the fraction of the request's prefix blocks that are resident"; the
+scorer's code (llm-d-inference-scheduler `precise_prefix_cache.go`: longest-prefix block counts per pod, then
+`indexedScoresToNormalizedScoredPods`) normalizes the counts min-max as above, and that is what runs: a node
+holding 2 of 8 blocks alone scores 1, and beside a node holding all 8 it scores 0 (the fraction: 0.25 either way).
 
 "Resident" is what the node's KV events told the indexer (its device cache), plus speculative entries: with
 `speculativeIndexing: true` the indexer records the prompt's blocks on the picked node at once and keeps them
@@ -21,6 +28,7 @@ for `SPECULATIVE_TTL_S`, until KV events catch up (the device cache lags routing
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +48,16 @@ ROUTER_CACHE_THRESHOLD, ROUTER_BALANCE_ABS, ROUTER_BALANCE_REL = 0.5, 32, 1.0001
 # llm-d's precise-prefix scheduling profile: scorer weights as the guide configures them.
 PRECISE_PREFIX_WEIGHT, KV_UTILIZATION_WEIGHT, QUEUE_WEIGHT = 3.0, 2.0, 2.0
 SPECULATIVE_TTL_S = 2.0  # how long a speculative index entry stands in for the KV events (an assumption)
+
+
+def prefix_scores(resident: Sequence[int]) -> list[float]:
+    """llm-d's prefix score per node from its resident leading blocks (module docstring): min-max over the nodes
+    holding at least the first block, 1 for all of them when their counts are equal, 0 for the others."""
+    held = [m for m in resident if m > 0]
+    if not held:
+        return [0.0] * len(resident)
+    low, high = min(held), max(held)
+    return [0.0 if m == 0 else 1.0 if high == low else (m - low) / (high - low) for m in resident]
 
 
 def block_hashes(prompt: np.ndarray, block_size: int) -> list[int]:
@@ -113,16 +131,17 @@ class Router:
     def precise_scores(self, request: Request, now: float) -> list[float]:
         """Each node's llm-d score (module docstring) for `request` at `now`."""
         hashes = block_hashes(request.prompt, self.page_size)
-        total = max(len(hashes), 1)
-        waiting = [node.waiting for node in self.nodes]
-        low, high = min(waiting), max(waiting)
-        scores = []
+        resident = []  # per node: leading blocks in its cache or standing speculatively (both chains start at 0)
         for i, node in enumerate(self.nodes):
             entries = self.speculative[i]
             speculative = 0
             while speculative < len(hashes) and entries.get(hashes[speculative], -1.0) > now:
                 speculative += 1
-            prefix = max(node.cached_pages(request), speculative) / total
+            resident.append(max(node.cached_pages(request), speculative))
+        waiting = [node.waiting for node in self.nodes]
+        low, high = min(waiting), max(waiting)
+        scores = []
+        for i, (node, prefix) in enumerate(zip(self.nodes, prefix_scores(resident))):
             queue = 1.0 if high == low else (high - waiting[i]) / (high - low)
             scores.append(PRECISE_PREFIX_WEIGHT * prefix + KV_UTILIZATION_WEIGHT * (1.0 - node.kv_usage)
                           + QUEUE_WEIGHT * queue)

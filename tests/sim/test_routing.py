@@ -11,7 +11,7 @@ from kvbench.sim.engine import SimConfig, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
 from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN, get_preset
-from kvbench.sim.routing import SPECULATIVE_TTL_S, Router
+from kvbench.sim.routing import SPECULATIVE_TTL_S, Router, prefix_scores
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 
 
@@ -33,17 +33,39 @@ def request(n_tokens: int = 32) -> Request:
 
 
 def test_precise_prefix_picks_the_best_weighted_score_by_hand():
-    # Prompt of 8 pages (page 4). Scores = 3 x prefix + 2 x (1 - usage) + 2 x queue, queue min-max normalized:
-    #   node 0: 6/8 cached, 90 % used, 4 waiting -> 3(0.75) + 2(0.1) + 2(0)   = 2.45
-    #   node 1: 2/8 cached, 20 % used, 0 waiting -> 3(0.25) + 2(0.8) + 2(1)   = 4.35   <- picked
-    #   node 2: none,        0 % used, 2 waiting -> 0       + 2(1.0) + 2(0.5) = 3.00
+    # Prompt of 8 pages (page 4). Scores = 3 x prefix + 2 x (1 - usage) + 2 x queue, queue min-max normalized, and
+    # prefix min-max normalized over the nodes holding the first page (nodes 0 and 1: 6 pages -> 1, 2 pages -> 0):
+    #   node 0: 6/8 cached, 90 % used, 4 waiting -> 3(1) + 2(0.1) + 2(0)   = 3.2
+    #   node 1: 2/8 cached, 20 % used, 0 waiting -> 3(0) + 2(0.8) + 2(1)   = 3.6   <- picked
+    #   node 2: none,        0 % used, 2 waiting -> 0    + 2(1.0) + 2(0.5) = 3.0
     nodes = [FakeNode(6, 0.9, 4), FakeNode(2, 0.2, 0), FakeNode(0, 0.0, 2)]
     router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4)
-    assert np.allclose(router.precise_scores(request(), now=0.0), [2.45, 4.35, 3.0])
+    assert np.allclose(router.precise_scores(request(), now=0.0), [3.2, 3.6, 3.0])
     assert router.pick(0, request(), now=0.0) == 1
-    # The whole prompt now stands speculatively on node 1 (prefix 1.0: 3 + 1.6 + 2 = 6.6) until the TTL ends.
-    assert np.isclose(router.precise_scores(request(), now=1.0)[1], 6.6)
-    assert np.isclose(router.precise_scores(request(), now=SPECULATIVE_TTL_S + 0.1)[1], 4.35)
+    # The whole prompt now stands speculatively on node 1 (8 pages: prefix 1, 3 + 1.6 + 2 = 6.6; node 0 drops to
+    # prefix 0: 0.2) until the TTL ends.
+    assert np.allclose(router.precise_scores(request(), now=1.0), [0.2, 6.6, 3.0])
+    assert np.allclose(router.precise_scores(request(), now=SPECULATIVE_TTL_S + 0.1), [3.2, 3.6, 3.0])
+
+
+def test_prefix_score_is_normalized_over_the_holders_not_a_fraction_of_the_prompt():
+    # llm-d's scorer min-max normalizes the holders' block counts; a fraction of the prompt's 8 pages would pick
+    # the other node in both fleets below.
+    #   alone: node 0 holds 2/8 (prefix 1, not 0.25), 90 % used -> 3 + 0.2 + 2 = 5.2   <- picked (fraction: 2.95)
+    #          node 1 none, idle                               -> 0 + 2.0 + 2 = 4.0
+    alone = Router([FakeNode(2, 0.9, 0), FakeNode(0, 0.0, 0)], ROUTE_PRECISE_PREFIX, page_size=4)
+    assert np.allclose(alone.precise_scores(request(), 0.0), [5.2, 4.0])
+    assert alone.pick(0, request(), 0.0) == 0
+    #   beside a full holder: node 0 8/8, 60 % used, 4 waiting                -> 3(1) + 0.8 + 0 = 3.8   <- picked
+    #                         node 1 4/8 (prefix 0, not 0.5), 20 % used, none -> 0 + 1.6 + 2 = 3.6 (fraction: 5.1)
+    #                         node 2 none, 50 % used, 2 waiting               -> 0 + 1.0 + 1 = 2.0
+    nodes = [FakeNode(8, 0.6, 4), FakeNode(4, 0.2, 0), FakeNode(0, 0.5, 2)]
+    beside = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4)
+    assert np.allclose(beside.precise_scores(request(), 0.0), [3.8, 3.6, 2.0])
+    assert beside.pick(0, request(), 0.0) == 0
+    # Equal holders all score 1; no holder at all: 0 everywhere (load alone decides).
+    assert prefix_scores([5, 0, 5]) == [1.0, 0.0, 1.0]
+    assert prefix_scores([0, 0]) == [0.0, 0.0]
 
 
 def test_a_fully_cached_node_wins_over_an_idle_one():
