@@ -125,6 +125,11 @@ def divergence_pass(
     return {label: sum((w.stats for w in scores), EMPTY) for label, scores in scored.items()}
 
 
+# An eval's batches are the same on every machine: a fixed prefill budget beside decodes (the engine's default,
+# auto, is timed at start), the 128 that the engine's default was before auto.
+EVAL_PREFILL_BESIDE_DECODES = 128
+
+
 def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
                        prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
     """Greedy (temperature 0) outputs of `prompts` from a fresh `Engine` in `setting`, exactly `max_tokens` each."""
@@ -132,7 +137,7 @@ def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
     engine = Engine(
         EngineConfig(model=model_name, kv_dtype=setting.kv_dtype, kv_scale=setting.kv_scale,
                      kv_capacity=max(longest * len(prompts), 1024), prefix_caching=False,
-                     max_model_len=max(longest, 64)),
+                     max_model_len=max(longest, 64), max_prefill_beside_decodes=EVAL_PREFILL_BESIDE_DECODES),
         loaded=loaded,
     )
     outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
