@@ -110,3 +110,29 @@ def test_a_bad_value_names_the_field():
         EngineConfig(max_prefill_beside_decodes="fast")
     with pytest.raises(ValueError, match="decode_stall_factor"):
         EngineConfig(decode_stall_factor=1.0)
+
+
+def test_greedy_output_is_the_same_whatever_the_budget():
+    """The budget only changes which step computes which prompt tokens: prompts joining beside decodes in chunks
+    of 5 generate the greedy tokens they generate unchunked."""
+
+    def generate(budget: int) -> dict[str, list[int]]:
+        engine = Engine(settings(max_prefill_beside_decodes=budget, max_num_seqs=4))
+        arrivals = {0: [("a", 40, 24)], 2: [("b", 90, 10)], 4: [("c", 61, 8)]}
+        tokens: dict[str, list[int]] = {rid: [] for step in arrivals.values() for rid, _, _ in step}
+        mixed, t = 0, 0
+        try:
+            while t <= max(arrivals) or engine.has_work():
+                for rid, n, out in arrivals.get(t, []):
+                    engine.add(GenerationRequest(rid, tuple(range(7 * len(rid), 7 * len(rid) + n)), out,
+                                                 ignore_eos=True))
+                for output in engine.step():
+                    if output.token_id is not None:
+                        tokens[output.request_id].append(output.token_id)
+                t += 1
+        finally:
+            engine.close()
+        return tokens
+
+    chunked, whole = generate(5), generate(255)
+    assert chunked == whole and all(len(v) for v in whole.values())
