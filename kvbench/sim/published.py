@@ -11,7 +11,9 @@ the load generator's cap on requests in flight, `max_concurrency`, when it had o
 
 `parse_case` is the one door for such a file (every field checked, a named failure otherwise); `case_config`
 builds the simulated fleet (vLLM memory arithmetic, the engine's limits as the preset's); `compare` simulates
-each router's ladder and lines up published and simulated values with their ratios (simulated / published).
+each router's ladder and lines up published and simulated values with their ratios (simulated / published);
+`across_seeds` reduces several seeds' rows to one row per value, simulated = the median across seeds, with the
+seeds' range beside it.
 A fit (`Fit`: efficiencies, step overhead and router latency, written by `kvbench calibrate --published`) may
 replace the profile's assumed values.
 """
@@ -24,6 +26,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from kvbench.measure.metrics import Summary, summarize_run
 from kvbench.measure.stages import StagePlan, parse_stage, parse_stages
@@ -247,6 +251,34 @@ def compare_route(case: Case, route: str, fit: Fit | None = None, seed: int = 0,
         for metric in WHOLE_METRICS:
             rows.append(Row(route, "whole", metric, case.whole_ladder.get(route, {}).get(metric), whole[metric]))
     return RouteRun(route, staged, tuple(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class SeedSpread:
+    """One published value against several seeds' simulations: `row.simulated` is the median across the seeds that
+    measured it (None: none did), `low`/`high` their range, `per_seed` each seed's value (None: not measured)."""
+
+    row: Row
+    low: float | None
+    high: float | None
+    per_seed: tuple[float | None, ...]
+
+
+def across_seeds(per_seed: Sequence[Sequence[Row]]) -> tuple[SeedSpread, ...]:
+    """The rows of several seeds' runs of the same case (one sequence per seed, in seed order) as one `SeedSpread`
+    per `Row.key`, in the first seed's order. The median is numpy's (the middle value, or the mean of the two
+    middle ones for an even count)."""
+    by_seed = [{r.key: r for r in rows} for rows in per_seed]
+    keys = dict.fromkeys(r.key for rows in per_seed for r in rows)
+    spreads = []
+    for key in keys:
+        first = next(seed[key] for seed in by_seed if key in seed)
+        values = tuple(seed[key].simulated if key in seed else None for seed in by_seed)
+        measured = [v for v in values if v is not None]
+        median = float(np.median(measured)) if measured else None
+        spreads.append(SeedSpread(dataclasses.replace(first, simulated=median),
+                                  min(measured, default=None), max(measured, default=None), values))
+    return tuple(spreads)
 
 
 def first_rate_above(rows: Sequence[Row], route: str, metric: str, limit: float, simulated: bool) -> float | None:

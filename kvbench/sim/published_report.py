@@ -7,17 +7,19 @@ Targets (issue 27), on the rows of both routers:
     ITL mean         within +-25 % of the published whole-ladder mean
 A fit's own values (`Fit.fitted_rows`) are residuals, not checks: they are marked in the tables and left out of
 the per-stage targets (the whole-ladder ITL has no per-stage split, so it covers fitted stages too).
+Over several seeds (`published.across_seeds`) the rows carry the median across seeds, so the targets are judged on
+the medians; the tables print each median with the seeds' min-max range beside it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN
-from kvbench.sim.published import STAGE_METRICS, Row, first_rate_above
+from kvbench.sim.published import STAGE_METRICS, Row, SeedSpread, first_rate_above
 
 TTFT_ONSET_S = 10.0
 
@@ -45,8 +47,21 @@ def fmt_ratio(row: Row | None, fitted: Collection[str] = ()) -> str:
     return f"{row.ratio:.2f}" + (" (fit)" if row.key in fitted else "")
 
 
-def markdown_table(rows: Sequence[Row], route: str, fitted: Collection[str] = ()) -> list[str]:
-    """One router's stages: published, simulated and ratio for each compared metric (fitted ones marked)."""
+def fmt_simulated(row: Row | None, spreads: Mapping[str, SeedSpread] | None = None) -> str:
+    """The simulated value, and where `spreads` has the row (several seeds), the seeds' range: `0.504 (0.3-1.0)`."""
+    if row is None:
+        return "-"
+    spread = spreads.get(row.key) if spreads else None
+    if spread is None or spread.low is None:
+        return fmt_value(row.simulated, row.metric)
+    return (f"{fmt_value(row.simulated, row.metric)} ({fmt_value(spread.low, row.metric)}-"
+            f"{fmt_value(spread.high, row.metric)})")
+
+
+def markdown_table(rows: Sequence[Row], route: str, fitted: Collection[str] = (),
+                   spreads: Mapping[str, SeedSpread] | None = None) -> list[str]:
+    """One router's stages: published, simulated and ratio for each compared metric (fitted ones marked; with
+    `spreads`, by `Row.key`, the simulated value is the seeds' median and their range is printed beside it)."""
     by = {(r.stage, r.metric): r for r in rows if r.route == route}
     stages = list(dict.fromkeys(r.stage for r in rows if r.route == route and r.stage != "whole"))
     head = ["rate"] + [f"{m} {part}" for m in STAGE_METRICS for part in ("pub", "sim", "ratio")]
@@ -55,14 +70,13 @@ def markdown_table(rows: Sequence[Row], route: str, fitted: Collection[str] = ()
         cells = [stage]
         for metric in STAGE_METRICS:
             row = by.get((stage, metric))
-            cells += [fmt_value(row and row.published, metric), fmt_value(row and row.simulated, metric),
-                      fmt_ratio(row, fitted)]
+            cells += [fmt_value(row and row.published, metric), fmt_simulated(row, spreads), fmt_ratio(row, fitted)]
         lines.append("| " + " | ".join(cells) + " |")
     whole = [r for r in rows if r.route == route and r.stage == "whole"]
     if whole:
         lines.append("")
         lines.append("whole ladder: " + "; ".join(f"{r.metric} {fmt_value(r.published, r.metric)} published, "
-                                                  f"{fmt_value(r.simulated, r.metric)} simulated ({fmt_ratio(r)})"
+                                                  f"{fmt_simulated(r, spreads)} simulated ({fmt_ratio(r)})"
                                                   for r in whole))
     return lines
 
@@ -99,13 +113,15 @@ def check_targets(rows: Sequence[Row], stages: Sequence[str], fitted: Collection
 
 
 def write_comparison(out_dir: Path, case_name: str, rows: Sequence[Row], targets: Sequence[Target],
-                     header: Sequence[str], fitted: Collection[str] = ()) -> list[Path]:
+                     header: Sequence[str], fitted: Collection[str] = (), spreads: Sequence[SeedSpread] = (),
+                     seeds: Sequence[int] = ()) -> list[Path]:
     """`comparison.md` (a table per router, the targets) and `comparison.json` under `out_dir` (`fitted`: the
-    `Row.key`s a fit was made on, marked)."""
+    `Row.key`s a fit was made on, marked; `spreads`: over several `seeds`, the rows' ranges and per-seed values)."""
+    by_key = {s.row.key: s for s in spreads}
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {case_name}: published vs simulated", "", *header, ""]
     for route in dict.fromkeys(r.route for r in rows):
-        lines += [f"## {route}", "", *markdown_table(rows, route, fitted), ""]
+        lines += [f"## {route}", "", *markdown_table(rows, route, fitted, by_key), ""]
     lines += ["## targets", ""]
     if fitted:
         lines += ["On the values not fitted (the ratios marked (fit) are the fit's residuals).", ""]
@@ -113,10 +129,12 @@ def write_comparison(out_dir: Path, case_name: str, rows: Sequence[Row], targets
                                    f"({t.detail})" for t in targets]
     md, js = out_dir / "comparison.md", out_dir / "comparison.json"
     md.write_text("\n".join(lines) + "\n")
-    js.write_text(json.dumps({"case": case_name, "header": list(header),
+    spread_fields = lambda r: {} if r.key not in by_key else {  # noqa: E731
+        "low": by_key[r.key].low, "high": by_key[r.key].high, "per_seed": list(by_key[r.key].per_seed)}
+    js.write_text(json.dumps({"case": case_name, "header": list(header), **({"seeds": list(seeds)} if seeds else {}),
                               "rows": [{"route": r.route, "stage": r.stage, "metric": r.metric,
                                         "published": r.published, "simulated": r.simulated, "ratio": r.ratio,
-                                        "fitted": r.key in fitted}
+                                        "fitted": r.key in fitted} | spread_fields(r)
                                        for r in rows],
                               "targets": [{"name": t.name, "met": t.met, "detail": t.detail} for t in targets]},
                              indent=1))
