@@ -40,7 +40,7 @@ class SchedulerConfig:
 # sequence decoding after a PROBE_DECODE_CONTEXT-token prompt, alone and with a chunk of another prompt
 # prefilled beside it, first PROBE_PREFILL_TOKENS, then twice as many while the step stays within the factor.
 PROBE_DECODE_CONTEXT = 64
-PROBE_PREFILL_TOKENS = 128
+PROBE_PREFILL_TOKENS = 64
 PROBE_CHUNKS = 3  # chunks the engine times per size: the probe's KV is the decode and these chunks
 
 

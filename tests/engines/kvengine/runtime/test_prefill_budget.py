@@ -54,9 +54,9 @@ def test_auto_is_the_default_and_finds_the_budget_the_step_cost_allows(instrumen
     engine = Engine(settings())
     try:
         budget = engine.prefill_budget
-        # 128 was already too many; 53 (where the line crosses) was within, and the next crossing is 53 again
-        assert budget is not None and [n for n, _ in budget.step_s] == [0, 53, 128]
-        assert [s for _, s in budget.step_s] == pytest.approx([DECODE_S + n * PER_TOKEN_S for n in (0, 53, 128)])
+        # 64 was already too many; 53 (where the line crosses) was within, and the next crossing is 53 again
+        assert budget is not None and [n for n, _ in budget.step_s] == [0, 53, 64]
+        assert [s for _, s in budget.step_s] == pytest.approx([DECODE_S + n * PER_TOKEN_S for n in (0, 53, 64)])
         # 40 ms + n x 1.5 ms <= 3 x 40 ms: n = 53
         assert budget.tokens == 53
         assert engine.config.max_prefill_beside_decodes == engine.scheduler.config.max_prefill_beside_decodes == 53
@@ -67,7 +67,7 @@ def test_auto_is_the_default_and_finds_the_budget_the_step_cost_allows(instrumen
         assert metric(engine, "kvbench:generation_tokens_total") is None
         assert engine.scheduler.config.prefix_caching
         # (both probe rounds ran: a pure decode and a decode beside a full probe chunk)
-        assert (1,) in instrument.runs and (1, 128) in instrument.runs
+        assert (1,) in instrument.runs and (1, 64) in instrument.runs
     finally:
         engine.close()
 
@@ -79,7 +79,7 @@ def test_the_factor_and_the_step_budget_bound_it(instrument):
     instrument.per_token = 0.0  # prefill beside a decode costs nothing measurable (a GPU's small model)
     engine = Engine(settings())
     assert engine.config.max_prefill_beside_decodes == 255  # the step budget alone (less the decode's token)
-    assert [n for n, _ in engine.prefill_budget.step_s] == [0, 128, 255]  # walked up to it
+    assert [n for n, _ in engine.prefill_budget.step_s] == [0, 64, 128, 255]  # walked up to it
     engine.close()
 
 
