@@ -42,6 +42,7 @@ class SchedulerConfig:
 PROBE_DECODE_CONTEXT = 64
 PROBE_PREFILL_TOKENS = 64
 PROBE_CHUNKS = 3  # chunks the engine times per size: the probe's KV is the decode and these chunks
+PROBE_REFINEMENTS = 2  # sizes timed inside the bracketing pair, each where the line through the pair crosses
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +50,6 @@ class ProbeShape:
     context: int  # the decoding sequence's prompt
     first: int  # the first chunk size timed
     ceiling: int  # the largest chunk the probe may time: the step budget, and what the device KV holds
-
-
-PROBE_REFINEMENTS = 2  # sizes timed inside the bracketing pair, each where the line through the pair crosses
 
 
 def probe_shape(max_step_tokens: int, capacity_tokens: int) -> ProbeShape:
@@ -78,9 +76,9 @@ def stall_bounded_prefill(step_s: Callable[[int], float], shape: ProbeShape, fac
             return shape.ceiling
         low, low_s, n = n, seconds, min(2 * n, shape.ceiling)
     high, high_s = n, seconds  # low_s <= allowed < high_s
-    for _ in range(PROBE_REFINEMENTS + 1):
+    for refined in range(PROBE_REFINEMENTS + 1):
         cross = low + int((allowed - low_s) * (high - low) / (high_s - low_s))
-        if cross <= low or cross >= high or _ == PROBE_REFINEMENTS:
+        if cross <= low or cross >= high or refined == PROBE_REFINEMENTS:
             break
         if (seconds := step_s(cross)) <= allowed:
             low, low_s = cross, seconds

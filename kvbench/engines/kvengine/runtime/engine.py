@@ -123,13 +123,9 @@ class Engine:
         )
         self.offload = executor_for(config, self.kv_cache, self.scheduler, self.tenants, journal, self.events,
                                     self.key_salt)
-        self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
-        self.metrics.capacity(self.pool.capacity * config.page_size, self.bytes_per_token)
         self.limits = RequestLimits(self.max_model_len, config.page_size, self.pool.capacity, model_config.vocab_size)
         self._shared_prefixes = self._declared_prefixes()
-        # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
-        # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
-        self.event_listeners: list[Callable[[list[CacheEvent]], None]] = [self.metrics.events]
+        self._fresh_metrics()
         # Who receives the timing of each step that ran the model (simulator calibration records them).
         self.step_listeners: list[Callable[[StepTiming], None]] = []
         self._live: dict[str, LiveRequest] = {}
@@ -146,9 +142,15 @@ class Engine:
         tokens = self.prefill_budget.tokens
         self.scheduler.config = replace(self.scheduler.config, max_prefill_beside_decodes=tokens)
         self.config = replace(self.config, max_prefill_beside_decodes=tokens)
+        self._fresh_metrics()
+
+    def _fresh_metrics(self) -> None:
+        """The Prometheus exporter, counting from zero, and the event listeners it heads."""
         self.metrics = EngineMetrics(self.model_name, self.tenants.quota_pages(self.pool.capacity))
         self.metrics.capacity(self.pool.capacity * self.config.page_size, self.bytes_per_token)
-        self.event_listeners = [self.metrics.events]
+        # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
+        # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
+        self.event_listeners: list[Callable[[list[CacheEvent]], None]] = [self.metrics.events]
 
     def _declared_prefixes(self) -> tuple[np.ndarray, ...]:
         """The tenants file's shared prefixes as token ids (shared-prefix isolation only): a text as a
