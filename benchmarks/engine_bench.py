@@ -145,6 +145,9 @@ def main() -> None:
                         help="comma-separated kv_dtype/scale pairs to run (default: all)")
     parser.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes")
     parser.add_argument("--bandwidth", action="store_true", help="copy bandwidth and the decode floor")
+    parser.add_argument("--row-kernel-rows", type=int, default=None,
+                        help="steps of at most this many rows use our row kernel (default: the model's "
+                             "ROW_KERNEL_ROWS where it is built; 0: torch's linears only)")
     parser.add_argument("--mixed", default=None,
                         help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table")
     args = parser.parse_args()
@@ -155,6 +158,8 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
+    if args.row_kernel_rows is not None:
+        loaded.model.row_kernel_rows = args.row_kernel_rows
     if args.bandwidth:
         Console(width=160).print(bandwidth_table(loaded, args.threads))
         return

@@ -46,6 +46,7 @@ _DECODE_ARGS = [ctypes.c_int, _P, _I, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P]
 _ENCODE_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P, _P, _I]
 _F = ctypes.c_float
 _ATTENTION_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _I, _F, _F, _P, _P, _I, _I, _P, _I, _P, _F, _P, ctypes.c_int]
+_LINEAR_ARGS = [_P, _I, _I, _P, _I, _P, _P, ctypes.c_int]
 
 
 def _cpu_id() -> str:
@@ -86,6 +87,7 @@ def load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     lib.kv_decode.argtypes, lib.kv_decode.restype = _DECODE_ARGS, _I
     lib.kv_encode.argtypes, lib.kv_encode.restype = _ENCODE_ARGS, _I
     lib.kv_decode_attention.argtypes, lib.kv_decode_attention.restype = _ATTENTION_ARGS, _I
+    lib.linear_rows.argtypes, lib.linear_rows.restype = _LINEAR_ARGS, _I
     return lib
 
 
@@ -231,3 +233,30 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v
         raise IndexError(f"decode_attention: sequence {bad - 1}'s length {int(lens[bad - 1])} or one of its pages "
                          f"is outside the {num_rows // page_size} pages of {page_size}")
     return True
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int,
+                lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """`x [m, k] @ weight[n, k].T (+ bias [n])` in the kernel (`linear_rows`: the weights streamed once, for the few
+    rows of a decode step), fp32, contiguous, k a multiple of 8. None when the kernel does not apply (not built,
+    no AVX2+FMA in this build, another dtype or layout): use torch's. `lib` as in `decode`."""
+    lib = lib or library()
+    if (lib is None or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2
+            or (bias is not None and bias.dtype != torch.float32) or not _usable(x, weight, bias)):
+        return None
+    m, k = x.shape
+    n = weight.shape[0]
+    if tuple(weight.shape) != (n, k) or (bias is not None and tuple(bias.shape) != (n,)):
+        raise ValueError(f"linear_rows: x {tuple(x.shape)}, weight {tuple(weight.shape)}, bias "
+                         f"{None if bias is None else tuple(bias.shape)} do not match")
+    out = torch.empty(m, n, dtype=torch.float32)
+    if lib.linear_rows(x.data_ptr(), m, k, weight.data_ptr(), n, _ptr(bias), out.data_ptr(), threads):
+        return None
+    return out
+
+
+@cache
+def has_linear_rows() -> bool:
+    """Whether `linear_rows` runs here: the kernel is built, with its AVX2+FMA path."""
+    lib = library()
+    return lib is not None and linear_rows(torch.zeros(1, 8), torch.zeros(4, 8), None, 1, lib) is not None

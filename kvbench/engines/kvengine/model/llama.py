@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kvbench.engines.kvengine.model import cpu_codec
 from kvbench.engines.kvengine.model.attention import AttentionBackend, VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.config import ModelConfig
@@ -97,8 +98,14 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias, through `packed` (the same weight prepacked by oneDNN, see `prepack`) where given."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
+           threads: int = 0) -> torch.Tensor:
+    """x @ weight.T + bias: in our row kernel with `threads` threads where given (`row_kernel_rows`), else through
+    `packed` (the same weight prepacked by oneDNN, see `prepack`) where given, else F.linear."""
+    if threads:
+        out = cpu_codec.linear_rows(x, weight, bias, threads)
+        if out is not None:
+            return out
     if packed is None:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -166,6 +173,8 @@ class LlamaForCausalLM(nn.Module):
         # used for steps of more than one row (`prepack`); None: plain F.linear everywhere
         self.prepacked: tuple[tuple[torch.Tensor, ...], ...] | None = None
         self.prepacked_min_rows = 2  # steps of fewer rows use plain F.linear (set by `prepack`)
+        self.row_kernel_rows = row_kernel_rows(self.lm_head.weight)  # steps of at most this many rows use our row
+        # kernel (set again by `fuse`, after a move to another device or dtype)
 
     def prepack(self, rows_hint: int = 8) -> int:
         """Keep oneDNN-prepacked copies of every linear weight (fp32 on CPU only, `can_prepack`), used by steps of
@@ -208,6 +217,7 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         self.prepacked = None
+        self.row_kernel_rows = row_kernel_rows(self.lm_head.weight)
 
     def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
         """`.to()`, `.cuda()`, `.half()`: each parameter is converted on its own, so the fused tensors are
@@ -235,22 +245,42 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = emb.cos().to(h.dtype), emb.sin().to(h.dtype)
         n = h.shape[0]
         packed = self.prepacked if n >= self.prepacked_min_rows else None  # see `prepack`
+        threads = torch.get_num_threads() if n <= self.row_kernel_rows else 0  # see `row_kernel_rows`
         for i, layer in enumerate(self.model.layers):
             attn, mlp = layer.self_attn, layer.mlp
             qkv_p, o_p, gate_up_p, down_p = packed[i] if packed else (None,) * 4
             x = layer.input_layernorm(h)
-            q, k, v = linear(x, attn.qkv_weight, attn.qkv_bias, qkv_p).split(attn.qkv_sizes, dim=-1)
+            q, k, v = linear(x, attn.qkv_weight, attn.qkv_bias, qkv_p, threads).split(attn.qkv_sizes, dim=-1)
             q = apply_rope(q.view(n, c.num_heads, c.head_dim), cos, sin)
             k = apply_rope(k.view(n, c.num_kv_heads, c.head_dim), cos, sin)
             v = v.view(n, c.num_kv_heads, c.head_dim)
             kv_cache.write(i, batch.slot_mapping, k, v)  # first write, then read back through the pages
             o = self.attention(q, kv_cache, i, prepared)
-            h = h + tp.all_reduce(linear(o.reshape(n, -1), attn.o_proj.weight, None, o_p))
-            gate, up = linear(layer.post_attention_layernorm(h), mlp.gate_up_weight, None, gate_up_p).chunk(2, dim=-1)
-            h = h + tp.all_reduce(linear(F.silu(gate) * up, mlp.down_proj.weight, None, down_p))
+            h = h + tp.all_reduce(linear(o.reshape(n, -1), attn.o_proj.weight, None, o_p, threads))
+            x = layer.post_attention_layernorm(h)
+            gate, up = linear(x, mlp.gate_up_weight, None, gate_up_p, threads).chunk(2, dim=-1)
+            h = h + tp.all_reduce(linear(F.silu(gate) * up, mlp.down_proj.weight, None, down_p, threads))
         h = self.model.norm(h[batch.logit_rows])
         head_p = packed[-1][0] if packed and h.shape[0] >= self.prepacked_min_rows else None
-        return tp.gather_vocab(linear(h, self.lm_head.weight, None, head_p), self.full_config).float()
+        logits = linear(h, self.lm_head.weight, None, head_p, threads if h.shape[0] <= ROW_KERNEL_HEAD_ROWS else 0)
+        return tp.gather_vocab(logits, self.full_config).float()
+
+
+# The most rows a step sends through our row kernel (`cpu_codec.linear_rows`), and the LM head's own limit.
+# Measured on 2 AVX2 cores, each weight streamed from memory, GB/s of weights read (kernel / oneDNN prepacked /
+# F.linear): gate_up [3072, 576] 1 row 17.2 / 15.4 / 9.3, 4 rows 13.2 / 11.0 / 4.9, 8 rows 10.3 / 9.5 / 5.9;
+# down [576, 1536] 1 row 17.9 / 12.1 / 12.6, 8 rows 11.1 / 9.2 / 6.4; the LM head [49152, 576] 1 row 18.3 / 16.4
+# / 8.7, 2 rows 16.8 / 15.6, 4 rows 13.5 / 13.8, 8 rows 9.9 / 11.3 (`benchmarks/linear_rows.py`).
+ROW_KERNEL_ROWS = 8
+ROW_KERNEL_HEAD_ROWS = 2
+
+
+def row_kernel_rows(weight: torch.Tensor) -> int:
+    """How many rows a step may have to go through our row kernel: ROW_KERNEL_ROWS for fp32 weights on a CPU
+    where the kernel is built with its AVX2+FMA path (`cpu_codec.library`), else 0 (torch's linears only)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_codec.has_linear_rows():
+        return 0
+    return ROW_KERNEL_ROWS
 
 
 def prepacked_min_rows() -> int:

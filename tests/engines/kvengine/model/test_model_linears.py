@@ -71,6 +71,7 @@ def test_one_row_steps_use_the_prepacked_weights_only_where_torchs_kernels_are_a
                                                                                     one_row_packed):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     model = tiny_model(seed=3)
+    model.row_kernel_rows = 0  # the few rows' own kernel aside (test_model_linear_rows.py): torch's linears only
     plain = batch_logits(model, [1])
     model.prepack()
     calls = []
