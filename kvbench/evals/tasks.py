@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,13 +64,38 @@ def check_tasks(names: Sequence[str]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def lm_eval_task_names() -> frozenset[str]:
-    """Every task and group name lm-eval's own registry knows (its defaults; the shipped tasks are apart)."""
+    """Every task and group name lm-eval's own registry knows (its defaults; the shipped tasks are apart).
+    Building it reads lm-eval's ~15,000 task YAMLs (~17 s on 2 cores), so the names are kept per lm-eval
+    install (its version and folder) in `registry_cache_file()` and read from there afterwards."""
     try:
-        from lm_eval.tasks import TaskManager
-    except ImportError:
+        distribution = importlib.metadata.distribution("lm_eval")
+    except importlib.metadata.PackageNotFoundError:
         raise SettingsError("tasks: lm-eval is not installed; install kvbench's eval extra (pip install "
                             "'kvbench[eval]') or use the shipped tasks " + ", ".join(TASKS)) from None
-    return frozenset(TaskManager(include_defaults=True).all_tasks)
+    path = registry_cache_file(distribution)
+    try:
+        return frozenset(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        pass  # not kept yet, or unreadable: build it
+    from lm_eval.tasks import TaskManager
+
+    names = frozenset(TaskManager(include_defaults=True).all_tasks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)  # several processes may build it at once
+    with os.fdopen(fd, "w") as f:
+        json.dump(sorted(names), f)
+    os.replace(tmp, path)
+    return names
+
+
+def registry_cache_file(distribution: importlib.metadata.Distribution) -> Path:
+    """Where `lm_eval_task_names` keeps the registry of this lm-eval install: in the cache folder
+    (`weights.cache_root()`), keyed by its version and where it is installed."""
+    from kvbench.engines.kvengine.model.weights import cache_root  # torch comes with it: only when needed
+
+    where = str(distribution.locate_file(""))
+    key = hashlib.sha256(f"{distribution.version} {where}".encode()).hexdigest()[:16]
+    return cache_root() / "_lm_eval" / f"tasks-{key}.json"
 
 
 def render_tasks(names: Sequence[str], folder: Path, data_dir: Path = DATA_DIR) -> Path:
@@ -82,7 +112,6 @@ def render_tasks(names: Sequence[str], folder: Path, data_dir: Path = DATA_DIR) 
 
 def corpus_text(data_dir: Path = DATA_DIR) -> str:
     """The perplexity corpus as one text (documents joined by blank lines): what the divergence pass reads."""
-    import json
 
     with open(data_dir / "britannica_ppl.jsonl", encoding="utf-8") as handle:
         return "\n\n".join(json.loads(line)["text"] for line in handle if line.strip())

@@ -3,6 +3,7 @@ neither cached nor reachable (this machine has no hub) is one error naming the t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,28 @@ def test_a_known_task_whose_data_is_absent_names_the_task_and_the_fix(tmp_path, 
     assert message.startswith("lm-eval task arc_easy: its data is not in this machine's Hugging Face datasets cache")
     assert "huggingface.co is reachable" in message and "HF_DATASETS_CACHE" in message and "kvb_plays_mc" in message
     assert "\n" not in message
+
+
+def test_the_registry_is_built_once_per_lm_eval_install_and_read_back_after(tmp_path, monkeypatch):
+    """Building it reads ~15,000 YAMLs (seconds): the names are kept in the cache folder, keyed by the install.
+    lm-eval's TaskManager is replaced by one that counts its builds (the test above reads the real registry)."""
+    import importlib.metadata
+    import types
+
+    import lm_eval.tasks
+
+    from kvbench.evals import tasks
+
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))
+    builds = []
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: builds.append(kw) or types.SimpleNamespace(
+        all_tasks=["arc_easy", "hellaswag", f"build{len(builds)}"]))
+    fresh = tasks.lm_eval_task_names.__wrapped__  # past the in-process cache
+    first = fresh()
+    path = tasks.registry_cache_file(importlib.metadata.distribution("lm_eval"))
+    assert path.parent.parent == tmp_path and first == {"arc_easy", "hellaswag", "build1"}
+    assert builds == [{"include_defaults": True}]
+    assert fresh() == first and len(builds) == 1  # read back, not built again
+    path.write_text("{not json")  # a damaged file is built again, and replaced
+    assert fresh() == {"arc_easy", "hellaswag", "build2"} and len(builds) == 2
+    assert set(json.loads(path.read_text())) == {"arc_easy", "hellaswag", "build2"}
