@@ -8,6 +8,7 @@ a folder of the run with the data paths made absolute; that folder is what lm-ev
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -80,11 +81,16 @@ def lm_eval_task_names() -> frozenset[str]:
     from lm_eval.tasks import TaskManager
 
     names = frozenset(TaskManager(include_defaults=True).all_tasks)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)  # several processes may build it at once
-    with os.fdopen(fd, "w") as f:
-        json.dump(sorted(names), f)
-    os.replace(tmp, path)
+    with contextlib.suppress(OSError):  # a cache folder that cannot be written: built again next time
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)  # several processes may build it at once
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(sorted(names), f)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     return names
 
 
@@ -112,6 +118,5 @@ def render_tasks(names: Sequence[str], folder: Path, data_dir: Path = DATA_DIR) 
 
 def corpus_text(data_dir: Path = DATA_DIR) -> str:
     """The perplexity corpus as one text (documents joined by blank lines): what the divergence pass reads."""
-
     with open(data_dir / "britannica_ppl.jsonl", encoding="utf-8") as handle:
         return "\n\n".join(json.loads(line)["text"] for line in handle if line.strip())

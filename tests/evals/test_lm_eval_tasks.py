@@ -68,3 +68,7 @@ def test_the_registry_is_built_once_per_lm_eval_install_and_read_back_after(tmp_
     path.write_text("{not json")  # a damaged file is built again, and replaced
     assert fresh() == {"arc_easy", "hellaswag", "build2"} and len(builds) == 2
     assert set(json.loads(path.read_text())) == {"arc_easy", "hellaswag", "build2"}
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("KVBENCH_CACHE_DIR", str(blocked))  # a cache folder that cannot be made: built, not kept
+    assert fresh() == {"arc_easy", "hellaswag", "build3"} and len(builds) == 3

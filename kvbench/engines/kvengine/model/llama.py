@@ -173,8 +173,8 @@ class LlamaForCausalLM(nn.Module):
         # used for steps of more than one row (`prepack`); None: plain F.linear everywhere
         self.prepacked: tuple[tuple[torch.Tensor, ...], ...] | None = None
         self.prepacked_min_rows = 2  # steps of fewer rows use plain F.linear (set by `prepack`)
-        self.row_kernel_rows = row_kernel_rows(self.lm_head.weight)  # steps of at most this many rows use our row
-        # kernel (set again by `fuse`, after a move to another device or dtype)
+        # steps of at most this many rows use our row kernel (set again by `fuse`, after a move or a dtype change)
+        self.row_kernel_rows = row_kernel_rows(self.lm_head.weight)
 
     def prepack(self, rows_hint: int = 8) -> int:
         """Keep oneDNN-prepacked copies of every linear weight (fp32 on CPU only, `can_prepack`), used by steps of
@@ -277,7 +277,7 @@ ROW_KERNEL_HEAD_ROWS = 2
 
 def row_kernel_rows(weight: torch.Tensor) -> int:
     """How many rows a step may have to go through our row kernel: ROW_KERNEL_ROWS for fp32 weights on a CPU
-    where the kernel is built with its AVX2+FMA path (`cpu_codec.library`), else 0 (torch's linears only)."""
+    where the kernel is built with its AVX2+FMA path (`cpu_codec.has_linear_rows`), else 0 (torch's linears only)."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_codec.has_linear_rows():
         return 0
     return ROW_KERNEL_ROWS
