@@ -306,17 +306,21 @@ int64_t kv_encode(int format, const float *x, const int64_t *slots, int64_t n, i
 
 /* Decode attention over pages: one query per sequence, read straight from the page table (no gather), fp32 or
    fp8 pages (tensor scale), one (sequence, kv head) per work item, the items shared among `threads` OpenMP
-   threads. For each item the kv head's `group` query heads are scored against every key in one pass over K,
-   softmaxed, and summed over V in one pass: each live byte is read once. An fp8 key or value is decoded into
-   a row buffer with the codec above at scale 1; the layer's tensor scales are folded into the query
-   (k_scale * sm_scale) and into the output (v_scale). Not bit-equal to SDPA over gathered values (another
-   summation order): tested against the reference attention within fp32 rounding.
+   threads. An item walks its keys a block of ATT_BLOCK at a time (an online softmax, as flash-decoding does):
+   the kv head's `group` query heads are scored against the block's keys, the block's scores exponentiated
+   against the running max (8 lanes at a time, `exp8`), the running sums and outputs rescaled when the max
+   grows, and the block's values summed in; each live byte is read once and nothing is allocated. An fp8 key or
+   value is decoded into a row buffer with the codec above at scale 1; the layer's tensor scales are folded into
+   the query (k_scale * sm_scale) and into the output (v_scale). Not bit-equal to SDPA over gathered values
+   (another summation order, a polynomial e^x within 2 ulp of expf): tested against float64 attention and the
+   reference attention within fp32 rounding.
 
    format: -1 fp32 pages, 0 e4m3, 1 e5m2. k_rows / v_rows: the layer's [num_pages * page_size, kv_heads, dim].
    q [*, q_heads, dim] fp32 and out (the same shape): sequence s reads and writes row q_rows[s]. page_table
    [num_seqs, width] (row s lists sequence s's pages in order), lens [num_seqs] keys per sequence.
    Returns 0, or 1 + the first sequence whose pages or length are out of range (checked before anything is read
    or written). */
+#define ATT_BLOCK 64  /* keys per block: a block's scores and row offsets stay in L1 */
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float dot_f32(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps(), acc2 = acc;  /* two chains of multiply-adds: half the latency */
@@ -340,6 +344,41 @@ static inline void axpy_f32(float a, const float *x, float *y, int64_t n) {
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
+/* e^x on 8 lanes (Cephes' expf: x = n ln2 + r, |r| <= ln2/2, a degree-5 polynomial in r, times 2^n); x below
+   -87.3 (e^x under FLT_MIN) gives e^-87.3, not 0: nothing a softmax over scores can tell apart. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+/* s[0..n) = e^(s - top), returning their sum */
+static inline float exp_sum(float *s, int64_t n, float top) {
+    const __m256 t = _mm256_set1_ps(top);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), t));
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float sum = _mm_cvtss_f32(h);
+    for (; i < n; i++) { s[i] = expf(s[i] - top); sum += s[i]; }
+    return sum;
+}
 #else
 static inline float dot_f32(const float *a, const float *b, int64_t n) {
     float r = 0.0f;
@@ -349,7 +388,20 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
 static inline void axpy_f32(float a, const float *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
+static inline float exp_sum(float *s, int64_t n, float top) {
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) { s[i] = expf(s[i] - top); sum += s[i]; }
+    return sum;
+}
 #endif
+
+#define PREFETCH 8  /* rows ahead */
+/* Asks for the cache lines of one stored row (dim values of 4 bytes, or 1 for fp8) */
+static inline void prefetch_row(const void *base, int format, int64_t index, int64_t dim) {
+    const char *at = format < 0 ? (const char *)((const float *)base + index) : (const char *)base + index;
+    const int64_t bytes = format < 0 ? 4 * dim : dim;
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(at + b);
+}
 
 /* Values of one stored row of `dim` values at scale 1: the fp32 row itself, or the fp8 bytes decoded into buf. */
 static inline const float *kv_row(int format, const void *base, int64_t index, int64_t dim, float *buf) {
@@ -377,28 +429,46 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
         const int64_t *pages = page_table + s * width;
         const float *qs = q + (q_rows[s] * q_heads + h * group) * dim;
         float *os = out + (q_rows[s] * q_heads + h * group) * dim;
-        float *scores = malloc(sizeof(float) * (size_t)(len * group + group * dim + dim));
-        float *qk = scores + len * group, *buf = qk + group * dim;
+        float qk[group * dim], scores[group * ATT_BLOCK], top[group], sum[group], buf[dim];
+        int64_t at[ATT_BLOCK];  /* the block's keys' offsets in k_rows / v_rows */
         for (int64_t g = 0; g < group * dim; g++) qk[g] = qs[g] * (sm_scale * k_scale);
-        for (int64_t t = 0, row = 0, left = 0, p = 0; t < len; t++, row++, left--) {  /* row: t's stored row */
-            if (left == 0) { row = pages[p++] * page_size; left = page_size; }  /* the next page: no division */
-            const float *k = kv_row(format, k_rows, (row * kv_heads + h) * dim, dim, buf);
-            for (int64_t g = 0; g < group; g++) scores[g * len + t] = dot_f32(qk + g * dim, k, dim);
+        for (int64_t g = 0; g < group; g++) { top[g] = -INFINITY; sum[g] = 0.0f; }
+        memset(os, 0, sizeof(float) * (size_t)(group * dim));
+        for (int64_t t0 = 0, row = 0, left = 0, p = 0; t0 < len; t0 += ATT_BLOCK) {
+            const int64_t n = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
+            for (int64_t j = 0; j < n; j++, row++, left--) {  /* row: key t0 + j's stored row */
+                if (left == 0) { row = pages[p++] * page_size; left = page_size; }  /* the next page: no division */
+                at[j] = (row * kv_heads + h) * dim;
+            }
+            for (int64_t j = 0; j < n; j++) {
+                /* the rows are scattered over pages, too far apart for the hardware's prefetch: ask for the
+                   key PREFETCH rows ahead, then the block's first values */
+                if (j + PREFETCH < n) prefetch_row(k_rows, format, at[j + PREFETCH], dim);
+                else prefetch_row(v_rows, format, at[j + PREFETCH - n], dim);
+                const float *k = kv_row(format, k_rows, at[j], dim, buf);
+                for (int64_t g = 0; g < group; g++) scores[g * ATT_BLOCK + j] = dot_f32(qk + g * dim, k, dim);
+            }
+            for (int64_t g = 0; g < group; g++) {
+                float *sg = scores + g * ATT_BLOCK, block_top = sg[0];
+                for (int64_t j = 1; j < n; j++) block_top = sg[j] > block_top ? sg[j] : block_top;
+                if (block_top > top[g]) {  /* a new max: what was summed so far shrinks by e^(old - new) */
+                    const float shrink = expf(top[g] - block_top);  /* 0 on the first block */
+                    sum[g] *= shrink;
+                    for (int64_t d = 0; d < dim; d++) os[g * dim + d] *= shrink;
+                    top[g] = block_top;
+                }
+                sum[g] += exp_sum(sg, n, top[g]);
+            }
+            for (int64_t j = 0; j < n; j++) {
+                if (j + PREFETCH < n) prefetch_row(v_rows, format, at[j + PREFETCH], dim);
+                const float *v = kv_row(format, v_rows, at[j], dim, buf);
+                for (int64_t g = 0; g < group; g++) axpy_f32(scores[g * ATT_BLOCK + j], v, os + g * dim, dim);
+            }
         }
         for (int64_t g = 0; g < group; g++) {
-            float *sg = scores + g * len, top = sg[0], sum = 0.0f;
-            for (int64_t t = 1; t < len; t++) top = sg[t] > top ? sg[t] : top;
-            for (int64_t t = 0; t < len; t++) { sg[t] = expf(sg[t] - top); sum += sg[t]; }
-            const float norm = v_scale / sum;
-            for (int64_t t = 0; t < len; t++) sg[t] *= norm;
+            const float norm = v_scale / sum[g];
+            for (int64_t d = 0; d < dim; d++) os[g * dim + d] *= norm;
         }
-        memset(os, 0, sizeof(float) * (size_t)(group * dim));
-        for (int64_t t = 0, row = 0, left = 0, p = 0; t < len; t++, row++, left--) {
-            if (left == 0) { row = pages[p++] * page_size; left = page_size; }  /* the next page: no division */
-            const float *v = kv_row(format, v_rows, (row * kv_heads + h) * dim, dim, buf);
-            for (int64_t g = 0; g < group; g++) axpy_f32(scores[g * len + t], v, os + g * dim, dim);
-        }
-        free(scores);
     }
     return 0;
 }
