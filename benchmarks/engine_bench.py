@@ -26,7 +26,9 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from kvbench.engines.kvengine import openmp
+
+openmp.apply()  # before torch loads OpenMP: as our engine's servers run
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402

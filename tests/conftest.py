@@ -1,8 +1,11 @@
-"""Shared test setup: OpenMP waits passively (two busy-waiting torch threads run slower than one here)."""
+"""Shared test setup: OpenMP waits passively and does not spin first (`kvengine.openmp` gives our engine's servers
+a short spin; the tests keep every process, in-process engines and the servers they start, from spinning
+against the other xdist worker's)."""
 
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "0")
 
 
 def pytest_collection_modifyitems(session, config, items):

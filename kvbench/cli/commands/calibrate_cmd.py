@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from kvbench.cli.flag_types import number_above
+from kvbench.engines.kvengine import openmp
 from kvbench.engines.kvengine.config import AUTO, EngineConfig  # torch-free
 from kvbench.engines.kvengine.flags import add_flags, from_args
 from kvbench.measure.run_folder import CONFIG_YAML, REQUESTS_JSONL, SIM_VALIDATION_JSON, SUMMARY_JSON
@@ -75,8 +75,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         from kvbench.cli.commands.calibrate_published_cmd import handle_published
 
         return handle_published(args)
-    # Two torch threads spin against each other on this class of CPU unless OpenMP waits passively.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    openmp.apply()  # before torch loads OpenMP
     import torch
 
     from kvbench.engines.kvengine.runtime.engine import Engine

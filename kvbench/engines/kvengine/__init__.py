@@ -10,8 +10,9 @@
                core's tier decisions on real bytes, the tenants file. Imports core, model and config.
     server/    the OpenAI-compatible HTTP server and `kvbench serve`. Imports runtime and config (and the
                model's SamplingParams, which a request carries).
+    openmp.py  how the engine's OpenMP threads wait (one setting for every process that runs it). Imports os.
     adapter.py kvbench's adapter: launches `kvbench serve` as a process and talks HTTP to it. Imports only
-               torch-free modules: config, flags and runtime.tenants_config.
+               torch-free modules: config, flags, openmp and runtime.tenants_config.
 
 server -> runtime -> model -> core, never back. The adapter is the engine registry's (a pyproject entry
 point); nothing inside kvengine imports it.

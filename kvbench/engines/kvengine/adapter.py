@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
+from kvbench.engines.kvengine import openmp
 from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, TIER_SECRET_ENV, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
@@ -64,7 +65,7 @@ class KVEngineAdapter:
         # The key of the cache reset and /metrics: a fresh one per launch, through the environment (argv
         # is logged and visible in ps). The run's API key may be a tenant's, which may not reset everyone.
         self._admin_key = secrets.token_urlsafe(24)
-        env = {"OMP_WAIT_POLICY": "PASSIVE", ADMIN_KEY_ENV: self._admin_key}
+        env = {**openmp.environment(), ADMIN_KEY_ENV: self._admin_key}
         if self.settings.engine.tier_secret:
             env[TIER_SECRET_ENV] = self.settings.engine.tier_secret
         self._process = ManagedProcess(self.command(), env, workdir / LOG_FILE)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -16,6 +17,7 @@ from kvbench.engines.kvengine.adapter import KVEngineAdapter, KVEngineSettings
 from kvbench.engines.kvengine.config import TIER_SECRET_ENV, EngineConfig, IsolationMode, ServeOptions, setting
 from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat, ScaleMode
 from kvbench.engines.kvengine.flags import add_flags, from_args, to_argv
+from kvbench.engines.process import child_environment
 from kvbench.engines.kvengine.server.main import add_arguments
 from kvbench.settings import SettingsError, build
 
@@ -68,6 +70,22 @@ def test_the_adapter_launches_the_server_with_its_settings_and_nothing_else(tmp_
     assert from_args(EngineConfig, args) == dataclasses.replace(adapter.settings.engine, tier_secret=None)
     assert from_args(ServeOptions, args) == dataclasses.replace(adapter.serve_options(), metrics_open=True)
     assert (args.port, args.api_key, args.step_log) == (8123, "sk-run", str(tmp_path / "steps.jsonl"))
+
+
+@pytest.mark.parametrize("spin", [None, "7"])
+def test_the_server_gets_the_openmp_wait_settings_unless_the_environment_names_its_own(tmp_path, monkeypatch, spin):
+    """The launched server's OpenMP waits passively after a spin (`openmp.ENV`); a GOMP_SPINCOUNT of the user's
+    (the tests' own is 0) is what the server gets instead."""
+    if spin is None:
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    else:
+        monkeypatch.setenv("GOMP_SPINCOUNT", spin)
+    env = child_environment(os.environ, KVEngineAdapter({}, tmp_path)._process.env)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE"
+    if spin:
+        assert env["GOMP_SPINCOUNT"] == spin
+    else:
+        assert int(env["GOMP_SPINCOUNT"]) > 0  # a spin first
 
 
 def test_the_adapter_fills_only_the_defaults_that_depend_on_it(tmp_path):

@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+from kvbench.engines.kvengine import openmp
 from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, TIER_SECRET_ENV, EngineConfig, ServeOptions
 from kvbench.engines.kvengine.flags import add_flags, from_args
 
@@ -32,8 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Serve until stopped (0) or until the engine fails (EXIT_ENGINE_FAILED). Bad settings raise
     SettingsError (one line: the field and the fix) before the model loads where they can."""
-    # Two torch threads spin against each other on this class of CPU unless OpenMP waits passively.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    openmp.apply()
     from kvbench.engines.kvengine.runtime.tenants_config import load_tenants
 
     config, options = from_args(EngineConfig, args), from_args(ServeOptions, args)

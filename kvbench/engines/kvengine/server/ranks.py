@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+from kvbench.engines.kvengine import openmp
 from kvbench.engines.kvengine.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.flags import to_argv
 from kvbench.engines.launch import free_port
@@ -94,7 +95,7 @@ class RankProcesses:
             command = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), "--init-method", init_method, *argv]
             self._workers[rank] = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True,
                                                    preexec_fn=dies_with_this_thread(),
-                                                   env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+                                                   env={**os.environ, **openmp.environment()})
             log.info("tensor-parallel rank %d started (pid %d)", rank, self._workers[rank].pid)
         self._watch(on_exit)
         return Ranks(init_rank(self.config.device, 0, self.world_size, init_method), self.send)

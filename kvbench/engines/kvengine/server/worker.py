@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import pickle
 import sys
 
+from kvbench.engines.kvengine import openmp
 from kvbench.engines.kvengine.config import EngineConfig
 from kvbench.engines.kvengine.flags import add_flags, from_args
 
@@ -16,7 +16,7 @@ EXIT_FAILED = 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    openmp.apply()
     parser = argparse.ArgumentParser(prog="kvengine worker rank", description=__doc__)
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--init-method", required=True, help="the process group's rendezvous (tcp://host:port)")
