@@ -22,7 +22,6 @@ it sets on a decode step, which reads every weight once: the model's weight byte
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 

@@ -442,9 +442,9 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
             }
             for (int64_t j = 0; j < n; j++) {
                 /* the rows are scattered over pages, too far apart for the hardware's prefetch: ask for the
-                   key PREFETCH rows ahead, then the block's first values */
+                   key PREFETCH rows ahead, then the block's first values (only offsets this block set) */
                 if (j + PREFETCH < n) prefetch_row(k_rows, format, at[j + PREFETCH], dim);
-                else prefetch_row(v_rows, format, at[j + PREFETCH - n], dim);
+                else if (j + PREFETCH - n < n) prefetch_row(v_rows, format, at[j + PREFETCH - n], dim);
                 const float *k = kv_row(format, k_rows, at[j], dim, buf);
                 for (int64_t g = 0; g < group; g++) scores[g * ATT_BLOCK + j] = dot_f32(qk + g * dim, k, dim);
             }
