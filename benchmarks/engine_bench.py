@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--bandwidth", action="store_true", help="copy bandwidth and the decode floor")
     parser.add_argument("--row-kernel-rows", type=int, default=None,
                         help="steps of at most this many rows use our row kernel (default: the model's "
-                             "ROW_KERNEL_ROWS where it is built; 0: torch's linears only)")
+                             "row_kernel_limit() where it is built; 0: torch's linears only)")
     parser.add_argument("--mixed", default=None,
                         help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table")
     args = parser.parse_args()

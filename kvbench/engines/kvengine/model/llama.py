@@ -267,21 +267,31 @@ class LlamaForCausalLM(nn.Module):
         return tp.gather_vocab(logits, self.full_config).float()
 
 
-# The most rows a step sends through our row kernel (`cpu_codec.linear_rows`), and the LM head's own limit.
-# Measured on 2 AVX2 cores, each weight streamed from memory, GB/s of weights read (kernel / oneDNN prepacked /
-# F.linear): gate_up [3072, 576] 1 row 17.2 / 15.4 / 9.3, 4 rows 13.2 / 11.0 / 4.9, 8 rows 10.3 / 9.5 / 5.9;
-# down [576, 1536] 1 row 17.9 / 12.1 / 12.6, 8 rows 11.1 / 9.2 / 6.4; the LM head [49152, 576] 1 row 18.3 / 16.4
-# / 8.7, 2 rows 16.8 / 15.6, 4 rows 13.5 / 13.8, 8 rows 9.9 / 11.3 (`benchmarks/linear_rows.py`).
-ROW_KERNEL_ROWS = 8
+# The most rows a step sends through our row kernel (`cpu_codec.linear_rows`), per torch's CPU capability (what
+# oneDNN's kernels use), and the LM head's own limit. GB/s of weights read, each weight streamed from memory
+# (kernel / oneDNN prepacked / F.linear, `benchmarks/linear_rows.py`), 2 cores:
+# - AVX2: gate_up [3072, 576] 1 row 17.2 / 15.4 / 9.3, 4 rows 13.2 / 11.0 / 4.9, 8 rows 10.3 / 9.5 / 5.9; down
+#   [576, 1536] 1 row 17.9 / 12.1 / 12.6, 8 rows 11.1 / 9.2 / 6.4; the LM head [49152, 576] 1 row 18.3 / 16.4 /
+#   8.7, 2 rows 16.8 / 15.6, 4 rows 13.5 / 13.8, 8 rows 9.9 / 11.3.
+# - AVX-512 (an EPYC): gate_up 1 row 21.8 / 18.9 / 11.6, 2 rows 17.0 / 15.0 / 5.3, 4 rows 14.7 / 19.2 / 7.4,
+#   8 rows 12.1 / 19.3 / 5.5; down 2 rows 19.3 / 17.6, 4 rows 15.1 / 17.8; the LM head 2 rows 19.5 / 17.6, 4 rows
+#   16.3 / 24.0. Decode steps (`benchmarks/engine_bench.py`, 1,024-token prompts, two rounds): batch 4
+#   49.6 / 54.2 tok/s with the kernel up to 8 rows, 56.0 / 57.6 up to 2; batch 8 51.8 / 52.4 against 58.4 / 59.0.
+ROW_KERNEL_ROWS = {"AVX2": 8, "AVX512": 2}
 ROW_KERNEL_HEAD_ROWS = 2
 
 
+def row_kernel_limit() -> int:
+    """ROW_KERNEL_ROWS for this CPU's torch capability (AVX2's where it is another: the kernel itself needs AVX2)."""
+    return ROW_KERNEL_ROWS.get(torch.backends.cpu.get_cpu_capability(), ROW_KERNEL_ROWS["AVX2"])
+
+
 def row_kernel_rows(weight: torch.Tensor) -> int:
-    """How many rows a step may have to go through our row kernel: ROW_KERNEL_ROWS for fp32 weights on a CPU
+    """How many rows a step may have to go through our row kernel: `row_kernel_limit()` for fp32 weights on a CPU
     where the kernel is built with its AVX2+FMA path (`cpu_codec.has_linear_rows`), else 0 (torch's linears only)."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_codec.has_linear_rows():
         return 0
-    return ROW_KERNEL_ROWS
+    return row_kernel_limit()
 
 
 def prepacked_min_rows() -> int:

@@ -1,6 +1,6 @@
 """Our row kernel (`cpu_codec.linear_rows`, the linears of a decode step's few rows): torch's `F.linear` within
 fp32 rounding at every row count, tail and bias it is given; refused where it does not apply (torch's path then);
-and the forward sends a step through it only up to `ROW_KERNEL_ROWS` rows, with the plain forward's logits."""
+and the forward sends a step through it only up to its row limit (`row_kernel_rows`), with the plain forward's logits."""
 
 from __future__ import annotations
 
@@ -48,7 +48,8 @@ def test_what_the_kernel_does_not_take_is_left_to_torch():
 @native
 def test_the_forward_uses_the_kernel_up_to_its_row_limit_and_gives_the_plain_logits(monkeypatch):
     model = tiny_model(seed=3)
-    assert model.row_kernel_rows == llama.ROW_KERNEL_ROWS  # fp32 on this CPU
+    assert model.row_kernel_rows == llama.row_kernel_limit()  # fp32 on this CPU
+    limit = model.row_kernel_rows = 8  # the kernel's rows whatever this CPU's limit: every case below reaches it
     calls = []
     real = cpu_codec.linear_rows
     monkeypatch.setattr(cpu_codec, "linear_rows", lambda x, *a: calls.append(x.shape[0]) or real(x, *a))
@@ -57,10 +58,10 @@ def test_the_forward_uses_the_kernel_up_to_its_row_limit_and_gives_the_plain_log
         kernel = batch_logits(model, rows)
         n = sum(rows)
         # four linears a layer with the step's n rows, then the head with one row a sequence where few enough
-        head = [len(rows)] if n <= llama.ROW_KERNEL_ROWS and len(rows) <= llama.ROW_KERNEL_HEAD_ROWS else []
-        assert calls == ([n] * 4 * model.config.num_layers + head if n <= llama.ROW_KERNEL_ROWS else [])
+        head = [len(rows)] if n <= limit and len(rows) <= llama.ROW_KERNEL_HEAD_ROWS else []
+        assert calls == ([n] * 4 * model.config.num_layers + head if n <= limit else [])
         model.row_kernel_rows = 0
         plain = batch_logits(model, rows)
-        model.row_kernel_rows = llama.ROW_KERNEL_ROWS
+        model.row_kernel_rows = limit
         torch.testing.assert_close(kernel, plain, atol=1e-4, rtol=1e-4)
     assert model.to(torch.float64).row_kernel_rows == 0  # fp32 weights only: a conversion turns it off
