@@ -15,6 +15,16 @@ of the same batch (what sets the engine's default budget: ITL while a prompt joi
 
     python benchmarks/engine_bench.py --bandwidth
 
+    python benchmarks/engine_bench.py --load 1,4 [--vllm-budget] [--co-load 0.2]
+
+Load: `engine_vs_vllm.py`'s load replayed in this process, no HTTP and no client: 16 prompts of 512 random
+tokens, 64 output tokens each, at most C at a time (a finished request's successor is added before the next
+step). TTFT, TPOT (per request, as vLLM's client counts it) and ITL from the engine's own step timestamps: the
+model's share of what the served benchmark measures. `--vllm-budget` runs it under vLLM's step budget
+(`engine_vs_vllm.VLLM_CPU_STEP_TOKENS`) instead of our default; `--co-load F` runs a process beside it that keeps
+a core busy a fraction F of the time in 2.5 ms bursts (a client or server thread on the same cores), to measure
+what such a neighbour costs a step of OpenMP threads.
+
 Bandwidth: this CPU's copy and read bandwidth (a 1 GiB fp32 tensor, per wall and per CPU second) and the floor
 it sets on a decode step, which reads every weight once: the model's weight bytes / the read bandwidth.
 """
@@ -23,12 +33,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 from kvbench.engines.kvengine import openmp
 
 openmp.apply()  # before torch loads OpenMP: as our engine's servers run
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -127,6 +140,70 @@ def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -
     return pure * 1e3, mixed * 1e3
 
 
+# a neighbour busy `busy_s` then asleep, in a loop: what `--co-load` starts beside the replay
+CO_LOAD = "import time, sys\nbusy, idle = map(float, sys.argv[1:3])\nwhile True:\n    t = time.perf_counter()\n" \
+          "    while time.perf_counter() - t < busy: pass\n    time.sleep(idle)\n"
+CO_LOAD_BURST_S = 0.0025
+LOAD_PROMPTS, LOAD_INPUT, LOAD_OUTPUT = 16, 512, 64  # engine_vs_vllm.py's defaults
+
+
+def load_replay(loaded, model: str, concurrency: int, step_tokens: int | None) -> dict[str, float]:
+    """The served benchmark's load in process (see the module's doc); `step_tokens`: vLLM's budget, else ours."""
+    budget = {} if step_tokens is None else {"max_step_tokens": step_tokens, "max_prefill_beside_decodes": step_tokens}
+    engine = Engine(EngineConfig(model=model, kv_capacity=8192, prefix_caching=False, **budget), loaded)
+    engine.add(GenerationRequest("warm-up", prompt(LOAD_PROMPTS, LOAD_INPUT), 8, ignore_eos=True))
+    drain(engine)
+    added: dict[str, float] = {}
+    tokens: dict[str, list[float]] = {}
+    running = done = 0
+    started = time.perf_counter()
+    while done < LOAD_PROMPTS:
+        while running < concurrency and len(added) < LOAD_PROMPTS:
+            name = f"r{len(added)}"
+            engine.add(GenerationRequest(name, prompt(len(added), LOAD_INPUT), LOAD_OUTPUT, ignore_eos=True))
+            added[name], running = time.perf_counter(), running + 1
+        outputs = engine.step()
+        now = time.perf_counter()
+        for output in outputs:
+            if output.token_id is not None:
+                tokens.setdefault(output.request_id, []).append(now)
+            if output.finished:
+                running, done = running - 1, done + 1
+    wall = time.perf_counter() - started
+    engine.close()
+    itl = np.concatenate([np.diff(tokens[name]) for name in added])
+    return {"TTFT p50 ms": np.median([tokens[name][0] - at for name, at in added.items()]) * 1e3,
+            "TPOT p50 ms": np.median([(t[-1] - t[0]) / (len(t) - 1) for t in map(tokens.get, added)]) * 1e3,
+            "ITL p50 ms": np.median(itl) * 1e3, "ITL p99 ms": np.percentile(itl, 99) * 1e3,
+            "out tok/s": LOAD_PROMPTS * LOAD_OUTPUT / wall}
+
+
+def load_table(loaded, model: str, concurrencies: list[int], vllm_budget: bool, co_load: float,
+               threads: int) -> Table:
+    step_tokens = None
+    if vllm_budget:
+        from engine_vs_vllm import VLLM_CPU_STEP_TOKENS as step_tokens  # this folder's benchmark owns it
+    neighbour = None
+    if co_load > 0:
+        idle = CO_LOAD_BURST_S * (1 - co_load) / co_load
+        neighbour = subprocess.Popen([sys.executable, "-c", CO_LOAD, str(CO_LOAD_BURST_S), str(idle)])
+    try:
+        rows = [(c, load_replay(loaded, model, c, step_tokens)) for c in concurrencies]
+    finally:
+        if neighbour is not None:
+            neighbour.kill()
+    budget = "vLLM's budget" if vllm_budget else "our default budget"
+    table = Table(title=f"engine_vs_vllm's load in process: {LOAD_PROMPTS} prompts of {LOAD_INPUT} tokens, "
+                        f"{LOAD_OUTPUT} out ({threads} torch threads, {budget}, a neighbour busy {co_load:.0%} "
+                        f"of a core)")
+    table.add_column("concurrency", justify="right")
+    for column in rows[0][1]:
+        table.add_column(column, justify="right")
+    for concurrency, result in rows:
+        table.add_row(str(concurrency), *(f"{v:,.1f}" for v in result.values()))
+    return table
+
+
 def mixed_table(loaded, model: str, batches: list[int], besides: list[int], threads: int) -> Table:
     table = Table(title=f"decode step beside a prompt's chunk ({threads} torch threads, {loaded.folder.name})")
     for column in ("batch", "prefill tokens beside", "pure decode ms", "mixed step ms", "ratio"):
@@ -154,7 +231,13 @@ def main() -> None:
                              "row_kernel_limit() where it is built; 0: torch's linears only)")
     parser.add_argument("--mixed", default=None,
                         help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table")
+    parser.add_argument("--load", default=None, help="comma-separated concurrencies: the load table")
+    parser.add_argument("--vllm-budget", action="store_true", help="with --load: vLLM's step budget")
+    parser.add_argument("--co-load", type=float, default=0.0,
+                        help="with --load: a neighbour process busy this fraction of a core (0-0.9)")
     args = parser.parse_args()
+    if not 0 <= args.co_load <= 0.9:
+        parser.error(f"--co-load {args.co_load}: give a fraction of a core from 0 to 0.9")
     settings = [tuple(item.split("/", 1)) if "/" in item else (item, "tensor") for item in args.formats.split(",")]
     unknown = [f"{d}/{s}" for d, s in settings if (d, s) not in SETTINGS]
     if unknown:
@@ -166,6 +249,11 @@ def main() -> None:
         loaded.model.row_kernel_rows = args.row_kernel_rows
     if args.bandwidth:
         Console(width=160).print(bandwidth_table(loaded, args.threads))
+        return
+    if args.load:
+        concurrencies = [int(c) for c in args.load.split(",")]
+        Console(width=160).print(load_table(loaded, args.model, concurrencies, args.vllm_budget, args.co_load,
+                                            args.threads))
         return
     if args.mixed:
         besides = [int(p) for p in args.mixed.split(",")]

