@@ -275,8 +275,10 @@ class LlamaForCausalLM(nn.Module):
 #   8.7, 2 rows 16.8 / 15.6, 4 rows 13.5 / 13.8, 8 rows 9.9 / 11.3.
 # - AVX-512 (an EPYC): gate_up 1 row 21.8 / 18.9 / 11.6, 2 rows 17.0 / 15.0 / 5.3, 4 rows 14.7 / 19.2 / 7.4,
 #   8 rows 12.1 / 19.3 / 5.5; down 2 rows 19.3 / 17.6, 4 rows 15.1 / 17.8; the LM head 2 rows 19.5 / 17.6, 4 rows
-#   16.3 / 24.0. Decode steps (`benchmarks/engine_bench.py`, 1,024-token prompts, two rounds): batch 4
-#   49.6 / 54.2 tok/s with the kernel up to 8 rows, 56.0 / 57.6 up to 2; batch 8 51.8 / 52.4 against 58.4 / 59.0.
+#   16.3 / 24.0. Decode, kernel up to 8 rows against up to 2 (`benchmarks/engine_bench.py`, rounds alternated):
+#   batch 4 49.6 / 54.2 / 49.8 against 56.0 / 57.6 / 57.4 tok/s; batch 8 51.8 / 52.4 / 55.5 against 58.4 / 59.0 /
+#   55.1 (the third round even); `--load 4 --vllm-budget` (four streams decoding together) TPOT p50 53.9 / 47.9
+#   against 42.1 / 43.8 ms.
 ROW_KERNEL_ROWS = {"AVX2": 8, "AVX512": 2}
 ROW_KERNEL_HEAD_ROWS = 2
 
