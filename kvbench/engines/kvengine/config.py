@@ -44,6 +44,10 @@ DEFAULT_PORT = 8000
 # cores; resolved budget -> TTFT p50 ms / ITL p50 / ITL p99 / out tok/s): factor 2 -> 19 tokens, 7,936 / 177 /
 # 332 / 11.3; 3 -> 30, 3,526 / 164 / 237 / 18.2; 4 -> 57, 2,802 / 140 / 353 / 17.1; a fixed 128 (the default
 # before) 2,315 / 121 / 544 / 18.3. 3 keeps ITL p99 within 2x p50 at 128's throughput; its TTFT is 1.5x 128's.
+# Again on 2 AVX-512 cores (rounds alternated, budget, TTFT p50 / TPOT p50 / ITL p50 / p99 / tok/s): 3 -> 39, 1,630
+# / 86.9 / 98.1 / 166.4 / 32.7 and 38, 1,598 / 86.3 / 97.4 / 134.4 / 34.9; 2 -> 21, 3,061 / 84.3 / 84.3 / 125.3 /
+# 28.1 and 23, 2,282 / 87.3 / 86.1 / 104.0 / 30.5: the same TPOT for more TTFT and less throughput, so 3 stays
+# (only 2 bounds ITL p99 by 2x p50 whichever kind of step the median falls on; 3 did in 4 of 5 runs).
 # On a GPU, where a decode step reads the weights once whatever its width, it resolves to the step budget.
 DEFAULT_DECODE_STALL_FACTOR = 3.0
 PORT_RANGE = {"ge": 1, "le": 65535}  # of `kvbench serve --port`, and of the adapter's port setting
