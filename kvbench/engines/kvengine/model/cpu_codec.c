@@ -322,6 +322,13 @@ int64_t kv_encode(int format, const float *x, const int64_t *slots, int64_t n, i
    or written). */
 #define ATT_BLOCK 64  /* keys per block: a block's scores and row offsets stay in L1 */
 #if defined(__AVX2__) && defined(__FMA__)
+/* the sum of v's 8 lanes */
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
 static inline float dot_f32(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps(), acc2 = acc;  /* two chains of multiply-adds: half the latency */
     int64_t i = 0;
@@ -330,11 +337,7 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
         acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc2);
     }
     for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    acc = _mm256_add_ps(acc, acc2);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    float r = _mm_cvtss_f32(s);
+    float r = hsum8(_mm256_add_ps(acc, acc2));
     for (; i < n; i++) r += a[i] * b[i];
     return r;
 }
@@ -372,10 +375,7 @@ static inline float exp_sum(float *s, int64_t n, float top) {
         _mm256_storeu_ps(s + i, e);
         acc = _mm256_add_ps(acc, e);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-    float sum = _mm_cvtss_f32(h);
+    float sum = hsum8(acc);
     for (; i < n; i++) { s[i] = expf(s[i] - top); sum += s[i]; }
     return sum;
 }
@@ -484,13 +484,6 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
    torch's matmul (another summation order), tested against it within fp32 rounding.
    Returns 0; 1 where this build has no AVX2+FMA path (the caller keeps torch's). */
 #if defined(__AVX2__) && defined(__FMA__)
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 /* Output rows n0..n0+3 (all four exist) for x rows r and r+1 (`two`: whether r+1 is one), k a multiple of 8. */
 static inline void rows4(const float *x, int64_t r, int two, int64_t k, const float *w, int64_t n0,
                          const float *bias, float *y, int64_t n_out, int prefetch) {
