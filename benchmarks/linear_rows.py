@@ -6,7 +6,8 @@ A decode step of a few rows reads every weight once, so its linears are bound by
 here is timed over enough copies of its weight (>= 64 MB) that every call reads from memory, not the cache.
 Columns: `F.linear`, oneDNN's prepacked weights (`torch.ops.mkldnn._linear_pointwise`, what steps of more rows
 use), and `cpu_codec.linear_rows`; the largest difference from a float64 reference. What sets
-`llama.ROW_KERNEL_ROWS` (per CPU capability) and `ROW_KERNEL_HEAD_ROWS`. This is a benchmark (it prints a table), not a test.
+`llama.ROW_KERNEL_ROWS` (per CPU capability) and `ROW_KERNEL_HEAD_ROWS`. This is a benchmark (it prints a
+table), not a test.
 """
 
 from __future__ import annotations
