@@ -46,7 +46,9 @@ _DECODE_ARGS = [ctypes.c_int, _P, _I, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P]
 _ENCODE_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _P, ctypes.c_int, _P, _P, _P, _I]
 _F = ctypes.c_float
 _ATTENTION_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _I, _F, _F, _P, _P, _I, _I, _P, _I, _P, _F, _P, ctypes.c_int]
+_PREFILL_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _I, _F, _F, _P, _I, _I, _I, _P, _P, _P, _P, _I, _F, _P, ctypes.c_int]
 _LINEAR_ARGS = [_P, _I, _I, _P, _I, _P, _P, ctypes.c_int]
+_ROPE_ARGS = [_P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_int]
 
 
 def _cpu_id() -> str:
@@ -87,7 +89,9 @@ def load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     lib.kv_decode.argtypes, lib.kv_decode.restype = _DECODE_ARGS, _I
     lib.kv_encode.argtypes, lib.kv_encode.restype = _ENCODE_ARGS, _I
     lib.kv_decode_attention.argtypes, lib.kv_decode_attention.restype = _ATTENTION_ARGS, _I
+    lib.kv_prefill_attention.argtypes, lib.kv_prefill_attention.restype = _PREFILL_ARGS, _I
     lib.linear_rows.argtypes, lib.linear_rows.restype = _LINEAR_ARGS, _I
+    lib.rope.argtypes, lib.rope.restype = _ROPE_ARGS, _I
     return lib
 
 
@@ -235,6 +239,44 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v
     return True
 
 
+def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
+                      page_size: int, scales: tuple[float, float], q_starts: torch.Tensor, q_lens: torch.Tensor,
+                      computed: torch.Tensor, page_table: torch.Tensor, threads: int,
+                      lib: ctypes.CDLL | None = None) -> bool:
+    """Chunks of queries over their pages, in the kernel (`kv_prefill_attention`): chunk s's rows
+    `q[q_starts[s] : q_starts[s] + q_lens[s]] [*, Hq, D]`, query i at position computed[s] + i, attend keys
+    0..computed[s] + i of its pages `page_table[s]` in `k_rows` / `v_rows` (as in `decode_attention`); the result
+    goes to the same rows of `out`. False when the kernel does not apply (as in `decode_attention`): nothing is
+    written then. `lib` as in `decode`."""
+    lib = lib or library()
+    index_tensors = (q_starts, q_lens, computed, page_table)
+    if (lib is None or k_rows.dtype not in ATTENTION_FORMATS or v_rows.dtype != k_rows.dtype
+            or q.dtype != torch.float32 or out.dtype != torch.float32
+            or any(t.dtype != torch.int64 for t in index_tensors) or not _usable(q, out, k_rows, v_rows, *index_tensors)):
+        return False
+    num_rows, heads, dim = k_rows.shape
+    n, q_heads = len(q_lens), q.shape[1]
+    if (tuple(v_rows.shape) != tuple(k_rows.shape) or num_rows % page_size or q.shape[1:] != (q_heads, dim)
+            or q_heads % heads or out.shape != q.shape or page_table.shape[0] != n
+            or q_starts.shape != (n,) or computed.shape != (n,)):
+        raise ValueError(f"prefill_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
+                         f"of {page_size} rows, page table {tuple(page_table.shape)}, starts {tuple(q_starts.shape)}, "
+                         f"lens {tuple(q_lens.shape)}, computed {tuple(computed.shape)} do not match")
+    bad = lib.kv_prefill_attention(
+        ATTENTION_FORMATS[k_rows.dtype], k_rows.data_ptr(), v_rows.data_ptr(), num_rows // page_size, page_size,
+        heads, dim, scales[0], scales[1], q.data_ptr(), q.shape[0], q_heads, n, q_starts.data_ptr(),
+        q_lens.data_ptr(), computed.data_ptr(), page_table.data_ptr(), page_table.shape[1], dim**-0.5,
+        out.data_ptr(), threads)
+    if bad < 0:
+        raise MemoryError("prefill_attention: the kernel could not allocate its buffers")
+    if bad:
+        s = bad - 1
+        raise IndexError(f"prefill_attention: chunk {s} (rows {int(q_starts[s])}.. of {int(q_lens[s])} queries after "
+                         f"{int(computed[s])} keys) or one of its pages is outside q's {q.shape[0]} rows or the "
+                         f"{num_rows // page_size} pages of {page_size}")
+    return True
+
+
 def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int,
                 lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
     """`x [m, k] @ weight[n, k].T (+ bias [n])` in the kernel (`linear_rows`: the weights streamed once, for the few
@@ -260,3 +302,21 @@ def has_linear_rows() -> bool:
     """Whether `linear_rows` runs here: the kernel is built, with its AVX2+FMA path."""
     lib = library()
     return lib is not None and linear_rows(torch.zeros(1, 8), torch.zeros(4, 8), None, 1, lib) is not None
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int,
+         lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """Rotary embedding of `x [n, heads, D]` (each row's heads contiguous, rows any stride: a slice of the fused
+    QKV output) with `cos` / `sin [n, D]`, halves layout, into a new contiguous [n, heads, D]: bit-equal to
+    `llama.apply_rope`'s torch operations. None when the kernel does not apply (not built, not fp32 on a CPU,
+    another layout, an odd D): use torch's. `lib` as in `decode`."""
+    lib = lib or library()
+    if (lib is None or x.dim() != 3 or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (x, cos, sin))
+            or x.stride(2) != 1 or x.stride(1) != x.shape[2] or not _usable(cos, sin)
+            or tuple(cos.shape) != (x.shape[0], x.shape[2]) or cos.shape != sin.shape):
+        return None
+    n, heads, dim = x.shape
+    out = torch.empty(n, heads, dim, dtype=torch.float32)
+    if lib.rope(x.data_ptr(), n, x.stride(0), heads, dim, cos.data_ptr(), sin.data_ptr(), out.data_ptr(), threads):
+        return None
+    return out
