@@ -800,3 +800,29 @@ int64_t rope(const float *x, int64_t n, int64_t stride, int64_t heads, int64_t d
     }
     return 0;
 }
+
+/* The MLP's activation: rows x [n][2 * width] of the fused gate-up output (gate, then up) -> out [n][width] =
+   silu(gate) * up = gate / (1 + e^-gate) * up, in one pass instead of torch's two (F.silu, then the product,
+   each a pass over the rows and a new tensor). e^x is `exp8` (within 2 ulp of expf) on 8 lanes, expf for the
+   rest: not bit-equal to torch's (Sleef's e^x), tested within fp32 rounding of it. Threads over rows where
+   there are enough of them. */
+int64_t silu_mul(const float *x, int64_t n, int64_t width, float *out, int threads) {
+#pragma omp parallel for num_threads(threads) if (n * width >= 65536)
+    for (int64_t t = 0; t < n; t++) {
+        const float *g = x + t * 2 * width, *u = g + width;
+        float *o = out + t * width;
+        int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+        const __m256 one = _mm256_set1_ps(1.0f);
+        for (; i + 8 <= width; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            /* e^-g at most e^88 (exp8 keeps to the float range only from below): a gate under -88 gives
+               -88 / e^88 ~ -5e-37 where torch gives -0 */
+            const __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.0f)));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < width; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+    return 0;
+}

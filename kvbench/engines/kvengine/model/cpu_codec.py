@@ -49,6 +49,7 @@ _ATTENTION_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _I, _F, _F, _P, _P, _I, _I,
 _PREFILL_ARGS = [ctypes.c_int, _P, _P, _I, _I, _I, _I, _F, _F, _P, _I, _I, _I, _P, _P, _P, _P, _I, _F, _P, ctypes.c_int]
 _LINEAR_ARGS = [_P, _I, _I, _P, _I, _P, _P, ctypes.c_int]
 _ROPE_ARGS = [_P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_int]
+_SILU_MUL_ARGS = [_P, _I, _I, _P, ctypes.c_int]
 
 
 def _cpu_id() -> str:
@@ -92,6 +93,7 @@ def load(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     lib.kv_prefill_attention.argtypes, lib.kv_prefill_attention.restype = _PREFILL_ARGS, _I
     lib.linear_rows.argtypes, lib.linear_rows.restype = _LINEAR_ARGS, _I
     lib.rope.argtypes, lib.rope.restype = _ROPE_ARGS, _I
+    lib.silu_mul.argtypes, lib.silu_mul.restype = _SILU_MUL_ARGS, _I
     return lib
 
 
@@ -319,4 +321,18 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int,
     out = torch.empty(n, heads, dim, dtype=torch.float32)
     if lib.rope(x.data_ptr(), n, x.stride(0), heads, dim, cos.data_ptr(), sin.data_ptr(), out.data_ptr(), threads):
         return None
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor, threads: int, lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+    """`silu(gate) * up` of the fused gate-up output `gate_up [n, 2 * width]` (gate, then up) into a new
+    [n, width], in one pass: within fp32 rounding of torch's (another e^x). None when the kernel does not apply
+    (not built, not fp32 on a CPU, not contiguous, an odd width): use torch's. `lib` as in `decode`."""
+    lib = lib or library()
+    if (lib is None or gate_up.dim() != 2 or gate_up.dtype != torch.float32 or not _usable(gate_up)
+            or gate_up.shape[1] % 2):
+        return None
+    n, width = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(n, width, dtype=torch.float32)
+    lib.silu_mul(gate_up.data_ptr(), n, width, out.data_ptr(), threads)
     return out

@@ -1,11 +1,15 @@
-"""Our rotary kernel (`cpu_codec.rope`, what `llama.apply_rope` runs on a CPU in fp32) against torch's operations
-bit for bit, in both builds, on the strided slices of the fused QKV output the forward hands it, at a decode
-step's rows and a prompt's (where it threads); what it does not take is left to torch."""
+"""Our per-element kernels, in both builds, against torch, at a decode step's rows and a prompt's (where they
+thread); what they do not take is left to torch:
+- rotary (`cpu_codec.rope`, what `llama.apply_rope` runs on a CPU in fp32): torch's operations bit for bit, on
+  the strided slices of the fused QKV output the forward hands it;
+- the MLP's activation (`cpu_codec.silu_mul`, what `llama.silu_and_mul` runs): torch's silu(gate) * up within
+  fp32 rounding, over gates from far below to far above 0 (e^-gate past the float range on both sides)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kvbench.engines.kvengine.model import cpu_codec, llama
 from tests.engines.kvengine.model.test_model_cpu_codec import PORTABLE
@@ -60,3 +64,34 @@ def test_what_the_kernel_does_not_take_is_left_to_torch(lib):
     assert cpu_codec.rope(odd, c[:, :5], s[:, :5], 1, lib) is None  # an odd head dim has no halves
     assert torch.equal(llama.apply_rope(x.double(), cos.double(), sin.double()),
                        torch_rope(x.double(), cos.double(), sin.double()))
+
+
+@pytest.mark.parametrize("n, width", [(1, 1536), (3, 13), (600, 1536)])  # 13: the 8-lane loop's tail
+@pytest.mark.parametrize("threads", [1, 2])
+def test_silu_mul_is_torchs_within_fp32_rounding(lib, n, width, threads):
+    gen = torch.Generator().manual_seed(n + width)
+    gate_up = torch.randn(n, 2 * width, generator=gen) * 6
+    gate_up[0, :4] = torch.tensor([-200.0, -88.5, 90.0, 200.0])  # e^-gate over and under the float range
+    out = cpu_codec.silu_mul(gate_up, threads, lib)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert out is not None and out.shape == (n, width)
+    torch.testing.assert_close(out, F.silu(gate) * up, atol=1e-30, rtol=4e-7)
+
+
+def test_silu_and_mul_runs_the_kernel(monkeypatch):
+    gate_up = torch.randn(5, 64)
+    calls = []
+    real = cpu_codec.silu_mul
+    monkeypatch.setattr(cpu_codec, "silu_mul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(llama.silu_and_mul(gate_up), F.silu(gate) * up, atol=0, rtol=4e-7)
+    assert calls == [1]
+
+
+def test_what_silu_mul_does_not_take_is_left_to_torch(lib):
+    gate_up = torch.randn(4, 16)
+    assert cpu_codec.silu_mul(gate_up.double(), 1, lib) is None
+    assert cpu_codec.silu_mul(torch.randn(4, 15), 1, lib) is None  # no halves
+    assert cpu_codec.silu_mul(torch.randn(16, 4).t(), 1, lib) is None  # strided rows
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    assert torch.equal(llama.silu_and_mul(gate_up.double()), F.silu(gate) * up)
