@@ -305,21 +305,25 @@ int64_t kv_encode(int format, const float *x, const int64_t *slots, int64_t n, i
 }
 
 /* Decode attention over pages: one query per sequence, read straight from the page table (no gather), fp32 or
-   fp8 pages (tensor scale), one (sequence, kv head) per work item, the items shared among `threads` OpenMP
-   threads. An item walks its keys a block of ATT_BLOCK at a time (an online softmax, as flash-decoding does):
-   the kv head's `group` query heads are scored against the block's keys, the block's scores exponentiated
-   against the running max (8 lanes at a time, `exp8`), the running sums and outputs rescaled when the max
-   grows, and the block's values summed in; each live byte is read once and nothing is allocated. An fp8 key or
-   value is decoded into a row buffer with the codec above at scale 1; the layer's tensor scales are folded into
-   the query (k_scale * sm_scale) and into the output (v_scale). Not bit-equal to SDPA over gathered values
+   fp8 pages (tensor scale). A work item is a part of one sequence's keys (whole blocks, about
+   DECODE_PARTS_PER_THREAD parts a thread, so that one long sequence still keeps every thread busy) with all its
+   query heads: a key's stored row (all kv heads, contiguous) is read in one go, so the reads stream through a
+   page instead of taking one head's 256 bytes of every 768 as one item per (sequence, kv head) did (30 layers
+   of 4 sequences x 540 keys, scattered pages, 2 AVX-512 cores, alternated: fp32 15.0 -> 12.5 ms, e4m3 9.6 ->
+   8.8). A part walks its keys a block of ATT_BLOCK at a time (an online softmax, as flash-decoding does): every
+   query head is scored against the block's keys, the block's scores exponentiated against the running max
+   (8 lanes at a time, `exp8`), the running sums and outputs rescaled when the max grows, and the block's values
+   summed in; then a sequence's parts are merged, each weighed by e^(its max - their max). An fp8 key or value is
+   decoded into a row buffer with the codec above at scale 1; the layer's tensor scales are folded into the
+   query (k_scale * sm_scale) and into the output (v_scale). Not bit-equal to SDPA over gathered values
    (another summation order, a polynomial e^x within 2 ulp of expf): tested against float64 attention and the
    reference attention within fp32 rounding.
 
    format: -1 fp32 pages, 0 e4m3, 1 e5m2. k_rows / v_rows: the layer's [num_pages * page_size, kv_heads, dim].
    q [*, q_heads, dim] fp32 and out (the same shape): sequence s reads and writes row q_rows[s]. page_table
    [num_seqs, width] (row s lists sequence s's pages in order), lens [num_seqs] keys per sequence.
-   Returns 0, or 1 + the first sequence whose pages or length are out of range (checked before anything is read
-   or written). */
+   Returns 0, 1 + the first sequence whose pages or length are out of range (checked before anything is read
+   or written), or -1 when its buffers cannot be allocated. */
 #define ATT_BLOCK 64  /* keys per block: a block's scores and row offsets stay in L1 */
 #if defined(__AVX2__) && defined(__FMA__)
 /* the sum of v's 8 lanes */
@@ -396,6 +400,7 @@ static inline float exp_sum(float *s, int64_t n, float top) {
 #endif
 
 #define PREFETCH 8  /* rows ahead */
+#define DECODE_PARTS_PER_THREAD 4  /* decode work items a thread, about: sequences split into parts of keys */
 /* Asks for the cache lines of one stored row (dim values of 4 bytes, or 1 for fp8) */
 static inline void prefetch_row(const void *base, int format, int64_t index, int64_t dim) {
     const char *at = format < 0 ? (const char *)((const float *)base + index) : (const char *)base + index;
@@ -417,38 +422,54 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
                             const float *q, const int64_t *q_rows, int64_t q_heads, int64_t num_seqs,
                             const int64_t *page_table, int64_t width, const int64_t *lens, float sm_scale,
                             float *out, int threads) {
+    int64_t total = 0;
     for (int64_t s = 0; s < num_seqs; s++) {
         if (lens[s] < 1 || lens[s] > width * page_size) return s + 1;
         for (int64_t p = 0; p < (lens[s] + page_size - 1) / page_size; p++)
             if (page_table[s * width + p] < 0 || page_table[s * width + p] >= num_pages) return s + 1;
+        total += lens[s];
     }
-    const int64_t group = q_heads / kv_heads, items = num_seqs * kv_heads;
+    /* a part: up to `span` keys of one sequence, whole blocks; about DECODE_PARTS_PER_THREAD parts a thread */
+    const int64_t want = (int64_t)threads * DECODE_PARTS_PER_THREAD;
+    const int64_t span = ((total + want - 1) / want + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK;
+    int64_t *first = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1));
+    if (!first) return -1;
+    first[0] = 0;  /* sequence s's parts are first[s]..first[s + 1] - 1 */
+    for (int64_t s = 0; s < num_seqs; s++) first[s + 1] = first[s] + (lens[s] + span - 1) / span;
+    const int64_t group = q_heads / kv_heads, parts = first[num_seqs], stride = q_heads * (dim + 2);
+    float *partial = malloc(sizeof(float) * (size_t)(parts * stride + 1));  /* a part's outputs, maxes, sums */
+    if (!partial) { free(first); return -1; }
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t it = 0; it < items; it++) {
-        const int64_t s = it / kv_heads, h = it % kv_heads, len = lens[s];
+    for (int64_t it = 0; it < parts; it++) {
+        int64_t s = 0;
+        while (first[s + 1] <= it) s++;
+        const int64_t lo = (it - first[s]) * span, hi = lo + span < lens[s] ? lo + span : lens[s];
         const int64_t *pages = page_table + s * width;
-        const float *qs = q + (q_rows[s] * q_heads + h * group) * dim;
-        float *os = out + (q_rows[s] * q_heads + h * group) * dim;
-        float qk[group * dim], scores[group * ATT_BLOCK], top[group], sum[group], buf[dim];
-        int64_t at[ATT_BLOCK];  /* the block's keys' offsets in k_rows / v_rows */
-        for (int64_t g = 0; g < group * dim; g++) qk[g] = qs[g] * (sm_scale * k_scale);
-        for (int64_t g = 0; g < group; g++) { top[g] = -INFINITY; sum[g] = 0.0f; }
-        memset(os, 0, sizeof(float) * (size_t)(group * dim));
-        for (int64_t t0 = 0, row = 0, left = 0, p = 0; t0 < len; t0 += ATT_BLOCK) {
-            const int64_t n = len - t0 < ATT_BLOCK ? len - t0 : ATT_BLOCK;
-            for (int64_t j = 0; j < n; j++, row++, left--) {  /* row: key t0 + j's stored row */
-                if (left == 0) { row = pages[p++] * page_size; left = page_size; }  /* the next page: no division */
-                at[j] = (row * kv_heads + h) * dim;
+        const float *qs = q + q_rows[s] * q_heads * dim;
+        float *os = partial + it * stride, *top = os + q_heads * dim, *sum = top + q_heads;
+        float qk[q_heads * dim], scores[q_heads * ATT_BLOCK], buf[dim];
+        int64_t at[ATT_BLOCK];  /* the block's key rows' offsets (all kv heads) in k_rows / v_rows */
+        for (int64_t x = 0; x < q_heads * dim; x++) qk[x] = qs[x] * (sm_scale * k_scale);
+        for (int64_t g = 0; g < q_heads; g++) { top[g] = -INFINITY; sum[g] = 0.0f; }
+        memset(os, 0, sizeof(float) * (size_t)(q_heads * dim));
+        for (int64_t t0 = lo; t0 < hi; t0 += ATT_BLOCK) {
+            const int64_t n = hi - t0 < ATT_BLOCK ? hi - t0 : ATT_BLOCK;
+            for (int64_t j = 0; j < n; j++) {
+                const int64_t t = t0 + j;
+                at[j] = (pages[t / page_size] * page_size + t % page_size) * kv_heads * dim;
             }
             for (int64_t j = 0; j < n; j++) {
-                /* the rows are scattered over pages, too far apart for the hardware's prefetch: ask for the
-                   key PREFETCH rows ahead, then the block's first values (only offsets this block set) */
-                if (j + PREFETCH < n) prefetch_row(k_rows, format, at[j + PREFETCH], dim);
-                else if (j + PREFETCH - n < n) prefetch_row(v_rows, format, at[j + PREFETCH - n], dim);
-                const float *k = kv_row(format, k_rows, at[j], dim, buf);
-                for (int64_t g = 0; g < group; g++) scores[g * ATT_BLOCK + j] = dot_f32(qk + g * dim, k, dim);
+                /* the rows are scattered over pages: ask for the key PREFETCH rows ahead, then the block's first
+                   values (only offsets this block set) */
+                if (j + PREFETCH < n) prefetch_row(k_rows, format, at[j + PREFETCH], kv_heads * dim);
+                else if (j + PREFETCH - n < n) prefetch_row(v_rows, format, at[j + PREFETCH - n], kv_heads * dim);
+                for (int64_t h = 0; h < kv_heads; h++) {
+                    const float *k = kv_row(format, k_rows, at[j] + h * dim, dim, buf);
+                    for (int64_t g = h * group; g < (h + 1) * group; g++)
+                        scores[g * ATT_BLOCK + j] = dot_f32(qk + g * dim, k, dim);
+                }
             }
-            for (int64_t g = 0; g < group; g++) {
+            for (int64_t g = 0; g < q_heads; g++) {
                 float *sg = scores + g * ATT_BLOCK, block_top = sg[0];
                 for (int64_t j = 1; j < n; j++) block_top = sg[j] > block_top ? sg[j] : block_top;
                 if (block_top > top[g]) {  /* a new max: what was summed so far shrinks by e^(old - new) */
@@ -460,16 +481,34 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
                 sum[g] += exp_sum(sg, n, top[g]);
             }
             for (int64_t j = 0; j < n; j++) {
-                if (j + PREFETCH < n) prefetch_row(v_rows, format, at[j + PREFETCH], dim);
-                const float *v = kv_row(format, v_rows, at[j], dim, buf);
-                for (int64_t g = 0; g < group; g++) axpy_f32(scores[g * ATT_BLOCK + j], v, os + g * dim, dim);
+                if (j + PREFETCH < n) prefetch_row(v_rows, format, at[j + PREFETCH], kv_heads * dim);
+                for (int64_t h = 0; h < kv_heads; h++) {
+                    const float *v = kv_row(format, v_rows, at[j] + h * dim, dim, buf);
+                    for (int64_t g = h * group; g < (h + 1) * group; g++)
+                        axpy_f32(scores[g * ATT_BLOCK + j], v, os + g * dim, dim);
+                }
             }
         }
-        for (int64_t g = 0; g < group; g++) {
-            const float norm = v_scale / sum[g];
-            for (int64_t d = 0; d < dim; d++) os[g * dim + d] *= norm;
-        }
     }
+    for (int64_t s = 0; s < num_seqs; s++)  /* a sequence's parts merged: each weighed by e^(its max - the max) */
+        for (int64_t g = 0; g < q_heads; g++) {
+            float m = -INFINITY, total_sum = 0.0f;
+            for (int64_t p = first[s]; p < first[s + 1]; p++) {
+                const float t = partial[p * stride + q_heads * dim + g];
+                m = t > m ? t : m;
+            }
+            float *o = out + (q_rows[s] * q_heads + g) * dim;
+            memset(o, 0, sizeof(float) * (size_t)dim);
+            for (int64_t p = first[s]; p < first[s + 1]; p++) {
+                const float *part = partial + p * stride;
+                const float w = expf(part[q_heads * dim + g] - m);
+                total_sum += w * part[q_heads * dim + q_heads + g];
+                axpy_f32(w, part + g * dim, o, dim);
+            }
+            const float norm = v_scale / total_sum;
+            for (int64_t d = 0; d < dim; d++) o[d] *= norm;
+        }
+    free(partial); free(first);
     return 0;
 }
 

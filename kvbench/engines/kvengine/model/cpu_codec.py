@@ -235,6 +235,8 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v
         ATTENTION_FORMATS[k_rows.dtype], k_rows.data_ptr(), v_rows.data_ptr(), num_rows // page_size, page_size,
         heads, dim, scales[0], scales[1], q.data_ptr(), rows.data_ptr(), q_heads, n, page_table.data_ptr(),
         page_table.shape[1], lens.data_ptr(), dim**-0.5, out.data_ptr(), threads)
+    if bad < 0:
+        raise MemoryError("decode_attention: the kernel could not allocate its buffers")
     if bad:
         raise IndexError(f"decode_attention: sequence {bad - 1}'s length {int(lens[bad - 1])} or one of its pages "
                          f"is outside the {num_rows // page_size} pages of {page_size}")
