@@ -667,12 +667,21 @@ static void prefill_item(const float *q, int64_t q_heads, int64_t group, int64_t
     }
 }
 
+/* Keys rounded up to whole blocks: a chunk's kt holds this many columns. */
+static inline int64_t keys_padded(int64_t total) { return (total + PK_BLOCK - 1) / PK_BLOCK * PK_BLOCK; }
+
+/* Chunk s's kt for kv head h in the scratch `kv` (its vd follows it, dim * keys_padded(total) later). */
+static inline float *chunk_keys(float *kv, const int64_t *base, int64_t s, int64_t h, int64_t total, int64_t dim) {
+    return kv + base[s] + h * dim * (keys_padded(total) + total);
+}
+
 int64_t kv_prefill_attention(int format, const void *k_rows, const void *v_rows, int64_t num_pages,
                              int64_t page_size, int64_t kv_heads, int64_t dim, float k_scale, float v_scale,
                              const float *q, int64_t num_q_rows, int64_t q_heads, int64_t num_seqs,
                              const int64_t *q_starts, const int64_t *q_lens, const int64_t *computed,
                              const int64_t *page_table, int64_t width, float sm_scale, float *out, int threads) {
-    int64_t *base = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1)), *first = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1));
+    const size_t offsets = sizeof(int64_t) * (size_t)(num_seqs + 1);
+    int64_t *base = malloc(offsets), *first = malloc(offsets);
     if (!base || !first) { free(base); free(first); return -1; }
     base[0] = first[0] = 0;  /* chunk s's kt / vd at base[s]; its work items from first[s] */
     for (int64_t s = 0; s < num_seqs; s++) {
@@ -683,8 +692,7 @@ int64_t kv_prefill_attention(int format, const void *k_rows, const void *v_rows,
             if (page_table[s * width + p] < 0 || page_table[s * width + p] >= num_pages) {
                 free(base); free(first); return s + 1;
             }
-        const int64_t kpad = (total + PK_BLOCK - 1) / PK_BLOCK * PK_BLOCK;
-        base[s + 1] = base[s] + kv_heads * (dim * kpad + total * dim);
+        base[s + 1] = base[s] + kv_heads * dim * (keys_padded(total) + total);
         first[s + 1] = first[s] + kv_heads * ((q_lens[s] + PQ_TOKENS - 1) / PQ_TOKENS);
     }
     const int64_t group = q_heads / kv_heads, pairs = num_seqs * kv_heads, items = first[num_seqs];
@@ -703,19 +711,20 @@ int64_t kv_prefill_attention(int format, const void *k_rows, const void *v_rows,
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < pairs; it++) {  /* chunk s, kv head h: its keys transposed, its values copied */
             const int64_t s = it / kv_heads, h = it % kv_heads, total = computed[s] + q_lens[s];
-            const int64_t kpad = (total + PK_BLOCK - 1) / PK_BLOCK * PK_BLOCK;
-            float *kt = kv + base[s] + h * (dim * kpad + total * dim), *vd = kt + dim * kpad;
+            float *kt = chunk_keys(kv, base, s, h, total, dim), *vd = kt + dim * keys_padded(total);
             if (!buf) continue;
-            for (int64_t t = 0; t < total; t++) {
+            for (int64_t t = 0; t < keys_padded(total); t++) {
+                float *col = kt + (t / PK_BLOCK) * PK_BLOCK * dim + t % PK_BLOCK;  /* key t in its block's tile */
+                if (t >= total) {  /* past the last key: zeros */
+                    for (int64_t d = 0; d < dim; d++) col[d * PK_BLOCK] = 0.0f;
+                    continue;
+                }
                 const int64_t at = ((page_table[s * width + t / page_size] * page_size + t % page_size) * kv_heads
                                     + h) * dim;
                 const float *k = kv_row(format, k_rows, at, dim, row);
-                float *col = kt + (t / PK_BLOCK) * PK_BLOCK * dim + t % PK_BLOCK;
                 for (int64_t d = 0; d < dim; d++) col[d * PK_BLOCK] = k[d];
                 memcpy(vd + t * dim, kv_row(format, v_rows, at, dim, row), sizeof(float) * (size_t)dim);
             }
-            for (int64_t t = total; t < kpad; t++)
-                for (int64_t d = 0; d < dim; d++) kt[(t / PK_BLOCK) * PK_BLOCK * dim + d * PK_BLOCK + t % PK_BLOCK] = 0.0f;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
@@ -724,10 +733,11 @@ int64_t kv_prefill_attention(int format, const void *k_rows, const void *v_rows,
             const int64_t blocks = (q_lens[s] + PQ_TOKENS - 1) / PQ_TOKENS, local = it - first[s];
             const int64_t b = blocks - 1 - local / kv_heads, h = local % kv_heads;  /* the latest blocks first */
             const int64_t t0 = b * PQ_TOKENS, nt = q_lens[s] - t0 < PQ_TOKENS ? q_lens[s] - t0 : PQ_TOKENS;
-            const int64_t total = computed[s] + q_lens[s], kpad = (total + PK_BLOCK - 1) / PK_BLOCK * PK_BLOCK;
-            const float *kt = kv + base[s] + h * (dim * kpad + total * dim);
+            const int64_t total = computed[s] + q_lens[s];
+            const float *kt = chunk_keys(kv, base, s, h, total, dim);
             if (buf && !failed)
-                prefill_item(q, q_heads, group, dim, h, q_starts[s], computed[s], t0, nt, kt, kt + dim * kpad,
+                prefill_item(q, q_heads, group, dim, h, q_starts[s], computed[s], t0, nt, kt,
+                             kt + dim * keys_padded(total),
                              sm_scale * k_scale, v_scale, out, buf);
         }
         free(buf);

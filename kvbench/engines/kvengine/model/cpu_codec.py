@@ -208,6 +208,23 @@ def encode(
 ATTENTION_FORMATS = {torch.float32: -1, **FORMAT_CODES}  # page storage dtypes `decode_attention` reads
 
 
+def _attention_applies(lib: ctypes.CDLL | None, q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor,
+                       v_rows: torch.Tensor, index_tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Whether an attention kernel takes these: built, fp32 queries and outputs over pages it reads, int64 indices,
+    all contiguous on the CPU."""
+    return (lib is not None and k_rows.dtype in ATTENTION_FORMATS and v_rows.dtype == k_rows.dtype
+            and q.dtype == torch.float32 and out.dtype == torch.float32
+            and all(t.dtype == torch.int64 for t in index_tensors) and _usable(q, out, k_rows, v_rows, *index_tensors))
+
+
+def _pages_match(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
+                 page_size: int) -> bool:
+    """Whether q / out [*, Hq, D] and the pages k_rows / v_rows [pages * page_size, Hkv, D] fit one another."""
+    num_rows, heads, dim = k_rows.shape
+    return (tuple(v_rows.shape) == tuple(k_rows.shape) and num_rows % page_size == 0 and q.dim() == 3
+            and q.shape[2] == dim and q.shape[1] % heads == 0 and out.shape == q.shape)
+
+
 def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, page_size: int,
                      scales: tuple[float, float], rows: torch.Tensor, page_table: torch.Tensor, lens: torch.Tensor,
                      threads: int, lib: ctypes.CDLL | None = None) -> bool:
@@ -218,14 +235,11 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v
     nothing is written then. `lib` as in `decode`."""
     lib = lib or library()
     index_tensors = (rows, page_table, lens)
-    if (lib is None or k_rows.dtype not in ATTENTION_FORMATS or v_rows.dtype != k_rows.dtype
-            or q.dtype != torch.float32 or out.dtype != torch.float32
-            or any(t.dtype != torch.int64 for t in index_tensors) or not _usable(q, out, k_rows, v_rows, *index_tensors)):
+    if not _attention_applies(lib, q, out, k_rows, v_rows, index_tensors):
         return False
     num_rows, heads, dim = k_rows.shape
     n, q_heads = len(rows), q.shape[1]
-    if (tuple(v_rows.shape) != tuple(k_rows.shape) or num_rows % page_size or q.shape[1:] != (q_heads, dim)
-            or q_heads % heads or out.shape != q.shape or page_table.shape[0] != n or lens.shape != (n,)):
+    if (not _pages_match(q, out, k_rows, v_rows, page_size) or page_table.shape[0] != n or lens.shape != (n,)):
         raise ValueError(f"decode_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
                          f"of {page_size} rows, page table {tuple(page_table.shape)}, lens {tuple(lens.shape)} "
                          f"for {n} rows do not match")
@@ -254,14 +268,11 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, 
     written then. `lib` as in `decode`."""
     lib = lib or library()
     index_tensors = (q_starts, q_lens, computed, page_table)
-    if (lib is None or k_rows.dtype not in ATTENTION_FORMATS or v_rows.dtype != k_rows.dtype
-            or q.dtype != torch.float32 or out.dtype != torch.float32
-            or any(t.dtype != torch.int64 for t in index_tensors) or not _usable(q, out, k_rows, v_rows, *index_tensors)):
+    if not _attention_applies(lib, q, out, k_rows, v_rows, index_tensors):
         return False
     num_rows, heads, dim = k_rows.shape
     n, q_heads = len(q_lens), q.shape[1]
-    if (tuple(v_rows.shape) != tuple(k_rows.shape) or num_rows % page_size or q.shape[1:] != (q_heads, dim)
-            or q_heads % heads or out.shape != q.shape or page_table.shape[0] != n
+    if (not _pages_match(q, out, k_rows, v_rows, page_size) or page_table.shape[0] != n
             or q_starts.shape != (n,) or computed.shape != (n,)):
         raise ValueError(f"prefill_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
                          f"of {page_size} rows, page table {tuple(page_table.shape)}, starts {tuple(q_starts.shape)}, "
