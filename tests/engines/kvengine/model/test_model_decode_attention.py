@@ -70,17 +70,25 @@ def run(lib, *, q_heads=9, kv_heads=3, dim=64, page_size=16, lens=LENS, dtype=to
     return out[rows].double(), want[rows]
 
 
+# fp32 pages are read key by key, fp8 pages in groups of keys (their sums reduced together, their values added
+# into register tiles of 3 query rows): each layout is checked at every length, thread count, group and head dim
+STORAGE = [torch.float32, torch.float8_e4m3fn]
+
+
+@pytest.mark.parametrize("dtype", STORAGE)
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("page_size", [16, 5])
-def test_the_kernel_equals_float64_attention_at_every_length(lib, threads, page_size):
-    got, want = run(lib, threads=threads, page_size=page_size)
+def test_the_kernel_equals_float64_attention_at_every_length(lib, threads, page_size, dtype):
+    got, want = run(lib, threads=threads, page_size=page_size, dtype=dtype)
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("q_heads, kv_heads, dim", [(4, 4, 64), (8, 2, 128), (6, 3, 36), (5, 1, 8)])
-def test_query_groups_and_head_dims(lib, q_heads, kv_heads, dim):
-    """Groups of 1 to 5 query heads per kv head; 36 and 8 values a head (the 8-lane loops' tails and none)."""
-    got, want = run(lib, q_heads=q_heads, kv_heads=kv_heads, dim=dim, seed=q_heads + dim)
+@pytest.mark.parametrize("dtype", STORAGE)
+@pytest.mark.parametrize("q_heads, kv_heads, dim", [(4, 4, 64), (8, 2, 128), (6, 3, 36), (5, 1, 8), (7, 1, 40)])
+def test_query_groups_and_head_dims(lib, q_heads, kv_heads, dim, dtype):
+    """Groups of 1 to 7 query heads per kv head (whole tiles of 3 rows, and 1 or 2 left over); 36, 40 and 8
+    values a head (the 8- and 32-lane loops' tails, and none)."""
+    got, want = run(lib, q_heads=q_heads, kv_heads=kv_heads, dim=dim, dtype=dtype, seed=q_heads + dim)
     torch.testing.assert_close(got, want, atol=2e-6, rtol=1e-5)
 
 
