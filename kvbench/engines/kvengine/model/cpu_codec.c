@@ -403,6 +403,15 @@ static inline float exp_sum(float *s, int64_t n, float top) {
 }
 #endif
 
+/* M rows in tiles of ROWS rows, r0 the tile's first: a constant count for the full tiles (so that the compiler
+   keeps their accumulators in registers), then the rows left over */
+#define TILED(M, ROWS, CALL_FULL, CALL_TAIL)                                                                \
+    do {                                                                                                    \
+        int64_t r0 = 0;                                                                                     \
+        for (; r0 + (ROWS) <= (M); r0 += (ROWS)) CALL_FULL;                                                 \
+        if (r0 < (M)) CALL_TAIL;                                                                            \
+    } while (0)
+
 #define KEY_GROUP 8  /* keys whose scores one pass computes: their 8 sums reduced together */
 #define PV_ROWS 3     /* query rows a pass adds values into: 3 rows x 32 values is 12 registers */
 #if defined(__AVX2__) && defined(__FMA__)
@@ -475,17 +484,20 @@ static inline void pv_keys_tile(int R, const float *p, int64_t ldp, const float 
         for (int64_t j = 0; j < n; j++) axpy_f32(p[r * ldp + j], vp[j], o + r * dim, dim);
 }
 #endif
-/* pv_keys_tile over any number of rows: PV_ROWS at a time (a constant count, so that the accumulators stay in
-   registers), then the rest */
+/* pv_keys_tile over any number of rows, PV_ROWS at a time */
 static inline void pv_keys(int64_t R, const float *p, int64_t ldp, const float *const *vp, int64_t n, float *o,
                            int64_t dim) {
-    int64_t r0 = 0;
-    for (; r0 + PV_ROWS <= R; r0 += PV_ROWS) pv_keys_tile(PV_ROWS, p + r0 * ldp, ldp, vp, n, o + r0 * dim, dim);
-    if (r0 < R) pv_keys_tile((int)(R - r0), p + r0 * ldp, ldp, vp, n, o + r0 * dim, dim);
+    TILED(R, PV_ROWS, pv_keys_tile(PV_ROWS, p + r0 * ldp, ldp, vp, n, o + r0 * dim, dim),
+          pv_keys_tile((int)(R - r0), p + r0 * ldp, ldp, vp, n, o + r0 * dim, dim));
 }
 
 #define KEY_AHEAD 8  /* reads ahead that a row is asked for */
 #define DECODE_PARTS_PER_THREAD 4  /* decode work items a thread, about: sequences split into parts of keys */
+/* Key t's row in the stored rows, t's page found in the sequence's `pages` */
+static inline int64_t stored_row(const int64_t *pages, int64_t page_size, int64_t t) {
+    return pages[t / page_size] * page_size + t % page_size;
+}
+
 /* Asks for the cache lines of one stored row (dim values of 4 bytes, or 1 for fp8) */
 static inline void prefetch_row(const void *base, int format, int64_t index, int64_t dim) {
     const char *at = format < 0 ? (const char *)((const float *)base + index) : (const char *)base + index;
@@ -551,7 +563,7 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
         for (int64_t g = 0; g < q_heads; g++) { top[g] = -INFINITY; sum[g] = 0.0f; }
         memset(os, 0, sizeof(float) * (size_t)(q_heads * dim));
         for (int64_t t = lo; t < hi && t < lo + ATT_BLOCK; t++) {
-            next[t - lo] = (pages[t / page_size] * page_size + t % page_size) * kv_heads * dim;
+            next[t - lo] = stored_row(pages, page_size, t) * kv_heads * dim;
             if (t < lo + KEY_AHEAD) prefetch_row(k_rows, format, next[t - lo], kv_heads * dim);
         }
         for (int64_t t0 = lo; t0 < hi; t0 += ATT_BLOCK) {
@@ -559,7 +571,7 @@ int64_t kv_decode_attention(int format, const void *k_rows, const void *v_rows, 
             const int64_t n_next = hi - t1 < 0 ? 0 : hi - t1 < ATT_BLOCK ? hi - t1 : ATT_BLOCK;
             int64_t *swap = at; at = next; next = swap;
             for (int64_t t = t1; t < t1 + n_next; t++)
-                next[t - t1] = (pages[t / page_size] * page_size + t % page_size) * kv_heads * dim;
+                next[t - t1] = stored_row(pages, page_size, t) * kv_heads * dim;
             /* fp32 rows key by key, fp8 rows KEY_GROUP at a time (see above) */
 #define PREFETCH_READ(POS) prefetch_read(format, k_rows, v_rows, at, next, n, n_next, kv_heads * dim, POS)
             for (int64_t j = 0; j < n && format < 0; j++) {
@@ -738,15 +750,6 @@ static inline float max_f32(const float *s, int64_t n) {
 }
 #endif
 
-/* The rows rows0.. of a work item in tiles of TILE_ROWS (a constant count for the full tiles, so that the
-   compiler keeps their accumulators in registers) */
-#define TILED(M, CALL_FULL, CALL_TAIL)                                                                      \
-    do {                                                                                                    \
-        int64_t r0 = 0;                                                                                     \
-        for (; r0 + TILE_ROWS <= (M); r0 += TILE_ROWS) CALL_FULL;                                           \
-        if (r0 < (M)) CALL_TAIL;                                                                            \
-    } while (0)
-
 /* One work item: tokens t0..t0+nt-1 of a chunk, kv head h (see above). buf: the thread's rows (qs, s, o, top,
    sum) for PQ_TOKENS * group rows. */
 static void prefill_item(const float *q, int64_t q_heads, int64_t group, int64_t dim, int64_t h, int64_t q_start,
@@ -763,7 +766,8 @@ static void prefill_item(const float *q, int64_t q_heads, int64_t group, int64_t
     for (int64_t j0 = 0; j0 < kend; j0 += PK_BLOCK) {
         const int64_t n = kend - j0 < PK_BLOCK ? kend - j0 : PK_BLOCK, ncols = (n + 15) & ~(int64_t)15;
         const float *tile = kt + j0 * dim;  /* the block's [dim][PK_BLOCK] */
-        TILED(M, qk_tile(TILE_ROWS, qs + r0 * dim, dim, tile, PK_BLOCK, ncols, s + r0 * PK_BLOCK, PK_BLOCK),
+        TILED(M, TILE_ROWS,
+              qk_tile(TILE_ROWS, qs + r0 * dim, dim, tile, PK_BLOCK, ncols, s + r0 * PK_BLOCK, PK_BLOCK),
               qk_tile((int)(M - r0), qs + r0 * dim, dim, tile, PK_BLOCK, ncols, s + r0 * PK_BLOCK, PK_BLOCK));
         for (int64_t r = 0; r < M; r++) {
             float *sr = s + r * PK_BLOCK;
@@ -782,7 +786,7 @@ static void prefill_item(const float *q, int64_t q_heads, int64_t group, int64_t
             memset(sr + seen, 0, sizeof(float) * (size_t)(n - seen));
         }
         const float *vb = vd + j0 * dim;
-        TILED(M, pv_tile(TILE_ROWS, s + r0 * PK_BLOCK, PK_BLOCK, vb, n, o + r0 * dim, dim),
+        TILED(M, TILE_ROWS, pv_tile(TILE_ROWS, s + r0 * PK_BLOCK, PK_BLOCK, vb, n, o + r0 * dim, dim),
               pv_tile((int)(M - r0), s + r0 * PK_BLOCK, PK_BLOCK, vb, n, o + r0 * dim, dim));
     }
     for (int64_t r = 0; r < M; r++) {
@@ -845,8 +849,7 @@ int64_t kv_prefill_attention(int format, const void *k_rows, const void *v_rows,
                     for (int64_t d = 0; d < dim; d++) col[d * PK_BLOCK] = 0.0f;
                     continue;
                 }
-                const int64_t at = ((page_table[s * width + t / page_size] * page_size + t % page_size) * kv_heads
-                                    + h) * dim;
+                const int64_t at = (stored_row(page_table + s * width, page_size, t) * kv_heads + h) * dim;
                 const float *k = kv_row(format, k_rows, at, dim, row);
                 for (int64_t d = 0; d < dim; d++) col[d * PK_BLOCK] = k[d];
                 memcpy(vd + t * dim, kv_row(format, v_rows, at, dim, row), sizeof(float) * (size_t)dim);
