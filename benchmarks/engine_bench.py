@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 
-from kvbench.engines.kvengine import openmp
+from kvbench.engines.kvengine.settings import openmp
 
 openmp.apply()  # before torch loads OpenMP: as our engine's servers run
 
@@ -47,7 +47,7 @@ from engine_vs_vllm import INPUT_LEN, NUM_PROMPTS, OUTPUT_LEN, VLLM_CPU_STEP_TOK
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from kvbench.engines.kvengine.config import EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.loader import load_model  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402

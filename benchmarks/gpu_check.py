@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the working tree
 
 import torch  # noqa: E402
 
-from kvbench.engines.kvengine.config import EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.core.kv_format import KVFormat  # noqa: E402
 from kvbench.engines.kvengine.model import fp8  # noqa: E402
 from kvbench.engines.kvengine.model.attention import ReferenceAttention  # noqa: E402

@@ -32,7 +32,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from kvbench.engines.kvengine.config import EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.config import ModelConfig  # noqa: E402
 from kvbench.engines.kvengine.model.tiny import tiny_model  # noqa: E402
 from kvbench.engines.kvengine.model.weights import cache_root, resolve_source  # noqa: E402

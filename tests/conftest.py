@@ -1,4 +1,4 @@
-"""Shared test setup: OpenMP waits passively and does not spin first (`kvengine.openmp` gives our engine's servers
+"""Shared test setup: OpenMP waits passively and does not spin first (`kvengine.settings.openmp` gives our engine's servers
 a short spin; the tests keep every process, in-process engines and the servers they start, from spinning
 against the other xdist worker's)."""
 

@@ -9,7 +9,9 @@ Rules (a module's room is its package path):
 - kvbench.harness does not import our engine's core, model or runtime (it measures engines over HTTP);
 - kvbench.workloads imports neither kvbench.harness nor kvbench.engines;
 - kvbench.measure (shared by the real harness and the simulator) imports neither harness, engines, sim nor cli;
-- kvbench.sim imports neither kvbench.harness nor kvbench.cli;
+- kvbench.sim imports neither kvbench.harness nor kvbench.cli, nor our engine's runtime, model or server (it
+  reads the engine's settings/ only);
+- our engine's settings/ imports neither its runtime, model, server nor torch;
 - only kvbench.cli imports kvbench.cli;
 - no import cycle between modules, counting every import that can run: module level and inside functions alike
   (a function-level import only hides a cycle from the interpreter, not from the reader); only imports under
@@ -41,6 +43,13 @@ RULES = (
     ("kvbench.measure", "kvbench.cli", "measure is shared by the harness and the simulator"),
     ("kvbench.sim", "kvbench.harness", "the simulator replays workloads without the real harness"),
     ("kvbench.sim", "kvbench.cli", "the CLI sits at the edge"),
+    ("kvbench.sim", "kvbench.engines.kvengine.runtime", "the simulator reads the engine's settings, not its runtime"),
+    ("kvbench.sim", "kvbench.engines.kvengine.model", "the simulator reads the engine's settings, not its model"),
+    ("kvbench.sim", "kvbench.engines.kvengine.server", "the simulator reads the engine's settings, not its server"),
+    ("kvbench.engines.kvengine.settings", "kvbench.engines.kvengine.runtime", "settings sit below the runtime"),
+    ("kvbench.engines.kvengine.settings", "kvbench.engines.kvengine.model", "settings sit below the model"),
+    ("kvbench.engines.kvengine.settings", "kvbench.engines.kvengine.server", "settings sit below the server"),
+    ("kvbench.engines.kvengine.settings", "torch", "settings are torch-free: the adapter and the CLI read them"),
 )
 
 

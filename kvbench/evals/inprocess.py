@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.model import fp8
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk

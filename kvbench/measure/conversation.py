@@ -46,7 +46,7 @@ _TENANT_NAMESPACE = "tenant:{}"  # a tenant's own namespace, apart from the shar
 class Isolation(enum.StrEnum):
     """What an engine shares across tenants, as the oracle follows it.
 
-    `strict` and `shared-prefix` are our engine's `--isolation` values (kvengine.config.IsolationMode; a test keeps
+    `strict` and `shared-prefix` are our engine's `--isolation` values (kvengine.settings.config.IsolationMode; a test keeps
     them equal, since this room may not import the engine); `shared-all` is every other engine's
     behaviour (vLLM, SGLang, an endpoint: any prefix of any tenant may be reused).
     """

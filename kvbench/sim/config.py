@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 from kvbench.measure.conversation import Isolation
 from kvbench.sim.cost import CostModel
 from kvbench.sim.geometry import ModelGeometry

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvbench.engines.kvengine.config import AUTO, DEFAULT_DECODE_STALL_FACTOR
+from kvbench.engines.kvengine.settings.config import AUTO, DEFAULT_DECODE_STALL_FACTOR
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, DEFAULT_TTL
 

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvbench.engines.kvengine.config import AUTO, EngineConfig, IsolationMode
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig, IsolationMode
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
 from kvbench.measure.metrics import Summary, summarize
 from kvbench.measure.records import RequestRecord
 from kvbench.measure.schedule import LoadSpec

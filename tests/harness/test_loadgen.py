@@ -18,7 +18,7 @@ from kvbench.harness.instrument import (
     FAULT_STALL,
     InstrumentBehaviour,
 )
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import (

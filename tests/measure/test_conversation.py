@@ -125,7 +125,7 @@ def test_duration_stops_asking():
 def test_the_oracle_has_a_rule_for_every_isolation_mode_of_our_engine():
     """The oracle's rules are our engine's modes plus shared-all (every other engine): a mode added to the
     engine without an oracle rule would make reusable_tokens follow the wrong rule."""
-    from kvbench.engines.kvengine.config import IsolationMode
+    from kvbench.engines.kvengine.settings.config import IsolationMode
     from kvbench.measure.conversation import Isolation
 
     assert {Isolation.parse(mode.value).value for mode in IsolationMode} == {mode.value for mode in IsolationMode}

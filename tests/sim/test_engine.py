@@ -91,7 +91,7 @@ def test_run_folder_has_the_harness_files(mini, tmp_path):
 def test_the_tenant_ledger_decides_who_keeps_pages_under_pressure():
     """The core's tenant ledger runs in the simulator: a premium reservation protects tenant-b's pages, a
     small quota makes tenant-a's pages go first."""
-    from kvbench.engines.kvengine.runtime.tenants_config import (
+    from kvbench.engines.kvengine.settings.tenants import (
         TenantsConfig,
         parse_tenants,
     )

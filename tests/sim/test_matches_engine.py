@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.harness import eventloop

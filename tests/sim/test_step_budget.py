@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvbench.engines.kvengine.config import AUTO, EngineConfig
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, ScheduledSeq
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest

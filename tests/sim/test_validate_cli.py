@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvbench.cli.main import main
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.step_probe import read_step_log
 from kvbench.measure.run_folder import read_entries
 from kvbench.sim.cost import CostModel, SeqWork

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.table import Table
 
 from kvbench.cli.flag_types import number_above
-from kvbench.engines.kvengine import openmp
-from kvbench.engines.kvengine.config import AUTO, EngineConfig  # torch-free
-from kvbench.engines.kvengine.flags import add_flags, from_args
+from kvbench.engines.kvengine.settings import openmp
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig  # torch-free
+from kvbench.engines.kvengine.settings.flags import add_flags, from_args
 from kvbench.measure.run_folder import CONFIG_YAML, REQUESTS_JSONL, SIM_VALIDATION_JSON, SUMMARY_JSON
 from kvbench.settings import SettingsError
 

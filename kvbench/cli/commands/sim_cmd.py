@@ -193,7 +193,7 @@ def handle_capacity(args: argparse.Namespace) -> int:
 
 
 def handle_simulate(args: argparse.Namespace) -> int:
-    from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
+    from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
     from kvbench.cli.tables import print_summary, results_line
     from kvbench.measure.schedule import LoadSpec
     from kvbench.measure.stages import StagePlan

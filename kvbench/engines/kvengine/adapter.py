@@ -11,10 +11,10 @@ from pathlib import Path
 
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
-from kvbench.engines.kvengine import openmp
-from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, PORT_RANGE, TIER_SECRET_ENV, EngineConfig, ServeOptions
-from kvbench.engines.kvengine.flags import to_argv
-from kvbench.engines.kvengine.runtime.tenants_config import load_tenants  # torch-free, like config
+from kvbench.engines.kvengine.settings import openmp
+from kvbench.engines.kvengine.settings.config import ADMIN_KEY_ENV, PORT_RANGE, TIER_SECRET_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.settings.flags import to_argv
+from kvbench.engines.kvengine.settings.tenants import load_tenants  # torch-free, like config
 from kvbench.engines.launch import LOG_FILE, free_port
 from kvbench.engines.process import ManagedProcess
 from kvbench.engines.prometheus import parse_samples

@@ -4,10 +4,10 @@
 `async_engine.AsyncEngine` runs it on a thread of its own for the HTTP server; `offload.OffloadExecutor`
 moves KV between the device and the lower tiers (`tier_stores`: host, disk, Redis) where `core.tiers`
 decides; `requests` is what the runtime is asked for and answers (and `RequestLimits`, which the server
-checks each request against); `tenants_config` reads a tenants file (torch-free: the adapter imports it);
+checks each request against);
 `metrics` exports Prometheus text; `step_probe` logs and probes step times for calibration; `model_runner` is a
 rank's model and KV pages and the device ops rank 0 sends every rank (tensor parallel); `memory_budget` sizes
 weights, KV and activations per device before anything is allocated.
 
-Imports the core, the model and the config; never the server or the adapter.
+Imports the core, the model and the settings; never the server or the adapter.
 """

@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.config import AUTO, EngineConfig, IsolationMode
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import TenantId, shared_tokens_of
@@ -55,7 +55,7 @@ from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY
 )
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
 from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget, measure_prefill_budget
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig, load_tenants
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
 from kvbench.engines.kvengine.runtime.requests import (
     GenerationRequest,
     LiveRequest,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.engines.kvengine.config import AUTO, EngineConfig
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM, can_prepack, prepacked_bytes

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.engines.kvengine.config import COMPUTE_DTYPES, EngineConfig
+from kvbench.engines.kvengine.settings.config import COMPUTE_DTYPES, EngineConfig
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
 from kvbench.engines.kvengine.model.gpu_attention import attention_for

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.content_keys import PageKey
 from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
@@ -55,7 +55,7 @@ from kvbench.engines.kvengine.core.tiers import (
     TierTTL,
 )
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
-from kvbench.engines.kvengine.runtime.tenants_config import TenantsConfig
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
 
 REMOTE_TIER = "remote"

@@ -15,9 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
-from kvbench.engines.kvengine import openmp
-from kvbench.engines.kvengine.config import ADMIN_KEY_ENV, TIER_SECRET_ENV, EngineConfig, ServeOptions
-from kvbench.engines.kvengine.flags import add_flags, from_args
+from kvbench.engines.kvengine.settings import openmp
+from kvbench.engines.kvengine.settings.config import ADMIN_KEY_ENV, TIER_SECRET_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.settings.flags import add_flags, from_args
 
 EXIT_ENGINE_FAILED = 1
 EXIT_USAGE = 2  # bad settings (a bad tenants file, a bad flag value), as the kvbench CLI exits
@@ -34,7 +34,7 @@ def serve(args: argparse.Namespace) -> int:
     """Serve until stopped (0) or until the engine fails (EXIT_ENGINE_FAILED). Bad settings raise
     SettingsError (one line: the field and the fix) before the model loads where they can."""
     openmp.apply()
-    from kvbench.engines.kvengine.runtime.tenants_config import load_tenants
+    from kvbench.engines.kvengine.settings.tenants import load_tenants
 
     config, options = from_args(EngineConfig, args), from_args(ServeOptions, args)
     if config.tier_secret is None and os.environ.get(TIER_SECRET_ENV):

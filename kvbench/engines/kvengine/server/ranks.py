@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from kvbench.engines.kvengine import openmp
-from kvbench.engines.kvengine.config import AUTO, EngineConfig
-from kvbench.engines.kvengine.flags import to_argv
+from kvbench.engines.kvengine.settings import openmp
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
+from kvbench.engines.kvengine.settings.flags import to_argv
 from kvbench.engines.launch import free_port
 from kvbench.engines.process import dies_with_this_thread
 from kvbench.settings import SettingsError

@@ -8,9 +8,9 @@ import logging
 import pickle
 import sys
 
-from kvbench.engines.kvengine import openmp
-from kvbench.engines.kvengine.config import EngineConfig
-from kvbench.engines.kvengine.flags import add_flags, from_args
+from kvbench.engines.kvengine.settings import openmp
+from kvbench.engines.kvengine.settings.config import EngineConfig
+from kvbench.engines.kvengine.settings.flags import add_flags, from_args
 
 EXIT_FAILED = 1
 

@@ -101,7 +101,7 @@ def test_cuda_graph_decode_equals_eager_decode(fmt):
 def test_engine_on_cuda_with_graphs_and_a_host_tier_gives_the_cpu_tokens():
     """tiny-random on CUDA (graphs on, pages demoted through the side-stream copy and restored) generates
     what it generates on CPU."""
-    from kvbench.engines.kvengine.config import EngineConfig
+    from kvbench.engines.kvengine.settings.config import EngineConfig
     from kvbench.engines.kvengine.runtime.engine import Engine
     from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache

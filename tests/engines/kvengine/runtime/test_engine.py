@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.engines.kvengine.model.sampling import SamplingParams
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kvbench.engines.kvengine.adapter import KVEngineSettings
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, plan_memory
 from kvbench.settings import SettingsError

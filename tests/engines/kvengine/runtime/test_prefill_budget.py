@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from kvbench.engines.kvengine.config import AUTO, EngineConfig
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.runtime import engine as engine_module
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest

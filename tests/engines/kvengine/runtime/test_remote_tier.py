@@ -50,7 +50,7 @@ def test_a_second_engine_process_hits_what_this_one_computed(loaded, redis):
     run(engine, greedy("a", PROMPT))
     engine.close()  # every page published
     script = textwrap.dedent(f"""
-        from kvbench.engines.kvengine.config import EngineConfig
+        from kvbench.engines.kvengine.settings.config import EngineConfig
         from kvbench.engines.kvengine.runtime.engine import Engine
         from kvbench.engines.kvengine.runtime.requests import GenerationRequest
         from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model

@@ -1,6 +1,6 @@
 """The step probe records exactly the work of every model step, for the simulator's calibration."""
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.step_probe import ProbeCase, probe_steps
 

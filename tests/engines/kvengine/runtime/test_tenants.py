@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from kvbench.engines.kvengine.runtime.tenants_config import load_tenants, parse_tenants
+from kvbench.engines.kvengine.settings.tenants import load_tenants, parse_tenants
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 
 from .tiers_fixtures import greedy, make_engine, run, tokens

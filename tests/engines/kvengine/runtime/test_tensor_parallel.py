@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.model.batch import SequenceChunk
 from kvbench.engines.kvengine.model.parallel import TensorParallel
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model

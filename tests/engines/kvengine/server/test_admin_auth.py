@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 

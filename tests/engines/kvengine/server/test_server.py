@@ -9,7 +9,7 @@ import urllib.request
 import openai
 import pytest
 
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.engines.prometheus import parse_samples

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import kvbench.engines.kvengine as kvengine_package
-from kvbench.engines.kvengine.config import EngineConfig
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection
 from enum import Enum
 from typing import Any, TypeVar
 
-from kvbench.engines.kvengine.config import choices_of
+from kvbench.engines.kvengine.settings.config import choices_of
 from kvbench.settings import build
 
 T = TypeVar("T")

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from kvbench.engines.kvengine.core.tiers import TierTTL
-from kvbench.engines.kvengine.runtime.tenants_config import load_tenants, parse_tenants
+from kvbench.engines.kvengine.settings.tenants import load_tenants, parse_tenants
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.settings import SettingsError
 
-from .tiers_fixtures import make_engine
+from tests.engines.kvengine.runtime.tiers_fixtures import make_engine
 
 BAD = Path(__file__).parents[3] / "data" / "bad_inputs" / "tenants"
 

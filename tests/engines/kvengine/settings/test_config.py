@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import pytest
 
 from kvbench.engines.kvengine.adapter import KVEngineAdapter, KVEngineSettings
-from kvbench.engines.kvengine.config import TIER_SECRET_ENV, EngineConfig, IsolationMode, ServeOptions, setting
+from kvbench.engines.kvengine.settings.config import TIER_SECRET_ENV, EngineConfig, IsolationMode, ServeOptions, setting
 from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat, ScaleMode
-from kvbench.engines.kvengine.flags import add_flags, from_args, to_argv
+from kvbench.engines.kvengine.settings.flags import add_flags, from_args, to_argv
 from kvbench.engines.process import child_environment
 from kvbench.engines.kvengine.server.main import add_arguments
 from kvbench.settings import SettingsError, build
