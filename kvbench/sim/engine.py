@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
-from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.plans import probe_shape, stall_bounded_prefill
 from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
@@ -48,13 +46,9 @@ from kvbench.measure.conversation import Conversation, ConversationDriver, Reuse
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
-from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
+from kvbench.sim.fleet import build_nodes
 from kvbench.sim.node import SimNode
-from kvbench.sim.offload_tiers import build_offload
-from kvbench.sim.cost import SeqWork
-from kvbench.sim.presets import AUTO, TIERS_TTL
 from kvbench.sim.routing import Router
-from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.spec import Workload
 
 NS = 1_000_000_000
@@ -189,7 +183,7 @@ class _Sim:
         record.prompt_tokens = int(live.prompt.size)
         record.output_tokens = len(output)
         record.cached_tokens = cached
-        record.cached_tokens_by_tier = dict(live.restored)
+        record.cached_tokens_by_tier = live.restored | self.nodes[live.node].restored.pop(record.request_id, {})
         restored = sum(live.restored.values())
         record.cached_tokens_by_tier["device"] = max(cached - restored, 0)
         record.answer_source = ANSWER_TOKEN_IDS
@@ -215,8 +209,10 @@ class _Sim:
             plan, now, seconds = skipped.plan, skipped.begin, skipped.seconds
         else:
             started = node.begin_step(now)
-            if started is None:
-                return  # nothing fits now; a finishing request or a new arrival will kick again
+            if started is None:  # nothing fits now; a finish, an arrival or a load done will kick again
+                if node.wake_at is not None:
+                    self.push(node.wake_at, _ARRIVE, (node_index, None, None, None))
+                return
             plan, seconds = started
         self.push(now + seconds, _STEP, (node_index, plan))
 
@@ -259,7 +255,8 @@ class _Sim:
                 self.turn_due(now, payload)
             elif kind == _ARRIVE:
                 node_index, request, answer, restore = payload
-                self.nodes[node_index].admit(request, answer, restore, now)
+                if request is not None:  # else a load done: the node may step again
+                    self.nodes[node_index].admit(request, answer, restore, now)
                 self.kick(node_index, now)
             else:
                 self.step_done(payload[0], payload[1], now)
@@ -269,65 +266,6 @@ class _Sim:
             live.record.error = ERR_TOO_LONG
             self.records.append(live.record)
         self.live.clear()
-
-
-def prefill_beside_decodes(config: SimConfig, device_pages: int) -> int | None:
-    """The preset's max_prefill_beside_decodes; 'auto' resolved as our engine resolves it, by the core's rule on
-    the probe's steps, here costed by the cost model instead of timed."""
-    preset = config.preset
-    if preset.max_prefill_beside_decodes != AUTO:
-        return preset.max_prefill_beside_decodes
-    shape = probe_shape(preset.max_step_tokens, device_pages * preset.page_size)
-    decode = SeqWork(shape.context, shape.context + 1)
-
-    def step_s(n: int) -> float:  # the engine's median chunk: the second of its prompt
-        return config.cost.step([decode, SeqWork(n, 2 * n)] if n else [decode]).seconds
-
-    return stall_bounded_prefill(step_s, shape, preset.decode_stall_factor)
-
-
-def _ledger(config: SimConfig, pages: int):
-    return config.tenants.ledger(pages) if config.tenants.tenants else None
-
-
-def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
-    preset = config.preset
-    remote = None
-    if preset.remote_bytes > 0:  # one object: every node shares it
-        remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
-    host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
-    sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
-                                   max_prefill_beside_decodes=prefill_beside_decodes(config, device_pages),
-                                   strict_isolation=config.strict_isolation)
-    ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
-    sink = events if events is not None else NullEventLog()
-    if config.kv_offload is not None:  # the tiers the case states, as its connector keeps them
-        indexes = [PrefixIndex(PagePool(1 + device_pages, preset.page_size), events=sink)
-                   for _ in range(preset.num_nodes)]
-        return [SimNode(i, Scheduler(index, sched_config, ledger=_ledger(config, index.pool.capacity)), config.cost, below,
-                        preset.admission, config.decode_runs)
-                for i, (index, below) in enumerate(zip(indexes, build_offload(config, indexes)))]
-    nodes = []
-    for i in range(preset.num_nodes):
-        pool = PagePool(1 + device_pages, preset.page_size)
-        ledger = _ledger(config, pool.capacity)
-        if preset.tier_policy == TIERS_TTL and (host_pages > 0 or disk_pages > 0):
-            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(), preset.tier_interval_s,
-                                    sink)
-            index = PrefixIndex(pool, events=sink, journal=below.journal, key_salt=below.key_salt)
-        else:
-            tiers = []
-            if host_pages > 0:
-                tiers.append(LowerTier.create(Tier.HOST, host_pages, preset.page_size))
-            if disk_pages > 0:
-                tiers.append(LowerTier.create(Tier.DISK, disk_pages, preset.page_size))
-            if remote is not None:
-                tiers.append(remote)
-            below = WriteThroughTiers(tuple(tiers))
-            index = PrefixIndex(pool, events=sink)
-        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission,
-                             config.decode_runs))
-    return nodes
 
 
 @contextmanager
@@ -388,6 +326,8 @@ def sim_result(sim: _Sim, started: float) -> SimResult:
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
                    "busy_s": n.stats.busy_s,
                    "preempted": n.stats.preempted, "restored_tokens": dict(n.stats.restored_tokens),
+                   "restored_bytes": {t: k * n.cost.kv_bytes_per_token for t, k in n.stats.restored_tokens.items()},
+                   "tier_hits": dict(n.stats.tier_hits), "load_wait_s": n.stats.load_wait_s,
                    "restore_link_s": n.stats.restore_s} for n in nodes)
     records = tuple(sorted(sim.records, key=lambda r: (r.queued_ns, r.request_id)))
     return SimResult(records, nodes[0].scheduler.index.pool.capacity, stats, end, time.perf_counter() - started,

@@ -20,6 +20,7 @@ loop above would have done step by step (`SimConfig.decode_runs=False` steps one
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,8 +74,10 @@ class NodeStats:
     fast_forwarded: int = 0  # of the steps, those run in one pass as runs of pure decodes
     busy_s: float = 0.0
     preempted: int = 0
-    restored_tokens: dict[str, int] = field(default_factory=dict)
+    restored_tokens: dict[str, int] = field(default_factory=dict)  # tier name -> tokens restored from it
+    tier_hits: dict[str, int] = field(default_factory=dict)  # tier name -> requests that restored from it
     restore_s: float = 0.0
+    load_wait_s: float = 0.0  # steps held up by loads in the step (LMCache's retrieve)
 
 
 @dataclass(slots=True)
@@ -91,6 +94,9 @@ class SimNode:
     _live: dict = field(default_factory=dict)  # request id -> (Request, answer tokens to sample, as a list)
     _produced: dict = field(default_factory=dict)
     _link_free_at: float = 0.0
+    _loading: list = field(default_factory=list)  # heap of (ready at, seq, request, restore): loads in flight
+    _stall_s: float = 0.0  # the next step waits this long for loads it must do in its forward pass
+    restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
 
     @property
     def page_size(self) -> int:
@@ -122,7 +128,13 @@ class SimNode:
 
     # ---- arrival -----------------------------------------------------------------------------------------
     def plan_restore(self, request: Request, now: float) -> Restore:
-        """What the tiers below add beyond the device's cached prefix, and when it can be on the device."""
+        """What the tiers below add beyond the device's cached prefix, and when it can be on the device (at
+        arrival; nothing when the tiers are looked up at admission, `_admit_restore`)."""
+        if self.below.restores_at_admission:
+            return Restore(None, now)
+        return self._restore(request, now)
+
+    def _restore(self, request: Request, now: float) -> Restore:
         limit = (len(request.prompt) - 1) // self.page_size  # the scheduler always computes the last token
         lookup = self.below.lookup(self.scheduler.index, self._namespace(request), request.prompt, limit, now)
         if lookup is None:
@@ -138,8 +150,40 @@ class SimNode:
         self._produced[request.request_id] = 0
         self._pending.append((request, restore))
 
+    @property
+    def wake_at(self) -> float | None:
+        """When the next load in flight is done (None: none): the node has work then even if idle now."""
+        return self._loading[0][0] if self._loading else None
+
+    def _admit_restore(self, request: Request, restore: Restore, now: float) -> bool:
+        """At admission (the tiers are looked up now): False when the request waits for an asynchronous load
+        (it joins the scheduler when the load is done, `_land_loads`); else its restore is installed, and the
+        next step waits for a load in its forward pass."""
+        if self.below.restores_at_admission:
+            restore = self._restore(request, now)
+            if restore.lookup is not None and self.below.async_load:
+                heapq.heappush(self._loading, (restore.ready_at, request.request_id, request, restore))
+                return False
+            self._stall_s = max(self._stall_s, restore.ready_at - now)
+        if restore.lookup is not None:
+            self._install(request, restore.lookup, now)
+        return True
+
+    def _land_loads(self, now: float) -> None:
+        """Requests whose asynchronous load is done join the scheduler, their pages installed."""
+        while self._loading and self._loading[0][0] <= now:
+            _, _, request, restore = heapq.heappop(self._loading)
+            self._install(request, restore.lookup, now)
+            self._add(request)
+
     def _install(self, request: Request, lookup: Lookup, now: float) -> None:
         """The restored pages become device pages, as the engine adopts them (`adopt_pages`)."""
+        by_tier = self.restored.setdefault(request.request_id, {})
+        for tier, k in lookup.tokens_by_tier.items():
+            name = tier.name.lower()
+            self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
+            self.stats.tier_hits[name] = self.stats.tier_hits.get(name, 0) + 1
+            by_tier[name] = by_tier.get(name, 0) + k
         placement = Placement(self._namespace(request))
         ps = self.page_size
         device_pages = self.scheduler.index.match_prompt(placement, request.prompt[: lookup.pages * ps]).num_pages
@@ -165,30 +209,32 @@ class SimNode:
                            key=lambda i: index.match(self._namespace(self._pending[i][0]),
                                                      self._pending[i][0].prompt).num_pages)
             request, restore = self._pending.pop(pick)
-            if restore.lookup is not None:
-                self._install(request, restore.lookup, now)
-                for tier, k in restore.tokens_by_tier.items():
-                    name = tier.name.lower()
-                    self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
-            try:
-                self.scheduler.add(request)
-            except ValueError:
-                # It can never fit in this node's device KV: it stays unfinished, and the simulator reports
-                # every unfinished request as an error when the run ends.
-                continue
+            if self._admit_restore(request, restore, now):
+                self._add(request)
+
+    def _add(self, request: Request) -> None:
+        try:
+            self.scheduler.add(request)
+        except ValueError:
+            # It can never fit in this node's device KV: it stays unfinished, and the simulator reports every
+            # unfinished request as an error when the run ends.
+            return
 
     def has_work(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
+        return bool(self._pending) or bool(self._loading) or self.scheduler.has_work()
 
     def begin_step(self, now: float) -> tuple[CompactPlan, float] | None:
         """Schedule one step at `now`; returns the plan and its duration, or None when nothing can run."""
         self.below.maintain(self.scheduler.index, now)
+        self._land_loads(now)
         self._feed(now)
         plan = self.scheduler.schedule_compact(now)  # what schedule(now) decides, without a page table per decode
         self.below.sync(now)  # pages evicted by the installs and the schedule
         if not plan.entries and not plan.swap_in and not plan.swap_out:
             return None
-        seconds = self.cost.step(plan.others, plan.decode_starts).seconds
+        seconds = self.cost.step(plan.others, plan.decode_starts).seconds + self._stall_s
+        self.stats.load_wait_s += self._stall_s
+        self._stall_s = 0.0
         swapped = sum(len(s.pages) for s in plan.swap_out) + sum(len(s.pages) for s in plan.swap_in)
         if swapped:
             seconds += self.cost.transfer_seconds(Tier.HOST, swapped * self.page_size)
@@ -211,6 +257,8 @@ class SimNode:
         run = self.scheduler.decode_run()
         if run is None:
             return None
+        if self._loading:  # a load done meanwhile joins at the next step's start
+            horizon = min(horizon, self._loading[0][0])
         begins, seconds = self._time_run(run, now, horizon)
         k, live, produced = len(begins), self._live, self._produced
         tokens = []
@@ -247,9 +295,13 @@ class SimNode:
             produced[rid] = k + 1
         finished = self.scheduler.postprocess_compact(plan, tokens, now)
         self.busy = False
+        for e in plan.others:  # prefill chunks: their computed blocks may be stored now
+            request = live[e.request_id][0]
+            self.below.computed(e.request_id, self._namespace(request), request.prompt,
+                                min(e.end, len(request.prompt)), request.tenant, now)
         for f in finished:
             request, _ = self._live.pop(f.request_id)
             del self._produced[f.request_id]
-            self.below.store(self._namespace(request), request.prompt, f.output, request.tenant, now)
+            self.below.store(f.request_id, self._namespace(request), request.prompt, f.output, request.tenant, now)
         return finished
 
