@@ -14,6 +14,9 @@ connector (vllm/v1/core/sched/scheduler.py, distributed/kv_transfer/kv_connector
                 become visible to lookups when that copy is done (`complete_store`); then down to disk or the
                 remote store on that tier's own link (LMCache: each backend keeps a copy)
     finish      vLLM stores the output's full blocks as well; LMCache does not (`save_decode_cache` false)
+    peer        after its own tiers, the node pulls from the replica whose device cache holds the longest
+                prefix, when that is `min_pull_tokens` more (llm-d's P2P guide: minCachedTokenDelta 2048),
+                over the network into device memory (NIXL over RDMA), asynchronously as vLLM's NixlConnector
 
 `build_offload(config, indexes)` returns one `BelowDevice` per node (a shared remote tier is one object every
 node's tiers hold). The speeds a spec states replace the hardware profile's links (`SimConfig.cost` applies
@@ -56,6 +59,7 @@ class ConnectorTiers:
     `min_block`) or LMCache (none of the three) keep them. `to_host` is the device->host link (stores)."""
 
     lanes: tuple[StoreLane, ...]
+    page_size: int
     block_pages: int
     to_host: Link
     kv_bytes_per_token: float
@@ -63,6 +67,10 @@ class ConnectorTiers:
     store_output: bool
     min_block: bool
     restores_at_admission: bool = True
+    # A peer tier: the other nodes' device caches (llm-d's P2P sharing over NIXL), pulled when one holds at
+    # least `min_pull_pages` more of the prompt than this node has after its own tiers.
+    peers: tuple[PrefixIndex, ...] = ()
+    min_pull_pages: int = 1
     to_host_queue: LinkQueue = field(default_factory=LinkQueue)
     stored_tokens: dict = field(default_factory=dict)  # tier name -> tokens written
     _stored_pages: dict = field(default_factory=dict)  # request id -> its leading pages stored
@@ -86,6 +94,10 @@ class ConnectorTiers:
                 by_tier[lane.tier.tier] = extra * index.page_size
                 lane.tier.touch(namespace, prompt[: (have + extra) * index.page_size], now)
                 have += extra
+        best = max((min(peer.match(namespace, prompt).num_pages, limit) for peer in self.peers), default=0)
+        if best - have >= self.min_pull_pages:
+            by_tier[Tier.PEER] = (best - have) * index.page_size
+            have = best
         return Lookup(by_tier, start, have) if by_tier else None
 
     def install_upto(self, lookup: Lookup, device_pages: int) -> int:
@@ -98,7 +110,9 @@ class ConnectorTiers:
     def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
                  tenant: TenantId, now: float) -> None:
         """A step computed `tokens[:computed]` of a request: its new full blocks are stored."""
-        ps = self.lanes[0].tier.index.page_size
+        if not self.lanes:
+            return
+        ps = self.page_size
         done = self._stored_pages.get(request_id, 0)
         upto = stored_upto(computed // ps, done, self.block_pages)
         if upto <= done:
@@ -159,8 +173,9 @@ def build_offload(config: SimConfig, indexes: Sequence[PrefixIndex]) -> list[Bel
     shared = {t.medium: LowerTier.create(Tier.REMOTE, config.tier_pages(t.bytes_per_replica), page_size)
               for t in spec.tiers if t.medium == Medium.REMOTE}
     native = spec.connector == Connector.VLLM_NATIVE
+    min_pull_pages = -(-spec.min_pull_tokens // page_size)
     belows: list[BelowDevice] = []
-    for _ in indexes:
+    for i, _ in enumerate(indexes):
         lanes = []
         for t in spec.tiers:
             if t.medium not in TIER_OF:
@@ -169,6 +184,8 @@ def build_offload(config: SimConfig, indexes: Sequence[PrefixIndex]) -> list[Bel
                                                             page_size)
             link = None if t.medium == Medium.CPU else _write_link(cost.link(tier.tier), t.write_gb_s)
             lanes.append(StoreLane(tier, link))
-        belows.append(ConnectorTiers(tuple(lanes), block_pages, to_host, cost.kv_bytes_per_token, async_load=native,
-                                     store_output=native, min_block=native))
+        peers = tuple(x for j, x in enumerate(indexes) if j != i) if Medium.PEER in by else ()
+        belows.append(ConnectorTiers(tuple(lanes), page_size, block_pages, to_host, cost.kv_bytes_per_token,
+                                     async_load=native or bool(peers), store_output=native, min_block=native,
+                                     peers=peers, min_pull_pages=min_pull_pages))
     return belows

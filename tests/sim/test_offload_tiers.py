@@ -6,6 +6,8 @@ a token, on 8 devices; the cpu tier's speed is given as 10 GB/s per device (80 G
 latency, so 1,024 tokens (167,772,160 bytes) cross in 2.097152 ms.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -168,3 +170,32 @@ def test_lmcache_retrieves_a_cpu_hit_inside_the_step_that_admits_it():
     # LMCache's chunks are 256 tokens: the 1,024 held are 4 whole chunks.
     [chunk] = [e for e in plan.others if e.request_id == "b"]
     assert (chunk.start, chunk.end) == (1_024, 1_064)
+
+
+def peer_nodes(min_pull_tokens: int) -> list[SimNode]:
+    spec = parse_kv_offload({"medium": "peer", "connector": "vllm-native", "read_gb_s": 25, "latency_ms": 0,
+                             "min_pull_tokens": min_pull_tokens})
+    preset = dataclasses.replace(get_preset("vllm-prefix"), num_nodes=2)
+    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), preset, "fp8", "fp8", 20_000,
+                       kv_offload=spec)
+    return build_nodes(config)
+
+
+@pytest.mark.parametrize("min_pull_tokens, pulled", [(2_048, 2_048), (2_049, 0)])
+def test_a_replica_pulls_a_peer_s_longer_prefix_over_the_network(min_pull_tokens, pulled):
+    """Node 1 computed a 2,048-token prefix; a request for it on node 0 pulls it from node 1 when that is at
+    least `min_pull_tokens` (llm-d's minCachedTokenDelta), at 25 GB/s straight into device memory."""
+    n0, n1 = peer_nodes(min_pull_tokens)
+    prefix = tokens(1, 2_048)
+    first = request("a", np.concatenate([prefix, tokens(90_000, 8)]), max_tokens=1)
+    n1.admit(first, np.array([5]), n1.plan_restore(first, 0.0), 0.0)
+    end, _ = run_until_idle(n1, 0.0, {})
+    b = request("b", np.concatenate([prefix, tokens(80_000, 8)]), max_tokens=1)
+    n0.admit(b, np.array([5]), n0.plan_restore(b, end), end)
+    _, steps = run_until_idle(n0, end, {})
+    [chunk] = steps[0][2].others
+    assert chunk.start == pulled
+    assert n0.restored.get("b", {}) == ({"peer": 2_048} if pulled else {})
+    if pulled:
+        assert n0.stats.restore_s == pytest.approx(2_048 * KV_BYTES / 25e9)
+        assert steps[0][0] == pytest.approx(end + 2_048 * KV_BYTES / 25e9)
