@@ -48,6 +48,7 @@ from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
 from kvbench.sim.fleet import build_nodes
 from kvbench.sim.node import SimNode
+from kvbench.sim.pd import Handoff
 from kvbench.sim.routing import Router
 from kvbench.workloads.spec import Workload
 
@@ -74,6 +75,8 @@ class _Live:
     answer: np.ndarray
     node: int
     restored: dict[str, int]
+    request: Request | None = None  # with a prefill/decode split: the client's, for the decode node
+    prefill_cached: int | None = None  # ... and the prompt tokens the prefill node found cached
 
 
 @dataclass(slots=True)
@@ -97,6 +100,7 @@ class _Sim:
     order_pos: int = 0
     parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
     router: Router | None = None
+    pd: Handoff | None = None  # a prefill/decode split: the router picks among the prefill pool (`sim/pd.py`)
     node_of: dict = field(default_factory=dict)  # request id -> node
     # Open loop, one turn per session: another node's step can start nothing new (no next turn, no freed
     # slot), so a node's decode run needs to stop only at the next arrival (`arrivals`: the times of the
@@ -162,12 +166,15 @@ class _Sim:
         # in the core's Placement, so a prompt split across the shared and a tenant's namespace would miss there.
         request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(talk.session.tenant))
         node = self.router.pick(session_index, request, now)
+        sent, sent_answer = request, answer
+        if self.pd is not None:  # the prefill node is asked for the prompt and one token, not the client's
+            sent, sent_answer = self.pd.prefill_request(request), answer[:1]
         self.node_of[rid] = node
         now += self.config.preset.router_latency_s
-        restore = self.nodes[node].plan_restore(request, now)
+        restore = self.nodes[node].plan_restore(sent, now)
         self.live[rid] = _Live(record, session_index, prompt, answer, node,
-                               {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
-        self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
+                               {t.name.lower(): k for t, k in restore.tokens_by_tier.items()}, request)
+        self.push(restore.ready_at, _ARRIVE, (node, sent, sent_answer, restore))
 
     def release_slot(self, now: float) -> None:
         if self.load.cap is None:
@@ -177,13 +184,17 @@ class _Sim:
             self.push(now, _TURN, self.slot_waiters.popleft())
 
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
-        self.router.finished(live.node, len(live.prompt))
+        if self.pd is None or self.pd.is_prefill(live.node):
+            self.router.finished(live.node, len(live.prompt))
         record = live.record
         record.done_ns = int(round(now * NS))
         record.prompt_tokens = int(live.prompt.size)
         record.output_tokens = len(output)
+        restored = self.nodes[live.node].restored.pop(record.request_id, {})
+        if live.prefill_cached is not None:  # the decode node's cache holds the handoff, not a hit
+            cached, restored = live.prefill_cached, {}
         record.cached_tokens = cached
-        record.cached_tokens_by_tier = live.restored | self.nodes[live.node].restored.pop(record.request_id, {})
+        record.cached_tokens_by_tier = live.restored | restored
         restored = sum(live.restored.values())
         record.cached_tokens_by_tier["device"] = max(cached - restored, 0)
         record.answer_source = ANSWER_TOKEN_IDS
@@ -232,10 +243,24 @@ class _Sim:
 
     def step_done(self, node_index: int, plan, now: float) -> None:
         node = self.nodes[node_index]
-        self.stream(plan.sampled_ids, (now,))
+        prefill = self.pd is not None and self.pd.is_prefill(node_index)
+        if not prefill:  # a prefill node's token is not streamed: the decode node answers
+            self.stream(plan.sampled_ids, (now,))
         for f in node.end_step(plan, now):
-            self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
+            if prefill:
+                self.hand_off(node_index, self.live[f.request_id], f.num_cached_tokens, now)
+            else:
+                self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
         self.kick(node_index, now)
+
+    def hand_off(self, prefill_node: int, live: _Live, cached: int, now: float) -> None:
+        """A prefill is done: its KV goes to a decode node, which runs the client's request once it is there."""
+        self.router.finished(prefill_node, len(live.prompt))
+        live.restored |= self.nodes[prefill_node].restored.pop(live.record.request_id, {})
+        live.prefill_cached = cached
+        restore = self.pd.hand_off(prefill_node, live.request, now)
+        live.node = self.pd.decode_node(self.nodes)
+        self.push(restore.ready_at, _ARRIVE, (live.node, live.request, live.answer, restore))
 
     def run(self) -> None:
         sessions = self.workload.sessions
@@ -313,11 +338,15 @@ def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, 
     # is refused (in shared-prefix isolation) rather than silently never shared.
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
-    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY
+    # A prefill's end (a step) sends work to a decode node: with a split, no node's run is independent.
+    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY and config.pd is None
                    and all(len(s.turns) == 1 for s in workload.sessions))
+    pd = None if config.pd is None else Handoff(config.pd, config.preset.page_size, config.cost.kv_bytes_per_token)
+    routed = nodes if pd is None else nodes[: config.pd.prefill_replicas]
     return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                 slots_free=load.cap or 0, send_order=tuple(send_order) if send_order is not None else None,
-                router=Router(nodes, config.preset.route, config.preset.page_size), nodes_independent=independent)
+                router=Router(routed, config.preset.route, config.preset.page_size), nodes_independent=independent,
+                pd=pd)
 
 
 def sim_result(sim: _Sim, started: float) -> SimResult:

@@ -3,6 +3,8 @@ below its device (the preset's, or a `KVOffloadSpec`'s as its connector keeps th
 
 from __future__ import annotations
 
+import dataclasses
+
 from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.plans import probe_shape, stall_bounded_prefill
@@ -38,6 +40,28 @@ def _ledger(config: SimConfig, pages: int):
 
 
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
+    """The fleet's nodes in order; with a prefill/decode split (`config.pd`), the prefill pool first (with the
+    case's KV tiers) and then the decode pool (device only, NIXL's handoffs its only source), each pool of its
+    own devices per replica."""
+    pd = config.pd
+    if pd is None:
+        return _pool(config, events)
+    hw = config.hardware
+
+    def pool(count: int, devices: int | None, kv_offload, **preset_changes) -> SimConfig:
+        return dataclasses.replace(config, hardware=hw if devices is None else hw.with_devices(devices), pd=None,
+                                   kv_offload=kv_offload,
+                                   preset=dataclasses.replace(config.preset, num_nodes=count, **preset_changes))
+
+    prefill = _pool(pool(pd.prefill_replicas, pd.prefill_devices, config.kv_offload), events)
+    decode = _pool(pool(pd.decode_replicas, pd.decode_devices, None, host_fraction=0.0, disk_fraction=0.0,
+                        remote_bytes=0.0), events)
+    for i, node in enumerate(decode):
+        node.node_id = pd.prefill_replicas + i
+    return prefill + decode
+
+
+def _pool(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     preset = config.preset
     remote = None
     if preset.remote_bytes > 0:  # one object: every node shares it

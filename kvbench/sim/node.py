@@ -159,7 +159,7 @@ class SimNode:
         """At admission (the tiers are looked up now): False when the request waits for an asynchronous load
         (it joins the scheduler when the load is done, `_land_loads`); else its restore is installed, and the
         next step waits for a load in its forward pass."""
-        if self.below.restores_at_admission:
+        if self.below.restores_at_admission and restore.lookup is None:  # else a handoff's (sim/pd.py)
             restore = self._restore(request, now)
             if restore.lookup is not None and self.below.async_load:
                 heapq.heappush(self._loading, (restore.ready_at, request.request_id, request, restore))
