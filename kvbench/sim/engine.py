@@ -194,9 +194,8 @@ class _Sim:
         if live.prefill_cached is not None:  # the decode node's cache holds the handoff, not a hit
             cached, restored = live.prefill_cached, {}
         record.cached_tokens = cached
-        record.cached_tokens_by_tier = live.restored | restored
-        restored = sum(live.restored.values())
-        record.cached_tokens_by_tier["device"] = max(cached - restored, 0)
+        by_tier = live.restored | restored
+        record.cached_tokens_by_tier = by_tier | {"device": max(cached - sum(by_tier.values()), 0)}
         record.answer_source = ANSWER_TOKEN_IDS
         record.http_status = 200
         record.finish_reason = reason

@@ -202,7 +202,7 @@ class SimNode:
         evictable pages; installing them just before the scheduler can admit keeps them from being evicted
         by the requests queued ahead."""
         index = self.scheduler.index
-        while self._pending and self.scheduler.num_waiting < ADMIT_WINDOW:
+        while self._pending and self._queued < ADMIT_WINDOW:
             pick = 0
             if self.admission == ADMIT_LPM:
                 pick = max(range(len(self._pending)),
@@ -219,6 +219,12 @@ class SimNode:
             # It can never fit in this node's device KV: it stays unfinished, and the simulator reports every
             # unfinished request as an error when the run ends.
             return
+
+    @property
+    def _queued(self) -> int:
+        """Requests handed over and not yet running: in the scheduler's FIFO, or loading to join it (a load is
+        looked up near the head of the queue, as vLLM looks it up, and its pages are not held meanwhile)."""
+        return self.scheduler.num_waiting + len(self._loading)
 
     def has_work(self) -> bool:
         return bool(self._pending) or bool(self._loading) or self.scheduler.has_work()
@@ -252,7 +258,8 @@ class SimNode:
         time would do, to the bit. None when no step is certain (then `begin_step`). The tiers below must be
         passive (nothing to do at a step's fixed points)."""
         if (not self.decode_runs or not self.below.passive
-                or (self._pending and self.scheduler.num_waiting < ADMIT_WINDOW)):  # else `_feed` would admit
+                or (self._pending and self._queued < ADMIT_WINDOW)  # else `_feed` would admit
+                or (self._loading and self._loading[0][0] <= now)):  # ... or a load done would join
             return None
         run = self.scheduler.decode_run()
         if run is None:
