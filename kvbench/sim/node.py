@@ -20,6 +20,7 @@ loop above would have done step by step (`SimConfig.decode_runs=False` steps one
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 
@@ -97,6 +98,7 @@ class SimNode:
     _loading: list = field(default_factory=list)  # heap of (ready at, seq, request, restore): loads in flight
     _stall_s: float = 0.0  # the next step waits this long for loads it must do in its forward pass
     restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
+    _resumed: dict = field(default_factory=dict)  # request id -> FinishedRequest-so-far and client's Request
 
     @property
     def page_size(self) -> int:
@@ -208,9 +210,22 @@ class SimNode:
                 pick = max(range(len(self._pending)),
                            key=lambda i: index.match(self._namespace(self._pending[i][0]),
                                                      self._pending[i][0].prompt).num_pages)
+            if self._pending[pick][0].request_id in self._resumed and not self._may_resume(self._pending[pick][0]):
+                return
             request, restore = self._pending.pop(pick)
             if self._admit_restore(request, restore, now):
                 self._add(request)
+
+    def _may_resume(self, request: Request) -> bool:
+        """Whether a preempted request may be fed again (and its tiers looked up) now: when nothing runs, or
+        the pool's free pages hold what the device lacks of it; as vLLM retries it only when its blocks can
+        be allocated, by which time the device may have evicted what it had."""
+        if self.scheduler.num_running == 0:
+            return True
+        index = self.scheduler.index
+        lacks = -(-len(request.prompt) // self.page_size) - index.match(self._namespace(request),
+                                                                        request.prompt).num_pages
+        return lacks <= index.pool.num_free
 
     def _add(self, request: Request) -> None:
         try:
@@ -236,6 +251,8 @@ class SimNode:
         self._feed(now)
         plan = self.scheduler.schedule_compact(now)  # what schedule(now) decides, without a page table per decode
         self.below.sync(now)  # pages evicted by the installs and the schedule
+        if plan.preempted and self.below.restores_at_admission:
+            self._requeue(plan.preempted, now)
         if not plan.entries and not plan.swap_in and not plan.swap_out:
             return None
         seconds = self.cost.step(plan.others, plan.decode_starts).seconds + self._stall_s
@@ -249,6 +266,22 @@ class SimNode:
         self.stats.preempted += len(plan.preempted)
         self.busy = True
         return plan, seconds
+
+    def _requeue(self, preempted, now: float) -> None:
+        """Preempted requests go back to the head of the queue as requests for what they still have to
+        generate, their prompt extended by what they generated: when they are fed to the scheduler again, the
+        tiers are looked up for them as for any request (vLLM: a preempted request waits again, and
+        `get_num_new_matched_tokens` loads what its offloaded blocks hold instead of recomputing them)."""
+        for rid in reversed(preempted):
+            part = self.scheduler.finish(rid, now, reason="preempted")
+            first, client = self._resumed.get(rid, (None, self._live[rid][0]))
+            output = (first.output if first else ()) + part.output
+            first = part if first is None else dataclasses.replace(first, output=output)
+            self._resumed[rid] = (first, client)
+            again = dataclasses.replace(client, prompt=np.concatenate([client.prompt, np.asarray(output, np.int32)]),
+                                        max_new_tokens=client.max_new_tokens - len(output))
+            self._live[rid] = (again, self._live[rid][1])
+            self._pending.insert(0, (again, Restore(None, now)))
 
     def fast_forward(self, now: float, horizon: float) -> DecodeSteps | None:
         """Instead of `begin_step(now)`: take, in one pass, the steps from `now` that are certain to be pure
@@ -306,9 +339,16 @@ class SimNode:
             request = live[e.request_id][0]
             self.below.computed(e.request_id, self._namespace(request), request.prompt,
                                 min(e.end, len(request.prompt)), request.tenant, now)
-        for f in finished:
-            request, _ = self._live.pop(f.request_id)
-            del self._produced[f.request_id]
-            self.below.store(f.request_id, self._namespace(request), request.prompt, f.output, request.tenant, now)
-        return finished
+        return tuple(self._finished(f, now) for f in finished)
+
+    def _finished(self, f: FinishedRequest, now: float) -> FinishedRequest:
+        """A request done: written through to the lower tiers; a requeued one (`_requeue`) as the client's
+        request, with its prompt, its first admission's hit and its whole output."""
+        request, _ = self._live.pop(f.request_id)
+        del self._produced[f.request_id]
+        if f.request_id in self._resumed:
+            first, request = self._resumed.pop(f.request_id)
+            f = dataclasses.replace(first, output=first.output + f.output, finish_reason=f.finish_reason)
+        self.below.store(f.request_id, self._namespace(request), request.prompt, f.output, request.tenant, now)
+        return f
 

@@ -199,3 +199,31 @@ def test_a_replica_pulls_a_peer_s_longer_prefix_over_the_network(min_pull_tokens
     if pulled:
         assert n0.stats.restore_s == pytest.approx(2_048 * KV_BYTES / 25e9)
         assert steps[0][0] == pytest.approx(end + 2_048 * KV_BYTES / 25e9)
+
+
+def test_a_preempted_request_loads_its_offloaded_blocks_instead_of_recomputing():
+    """Two requests of 500-token prompts decode 700 tokens each on a device of 1,400 tokens: the later one is
+    preempted when the pages run out. With vLLM's cpu tier its blocks were stored as they were computed, so
+    when it is fed again the tier is looked up for it (prompt and output so far) as for a new request."""
+    from kvbench.measure.schedule import LoadSpec
+    from kvbench.sim.engine import simulate
+    from kvbench.workloads.profiles import workload_from_mapping
+
+    work = workload_from_mapping({"generator": "shared_prefix", "num_groups": 2, "num_prompts_per_group": 1,
+                                  "system_prompt_len": 480, "question_len": 20, "output_len": 700}, "p",
+                                 num_sessions=2)
+    spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 1e12})
+    base = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8",
+                     1_400)
+    device_only = simulate(work, LoadSpec(rate=1000.0), base)
+    offload = simulate(work, LoadSpec(rate=1000.0), dataclasses.replace(base, kv_offload=spec))
+    for result in (device_only, offload):
+        assert all(r.ok and r.output_tokens == 700 == len(r.chunks) for r in result.records)
+        assert result.nodes[0]["preempted"] > 0
+    assert device_only.nodes[0]["restored_tokens"] == {}
+    # When it is fed again (once the pool can hold it), the device has lost part of it: the tier brings that
+    # back, and the node computes less than it recomputes without the tier.
+    assert offload.nodes[0]["restored_tokens"]["host"] > 0
+    assert offload.nodes[0]["busy_s"] < device_only.nodes[0]["busy_s"]
+    # The hit at first admission is what the record reports, not the requeued request's.
+    assert [r.cached_tokens for r in offload.records] == [r.cached_tokens for r in device_only.records]
