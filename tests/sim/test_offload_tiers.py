@@ -13,6 +13,7 @@ import pytest
 
 from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId
+from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.engine import SimConfig
 from kvbench.sim.fleet import build_nodes
 from kvbench.sim.geometry import load_geometry
@@ -227,3 +228,29 @@ def test_a_preempted_request_loads_its_offloaded_blocks_instead_of_recomputing()
     assert offload.nodes[0]["busy_s"] < device_only.nodes[0]["busy_s"]
     # The hit at first admission is what the record reports, not the requeued request's.
     assert [r.cached_tokens for r in offload.records] == [r.cached_tokens for r in device_only.records]
+
+
+def test_lmcache_restores_from_a_storage_tier_at_its_bandwidth_and_latency():
+    """LMCache with a 4-page cpu tier and a Lustre-like disk tier (2 GB/s, 1 ms a transfer): a 1,024-token
+    prefix written through to both is evicted from cpu by a later one and read back from disk, through the
+    host: disk at 2 GB/s is the slow stage, the host link (80 GB/s) adds one 256-token chunk's fill."""
+    spec = parse_kv_offload([
+        {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 4 * PS * KV_BYTES, "read_gb_s": 10,
+         "latency_ms": 0},
+        {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1e12, "read_gb_s": 2, "write_gb_s": 2,
+         "latency_ms": 1}])
+    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8",
+                       "fp8", 20_000, kv_offload=spec)
+    [n] = build_nodes(config)
+    cpu, disk = n.below.lanes
+    prefix, other = tokens(1, 1_024), tokens(20_000, 4 * PS)
+    ns = n._namespace(request("x", prefix))
+    for lane in (cpu, disk):
+        lane.tier.store(ns, prefix, TenantId("t"), 0.0)
+    cpu.tier.store(ns, other, TenantId("t"), 1.0)  # the cpu tier's 4 pages now hold `other`
+    b = request("b", np.concatenate([prefix, tokens(60_000, 40)]), max_tokens=1)
+    lookup = n.below.lookup(n.scheduler.index, ns, b.prompt, 66, 2.0)
+    assert lookup.tokens_by_tier == {Tier.DISK: 1_024}
+    seconds = config.cost.restore_seconds(lookup.tokens_by_tier)
+    disk_s, chunk_on_host = 1_024 * KV_BYTES / 2e9, 256 * KV_BYTES / NODE_BW
+    assert seconds == pytest.approx(disk_s + chunk_on_host + 1e-3)
