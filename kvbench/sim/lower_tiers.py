@@ -78,6 +78,10 @@ class BelowDevice(Protocol):
                  tenant: TenantId, now: float) -> None:
         """A step ended at `now` having computed `tokens[:computed]` of a prefilling request."""
 
+    def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:
+        """Leading full pages of `prompt` the node's own tiers below device hold at `now` (what vLLM's KV
+        events with a CPU medium tell a tier-aware router). A pure read."""
+
     def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
               tenant: TenantId, now: float) -> None:
         """A request finished (write-through tiers copy its KV: the prompt and every output token but the
@@ -175,6 +179,9 @@ class WriteThroughTiers:
     def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
                  tenant: TenantId, now: float) -> None:
         return None  # copies are written when a request finishes
+
+    def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:
+        return max((t.match_pages(namespace, prompt) for t in self.tiers), default=0)
 
     def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
               tenant: TenantId, now: float) -> None:

@@ -128,6 +128,11 @@ class SimNode:
         """Leading prompt pages this node's device cache holds now (what a cache-aware router asks)."""
         return self.scheduler.index.match_prompt(self.scheduler.placement(request), request.prompt).num_pages
 
+    def offloaded_pages(self, request: Request, now: float) -> int:
+        """Leading prompt pages this node's own tiers below device hold at `now` (what llm-d's CPU prefix
+        scorer reads from vLLM's KV events with medium CPU); a peer's cache is not this node's."""
+        return self.below.held_pages(self._namespace(request), request.prompt, now)
+
     # ---- arrival -----------------------------------------------------------------------------------------
     def plan_restore(self, request: Request, now: float) -> Restore:
         """What the tiers below add beyond the device's cached prefix, and when it can be on the device (at

@@ -100,6 +100,11 @@ class ConnectorTiers:
             have = best
         return Lookup(by_tier, start, have) if by_tier else None
 
+    def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:
+        """Only stores whose copy is done count: vLLM emits BlockStored (medium CPU) on `complete_store`."""
+        self._land(now)
+        return max((lane.tier.match_pages(namespace, prompt) for lane in self.lanes), default=0)
+
     def install_upto(self, lookup: Lookup, device_pages: int) -> int:
         return lookup.pages
 

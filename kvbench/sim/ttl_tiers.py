@@ -97,6 +97,9 @@ class TtlTiers:
               tenant: TenantId, now: float) -> None:
         return None
 
+    def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:
+        return 0  # placed page by page by content key: no prefix to report (our engine emits no tier events)
+
     # ---- the step's fixed points -------------------------------------------------------------------------
     @property
     def passive(self) -> bool:

@@ -254,3 +254,16 @@ def test_lmcache_restores_from_a_storage_tier_at_its_bandwidth_and_latency():
     seconds = config.cost.restore_seconds(lookup.tokens_by_tier)
     disk_s, chunk_on_host = 1_024 * KV_BYTES / 2e9, 256 * KV_BYTES / NODE_BW
     assert seconds == pytest.approx(disk_s + chunk_on_host + 1e-3)
+
+
+def test_a_tier_aware_router_sees_a_node_s_cpu_prefix_once_its_copy_is_done():
+    n = node("vllm-native")
+    prompt = tokens(1, 1_030)
+    r = request("a", prompt, max_tokens=1)
+    n.admit(r, np.array([7]), n.plan_restore(r, 0.0), 0.0)
+    plan, seconds = n.begin_step(0.0)
+    n.end_step(plan, seconds)
+    copied = n.below.to_host_queue.free_at
+    probe = request("b", prompt)
+    assert n.offloaded_pages(probe, (seconds + copied) / 2) == 0
+    assert n.offloaded_pages(probe, copied) == 64
