@@ -9,7 +9,9 @@
     finish      the decode node's records are the client's: TTFT counts from the send to the decode node's
                 first token, so it holds the prefill's queue and compute and the transfer
 
-Nodes 0 .. prefill_replicas - 1 prefill, the rest decode (`fleet.build_nodes`).
+Nodes 0 .. prefill_replicas - 1 prefill, the rest decode (`fleet.build_nodes`). A decode node's stats count the
+handoffs as restores from the `peer` tier (the bytes NIXL moved); the records' cached tokens are the prefill
+node's hits.
 """
 
 from __future__ import annotations
