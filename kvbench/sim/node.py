@@ -286,6 +286,9 @@ class SimNode:
             again = dataclasses.replace(client, prompt=np.concatenate([client.prompt, np.asarray(output, np.int32)]),
                                         max_new_tokens=client.max_new_tokens - len(output))
             self._live[rid] = (again, self._live[rid][1])
+            # Its decode blocks were stored as they filled (vLLM stores every computed block; the simulated
+            # tiers take them at the finish, or here): all but the last token sampled have KV.
+            self.below.computed(rid, self._namespace(again), again.prompt, len(again.prompt) - 1, again.tenant, now)
             self._pending.insert(0, (again, Restore(None, now)))
 
     def fast_forward(self, now: float, horizon: float) -> DecodeSteps | None:
