@@ -10,7 +10,7 @@ What one step of a tensor-parallel group over `tp` devices launches, per device 
                 attention decode: (batch of decodes, their mean context) per full / sliding layer;
                           prefill: each chunk [start, end) costs prefill(end) - prefill(start) of the
                           batch-1 curve (what a causal chunk adds to its prefix), at least prefill(end - start)
-                2 all-reduces of tokens x hidden bf16 (tp > 1)
+                2 all-reduces of tokens x hidden bf16 elements (tp > 1)
     once        lm_head GEMM for one token per sequence (m=sequences, n=vocab / tp, k=hidden)
 
 The GEMM and all-reduce curves depend on the step's token count only, so each is looked up once per token
@@ -29,7 +29,6 @@ import numpy as np
 from kvbench.sim.geometry import ModelGeometry, dtype_bytes
 from kvbench.sim.kernel_tables import AttentionShape, Curve, DecodeAttention, KernelTables
 
-ACTIVATION_BYTES = 2
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "bfloat16": "bfloat16", "fp8": "fp8"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "bfloat16": "bfloat16", "fp8": "fp8", "mxfp4": "w4a16_mxfp4"}
 
@@ -59,7 +58,7 @@ class StepKernels:
     lm_head: Curve
     allreduce: Curve | None  # None: tp == 1
     allreduce_per_step: int
-    message_bytes_per_token: float
+    message_elements_per_token: int  # an all-reduce's size: the tables count elements, not bytes
     _linear: dict[int, float] = field(default_factory=dict)
     _decode: dict[int, tuple[Curve, ...]] = field(default_factory=dict)
 
@@ -70,7 +69,7 @@ class StepKernels:
         if seconds is None:
             seconds = float(sum(times * c.at(tokens) for times, c in self.gemms))
             if self.allreduce is not None:
-                seconds += self.allreduce_per_step * float(self.allreduce.at(tokens * self.message_bytes_per_token))
+                seconds += self.allreduce_per_step * float(self.allreduce.at(tokens * self.message_elements_per_token))
             self._linear[key] = seconds
         return seconds + float(self.lm_head.at(seqs))
 
@@ -81,7 +80,7 @@ class StepKernels:
         curves = self._decode.get(batch)
         if curves is None:
             curves = self._decode[batch] = tuple(layer.decode.for_batch(batch) for layer in self.layers)
-        mean = np.asarray(context_sum, dtype=np.float64) / batch
+        mean = context_sum / batch if isinstance(context_sum, (int, float)) else np.asarray(context_sum) / batch
         return sum(layer.count * c.at(mean) for layer, c in zip(self.layers, curves))
 
     def prefill_seconds(self, start: int, end: int) -> float:
@@ -117,8 +116,7 @@ class StepKernels:
         allreduce = tables.allreduce_curve(tp) if tp > 1 else None
         if tp > 1 and allreduce is None:
             return None
-        return cls(tables, tuple(layers), gemms, lm_head, allreduce, 2 * g.num_layers,
-                   g.hidden_size * ACTIVATION_BYTES)
+        return cls(tables, tuple(layers), gemms, lm_head, allreduce, 2 * g.num_layers, g.hidden_size)
 
 
 def _gemms(tables: KernelTables, g: ModelGeometry, tp: int, attention: str, mlp: str,

@@ -1,7 +1,8 @@
 """Where the shipped kernel tables live and what they hold: one owner for their names and columns.
 
 The tables are slices of aiconfigurator-core 0.12.0's measured per-op latencies (Apache-2.0, NVIDIA), cut by
-benchmarks/extract_kernel_tables.py; `kernel_tables.load_kernel_tables` reads them. Latencies are in ms.
+benchmarks/extract_kernel_tables.py; `kernel_tables.load_kernel_tables` reads them. Latencies are in ms; an all-reduce's
+`message_size` counts elements (aiconfigurator's comm ops factor an element count), not bytes.
 """
 
 from __future__ import annotations

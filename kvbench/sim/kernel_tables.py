@@ -16,8 +16,9 @@ in seconds (the files hold ms). How a shape between measured points is priced:
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -31,14 +32,30 @@ class Curve:
 
     x: np.ndarray
     seconds: np.ndarray
+    # The same points as Python floats, for `at` on one number (a step prices a few each: numpy's per-call
+    # overhead would be most of the simulator's pricing time).
+    _xs: list[float] = field(init=False, repr=False, compare=False)
+    _ys: list[float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_xs", self.x.tolist())
+        object.__setattr__(self, "_ys", self.seconds.tolist())
 
     def at(self, x):
-        """The latency at `x` (a number or an array)."""
+        """The latency at `x` (a number or an array of them)."""
+        xs, ys = self._xs, self._ys
+        if isinstance(x, (int, float)):
+            i = bisect.bisect_left(xs, x)
+            if i == 0 or len(xs) < 2:
+                return ys[0] if i == 0 or x <= xs[0] else ys[-1]
+            i = min(i, len(xs) - 1)  # past the last point: the line through the last two
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
         y = np.interp(x, self.x, self.seconds)
-        if len(self.x) < 2:
+        if len(xs) < 2:
             return y
-        slope = (self.seconds[-1] - self.seconds[-2]) / (self.x[-1] - self.x[-2])
-        return np.where(np.asarray(x) > self.x[-1], self.seconds[-1] + slope * (np.asarray(x) - self.x[-1]), y)
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return np.where(np.asarray(x) > xs[-1], ys[-1] + slope * (np.asarray(x) - xs[-1]), y)
 
     def scaled(self, factor: float) -> Curve:
         return Curve(self.x, self.seconds * factor)
