@@ -64,14 +64,19 @@ class StepKernels:
 
     def linear_seconds(self, tokens: int, seqs: int) -> float:
         """GEMMs, MoE and all-reduces of a step of `tokens` tokens over `seqs` sequences."""
-        key = tokens
-        seconds = self._linear.get(key)
+        seconds = self._linear.get(tokens)
         if seconds is None:
-            seconds = float(sum(times * c.at(tokens) for times, c in self.gemms))
-            if self.allreduce is not None:
-                seconds += self.allreduce_per_step * float(self.allreduce.at(tokens * self.message_elements_per_token))
-            self._linear[key] = seconds
+            seconds = self._linear[tokens] = self.gemm_seconds(tokens) + self.allreduce_seconds(tokens)
         return seconds + float(self.lm_head.at(seqs))
+
+    def gemm_seconds(self, tokens: int) -> float:
+        """The layers' GEMMs and MoE at `tokens` tokens (the lm_head apart)."""
+        return float(sum(times * c.at(tokens) for times, c in self.gemms))
+
+    def allreduce_seconds(self, tokens: int) -> float:
+        if self.allreduce is None:
+            return 0.0
+        return self.allreduce_per_step * float(self.allreduce.at(tokens * self.message_elements_per_token))
 
     def decode_seconds(self, batch: int, context_sum):
         """Attention of `batch` decodes whose contexts sum to `context_sum` (a number or an array of steps)."""

@@ -10,8 +10,9 @@ in seconds (the files hold ms). How a shape between measured points is priced:
     GEMM       (m, n, k): the m curve of each of the four measured (n, k) around the asked one, scaled by
                n * k / (n_j * k_l) (time per weight element), weighted bilinearly in log n and log k
     attention  exact heads, KV heads, head dim, window and KV dtype (no such row: `None`, and the caller
-               keeps the roofline); decode by (batch, context): linear in batch between the measured batches,
-               then the context curve; prefill by the batch-1 curve over the prompt length
+               keeps the roofline); decode by (batch, context): each measured batch's context curve (past its
+               last measured context, along its last slope), linear in batch between the two around it;
+               prefill by the batch-1 curve over the prompt length
 """
 
 from __future__ import annotations
@@ -126,22 +127,25 @@ class AttentionShape:
 
 @dataclass(frozen=True, slots=True)
 class DecodeAttention:
-    """Generation attention of one shape: latency[batch, context] measured on the grid `batch` x `context`."""
+    """Generation attention of one shape: a context curve per measured batch size. The tables stop where a
+    batch's KV would not fit (batch x context of about 256K tokens), so a large batch's curve ends early
+    and `Curve.at` carries on along its last measured slope (the KV read grows linearly with the context)."""
 
     batch: np.ndarray
-    context: np.ndarray
-    seconds: np.ndarray
+    curves: tuple[Curve, ...]
 
     def for_batch(self, batch: int) -> Curve:
-        """The context curve at `batch` sequences: linear between the measured batches around it (and past the
-        largest, the largest's per-sequence cost times `batch`)."""
+        """The context curve at `batch` sequences: linear between the measured batches around it, at the
+        contexts either measured (and past the largest batch, the largest's per-sequence cost times `batch`)."""
         if batch >= self.batch[-1]:
-            return Curve(self.context, self.seconds[-1] * batch / self.batch[-1])
+            return self.curves[-1].scaled(batch / self.batch[-1])
         hi = int(np.searchsorted(self.batch, batch))
         if self.batch[hi] == batch or hi == 0:
-            return Curve(self.context, self.seconds[hi])
+            return self.curves[hi]
         w = (batch - self.batch[hi - 1]) / (self.batch[hi] - self.batch[hi - 1])
-        return Curve(self.context, (1 - w) * self.seconds[hi - 1] + w * self.seconds[hi])
+        lo, up = self.curves[hi - 1], self.curves[hi]
+        contexts = np.union1d(lo.x, up.x)
+        return Curve(contexts, (1 - w) * lo.at(contexts) + w * up.at(contexts))
 
 
 def _shape_rows(frame: pd.DataFrame, shape: AttentionShape) -> pd.DataFrame:
@@ -167,10 +171,9 @@ class KernelTables:
         rows = _shape_rows(self.generation_attention, shape)
         if rows.empty:
             return None
-        grid = rows.pivot_table(index="batch_size", columns="step", values="latency", aggfunc="mean")
-        grid = grid.interpolate(axis=1, limit_direction="both")  # a batch not measured at every context
-        return DecodeAttention(grid.index.to_numpy(dtype=np.float64), grid.columns.to_numpy(dtype=np.float64),
-                               grid.to_numpy(dtype=np.float64) * MS)
+        batches = sorted(rows["batch_size"].unique())
+        return DecodeAttention(np.array(batches, dtype=np.float64),
+                               tuple(curve(rows[rows["batch_size"] == b], "step") for b in batches))
 
     def prefill_attention(self, shape: AttentionShape) -> Curve | None:
         """Context attention of `shape` for one sequence over its prompt length, or None where unmeasured."""
