@@ -117,6 +117,14 @@ class CostModel:
         return self.weight_dtype or self.geometry.weight_dtype
 
     @property
+    def pricing(self) -> str:
+        """What prices a step, for a run's output: measured kernels (whose) or the roofline."""
+        if self.kernels is None:
+            return "roofline"
+        t = self.kernels.tables
+        return f"measured {t.backend} kernels on {t.gpu}"
+
+    @property
     def kv_bytes_per_token(self) -> float:
         return self.geometry.kv_bytes_per_token(self.kv_dtype)
 
