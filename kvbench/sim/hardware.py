@@ -17,6 +17,9 @@ for the H200 they are assumptions (`Hardware.fitted_on` is None; simulate and pl
 device machine measured bf16 matmuls at ~790 TFLOP/s (0.8 of peak), but whole prefill steps (attention,
 norms, all-reduce) land nearer 0.5. `sim/calibrate.py` fits them (and the per-step overhead) to measured
 steps of a real engine; `kvbench calibrate` does so for our engine on this machine and saves a profile.
+On H100 and H200 the efficiencies only price what the measured kernel tables do not cover (sim/kernel_cost.py:
+MLA models, presets without a kernel backend, `Device.kernel_tables` false); there a step costs what its
+kernels measured, plus `step_overhead_s`.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class Device:
     # Whether a step's compute and memory traffic overlap (GPU kernels: step = the larger of the two) or
     # follow one another (eager PyTorch on a CPU: step = their sum).
     overlap: bool = True
+    # Price steps from measured kernel tables where they cover this device, the engine and the model
+    # (sim/kernel_cost.py; the efficiencies above then move nothing); False: the roofline everywhere.
+    kernel_tables: bool = True
 
     def flops(self, weight_dtype: str) -> float:
         """Effective FLOP/s for matmuls whose weights are `weight_dtype` (fp8 weights run fp8 matmuls)."""

@@ -189,6 +189,10 @@ def handle_capacity(args: argparse.Namespace) -> int:
         fits = f"{tier.sessions:,}" + (" (all)" if tier.tier == "remote" else "")
         tiers.add_row(tier.tier, size, fits, restore)
     console.print(tiers)
+    for line in report.fp8_break_even:
+        console.print(f"{line.describe()}; measured vLLM kernels on {hardware.device.name}")
+    if not report.fp8_break_even:
+        console.print(f"FP8 break-even: no measured kernels for {report.model} on {hardware.name}")
     return 0
 
 
@@ -239,7 +243,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
             except ValueError as error:
                 raise SettingsError(str(error)) from None
             console.print(f"{preset.name} {kv_dtype}: {len(result.records)} requests, "
-                          f"{result.virtual_s:,.0f} s virtual in {result.wall_s:.1f} s")
+                          f"{result.virtual_s:,.0f} s virtual in {result.wall_s:.1f} s (steps: {config.cost.pricing})")
             results.append((result, sim_entry(result, workload, load, config)))
     doc = {"simulate": {"model": geometry.name, "hardware": hardware.name, "workload": args.workload,
                         "num_sessions": args.num_sessions, "presets": [p.name for p in presets],
