@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.harness import eventloop
-from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.loadgen import LoadGenerator, LoadResult
 from kvbench.measure.conversation import ConversationDriver
 from kvbench.measure.record_builder import with_reusable_tokens
 from kvbench.measure.records import RecordWriter, RequestRecord

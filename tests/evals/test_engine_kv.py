@@ -16,7 +16,7 @@ import yaml
 
 from kvbench.engines.registry import engine_factory
 from kvbench.evals.engine_eval import refusal_reason
-from kvbench.evals.engine_kv import EngineKVSetting, adapter_values, settings_for
+from kvbench.evals.engine_kv import adapter_values, settings_for
 from kvbench.evals.http_divergence import compare_prompt_logprobs, parse_prompt_logprobs
 from kvbench.evals.runner import load_eval_config
 from kvbench.settings import SettingsError
