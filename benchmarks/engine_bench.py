@@ -49,6 +49,7 @@ from rich.table import Table  # noqa: E402
 
 from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.loader import load_model  # noqa: E402
+from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 
@@ -116,7 +117,7 @@ def bandwidth_table(loaded, threads: int) -> Table:
 
 def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -> tuple[float, float]:
     """Median ms of a pure decode step of `batch` sequences, and of one with `beside` prefill tokens beside."""
-    engine = Engine(EngineConfig(model=model, kv_capacity=16384, max_num_seqs=16, max_step_tokens=512,
+    engine = build_engine(EngineConfig(model=model, kv_capacity=16384, max_num_seqs=16, max_step_tokens=512,
                                  max_prefill_beside_decodes=max(beside, 1)), loaded)
     timings: list = []
     engine.step_listeners.append(timings.append)
@@ -150,7 +151,7 @@ CO_LOAD_BURST_S = 0.0025
 def load_replay(loaded, model: str, concurrency: int, step_tokens: int | None) -> dict[str, float]:
     """The served benchmark's load in process (see the module's doc); `step_tokens`: vLLM's budget, else ours."""
     budget = {} if step_tokens is None else {"max_step_tokens": step_tokens, "max_prefill_beside_decodes": step_tokens}
-    engine = Engine(EngineConfig(model=model, kv_capacity=8192, prefix_caching=False, **budget), loaded)
+    engine = build_engine(EngineConfig(model=model, kv_capacity=8192, prefix_caching=False, **budget), loaded)
     engine.add(GenerationRequest("warm-up", prompt(NUM_PROMPTS, INPUT_LEN), 8, ignore_eos=True))
     drain(engine)
     added: dict[str, float] = {}
@@ -270,7 +271,7 @@ def main() -> None:
     for column in ("kv dtype", "scale", "bytes/token", "prefill tok/s", *(f"decode tok/s b={b}" for b in batches)):
         table.add_column(column, justify="right")
     for kv_dtype, scale in settings:
-        engine = Engine(EngineConfig(model=args.model, kv_dtype=kv_dtype, kv_scale=scale, kv_capacity=16384,
+        engine = build_engine(EngineConfig(model=args.model, kv_dtype=kv_dtype, kv_scale=scale, kv_capacity=16384,
                                      max_num_seqs=16, max_step_tokens=512), loaded)
         prefill = prefill_tok_s(engine, args.prompt)
         decode = [decode_tok_s(engine, b, args.decode_prompt, args.decode) for b in batches]

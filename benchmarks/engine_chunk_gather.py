@@ -2,7 +2,7 @@
 
     python benchmarks/engine_chunk_gather.py [--prompt 1024] [--chunks 32,128,512] [--threads 1]
 
-`VarlenAttention` gathers (fp32: `index_select`; fp8: the C decode of `cpu_codec`) every key a chunk attends,
+`VarlenAttention` gathers (fp32: `index_select`; fp8: the C decode of `cpu_kernels`) every key a chunk attends,
 the computed prefix included, once per layer. A prompt prefilled in chunks of C tokens beside decodes therefore
 gathers ~prompt^2 / (2C) keys per layer instead of `prompt`. Per chunk size, for one layer of SmolLM2-135M's
 geometry (3 KV heads of 64, 9 query heads): the prompt's total gather time (K and V, every chunk's whole
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from kvbench.engines.kvengine.model import cpu_codec
+from kvbench.engines.kvengine.model import cpu_kernels
 
 KV_HEADS, Q_HEADS, HEAD_DIM, POOL_TOKENS = 3, 9, 64, 16384
 
@@ -42,9 +42,9 @@ def gather_ms(fp8: bool, slots: torch.Tensor) -> float:
     out = torch.empty(len(slots), KV_HEADS, HEAD_DIM)
     if fp8:
         codes, scale = rows.to(torch.float8_e4m3fn), torch.tensor(0.5)
-        if cpu_codec.library() is None:
-            raise SystemExit("cpu_codec: the C decode is not built here; run on a machine with a C compiler")
-        return 2 * timed(lambda: cpu_codec.decode(codes, slots, scale, None, out))
+        if cpu_kernels.library() is None:
+            raise SystemExit("cpu_kernels: the C decode is not built here; run on a machine with a C compiler")
+        return 2 * timed(lambda: cpu_kernels.decode(codes, slots, scale, None, out))
     return 2 * timed(lambda: torch.index_select(rows, 0, slots, out=out))  # K and V
 
 

@@ -40,6 +40,7 @@ from kvbench.engines.kvengine.model.gpu_attention import attention_for, describe
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache  # noqa: E402
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM  # noqa: E402
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model  # noqa: E402
+from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.runtime.tiny import EOS_ID, byte_tokenizer  # noqa: E402
@@ -233,7 +234,7 @@ def main() -> None:
                 print(f"{label:<36}{fmt.label:<18}{backend:<22}{error:>10.1e}")
                 continue
             capacity = max(batches) * (context + steps + 32) + prefill_len + 64
-            engine = Engine(EngineConfig(model=str(loaded.folder), kv_dtype=names[0], kv_scale=names[1] or "tensor",
+            engine = build_engine(EngineConfig(model=str(loaded.folder), kv_dtype=names[0], kv_scale=names[1] or "tensor",
                                          kv_capacity=capacity, max_num_seqs=max(batches), max_step_tokens=prefill_len,
                                          device=args.device, compute_dtype=compute, cuda_graphs=args.cuda_graphs,
                                          max_model_len=max(prefill_len, context + steps) + 64), loaded)

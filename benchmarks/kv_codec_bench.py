@@ -7,7 +7,7 @@ bytes written by decode, and bytes copied by the reference `dst.copy_(src)` of a
 shape. Every side writes into preallocated outputs, as the engine's reads do (`PagedKVCache.gather` fills
 buffers allocated once per forward): a fresh 25 MB output per call costs its page faults, which the copy
 does not pay. Target: codec >= 50% of copy bandwidth. `KVBENCH_CPU_CODEC=0` measures torch's path instead of
-the C kernel (`cpu_codec`). Geometry: one SmolLM2-135M layer (3 KV heads x 64).
+the C kernel (`cpu_kernels`). Geometry: one SmolLM2-135M layer (3 KV heads x 64).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import SCALE_MODES, KVDtype, KVFormat
-from kvbench.engines.kvengine.model import cpu_codec, fp8
+from kvbench.engines.kvengine.model import cpu_kernels, fp8
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 
@@ -50,7 +50,7 @@ def codec_table(tokens: int, repeats: int, device: str) -> None:
     nbytes = x.numel() * x.element_size()
     dst = torch.empty_like(x)
     copy_gbs = nbytes / best_seconds(lambda: dst.copy_(x), repeats) / 1e9
-    path = "C kernel (cpu_codec)" if device == "cpu" and cpu_codec.library() else "torch"
+    path = "C kernel (cpu_kernels)" if device == "cpu" and cpu_kernels.library() else "torch"
     print(f"{tokens} tokens x {c.num_kv_heads} heads x {c.head_dim} = {nbytes / 1e6:.1f} MB fp32 per pass, "
           f"best of {repeats}, device {device}, {torch.get_num_threads()} thread(s), codec: {path} "
           f"(channel encode: the shift in torch, then {path})")

@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
+from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, RedisStore  # noqa: E402
@@ -70,7 +71,7 @@ def restore_latency(root: Path, redis_url: str | None) -> list[tuple[str, float]
         settings = dict(kv_capacity=16384, max_step_tokens=4096, tier_interval_s=0.0,
                         host_capacity=8192 if tier == "host" else 0,
                         disk_capacity=8192 if tier == "disk" else 0, disk_dir=str(root / f"d-{tier}"))
-        engine = Engine(EngineConfig(**settings, remote_url=redis_url if tier == "remote" else None), loaded, clock)
+        engine = build_engine(EngineConfig(**settings, remote_url=redis_url if tier == "remote" else None), loaded, clock)
         if tier != "recompute":
             _ttft(engine, GenerationRequest("warm", prompt, 1, ignore_eos=True))
         if tier in ("host", "disk"):
@@ -81,7 +82,7 @@ def restore_latency(root: Path, redis_url: str | None) -> list[tuple[str, float]
                 engine.step()
         if tier == "remote":
             engine.close()
-            engine = Engine(EngineConfig(**settings, remote_url=redis_url), loaded, clock)
+            engine = build_engine(EngineConfig(**settings, remote_url=redis_url), loaded, clock)
         rows.append((f"4K-token session TTFT from {tier} (ms)", 1000 * _ttft(engine, GenerationRequest(
             "r", prompt + (7,), 1, ignore_eos=True)), None))
         engine.close()

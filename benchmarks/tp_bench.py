@@ -36,6 +36,7 @@ from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.config import ModelConfig  # noqa: E402
 from kvbench.engines.kvengine.model.tiny import tiny_model  # noqa: E402
 from kvbench.engines.kvengine.model.weights import cache_root, resolve_source  # noqa: E402
+from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.server.ranks import RankProcesses  # noqa: E402
@@ -103,13 +104,13 @@ def main() -> None:
     folder = bench_folder()
     settings = {"model": str(folder), "kv_capacity": 8192, "max_step_tokens": args.prompt, "max_num_seqs": 8}
     torch.set_num_threads(2)
-    single = measure(Engine(EngineConfig(**settings, threads=2)), args)
+    single = measure(build_engine(EngineConfig(**settings, threads=2)), args)
     torch.set_num_threads(1)
     config = EngineConfig(**settings, threads=1, tensor_parallel_size=2)
     workers = RankProcesses(config)
     died: list[tuple[int, int, int]] = []
     try:
-        sharded = measure(Engine(config, ranks=workers.start(on_exit=lambda *exit_: died.append(exit_))), args)
+        sharded = measure(build_engine(config, ranks=workers.start(on_exit=lambda *exit_: died.append(exit_))), args)
     finally:
         workers.close()
         dist.destroy_process_group()

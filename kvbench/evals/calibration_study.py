@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from kvbench.engines.kvengine.core.kv_format import DEFAULT_SCALE_MODE, SCALE_MODES, KVDtype
 from kvbench.evals.divergence import EMPTY
 from kvbench.evals.inprocess import Calibration, divergence_pass, windows
 from kvbench.evals.kv_settings import kv_settings
@@ -33,8 +34,9 @@ def main() -> None:
     loaded = load_model(args.model)
     ids = list(loaded.tokenizer(corpus_text())["input_ids"])
     token_windows = windows(ids, args.window, args.tokens)
-    settings = [s for s in kv_settings(["fp32", "fp8_e4m3", "fp8_e5m2"], ["tensor", "channel"]) if s.quantized]
-    baseline = kv_settings(["fp32"], ["tensor"])[0]
+    fp8 = [KVDtype.FP8_E4M3.value, KVDtype.FP8_E5M2.value]
+    settings = [s for s in kv_settings([KVDtype.FP32.value, *fp8], SCALE_MODES) if s.quantized]
+    baseline = kv_settings([KVDtype.FP32.value], [DEFAULT_SCALE_MODE.value])[0]
     print(f"model {args.model}, {sum(len(w) - 1 for w in token_windows)} scored positions in windows of {args.window}\n")
     print("| calibration | margin | kv setting | KL (nats) | top-1 agreement | perplexity delta |")
     print("|---|---|---|---|---|---|")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from kvbench.engines.kvengine.core.kv_format import DEFAULT_SCALE_MODE, KV_DTYPES, SCALE_MODES, KVDtype, KVFormat
 from kvbench.settings import SettingsError
 
-DEFAULT_DTYPES = ("fp32", "fp16", "fp8_e4m3", "fp8_e5m2")
+DEFAULT_DTYPES = tuple(d.value for d in (KVDtype.FP32, KVDtype.FP16, KVDtype.FP8_E4M3, KVDtype.FP8_E5M2))
 DEFAULT_SCALES = SCALE_MODES  # tensor, channel (per-channel scale + per-token shift)
 UNQUANTIZED_DTYPES = tuple(dtype.value for dtype in KVDtype if not dtype.quantized)
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvbench.engines.kvengine.core.kv_format import KVDtype
 from kvbench.engines.kvengine.model.fp8 import DEFAULT_MARGIN
 from kvbench.evals.divergence import EMPTY, compare_generations
 from kvbench.evals.engine_kv import IN_PROCESS_ENGINES, adapter_values, settings_for
@@ -96,7 +97,7 @@ class EvalConfig:
 # the direct pass over 4 windows of the model's whole 8K window of real text (256 paired items of 128 positions,
 # position buckets to 8K), passkey at 1K-8K, 24 greedy prompts, and the lm-eval tasks on 40 documents each.
 FULL_RUN = {"lm_eval": True, "limit": 40, "tasks": ["kvb_plays_mc", "kvb_britannica_cloze"],
-            "kv_dtypes": ["fp32", "fp8_e4m3", "fp8_e5m2"], "divergence_tokens": 32768, "divergence_window": 8192,
+            "kv_dtypes": [KVDtype.FP32.value, KVDtype.FP8_E4M3.value, KVDtype.FP8_E5M2.value], "divergence_tokens": 32768, "divergence_window": 8192,
             "greedy_prompts": 24, "greedy_prompt_tokens": 192, "greedy_tokens": 16,
             "passkey_lengths": [1024, 2048, 4096, 8192], "passkey_depths": [0.1, 0.5, 0.9]}
 # A passkey length is used for the KV settings when the baseline retrieves at least this share of its prompts.

@@ -1,10 +1,11 @@
 """One streamed request to an OpenAI-compatible server, timed token by token.
 
 `/v1/completions` carries token-id prompts (exact prefix structure); `/v1/chat/completions` carries text.
-Both stream with `stream_options.include_usage`, so token counts come from the server's `usage`. Every
-failure mode (HTTP error, malformed SSE, an answer no server could give, stall, timeout, lost connection)
-becomes an error on the record, never an exception out of here and never a hang; the answer's fields are
-parsed and checked in `stream_answer`, the one door for them.
+Both stream with `stream_options.include_usage`, so token counts come from the server's `usage`. A request
+comes back as an immutable `Answer` (timestamps, usage, chunks, and a typed failure or none); every failure mode
+(HTTP error, malformed SSE, an answer no server could give, stall, timeout, lost connection) is its `failure`,
+never an exception out of here and never a hang. The answer's fields are parsed and checked in `stream_answer`,
+the one door for them; `measure.record_builder` makes the record from the answer.
 
 A request is watched in three phases, each with its own limit, inside `request_timeout_s` for the whole:
 
@@ -29,26 +30,15 @@ from kvbench.harness.stream_answer import (
     API_CHAT,
     API_COMPLETIONS,
     DEFAULT_MAX_CONTEXT,
-    ERR_BAD_ANSWER,
-    ERR_MALFORMED,
-    ERR_SERVER,
     AnswerLimits,
     AnswerReader,
-    StreamResult,
     error_message,
 )
-from kvbench.measure.records import RequestRecord
+from kvbench.measure.answer import Answer, Failure, FailureKind
 
 APIS = (API_COMPLETIONS, API_CHAT)
-__all__ = ["APIS", "API_CHAT", "API_COMPLETIONS", "ERR_BAD_ANSWER", "ERR_MALFORMED", "ERR_SERVER", "EndpointConfig",
-           "StreamResult", "chat_body", "completions_body", "stream_request"]
+__all__ = ["APIS", "API_CHAT", "API_COMPLETIONS", "EndpointConfig", "chat_body", "completions_body", "stream_request"]
 
-# Error kinds (the part before ':' in RequestRecord.error); metrics count them by kind.
-ERR_HTTP = "http"
-ERR_CONNECTION = "connection"
-ERR_TIMEOUT = "timeout"
-ERR_STALL = "stalled"
-ERR_INCOMPLETE = "incomplete_stream"
 _ERROR_BODY_BYTES = 1 << 16  # of an HTTP error's body, read for its message
 
 
@@ -124,56 +114,65 @@ def _common(config: EndpointConfig, body: dict) -> dict:
     return body
 
 
-async def stream_request(
-    session: aiohttp.ClientSession, config: EndpointConfig, body: dict, record: RequestRecord
-) -> StreamResult:
-    """Send `body`, stream the answer, and fill `record`'s timestamps, counts and error in place.
+@dataclass(slots=True)
+class _Exchange:
+    """One request's progress on the wire, beside what `AnswerReader` read of its body."""
+
+    reader: AnswerReader
+    sent_ns: int | None = None
+    http_status: int | None = None
+    done_ns: int | None = None
+    failure: Failure | None = None
+
+    def fail(self, kind: FailureKind, reason: str) -> None:
+        self.failure = Failure(kind, reason)
+
+
+async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig, body: dict) -> Answer:
+    """Send `body`, stream the answer, and return it: timestamps, counts, chunks, and its failure or none.
 
     The answer is read through `AnswerReader` with `body`'s max_tokens as its bound: whatever the server sends,
-    the request ends with the record complete or with one named error, never with an exception."""
+    the request ends with an answer, complete or failed for one named reason, never with an exception."""
     max_tokens = body.get("max_tokens")
     limits = AnswerLimits(max_tokens if isinstance(max_tokens, int) else None, config.max_context_tokens)
-    reader = AnswerReader(config.api, limits)
+    exchange = _Exchange(AnswerReader(config.api, limits))
     try:
-        await asyncio.wait_for(_stream(session, config, body, record, reader), timeout=config.request_timeout_s)
+        await asyncio.wait_for(_stream(session, config, body, exchange), timeout=config.request_timeout_s)
     except asyncio.TimeoutError:
-        if record.error is None:
-            record.error = f"{ERR_TIMEOUT}: no complete answer within {config.request_timeout_s:g} s"
+        if exchange.failure is None:
+            exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
-        record.error = f"{ERR_CONNECTION}: {type(exc).__name__}: {exc}"
-    if record.error is None and record.done_ns is None:
-        record.done_ns = time.perf_counter_ns()
-    return reader.result
+        exchange.fail(FailureKind.CONNECTION, f"{type(exc).__name__}: {exc}")
+    if exchange.failure is None and exchange.done_ns is None:
+        exchange.done_ns = time.perf_counter_ns()
+    return exchange.reader.answer(exchange.sent_ns, exchange.http_status, exchange.done_ns, exchange.failure)
 
 
-async def _stream(
-    session: aiohttp.ClientSession, config: EndpointConfig, body: dict, record: RequestRecord, reader: AnswerReader,
-) -> None:
-    record.sent_ns = time.perf_counter_ns()
+async def _stream(session: aiohttp.ClientSession, config: EndpointConfig, body: dict, exchange: _Exchange) -> None:
+    exchange.sent_ns = time.perf_counter_ns()
     try:
         response = await asyncio.wait_for(
             session.post(config.url, json=body, headers=config.headers()), timeout=config.header_timeout_s
         )
     except asyncio.TimeoutError:
-        record.error = f"{ERR_TIMEOUT}: no response headers within {config.header_timeout_s:g} s"
+        exchange.fail(FailureKind.TIMEOUT, f"no response headers within {config.header_timeout_s:g} s")
         return
     async with response:
-        record.http_status = response.status
+        exchange.http_status = response.status
         if response.status >= 400:
             text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
-            record.error = f"{ERR_HTTP}: {response.status} {error_message(text)}"
-            record.done_ns = time.perf_counter_ns()
+            exchange.fail(FailureKind.HTTP, f"{response.status} {error_message(text)}")
+            exchange.done_ns = time.perf_counter_ns()
             return
-        if not await _read_events(response, config, record, reader):
+        if not await _read_events(response, config, exchange):
             response.close()  # stop the answer now: the rest of it is not read (nor waited for)
 
 
-async def _read_events(
-    response: aiohttp.ClientResponse, config: EndpointConfig, record: RequestRecord, reader: AnswerReader
-) -> bool:
-    """Parse the SSE body into `record` and `reader`; the first read waits `first_byte_timeout_s`, later ones
-    `stall_timeout_s`. False (with `record.error` set) when the request failed before the stream's end."""
+async def _read_events(response: aiohttp.ClientResponse, config: EndpointConfig, exchange: _Exchange) -> bool:
+    """Parse the SSE body into `exchange.reader`; the first read waits `first_byte_timeout_s`, later ones
+    `stall_timeout_s`. False (with `exchange.failure` set) when the request failed before the stream's end."""
     parser = SSEParser(config.max_event_bytes)
+    reader = exchange.reader
     finished = False
     chunks = response.content.iter_any()
     first = True
@@ -181,12 +180,12 @@ async def _read_events(
     # 3.11 a wait_for whose read completes as it is cancelled swallows the cancellation (fixed in 3.12), and
     # a server that streams without pause then held a request far past request_timeout_s.
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + config.request_timeout_s - (time.perf_counter_ns() - record.sent_ns) / 1e9
+    deadline = loop.time() + config.request_timeout_s - (time.perf_counter_ns() - exchange.sent_ns) / 1e9
     while True:
         phase = config.first_byte_timeout_s if first else config.stall_timeout_s
         left = deadline - loop.time()
         if left <= 0:
-            record.error = f"{ERR_TIMEOUT}: no complete answer within {config.request_timeout_s:g} s"
+            exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
             return False
         timeout = min(phase, left)
         try:
@@ -195,36 +194,36 @@ async def _read_events(
             break
         except asyncio.TimeoutError:
             if timeout < phase:
-                record.error = f"{ERR_TIMEOUT}: no complete answer within {config.request_timeout_s:g} s"
+                exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
             elif first:
-                record.error = f"{ERR_TIMEOUT}: no first byte within {timeout:g} s of the response headers"
+                exchange.fail(FailureKind.TIMEOUT, f"no first byte within {timeout:g} s of the response headers")
             else:
-                record.error = f"{ERR_STALL}: no bytes for {timeout:g} s"
+                exchange.fail(FailureKind.STALLED, f"no bytes for {timeout:g} s")
             return False
         first = False
         try:
             payloads = parser.feed(data)
         except EventTooLarge as exc:
-            record.error = f"{ERR_MALFORMED}: {exc}"
+            exchange.fail(FailureKind.MALFORMED, str(exc))
             return False
         arrival = time.perf_counter_ns()
         for payload in payloads:
             if payload.strip() == "[DONE]":
                 finished = True
-            elif (failure := reader.take(payload, arrival, record)) is not None:
-                record.error = str(failure)
+            elif (failure := reader.take(payload, arrival)) is not None:
+                exchange.failure = failure
                 return False
     for payload in parser.close():
         if payload.strip() == "[DONE]":
             finished = True
-        elif (failure := reader.take(payload, time.perf_counter_ns(), record)) is not None:
-            record.error = str(failure)
+        elif (failure := reader.take(payload, time.perf_counter_ns())) is not None:
+            exchange.failure = failure
             return False
     if not finished:
-        record.error = f"{ERR_INCOMPLETE}: the stream ended before [DONE]"
+        exchange.fail(FailureKind.INCOMPLETE, "the stream ended before [DONE]")
         return False
-    if (failure := reader.finish(record)) is not None:
-        record.error = str(failure)
+    if (failure := reader.finish()) is not None:
+        exchange.failure = failure
         return False
-    record.done_ns = time.perf_counter_ns()
+    exchange.done_ns = time.perf_counter_ns()
     return True

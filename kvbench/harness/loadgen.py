@@ -34,11 +34,7 @@ import numpy as np
 
 from kvbench.harness.client import (
     API_CHAT,
-    ERR_CONNECTION,
-    ERR_STALL,
-    ERR_TIMEOUT,
     EndpointConfig,
-    StreamResult,
     chat_body,
     completions_body,
     stream_request,
@@ -55,6 +51,8 @@ from kvbench.measure.conversation import (
     SharedPrefix,
     placeholder_tokens,
 )
+from kvbench.measure.answer import Answer, FailureKind
+from kvbench.measure.record_builder import NextTurn, build_record
 from kvbench.measure.records import (
     ANSWER_PLACEHOLDER,
     ANSWER_RETOKENIZED,
@@ -67,7 +65,7 @@ from kvbench.workloads.spec import Session, Workload
 
 _PREOPENED_CONNECTIONS = 64
 # Error kinds that mean the server did not answer at all (as opposed to answering with an error).
-UNANSWERED_KINDS = (ERR_CONNECTION, ERR_TIMEOUT, ERR_STALL)
+UNANSWERED_KINDS = (FailureKind.CONNECTION, FailureKind.TIMEOUT, FailureKind.STALLED)
 
 
 class TextCodec(Protocol):
@@ -291,23 +289,22 @@ class LoadGenerator:
             if not state.may_send():
                 return None
             ask = talk.ask(queued_ns, planned_ns)
-            record = ask.record
             if chat is not None:
                 chat.asked(ask.turn)
                 body = chat_body(endpoint, chat.messages, ask.spec.max_tokens)
             else:
                 body = completions_body(endpoint, ask.prompt.tolist(), ask.spec.max_tokens)
-            result = await stream_request(http, endpoint, body, record)
+            answer = await stream_request(http, endpoint, body)
         finally:
             state.gate.leave()
-        state.schedule_lag_ms.append((record.sent_ns - record.queued_ns) / 1e6 if record.sent_ns else 0.0)
-        if record.ok:
-            answer = self._answer_tokens(record, result, ask, state.vocab_size)
-            record.answer_tokens = answer.tolist()
-            record.answer_text = result.text if chat is not None else None
-            talk.answered(answer)
+        state.schedule_lag_ms.append((answer.sent_ns - queued_ns) / 1e6 if answer.sent_ns else 0.0)
+        next_turn = None
+        if answer.failure is None:
+            next_turn = self._next_turn(answer, ask, state.vocab_size, chat is not None)
+            talk.answered(np.asarray(next_turn.tokens, dtype=np.int32))
             if chat is not None:
-                chat.answered(result.text)
+                chat.answered(answer.text)
+        record = build_record(ask.asked, answer, next_turn)
         self._finish(record, state)
         return record
 
@@ -328,18 +325,19 @@ class LoadGenerator:
 
         await asyncio.gather(*(touch() for _ in range(count)))
 
-    def _answer_tokens(self, record: RequestRecord, result: StreamResult, ask: Ask, vocab_size: int) -> np.ndarray:
-        if result.token_ids:
-            record.answer_source = ANSWER_TOKEN_IDS
-            tokens = np.asarray(result.token_ids, dtype=np.int32)
-        elif self.codec is not None and result.text:
-            record.answer_source = ANSWER_RETOKENIZED
-            tokens = np.asarray(self.codec.encode(result.text), dtype=np.int32)
-        else:
-            record.answer_source = ANSWER_PLACEHOLDER
-            length = record.output_tokens if record.output_tokens is not None else sum(n for _, n in record.chunks)
-            tokens = placeholder_tokens(record.session_id, ask.turn, length, vocab_size)
-        return tokens
+    def _next_turn(self, answer: Answer, ask: Ask, vocab_size: int, chat: bool) -> NextTurn:
+        """What the next prompt carries as this answer: its token ids, else its text re-tokenized, else
+        placeholders of its length."""
+        text = answer.text if chat else None
+        if answer.token_ids:
+            return NextTurn(ANSWER_TOKEN_IDS, list(answer.token_ids), text)
+        if self.codec is not None and answer.text:
+            return NextTurn(ANSWER_RETOKENIZED, list(self.codec.encode(answer.text)), text)
+        usage = answer.usage
+        length = (usage.completion_tokens if usage is not None and usage.completion_tokens is not None
+                  else sum(n for _, n in answer.chunks or ()))
+        tokens = placeholder_tokens(ask.asked.session_id, ask.turn, length, vocab_size)
+        return NextTurn(ANSWER_PLACEHOLDER, tokens.tolist(), text)
 
     def _finish(self, record: RequestRecord, state: _RunState) -> None:
         state.records.append(record)

@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.harness import eventloop
-from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.loadgen import LoadGenerator, LoadResult
 from kvbench.measure.conversation import ConversationDriver
+from kvbench.measure.record_builder import with_reusable_tokens
 from kvbench.measure.records import RecordWriter, RequestRecord
 from kvbench.measure.schedule import session_offsets, split_schedule
 from kvbench.workloads.spec import Workload
@@ -291,7 +292,7 @@ def run_on_workers(
             if isinstance(message, Sent):
                 record = message.record
                 record.shift_times(ready[message.worker].clock_offset_ns - driver_offset)
-                record.reusable_tokens = talks[record.session_id].replay(record)
+                record = with_reusable_tokens(record, talks[record.session_id].replay(record))
                 records.append(record)
                 if writer is not None:
                     writer.write(record)

@@ -12,7 +12,7 @@ nodes) differ. The driver owns what they share:
 - the request budget and warmup: requests are counted as they are asked, the first `warmup_requests` are
   warmup, none is asked past `num_requests` or `duration_s`;
 - the oracle: `reusable_tokens` of each prompt under the engine's isolation rule (`ReuseOracle`);
-- the RequestRecord of each request, which the transport fills with what it measured.
+- what each request's record says of its asking (`Asked`); the transport's answer completes it (`record_builder`).
 
 A transport asks (`Conversation.ask`), sends the prompt, and hands the answer back (`Conversation.answered`);
 a failed turn ends its session (the next prompt would not be real). The driver knows no clock, no asyncio
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvbench.measure.record_builder import Asked
 from kvbench.measure.records import RequestRecord
 from kvbench.measure.schedule import LoadSpec
 from kvbench.workloads.oracle import PrefixOracle
@@ -156,12 +157,13 @@ def request_id(session_id: str, turn: int) -> str:
 
 @dataclass(frozen=True)
 class Ask:
-    """One turn asked: the prompt to send, the turn's spec and its record (which the transport fills in)."""
+    """One turn asked: the prompt to send, the turn's spec and what its record says of the asking (the record
+    itself is built once the transport answered, by `record_builder`)."""
 
     turn: int
     spec: Turn
     prompt: np.ndarray
-    record: RequestRecord
+    asked: Asked
 
 
 @dataclass(slots=True)
@@ -215,7 +217,7 @@ class Conversation:
         `planned_ns` (default: when queued): counts it against the budget."""
         index, spec, prompt, reusable = self._advance()
         session = self.session
-        record = RequestRecord(
+        asked = Asked(
             run_id=self.driver.run_id,
             request_id=request_id(session.session_id, index),
             session_id=session.session_id,
@@ -228,7 +230,7 @@ class Conversation:
             warmup=self.driver.sent < self.driver.load.warmup_requests,
         )
         self.driver.sent += 1
-        return Ask(index, spec, prompt, record)
+        return Ask(index, spec, prompt, asked)
 
     def answered(self, tokens: np.ndarray) -> None:
         """The engine answered the last turn asked with `tokens`."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO
 
+from kvbench.measure.answer import FailureKind
 from kvbench.measure.write_errors import writing
 
 # How the next turn's copy of an answer was obtained (DESIGN: real ids, else re-tokenized, else placeholders).
@@ -62,6 +63,7 @@ class RequestRecord:
     answer_source: str | None = None
     http_status: int | None = None
     error: str | None = None
+    error_kind: FailureKind | None = None  # set with `error`: why it failed, as a value (the text before ':')
     warmup: bool = False
     finish_reason: str | None = None
     answer_tokens: list[int] | None = None
@@ -70,11 +72,6 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.error is None
-
-    @property
-    def error_kind(self) -> str | None:
-        """The part of `error` before the first ':' (`http`, `timeout`, ...); None when the request succeeded."""
-        return None if self.error is None else self.error.split(":", 1)[0]
 
     @property
     def identity(self) -> tuple[str, str, int]:
@@ -99,11 +96,24 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RequestRecord":
-        known = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in data.items() if key in known})
+        values = {key: value for key, value in data.items() if key in _FIELD_SET}
+        kind = values.get("error_kind")
+        if "error_kind" not in values and values.get("error") is not None:
+            kind = values["error"].partition(":")[0]  # a record written before the field: its error's prefix
+        values["error_kind"] = None if kind is None else _failure_kind(kind)
+        return cls(**values)
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(RequestRecord))
+_FIELD_SET = frozenset(_FIELD_NAMES)
+
+
+def _failure_kind(kind: str) -> FailureKind | str:
+    """A failure kind read back from a file: its value, or the text as written by a kvbench that had others."""
+    try:
+        return FailureKind(kind)
+    except ValueError:
+        return kind
 # What `to_json` and `jsonl_lines` write with. A record is a tree of plain values (never a cycle): without the
 # encoder's cycle check, half the time.
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode

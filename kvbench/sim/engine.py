@@ -43,6 +43,8 @@ from kvbench.engines.kvengine.core.scheduler import (
 )
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
 from kvbench.measure.conversation import Conversation, ConversationDriver, ReuseOracle, placeholder_tokens
+from kvbench.measure.answer import Answer, Failure, FailureKind, Usage
+from kvbench.measure.record_builder import Asked, NextTurn, build_record
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
@@ -53,7 +55,8 @@ from kvbench.sim.routing import Router
 from kvbench.workloads.spec import Workload
 
 NS = 1_000_000_000
-ERR_TOO_LONG = "too_long: the prompt never fit in the device KV cache"
+TOO_LONG = Failure(FailureKind.TOO_LONG, "the prompt never fit in the device KV cache")
+STREAMED = NextTurn(ANSWER_TOKEN_IDS, None)  # a simulated answer's ids are its placeholders, replayed, not kept
 _TURN, _ARRIVE, _STEP = 0, 1, 2
 
 
@@ -69,7 +72,8 @@ class SimResult:
 
 @dataclass(slots=True)
 class _Live:
-    record: RequestRecord
+    asked: Asked
+    sent_ns: int
     session: int
     prompt: np.ndarray
     answer: np.ndarray
@@ -77,6 +81,8 @@ class _Live:
     restored: dict[str, int]
     request: Request | None = None  # with a prefill/decode split: the client's, for the decode node
     prefill_cached: int | None = None  # ... and the prompt tokens the prefill node found cached
+    first_token_ns: int | None = None
+    chunks: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -158,8 +164,7 @@ class _Sim:
         self.sent_in_order(now)
         t_ns = int(round(now * NS))
         ask = talk.ask(t_ns, int(round(due * NS)))
-        record, prompt, spec = ask.record, ask.prompt, ask.spec
-        record.sent_ns = t_ns
+        prompt, spec = ask.prompt, ask.spec
         answer = placeholder_tokens(talk.session.session_id, ask.turn, spec.max_tokens, self.workload.vocab_size)
         # shared_tokens stays 0 (the simulated cache shares no declared prefix across tenants, while the oracle
         # counts them as reusable): SimNode looks a prompt up below device in one namespace (namespace_for), not
@@ -172,7 +177,7 @@ class _Sim:
         self.node_of[rid] = node
         now += self.config.preset.router_latency_s
         restore = self.nodes[node].plan_restore(sent, now)
-        self.live[rid] = _Live(record, session_index, prompt, answer, node,
+        self.live[rid] = _Live(ask.asked, t_ns, session_index, prompt, answer, node,
                                {t.name.lower(): k for t, k in restore.tokens_by_tier.items()}, request)
         self.push(restore.ready_at, _ARRIVE, (node, sent, sent_answer, restore))
 
@@ -186,19 +191,15 @@ class _Sim:
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
         if self.pd is None or self.pd.is_prefill(live.node):
             self.router.finished(live.node, len(live.prompt))
-        record = live.record
-        record.done_ns = int(round(now * NS))
-        record.prompt_tokens = int(live.prompt.size)
-        record.output_tokens = len(output)
-        restored = self.nodes[live.node].restored.pop(record.request_id, {})
+        restored = self.nodes[live.node].restored.pop(live.asked.request_id, {})
         if live.prefill_cached is not None:  # the decode node's cache holds the handoff, not a hit
             cached, restored = live.prefill_cached, {}
-        record.cached_tokens = cached
         by_tier = live.restored | restored
-        record.cached_tokens_by_tier = by_tier | {"device": max(cached - sum(by_tier.values()), 0)}
-        record.answer_source = ANSWER_TOKEN_IDS
-        record.http_status = 200
-        record.finish_reason = reason
+        usage = Usage(int(live.prompt.size), len(output), cached,
+                      by_tier | {"device": max(cached - sum(by_tier.values()), 0)})
+        answer = Answer(sent_ns=live.sent_ns, http_status=200, first_token_ns=live.first_token_ns,
+                        done_ns=int(round(now * NS)), chunks=live.chunks, usage=usage, finish_reason=reason)
+        record = build_record(live.asked, answer, STREAMED)
         self.records.append(record)
         talk = self.talks[live.session]
         talk.answered(live.answer)
@@ -235,10 +236,10 @@ class _Sim:
         times = [int(round(t * NS)) for t in ends]
         chunks = [[t, 1] for t in times]
         for rid in request_ids:
-            record = self.live[rid].record
-            if record.first_token_ns is None:
-                record.first_token_ns = times[0]
-            record.chunks.extend(chunks)
+            live = self.live[rid]
+            if live.first_token_ns is None:
+                live.first_token_ns = times[0]
+            live.chunks.extend(chunks)
 
     def step_done(self, node_index: int, plan, now: float) -> None:
         node = self.nodes[node_index]
@@ -255,7 +256,7 @@ class _Sim:
     def hand_off(self, prefill_node: int, live: _Live, cached: int, now: float) -> None:
         """A prefill is done: its KV goes to a decode node, which runs the client's request once it is there."""
         self.router.finished(prefill_node, len(live.prompt))
-        live.restored |= self.nodes[prefill_node].restored.pop(live.record.request_id, {})
+        live.restored |= self.nodes[prefill_node].restored.pop(live.asked.request_id, {})
         live.prefill_cached = cached
         restore = self.pd.hand_off(prefill_node, live.request, now)
         live.node = self.pd.decode_node(self.nodes)
@@ -287,8 +288,9 @@ class _Sim:
 
     def report_unfinished(self) -> None:
         for rid, live in sorted(self.live.items()):  # never fit: report as errors, not silently dropped
-            live.record.error = ERR_TOO_LONG
-            self.records.append(live.record)
+            answer = Answer(sent_ns=live.sent_ns, first_token_ns=live.first_token_ns, chunks=live.chunks,
+                            failure=TOO_LONG)
+            self.records.append(build_record(live.asked, answer))
         self.live.clear()
 
 

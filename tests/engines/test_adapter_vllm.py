@@ -106,6 +106,7 @@ def _vllm_python() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.vllm
 def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monkeypatch):
     python = _vllm_python()
     if python is None:

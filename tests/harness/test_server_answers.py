@@ -119,15 +119,14 @@ def test_a_reasoning_models_thinking_is_content_but_not_answer_text():
     # vLLM's and SGLang's reasoning parsers stream the thinking as delta.reasoning_content (or .reasoning): a
     # request that spent its max_tokens thinking produced content, not "no content".
     from kvbench.harness.stream_answer import API_CHAT, AnswerLimits, AnswerReader
-    from kvbench.measure.records import RequestRecord
 
     reader = AnswerReader(API_CHAT, AnswerLimits(max_tokens=2))
-    record = RequestRecord(run_id="r", request_id="q", session_id="s", tenant="t", turn=0, queued_ns=0)
     for arrival, key in enumerate(("reasoning_content", "reasoning"), start=1):
         payload = '{"choices": [{"delta": {"%s": "hm", "content": null}}]}' % key
-        assert reader.take(payload, arrival, record) is None
-    assert reader.finish(record) is None
-    assert reader.result.text == "" and record.chunks == [[1, 1], [2, 1]]
+        assert reader.take(payload, arrival) is None
+    assert reader.finish() is None
+    answer = reader.answer(0, 200, 3, None)
+    assert answer.text == "" and answer.chunks == [[1, 1], [2, 1]] and answer.first_token_ns == 1
 
 
 def test_a_stream_without_end_is_cut_at_request_timeout_s():

@@ -14,6 +14,9 @@ from kvbench.measure.conversation import (
     declared_prefix_ids,
     declared_shared_tokens,
 )
+from kvbench.measure.answer import Answer
+from kvbench.measure.record_builder import NextTurn, build_record
+from kvbench.measure.records import ANSWER_TOKEN_IDS
 from kvbench.measure.schedule import LoadSpec
 from kvbench.workloads.spec import Session, Turn, token_array
 
@@ -86,14 +89,14 @@ def test_the_prompt_of_turn_k_carries_every_earlier_answer_and_the_oracle_sees_i
     talk = driver.start(session())
     first = talk.ask(queued_ns=5)
     assert first.prompt.tolist() == [1, 2, 3, 10, 10]
-    assert (first.record.request_id, first.record.queued_ns, first.record.reusable_tokens) == ("s0/0", 5, 0)
+    assert (first.asked.request_id, first.asked.queued_ns, first.asked.reusable_tokens) == ("s0/0", 5, 0)
     assert talk.think_time_s == 0.5
     talk.answered(np.array([7, 8, 9], dtype=np.int32))
     second = talk.ask(queued_ns=6)
     assert second.prompt.tolist() == [1, 2, 3, 10, 10, 7, 8, 9, 20, 20]
     # The engine computed KV for the first prompt and every answer token but the last it sampled.
-    assert second.record.reusable_tokens == 7
-    assert (second.turn, second.record.turn, second.record.prompt_len_sent) == (1, 1, 10)
+    assert second.asked.reusable_tokens == 7
+    assert (second.turn, second.asked.turn, second.asked.prompt_len_sent) == (1, 1, 10)
 
 
 def test_budget_warmup_and_replay_are_counted_once():
@@ -103,17 +106,16 @@ def test_budget_warmup_and_replay_are_counted_once():
     for _ in range(3):
         asks.append(whole.ask(0))
         whole.answered(np.array([5, 6], dtype=np.int32))
-    assert [a.record.warmup for a in asks] == [True, True, False]
+    assert [a.asked.warmup for a in asks] == [True, True, False]
     assert not driver.may_send(0.0) and whole.finished
     # A resumed run replays the first two turns from their records: the third gets the same prompt and reuse.
     resumed = ConversationDriver("run", LoadSpec(concurrency=1, num_requests=3, warmup_requests=2))
     talk = resumed.start(session())
     for a in asks[:2]:
-        a.record.answer_tokens = [5, 6]
-        talk.replay(a.record)
+        talk.replay(build_record(a.asked, Answer(sent_ns=0, done_ns=1), NextTurn(ANSWER_TOKEN_IDS, [5, 6])))
     third = talk.ask(0)
     assert third.prompt.tolist() == asks[2].prompt.tolist()
-    assert third.record.reusable_tokens == asks[2].record.reusable_tokens
+    assert third.asked.reusable_tokens == asks[2].asked.reusable_tokens
     assert not resumed.may_send(0.0)
 
 

@@ -77,7 +77,9 @@ def test_the_vllm_result_has_vllms_keys_and_value_types(point):
     ours = json.loads(json.dumps(vllm_result(entry, records, dataclasses.asdict(LOAD))))
     theirs = json.loads(FIXTURE.read_text())
     assert set(theirs) <= set(ours), f"missing: {set(theirs) - set(ours)}"
-    kind = lambda value: "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+    def kind(value):
+        return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
+
     differ = {key: (kind(theirs[key]), kind(ours[key])) for key in theirs if kind(theirs[key]) != kind(ours[key])}
     assert differ == {"label": ("NoneType", "str")}  # vLLM's label is unset unless given; ours is the engine's
     extra = set(ours) - set(theirs)

@@ -12,19 +12,21 @@ from kvbench.measure.metrics import (
     summarize_run,
     tpot_ms,
 )
+from kvbench.measure.answer import FailureKind
 from kvbench.measure.records import RequestRecord
 
 MS = 1_000_000
 
 
 def record(tenant="a", sent=0, first=100, chunks=((100, 1), (110, 1), (130, 2)), done=130, prompt=100,
-           output=4, cached=None, reusable=0, error=None, warmup=False, rid="r"):
+           output=4, cached=None, reusable=0, error=None, warmup=False, rid="r", kind=None):
     return RequestRecord(
         run_id="run", request_id=rid, session_id="s", tenant=tenant, turn=0, queued_ns=sent * MS,
         sent_ns=sent * MS, first_token_ns=first * MS if first is not None else None,
         done_ns=done * MS if done is not None else None,
         chunks=[[t * MS, n] for t, n in chunks], prompt_tokens=prompt, output_tokens=output,
-        cached_tokens=cached, reusable_tokens=reusable, error=error, warmup=warmup,
+        cached_tokens=cached, reusable_tokens=reusable, error=error, error_kind=kind,
+        warmup=warmup,
     )
 
 
@@ -66,7 +68,7 @@ def test_missing_cached_tokens_is_missing_not_zero():
 
 
 def test_warmup_and_errors_are_separated():
-    records = [record(warmup=True, rid="w"), record(rid="ok"), record(error="http: 500", first=None, done=None, rid="e")]
+    records = [record(warmup=True, rid="w"), record(rid="ok"), record(error="http: 500", kind=FailureKind.HTTP, first=None, done=None, rid="e")]
     summary = summarize(records)
     assert summary.requests == 2
     assert summary.completed == 1

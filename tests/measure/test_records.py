@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvbench.measure.answer import FailureKind
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord, read_records
 
 
@@ -32,6 +33,7 @@ def test_jsonl_lines_write_what_to_json_writes_for_shared_and_odd_chunks(tmp_pat
     records[1].chunks += [[5, 2], [6.5, 1], [True, 1], [7, 1, 9]]  # a float, a bool, three ints: the encoder's
     records[2].chunks = []
     records[2].error = 'http: 500 "\x00chunks\x00"'  # a value that looks like the stand-in once quoted
+    records[2].error_kind = FailureKind.HTTP
     records[0].cached_tokens_by_tier = {"device": 3}
     assert list(jsonl_lines(records)) == [r.to_json() for r in records]
     path = tmp_path / "requests.jsonl"

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kvbench.measure.answer import FailureKind
 from kvbench.measure.metrics import SLO
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
 from kvbench.measure.run_folder import (
@@ -46,6 +47,7 @@ def record(run_id, index, error=None):
                          queued_ns=sent, sent_ns=sent, first_token_ns=sent + 10 * MS, done_ns=sent + 30 * MS,
                          chunks=[[sent + 10 * MS, 1], [sent + 30 * MS, 1]], prompt_tokens=8, output_tokens=2,
                          cached_tokens=4, reusable_tokens=4, error=error, answer_source="token_ids",
+                         error_kind=FailureKind.HTTP if error else None,
                          answer_tokens=None if error else [1, 2])
 
 

@@ -5,7 +5,9 @@ different.
 The expected digest was computed at commit ae4c19f (before the compact-plan optimisation of issue 19) with
 exactly this configuration: every record's `to_json()` line, in the order `simulate` returns them, hashed
 with SHA-256. Records then gained `planned_ns` (issue 16, the planned send time); the digest was recomputed on
-93a5fbb, main just before the optimisation was merged, and the optimised simulator gives the same. It changes
+93a5fbb, main just before the optimisation was merged, and the optimised simulator gives the same. Then they
+gained `error_kind` (issue 49, the failure kind as a value): on e1cf616 and after it, the stream with every
+`,"error_kind":null` taken out gives the 93a5fbb digest, so the digest below is that stream with it. It changes
 when a record gains a field or the simulator's behaviour changes on purpose; then
 recompute it on the commit before the change and say so here. Issue 44 changed two things on purpose: an H200
 step is priced from measured kernel tables by default (this test keeps the roofline, `device.kernel_tables=False`),
@@ -30,10 +32,12 @@ from kvbench.workloads.profiles import load_workload
 
 TRACE = Path(__file__).resolve().parents[1] / "data" / "shared" / "traces" / "mooncake" / "synthetic_trace.jsonl"
 # 93a5fbb (ae4c19f's simulator, records with planned_ns), qwen2.5-72b on 8xh200, vllm-prefix, fp8 KV, fp8
-# weights, the trace's own arrivals, seed 0. At ae4c19f itself (no planned_ns) it was 36dfcee4...84d8.
-DIGEST_BEFORE_OPTIMISATION = "316a25e1bbaba59d4cd749df66c983110abd609d81f762b63c6bd6bfad06daf3"
-# The same configuration with fp8 checkpoints' embeddings and lm_head in bf16 (issue 44), on the roofline.
-DIGEST = "93add71a37e8f9270affb89892c69242d72ac02ad888627ed000bd7c7e327909"
+# weights, the trace's own arrivals, seed 0. At ae4c19f itself (no planned_ns) it was 36dfcee4...84d8; without
+# error_kind (93a5fbb to e1cf616) 316a25e1...daf3.
+DIGEST_BEFORE_OPTIMISATION = "d3d37c20565ce7760306d2b4c89ee361ef85142d9b73d9f711d3643f5d7f1440"
+# The same configuration with fp8 checkpoints' embeddings and lm_head in bf16 (issue 44), on the roofline; without
+# error_kind (h44c's 39f9fec) 93add71a...7909.
+DIGEST = "66843b53e4f149f1926693b2fa42b37697182f29e7f750847632e51826210253"
 
 
 def record_stream_digest(records) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, ScheduledSeq
-from kvbench.engines.kvengine.runtime.engine import Engine
+from kvbench.engines.kvengine.runtime.budget_probe import build_engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.core.plans import probe_shape
 from kvbench.sim.cost import SeqWork
@@ -31,7 +31,7 @@ def prompt(rid: str, n: int) -> tuple[int, ...]:
 
 def engine_steps(settings: EngineConfig = SETTINGS) -> tuple[list[tuple[tuple[int, int], ...]], EngineConfig]:
     """The token spans of every step, and the engine's settings as it ran (auto resolved)."""
-    engine = Engine(settings)
+    engine = build_engine(settings)
     steps: list = []
     engine.step_listeners.append(lambda timing: steps.append(timing.work))
     t = 0

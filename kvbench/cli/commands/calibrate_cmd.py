@@ -78,7 +78,8 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     openmp.apply()  # before torch loads OpenMP
     import torch
 
-    from kvbench.engines.kvengine.runtime.engine import Engine
+    from kvbench.engines.kvengine.runtime.budget_probe import build_engine
+
     from kvbench.engines.kvengine.runtime.step_probe import probe_steps, read_step_log
     from kvbench.sim.calibrate import fit_hardware
     from kvbench.sim.hardware import load_hardware, save_hardware
@@ -94,7 +95,7 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as error:
         raise SettingsError(f"{error}") from None
     if not args.steps:
-        engine = Engine(config)
+        engine = build_engine(config)
         console.print(f"probing {engine.model_name} ({config.kv_format.label} KV, {torch.get_num_threads()} threads)...")
         steps = probe_steps(engine)
         engine.close()
@@ -181,7 +182,7 @@ def handle_validate(args: argparse.Namespace) -> int:
         except ValueError as error:
             raise SettingsError(f"{entry.run_id}: {error}") from None
         spec = next(w for w in experiment.workloads if workload_name_matches(w.name, entry.workload))
-        load = next(l for l in experiment.load_specs() if l.label == entry.load)
+        load = next(spec for spec in experiment.load_specs() if spec.label == entry.load)
         workload = load_workload(spec.name, seed=experiment.seed, num_sessions=spec.num_sessions,
                                  overrides=spec.overrides, vocab_size=entry.workload_params.get("vocab_size"),
                                  time_scale=spec.time_scale)

@@ -81,7 +81,6 @@ def handle(args: argparse.Namespace) -> int:
     config = load_eval_config(config_values(args), str(args.config or "flags"))
     run_dir = args.out or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     console.print(f"[bold]kvbench eval[/bold] -> {run_dir}")
-    from kvbench.measure.run_folder import EVAL_MD
 
     paths = run_eval(config, run_dir, progress=lambda message: console.print(f"  {message}", highlight=False))
     print_eval_summary(paths)

@@ -137,16 +137,16 @@ def handle_plan(args: argparse.Namespace) -> int:
     columns = [Column("preset", False), Column("KV", False), Column("routing", False), Column("nodes needed", True),
                Column("node counts tried", False), Column("node-h at answer", True), Column("non-monotone", True)]
     rows = []
-    for l in lines:
-        at = next((p for p in l.search.points if p.nodes == l.search.answer), None)
-        rows.append([escape(l.preset), escape(l.kv_dtype), escape(l.route), answer_text(l.search, args.max_nodes),
-                     ", ".join(str(p.nodes) for p in l.search.points),
-                     "-" if at is None else f"{at.node_hours:,.2f}", str(len(l.search.non_monotone))])
+    for row in lines:
+        at = next((p for p in row.search.points if p.nodes == row.search.answer), None)
+        rows.append([escape(row.preset), escape(row.kv_dtype), escape(row.route), answer_text(row.search, args.max_nodes),
+                     ", ".join(str(p.nodes) for p in row.search.points),
+                     "-" if at is None else f"{at.node_hours:,.2f}", str(len(row.search.non_monotone))])
     print_table(console, columns, rows, keys=2,
                 title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
                 f" ({workload.name}, {geometry.name})")
-    for l in lines:
-        for finding in l.search.non_monotone:
-            console.print(f"[yellow]non-monotone {l.preset}/{l.kv_dtype}: {finding}[/yellow]")
+    for row in lines:
+        for finding in row.search.non_monotone:
+            console.print(f"[yellow]non-monotone {row.preset}/{row.kv_dtype}: {finding}[/yellow]")
     console.print(f"planned in {settings['wall_s']} s; results: {', '.join(str(f) for f in files)}")
     return 0

@@ -20,7 +20,7 @@ a page decodes the same for every reader. Values beyond the calibrated range sat
 (a plain cast would give NaN for e4m3fn and inf for e5m2).
 
 On CPU the fp8 encode and decode (and the cache's scatter and gather of token rows) run as one C pass
-(`cpu_codec`) where it builds; the torch code here is the path everywhere else, and gives the same bits.
+(`cpu_kernels`) where it builds; the torch code here is the path everywhere else, and gives the same bits.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from functools import cache
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat
-from kvbench.engines.kvengine.model import cpu_codec
+from kvbench.engines.kvengine.model import cpu_kernels
 
 # The torch dtype of every KV dtype name (the names and their sizes are `core.kv_format`'s).
 TORCH_DTYPES: Mapping[KVDtype, torch.dtype] = {
@@ -141,7 +141,7 @@ def shift_weights(scale: torch.Tensor) -> torch.Tensor:
 
 def pairwise_sum(p: torch.Tensor) -> torch.Tensor:
     """Sum over the last dim in one fixed order: element i plus element i + half, halving, an odd last element
-    carried. `cpu_codec` adds in the same order, so that both paths store the same shift bits."""
+    carried. `cpu_kernels` adds in the same order, so that both paths store the same shift bits."""
     while p.shape[-1] > 1:
         m = p.shape[-1]
         half = m // 2
@@ -213,9 +213,9 @@ def encode(
 def _encode_into(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor,
                  slots: torch.Tensor | None, shift: torch.Tensor | None) -> None:
     """Quantize `x [n, H, D]` into rows[slots] (into `rows`, of x's shape, when slots is None) and (channel
-    mode) its shifts into `shift [n, H]`: one C pass on CPU (`cpu_codec`), else torch."""
+    mode) its shifts into `shift [n, H]`: one C pass on CPU (`cpu_kernels`), else torch."""
     weight = shift_weights(scale) if fmt.shifted else None
-    if x.dim() == 3 and cpu_codec.encode(x, scale, weight, shift, rows, slots):
+    if x.dim() == 3 and cpu_kernels.encode(x, scale, weight, shift, rows, slots):
         return
     token = None if shift is None else shift.copy_(token_shift(x, scale))
     quantized = _quantized(fmt, x, scale, token).to(rows.dtype)
@@ -242,7 +242,7 @@ def store(
     shift_rows: torch.Tensor | None = None,
 ) -> None:
     """Encode `x [n, H, D]` into `rows [R, H, D]` at `slots [n]`, and (channel mode) each token's shift into
-    `shift_rows [R, H]`: what a cache write is. On CPU one C pass quantizes and scatters (`cpu_codec`)."""
+    `shift_rows [R, H]`: what a cache write is. On CPU one C pass quantizes and scatters (`cpu_kernels`)."""
     if not fmt.quantized:
         rows[slots] = x.to(rows.dtype)
         return
@@ -262,7 +262,7 @@ def decode(
 ) -> torch.Tensor:
     """Inverse of `encode`: payload [..., H, D] (+ shift [..., H]) -> values in `out_dtype` (into `out`).
 
-    fp8 to fp32 on CPU is one C pass (`cpu_codec`); otherwise a table lookup (`decode_table`), with a tensor
+    fp8 to fp32 on CPU is one C pass (`cpu_kernels`); otherwise a table lookup (`decode_table`), with a tensor
     scale folded into the table, so that a decode is one pass over the bytes. For fp32 output both equal
     `decode_reference` bit for bit.
     """
@@ -271,7 +271,7 @@ def decode(
     if out_dtype == torch.float32 and payload.is_contiguous() and (out is None or out.is_contiguous()):
         heads, dim = payload.shape[-2:]
         flat_shift = None if shift is None else shift.reshape(-1, heads)
-        fast = cpu_codec.decode(payload.view(-1, heads, dim), None, scale, flat_shift,
+        fast = cpu_kernels.decode(payload.view(-1, heads, dim), None, scale, flat_shift,
                                 None if out is None else out.view(-1, heads, dim))
         if fast is not None:
             return fast.view(payload.shape) if out is None else out

@@ -19,7 +19,7 @@ import torch
 
 from kvbench.engines.kvengine.core.kv_format import DEFAULT_KV_FORMAT, KVFormat
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
-from kvbench.engines.kvengine.model import cpu_codec, fp8
+from kvbench.engines.kvengine.model import cpu_kernels, fp8
 from kvbench.engines.kvengine.model.config import ModelConfig
 
 
@@ -168,7 +168,7 @@ class PagedKVCache:
         """Decode the tokens at flat `slots [N]` -> k, v [N, H, D] in `compute_dtype` (into `out`'s first N rows).
 
         What fast attention reads: only the live tokens it names, fp8 decoded in the same pass: fp8 to fp32 on
-        CPU by one C pass (`cpu_codec`), else the stored bytes are gathered first, at one byte a value, and
+        CPU by one C pass (`cpu_kernels`), else the stored bytes are gathered first, at one byte a value, and
         decoded by table lookup. Equal to `read` of the same tokens within the compute dtype's rounding (bit for
         bit in fp32).
         """
@@ -183,7 +183,7 @@ class PagedKVCache:
             dst = None if out is None else out[i][:n]
             rows = data[layer].view(-1, H, D)
             shift_rows = None if shift is None else shift[layer].view(-1, H)
-            x = cpu_codec.decode(rows, slots, scale, shift_rows, dst) if c_decode else None
+            x = cpu_kernels.decode(rows, slots, scale, shift_rows, dst) if c_decode else None
             if x is not None:
                 pass
             elif self._tables is not None:  # fp8, tensor scale

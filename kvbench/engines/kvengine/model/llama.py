@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kvbench.engines.kvengine.model import cpu_codec
+from kvbench.engines.kvengine.model import cpu_kernels
 from kvbench.engines.kvengine.model.attention import AttentionBackend, VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.config import ModelConfig
@@ -61,10 +61,10 @@ def rope_inv_freq(config: ModelConfig, device: torch.device) -> torch.Tensor:
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [n, heads, D]; cos/sin [n, D] (halves layout, as in HF checkpoints). On a CPU in fp32, the same operations
-    in one pass of our kernel (`cpu_codec.rope`, bit-equal): torch's five (chunk, cat, two products, a sum) took
+    in one pass of our kernel (`cpu_kernels.rope`, bit-equal): torch's five (chunk, cat, two products, a sum) took
     73 ms of a 2.6 s prefill step of 4 x 512 tokens, and ~70 us a layer at a decode step's few rows."""
     if x.device.type == "cpu":
-        out = cpu_codec.rope(x, cos, sin, torch.get_num_threads())
+        out = cpu_kernels.rope(x, cos, sin, torch.get_num_threads())
         if out is not None:
             return out
     x1, x2 = x.chunk(2, dim=-1)
@@ -74,9 +74,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of the fused gate-up output [n, 2 * width] (gate, then up). On a CPU in fp32, one pass of
-    our kernel (`cpu_codec.silu_mul`, within fp32 rounding of torch's two operations and their two new tensors)."""
+    our kernel (`cpu_kernels.silu_mul`, within fp32 rounding of torch's two operations and their two new tensors)."""
     if gate_up.device.type == "cpu":
-        out = cpu_codec.silu_mul(gate_up, torch.get_num_threads())
+        out = cpu_kernels.silu_mul(gate_up, torch.get_num_threads())
         if out is not None:
             return out
     gate, up = gate_up.chunk(2, dim=-1)
@@ -120,7 +120,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     """x @ weight.T + bias: in our row kernel with `threads` threads where given (`row_kernel_rows`), else through
     `packed` (the same weight prepacked by oneDNN, see `prepack`) where given, else F.linear."""
     if threads:
-        out = cpu_codec.linear_rows(x, weight, bias, threads)
+        out = cpu_kernels.linear_rows(x, weight, bias, threads)
         if out is not None:
             return out
     if packed is None:
@@ -204,9 +204,9 @@ class LlamaForCausalLM(nn.Module):
         if not can_prepack(weight.device, weight.dtype):
             return 0
         pack = torch.ops.mkldnn._reorder_linear_weight
-        layers = tuple((pack(l.self_attn.qkv_weight, rows_hint), pack(l.self_attn.o_proj.weight, rows_hint),
-                        pack(l.mlp.gate_up_weight, rows_hint), pack(l.mlp.down_proj.weight, rows_hint))
-                       for l in self.model.layers)
+        layers = tuple((pack(layer.self_attn.qkv_weight, rows_hint), pack(layer.self_attn.o_proj.weight, rows_hint),
+                        pack(layer.mlp.gate_up_weight, rows_hint), pack(layer.mlp.down_proj.weight, rows_hint))
+                       for layer in self.model.layers)
         self.prepacked = layers + ((pack(weight, rows_hint),),)
         self.prepacked_min_rows = prepacked_min_rows()
         return prepacked_bytes(self)
@@ -283,7 +283,7 @@ class LlamaForCausalLM(nn.Module):
         return tp.gather_vocab(logits, self.full_config).float()
 
 
-# The most rows a step sends through our row kernel (`cpu_codec.linear_rows`), per torch's CPU capability (what
+# The most rows a step sends through our row kernel (`cpu_kernels.linear_rows`), per torch's CPU capability (what
 # oneDNN's kernels use), and the LM head's own limit. GB/s of weights read, each weight streamed from memory
 # (kernel / oneDNN prepacked / F.linear, `benchmarks/linear_rows.py`), 2 cores:
 # - AVX2: gate_up [3072, 576] 1 row 17.2 / 15.4 / 9.3, 4 rows 13.2 / 11.0 / 4.9, 8 rows 10.3 / 9.5 / 5.9; down
@@ -306,8 +306,8 @@ def row_kernel_limit() -> int:
 
 def row_kernel_rows(weight: torch.Tensor) -> int:
     """How many rows a step may have to go through our row kernel: `row_kernel_limit()` for fp32 weights on a CPU
-    where the kernel is built with its AVX2+FMA path (`cpu_codec.has_linear_rows`), else 0 (torch's linears only)."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_codec.has_linear_rows():
+    where the kernel is built with its AVX2+FMA path (`cpu_kernels.has_linear_rows`), else 0 (torch's linears only)."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not cpu_kernels.has_linear_rows():
         return 0
     return row_kernel_limit()
 

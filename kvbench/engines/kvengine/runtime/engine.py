@@ -54,7 +54,8 @@ from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY
     chunks_of, is_device_error, load_rank_model, model_config_of, model_digest, rank_device,
 )
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
-from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget, measure_prefill_budget
+from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget
+from kvbench.engines.kvengine.runtime.shared_prefixes import declared_prefixes
 from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
 from kvbench.engines.kvengine.runtime.requests import (
     GenerationRequest,
@@ -124,25 +125,27 @@ class Engine:
         self.offload = executor_for(config, self.kv_cache, self.scheduler, self.tenants, journal, self.events,
                                     self.key_salt)
         self.limits = RequestLimits(self.max_model_len, config.page_size, self.pool.capacity, model_config.vocab_size)
-        self._shared_prefixes = self._declared_prefixes()
+        shared_prefix = config.isolation == IsolationMode.SHARED_PREFIX
+        self._shared_prefixes = declared_prefixes(self.tenants, self.loaded) if shared_prefix else ()
         self._fresh_metrics()
         # Who receives the timing of each step that ran the model (simulator calibration records them).
         self.step_listeners: list[Callable[[StepTiming], None]] = []
         self._live: dict[str, LiveRequest] = {}
+        # max_prefill_beside_decodes `auto` is timed on this engine's steps once it is built (`budget_probe.
+        # build_engine`); until `use_prefill_budget`, a step's prefill beside decodes is bounded by the step budget.
         self.prefill_budget: PrefillBudget | None = None  # what `auto` timed, if it was auto
-        if config.max_prefill_beside_decodes == AUTO:
-            self._resolve_prefill_budget()
         self.metrics.prefill_beside_decodes(self.scheduler.config.max_prefill_beside_decodes)
         self._update_gauges()
 
-    def _resolve_prefill_budget(self) -> None:
-        """max_prefill_beside_decodes `auto`: time the probe (runtime/prefill_budget.py), then start afresh: the
-        scheduler and this engine's config carry the number, the metrics count nothing the probe did."""
-        self.prefill_budget = measure_prefill_budget(self, self.config.decode_stall_factor)
-        tokens = self.prefill_budget.tokens
-        self.scheduler.config = replace(self.scheduler.config, max_prefill_beside_decodes=tokens)
-        self.config = replace(self.config, max_prefill_beside_decodes=tokens)
+    def use_prefill_budget(self, budget: PrefillBudget) -> None:
+        """The budget `auto` timed: the scheduler and this engine's config carry its number, and the metrics
+        start afresh (they count nothing the probe did)."""
+        self.prefill_budget = budget
+        self.scheduler.config = replace(self.scheduler.config, max_prefill_beside_decodes=budget.tokens)
+        self.config = replace(self.config, max_prefill_beside_decodes=budget.tokens)
         self._fresh_metrics()
+        self.metrics.prefill_beside_decodes(budget.tokens)
+        self._update_gauges()
 
     def _fresh_metrics(self) -> None:
         """The Prometheus exporter, counting from zero, and the event listeners it heads."""
@@ -151,21 +154,6 @@ class Engine:
         # Who receives each step's cache events (stored / hit / evicted / moved pages), in order: the
         # Prometheus exporter always; a validation may add a recorder (see sim/validate.py).
         self.event_listeners: list[Callable[[list[CacheEvent]], None]] = [self.metrics.events]
-
-    def _declared_prefixes(self) -> tuple[np.ndarray, ...]:
-        """The tenants file's shared prefixes as token ids (shared-prefix isolation only): a text as a
-        completion prompt and as a chat system message begin, token ids as given."""
-        if self.config.isolation != IsolationMode.SHARED_PREFIX:
-            return ()
-        out = []
-        for prefix in self.tenants.shared_prefixes:
-            if isinstance(prefix, str):
-                out.append(self.loaded.tokenizer(prefix)["input_ids"])
-                system = [{"role": "system", "content": prefix}]
-                out.append(self.loaded.chat_prompt_ids(system, add_generation_prompt=False))
-            else:
-                out.append(prefix)
-        return tuple(np.asarray(ids, dtype=np.int64) for ids in out)
 
     def _ledger(self) -> TenantLedger | None:
         if not self.tenants.tenants:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.engines.kvengine.runtime.engine import Engine, StepTiming
-from kvbench.engines.kvengine.runtime.prefill_budget import steps_until_idle
+from kvbench.engines.kvengine.runtime.budget_probe import steps_until_idle
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 
 

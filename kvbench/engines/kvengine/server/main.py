@@ -44,7 +44,7 @@ def serve(args: argparse.Namespace) -> int:
 
     import torch
     from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
-    from kvbench.engines.kvengine.runtime.engine import Engine
+    from kvbench.engines.kvengine.runtime.budget_probe import build_engine
     from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
     from kvbench.engines.kvengine.runtime.model_runner import Ranks, model_config_of, rank_device
     from kvbench.engines.kvengine.runtime.step_probe import StepLog
@@ -83,7 +83,7 @@ def serve(args: argparse.Namespace) -> int:
             stop_serving()
 
         ranks = workers.start(on_exit=rank_exited)
-    engine = Engine(config, ranks=ranks)
+    engine = build_engine(config, ranks=ranks)
     if engine.prefill_budget is not None:
         log.info("prefill budget: %s", engine.prefill_budget.describe())
     if options.step_log:

@@ -1,4 +1,4 @@
-"""The C fp8 codec (`cpu_codec`): the same bits as torch's casts and torch's path, in both of its builds (SIMD
+"""The C fp8 codec (`cpu_kernels`): the same bits as torch's casts and torch's path, in both of its builds (SIMD
 with -march=native, and the portable loop a build without AVX2/F16C gets), through the gather and the scatter."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import SCALE_MODES, KVDtype, KVFormat
-from kvbench.engines.kvengine.model import cpu_codec, fp8
+from kvbench.engines.kvengine.model import cpu_kernels, fp8
 
 FORMATS = [KVFormat.parse(d.value, m) for d in KVDtype if d.quantized for m in SCALE_MODES]
-PORTABLE = tuple(f for f in cpu_codec.FLAGS if f != "-march=native")  # x86-64 baseline: no AVX2, no F16C
+PORTABLE = tuple(f for f in cpu_kernels.FLAGS if f != "-march=native")  # x86-64 baseline: no AVX2, no F16C
 
 
 @pytest.fixture(scope="module", params=["native", "portable"])
 def lib(request):
     """Each build of the kernel. A new machine has gcc, so both must build here."""
-    return cpu_codec.load(cpu_codec.FLAGS if request.param == "native" else PORTABLE)
+    return cpu_kernels.load(cpu_kernels.FLAGS if request.param == "native" else PORTABLE)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -52,7 +52,7 @@ def values_to_encode(dtype: torch.dtype, seed: int) -> torch.Tensor:
 def test_decode_of_every_code_equals_torchs_cast_times_the_scale(lib, dtype, scale):
     codes = torch.arange(256, dtype=torch.uint8).view(dtype).reshape(16, 2, 8)
     s = torch.tensor(scale)
-    got = cpu_codec.decode(codes, None, s, None, None, lib=lib)
+    got = cpu_kernels.decode(codes, None, s, None, None, lib=lib)
     assert torch.equal(bits(got), bits(codes.float() * s))
 
 
@@ -69,7 +69,7 @@ def test_encode_equals_torchs_path_bit_for_bit(lib, fmt, dim):
     scale = torch.tensor(0.043) if not fmt.shifted else torch.rand(heads, dim, generator=gen) + 0.01
     weight, shift = channel_outputs(fmt, scale, n)
     got = torch.empty(n, heads, dim, dtype=dtype)
-    assert cpu_codec.encode(x, scale, weight, shift, got, None, lib=lib)
+    assert cpu_kernels.encode(x, scale, weight, shift, got, None, lib=lib)
     want_shift = fp8.token_shift(x, scale) if fmt.shifted else None
     if fmt.shifted:  # each token's shift, summed in the same order as torch's path and rounded the same way
         assert torch.equal(bits(shift.float()), bits(want_shift.float()))
@@ -90,7 +90,7 @@ def test_scatter_then_gather_of_slots_equals_torch_on_the_same_rows(lib, fmt):
     before = rows.clone()
     slots = torch.tensor([9, 0, 39, 17, 3, 22, 30])
     weight, computed = channel_outputs(fmt, scale, len(slots))
-    assert cpu_codec.encode(x, scale, weight, computed, rows, slots, lib=lib)
+    assert cpu_kernels.encode(x, scale, weight, computed, rows, slots, lib=lib)
     assert shift is None or torch.equal(computed.view(torch.int16), shift.view(torch.int16))
     untouched = torch.ones(num_rows, dtype=torch.bool)
     untouched[slots] = False
@@ -99,7 +99,7 @@ def test_scatter_then_gather_of_slots_equals_torch_on_the_same_rows(lib, fmt):
 
     shift_rows = None if shift is None else torch.randn(num_rows, heads, generator=gen).bfloat16()
     read = torch.tensor([30, 30, 0, 11, 39, 2])
-    got = cpu_codec.decode(rows, read, scale, shift_rows, None, lib=lib)
+    got = cpu_kernels.decode(rows, read, scale, shift_rows, None, lib=lib)
     want = fp8.decode_reference(fmt, rows[read], None if shift_rows is None else shift_rows[read], scale,
                                 torch.float32)
     assert torch.equal(bits(got), bits(want))
@@ -109,53 +109,53 @@ def test_a_slot_outside_the_rows_is_refused_before_anything_is_written(lib):
     rows = torch.zeros(4, 1, 8, dtype=torch.float8_e4m3fn)
     x = torch.ones(2, 1, 8)
     with pytest.raises(IndexError, match="slot 4 is outside the 4 stored rows"):
-        cpu_codec.encode(x, torch.tensor(1.0), None, None, rows, torch.tensor([1, 4]), lib=lib)
+        cpu_kernels.encode(x, torch.tensor(1.0), None, None, rows, torch.tensor([1, 4]), lib=lib)
     assert not rows.view(torch.uint8).any()
     with pytest.raises(IndexError, match="5 tokens do not fit in the 4 stored rows"):
-        cpu_codec.encode(torch.ones(5, 1, 8), torch.tensor(1.0), None, None, rows, None, lib=lib)
+        cpu_kernels.encode(torch.ones(5, 1, 8), torch.tensor(1.0), None, None, rows, None, lib=lib)
     assert not rows.view(torch.uint8).any()
     with pytest.raises(IndexError, match="slot -1"):
-        cpu_codec.decode(rows, torch.tensor([0, -1]), torch.tensor(1.0), None, None, lib=lib)
+        cpu_kernels.decode(rows, torch.tensor([0, -1]), torch.tensor(1.0), None, None, lib=lib)
 
 
 def test_shapes_that_do_not_match_are_refused_not_read_past(lib):
     rows = torch.zeros(4, 2, 8, dtype=torch.float8_e5m2)
     with pytest.raises(ValueError, match="scale has shape"):
-        cpu_codec.decode(rows, None, torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), None, lib=lib)
+        cpu_kernels.decode(rows, None, torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), None, lib=lib)
     with pytest.raises(ValueError, match="bf16 shift"):
-        cpu_codec.decode(rows, None, torch.ones(2, 8), None, None, lib=lib)
+        cpu_kernels.decode(rows, None, torch.ones(2, 8), None, None, lib=lib)
     with pytest.raises(ValueError, match="bf16 shift"):
-        cpu_codec.decode(rows, None, torch.ones(2, 8), torch.zeros(3, 2).bfloat16(), None, lib=lib)
+        cpu_kernels.decode(rows, None, torch.ones(2, 8), torch.zeros(3, 2).bfloat16(), None, lib=lib)
     with pytest.raises(ValueError, match="3 rows for 4 slots"):
-        cpu_codec.decode(rows, None, torch.tensor(1.0), None, torch.empty(3, 2, 8), lib=lib)
+        cpu_kernels.decode(rows, None, torch.tensor(1.0), None, torch.empty(3, 2, 8), lib=lib)
     with pytest.raises(ValueError, match="rows of shape"):
-        cpu_codec.encode(torch.ones(2, 2, 4), torch.tensor(1.0), None, None, rows, None, lib=lib)
+        cpu_kernels.encode(torch.ones(2, 2, 4), torch.tensor(1.0), None, None, rows, None, lib=lib)
     with pytest.raises(ValueError, match="shift weights"):
-        cpu_codec.encode(torch.ones(4, 2, 8), torch.ones(2, 8), torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), rows,
+        cpu_kernels.encode(torch.ones(4, 2, 8), torch.ones(2, 8), torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), rows,
                          None, lib=lib)
 
 
 def test_what_the_kernel_does_not_take_is_left_to_torch(lib):
     rows = torch.zeros(4, 1, 8, dtype=torch.float8_e4m3fn)
     one = torch.tensor(1.0)
-    assert cpu_codec.decode(rows, None, one, None, torch.empty(4, 1, 8, dtype=torch.bfloat16), lib=lib) is None
-    assert cpu_codec.decode(rows.view(torch.uint8), None, one, None, None, lib=lib) is None  # not an fp8 dtype
+    assert cpu_kernels.decode(rows, None, one, None, torch.empty(4, 1, 8, dtype=torch.bfloat16), lib=lib) is None
+    assert cpu_kernels.decode(rows.view(torch.uint8), None, one, None, None, lib=lib) is None  # not an fp8 dtype
     strided = torch.zeros(4, 8, 2, dtype=torch.float8_e4m3fn).transpose(1, 2)  # [4, 2, 8], strided
-    assert not strided.is_contiguous() and cpu_codec.decode(strided, None, one, None, None, lib=lib) is None
-    assert not cpu_codec.encode(torch.ones(4, 1, 8, dtype=torch.float64), one, None, None, rows, None, lib=lib)
+    assert not strided.is_contiguous() and cpu_kernels.decode(strided, None, one, None, None, lib=lib) is None
+    assert not cpu_kernels.encode(torch.ones(4, 1, 8, dtype=torch.float64), one, None, None, rows, None, lib=lib)
 
 
 def test_disabled_by_the_environment_or_without_a_compiler_every_caller_keeps_torchs_path(monkeypatch):
-    monkeypatch.setattr(cpu_codec, "library", cpu_codec.library.__wrapped__)  # not the cached build
-    monkeypatch.setenv(cpu_codec.DISABLE_ENV, "0")
-    assert cpu_codec.library() is None
-    monkeypatch.setenv(cpu_codec.DISABLE_ENV, "1")
+    monkeypatch.setattr(cpu_kernels, "library", cpu_kernels.library.__wrapped__)  # not the cached build
+    monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "0")
+    assert cpu_kernels.library() is None
+    monkeypatch.setenv(cpu_kernels.DISABLE_ENV, "1")
     monkeypatch.setenv("CC", "no-such-compiler-here")
-    assert cpu_codec.library() is None
+    assert cpu_kernels.library() is None
     monkeypatch.delenv("CC")
-    assert cpu_codec.library() is not None
+    assert cpu_kernels.library() is not None
     fmt = KVFormat.parse("fp8_e4m3")
     x = torch.randn(5, 2, 8)
-    monkeypatch.setattr(cpu_codec, "library", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
     payload, _ = fp8.encode(fmt, x, torch.tensor(0.01))
     assert torch.equal(payload.view(torch.uint8), (x / 0.01).clamp(-448, 448).to(payload.dtype).view(torch.uint8))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
-from kvbench.engines.kvengine.model import cpu_codec
+from kvbench.engines.kvengine.model import cpu_kernels
 from kvbench.engines.kvengine.model.cpu_attention import CpuPagedAttention
 from kvbench.engines.kvengine.model.attention import VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
@@ -36,7 +36,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 def test_without_a_gpu_or_kernels_the_cpu_path_is_chosen():
     fmt = KVFormat.parse("fp8_e4m3")
     backend = attention_for("cpu", fmt, torch.float32)
-    cpu_kernel = CpuPagedAttention if cpu_codec.library() is not None else VarlenAttention
+    cpu_kernel = CpuPagedAttention if cpu_kernels.library() is not None else VarlenAttention
     assert isinstance(backend, TritonPagedAttention if triton_available() and INTERPRETED else cpu_kernel)
     # channel scales with shifts are not the C kernel's
     assert type(attention_for("cpu", KVFormat.parse("fp8_e4m3", "channel"), torch.float32)) in (

@@ -7,7 +7,7 @@ import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
-from kvbench.engines.kvengine.model import cpu_codec
+from kvbench.engines.kvengine.model import cpu_kernels
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
@@ -151,17 +151,17 @@ def codec(request, monkeypatch):
     """Each path of the fp8 codec on CPU: the C kernel (which a new machine builds), and torch's, which a
     machine without a compiler keeps."""
     if request.param == "torch":
-        monkeypatch.setattr(cpu_codec, "library", lambda: None)
+        monkeypatch.setattr(cpu_kernels, "library", lambda: None)
     else:
-        assert cpu_codec.library() is not None, "the C codec did not build: is there a cc?"
+        assert cpu_kernels.library() is not None, "the C codec did not build: is there a cc?"
     return request.param
 
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 def test_write_stores_the_same_bytes_through_the_c_kernel_and_torch(fmt, monkeypatch):
-    assert cpu_codec.library() is not None, "the C codec did not build: is there a cc?"
+    assert cpu_kernels.library() is not None, "the C codec did not build: is there a cc?"
     c = filled_cache(fmt, seed=4)
-    monkeypatch.setattr(cpu_codec, "library", lambda: None)
+    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
     torch_path = filled_cache(fmt, seed=4)
     assert torch.equal(c.read_pages(list(range(8))), torch_path.read_pages(list(range(8))))
 

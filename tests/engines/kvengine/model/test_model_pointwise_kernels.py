@@ -1,8 +1,8 @@
 """Our per-element kernels, in both builds, against torch, at a decode step's rows and a prompt's (where they
 thread); what they do not take is left to torch:
-- rotary (`cpu_codec.rope`, what `llama.apply_rope` runs on a CPU in fp32): torch's operations bit for bit, on
+- rotary (`cpu_kernels.rope`, what `llama.apply_rope` runs on a CPU in fp32): torch's operations bit for bit, on
   the strided slices of the fused QKV output the forward hands it;
-- the MLP's activation (`cpu_codec.silu_mul`, what `llama.silu_and_mul` runs): torch's silu(gate) * up within
+- the MLP's activation (`cpu_kernels.silu_mul`, what `llama.silu_and_mul` runs): torch's silu(gate) * up within
   fp32 rounding, over gates from far below to far above 0 (e^-gate past the float range on both sides)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvbench.engines.kvengine.model import cpu_codec, llama
+from kvbench.engines.kvengine.model import cpu_kernels, llama
 from tests.engines.kvengine.model.test_model_cpu_codec import PORTABLE
 
 
 @pytest.fixture(scope="module", params=["native", "portable"])
 def lib(request):
-    return cpu_codec.load(cpu_codec.FLAGS + cpu_codec.OPENMP if request.param == "native" else PORTABLE)
+    return cpu_kernels.load(cpu_kernels.FLAGS + cpu_kernels.OPENMP if request.param == "native" else PORTABLE)
 
 
 def torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -41,7 +41,7 @@ def inputs(n: int, heads: int, dim: int, seed: int) -> tuple[torch.Tensor, torch
 @pytest.mark.parametrize("threads", [1, 2])
 def test_the_kernel_is_bit_equal_to_torchs_operations(lib, n, heads, dim, threads):
     x, cos, sin = inputs(n, heads, dim, seed=n + heads)
-    out = cpu_codec.rope(x, cos, sin, threads, lib)
+    out = cpu_kernels.rope(x, cos, sin, threads, lib)
     assert out is not None and out.is_contiguous()
     assert torch.equal(out, torch_rope(x, cos, sin))
 
@@ -49,19 +49,19 @@ def test_the_kernel_is_bit_equal_to_torchs_operations(lib, n, heads, dim, thread
 def test_apply_rope_runs_the_kernel_and_gives_torchs_bits(monkeypatch):
     x, cos, sin = inputs(16, 9, 64, seed=1)
     calls = []
-    real = cpu_codec.rope
-    monkeypatch.setattr(cpu_codec, "rope", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = cpu_kernels.rope
+    monkeypatch.setattr(cpu_kernels, "rope", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert torch.equal(llama.apply_rope(x, cos, sin), torch_rope(x, cos, sin))
-    assert calls == [1] and cpu_codec.library() is not None
+    assert calls == [1] and cpu_kernels.library() is not None
 
 
 def test_what_the_kernel_does_not_take_is_left_to_torch(lib):
     x, cos, sin = inputs(4, 3, 64, seed=2)
-    assert cpu_codec.rope(x.double(), cos.double(), sin.double(), 1, lib) is None
-    assert cpu_codec.rope(x.transpose(0, 1), cos, sin, 1, lib) is None  # heads not adjacent in a row
-    assert cpu_codec.rope(x, cos[:3], sin[:3], 1, lib) is None  # one cos row short
+    assert cpu_kernels.rope(x.double(), cos.double(), sin.double(), 1, lib) is None
+    assert cpu_kernels.rope(x.transpose(0, 1), cos, sin, 1, lib) is None  # heads not adjacent in a row
+    assert cpu_kernels.rope(x, cos[:3], sin[:3], 1, lib) is None  # one cos row short
     odd, c, s = inputs(4, 3, 5, seed=3)
-    assert cpu_codec.rope(odd, c[:, :5], s[:, :5], 1, lib) is None  # an odd head dim has no halves
+    assert cpu_kernels.rope(odd, c[:, :5], s[:, :5], 1, lib) is None  # an odd head dim has no halves
     assert torch.equal(llama.apply_rope(x.double(), cos.double(), sin.double()),
                        torch_rope(x.double(), cos.double(), sin.double()))
 
@@ -72,7 +72,7 @@ def test_silu_mul_is_torchs_within_fp32_rounding(lib, n, width, threads):
     gen = torch.Generator().manual_seed(n + width)
     gate_up = torch.randn(n, 2 * width, generator=gen) * 6
     gate_up[0, :4] = torch.tensor([-200.0, -88.5, 90.0, 200.0])  # e^-gate over and under the float range
-    out = cpu_codec.silu_mul(gate_up, threads, lib)
+    out = cpu_kernels.silu_mul(gate_up, threads, lib)
     gate, up = gate_up.chunk(2, dim=-1)
     assert out is not None and out.shape == (n, width)
     torch.testing.assert_close(out, F.silu(gate) * up, atol=1e-30, rtol=4e-7)
@@ -81,8 +81,8 @@ def test_silu_mul_is_torchs_within_fp32_rounding(lib, n, width, threads):
 def test_silu_and_mul_runs_the_kernel(monkeypatch):
     gate_up = torch.randn(5, 64)
     calls = []
-    real = cpu_codec.silu_mul
-    monkeypatch.setattr(cpu_codec, "silu_mul", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = cpu_kernels.silu_mul
+    monkeypatch.setattr(cpu_kernels, "silu_mul", lambda *a, **k: calls.append(1) or real(*a, **k))
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(llama.silu_and_mul(gate_up), F.silu(gate) * up, atol=0, rtol=4e-7)
     assert calls == [1]
@@ -90,8 +90,8 @@ def test_silu_and_mul_runs_the_kernel(monkeypatch):
 
 def test_what_silu_mul_does_not_take_is_left_to_torch(lib):
     gate_up = torch.randn(4, 16)
-    assert cpu_codec.silu_mul(gate_up.double(), 1, lib) is None
-    assert cpu_codec.silu_mul(torch.randn(4, 15), 1, lib) is None  # no halves
-    assert cpu_codec.silu_mul(torch.randn(16, 4).t(), 1, lib) is None  # strided rows
+    assert cpu_kernels.silu_mul(gate_up.double(), 1, lib) is None
+    assert cpu_kernels.silu_mul(torch.randn(4, 15), 1, lib) is None  # no halves
+    assert cpu_kernels.silu_mul(torch.randn(16, 4).t(), 1, lib) is None  # strided rows
     gate, up = gate_up.double().chunk(2, dim=-1)
     assert torch.equal(llama.silu_and_mul(gate_up.double()), F.silu(gate) * up)

@@ -11,6 +11,7 @@ import pytest
 
 from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.runtime import engine as engine_module
+from kvbench.engines.kvengine.runtime.budget_probe import build_engine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 
@@ -51,7 +52,7 @@ def metric(engine: Engine, name: str) -> float | None:
 
 def test_auto_is_the_default_and_finds_the_budget_the_step_cost_allows(instrument):
     assert EngineConfig().max_prefill_beside_decodes == AUTO
-    engine = Engine(settings())
+    engine = build_engine(settings())
     try:
         budget = engine.prefill_budget
         # 64 was already too many; 53 (where the line crosses) was within, and the next crossing is 53 again
@@ -73,18 +74,18 @@ def test_auto_is_the_default_and_finds_the_budget_the_step_cost_allows(instrumen
 
 
 def test_the_factor_and_the_step_budget_bound_it(instrument):
-    engine = Engine(settings(decode_stall_factor=2.0))
+    engine = build_engine(settings(decode_stall_factor=2.0))
     assert engine.config.max_prefill_beside_decodes == 26  # 40 ms + n x 1.5 ms <= 80 ms
     engine.close()
     instrument.per_token = 0.0  # prefill beside a decode costs nothing measurable (a GPU's small model)
-    engine = Engine(settings())
+    engine = build_engine(settings())
     assert engine.config.max_prefill_beside_decodes == 255  # the step budget alone (less the decode's token)
     assert [n for n, _ in engine.prefill_budget.step_s] == [0, 64, 128, 255]  # walked up to it
     engine.close()
 
 
 def test_a_small_device_kv_shrinks_the_probe_not_the_engine(instrument):
-    engine = Engine(settings(kv_capacity=192, page_size=16, decode_stall_factor=2.0))  # 12 pages
+    engine = build_engine(settings(kv_capacity=192, page_size=16, decode_stall_factor=2.0))  # 12 pages
     try:
         # 192 tokens: chunks of at most 32 (the decode and three chunks fit); the rule is the same line
         assert [n for n, _ in engine.prefill_budget.step_s] == [0, 26, 32]
@@ -99,7 +100,7 @@ def test_a_small_device_kv_shrinks_the_probe_not_the_engine(instrument):
 
 
 def test_a_number_is_taken_as_it_is(instrument):
-    engine = Engine(settings(max_prefill_beside_decodes=7))
+    engine = build_engine(settings(max_prefill_beside_decodes=7))
     assert engine.prefill_budget is None and engine.scheduler.config.max_prefill_beside_decodes == 7
     assert not instrument.runs  # nothing was probed
     engine.close()
@@ -117,10 +118,10 @@ def test_greedy_output_is_the_same_whatever_the_budget():
     of 5 generate the greedy tokens they generate unchunked."""
 
     def generate(budget: int) -> dict[str, list[int]]:
-        engine = Engine(settings(max_prefill_beside_decodes=budget, max_num_seqs=4))
+        engine = build_engine(settings(max_prefill_beside_decodes=budget, max_num_seqs=4))
         arrivals = {0: [("a", 40, 24)], 2: [("b", 90, 10)], 4: [("c", 61, 8)]}
         tokens: dict[str, list[int]] = {rid: [] for step in arrivals.values() for rid, _, _ in step}
-        mixed, t = 0, 0
+        t = 0
         try:
             while t <= max(arrivals) or engine.has_work():
                 for rid, n, out in arrivals.get(t, []):

@@ -1,5 +1,7 @@
-"""The fp8 KV codec on CPU as one C pass (`cpu_codec.c`), fused with the gather or scatter of token rows; and
-decode attention straight over the pages (`decode_attention`, used by `cpu_attention.CpuPagedAttention`).
+"""Our engine's CPU kernels in C (`cpu_kernels.c`), built and loaded here: the fp8 KV codec as one C pass, fused
+with the gather or scatter of token rows; paged decode and prefill attention straight over the pages
+(`decode_attention`, `prefill_attention`, used by `cpu_attention.CpuPagedAttention`); and the model's row
+kernels (`linear_rows`, `rope`, `silu_mul`, used by `llama.py`).
 
 Why C: torch has no fast fp8 read on CPU. One SmolLM2 layer's K for 4,352 live tokens, one thread, measured
 here: fp32 `index_select` 126-180 us; fp8 `index_select` + 256-entry table lookup (`fp8.lut_decode`) 680-700 us;
@@ -32,7 +34,7 @@ from kvbench.engines.kvengine.model.weights import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_codec.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 DISABLE_ENV = "KVBENCH_CPU_CODEC"  # "0": never build or use the kernel
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared")
 # OpenMP for `kv_decode_attention`'s threads (libgomp.so.1: the copy torch has already loaded serves it); a
@@ -65,7 +67,7 @@ def _cpu_id() -> str:
 
 def _build(compiler: str, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256(SOURCE.read_bytes() + repr((compiler, flags, _cpu_id())).encode()).hexdigest()[:16]
-    target = cache_root() / "_kernels" / f"cpu_codec-{key}.so"
+    target = cache_root() / "_kernels" / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

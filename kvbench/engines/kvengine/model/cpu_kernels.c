@@ -1,4 +1,9 @@
-/* The fp8 KV codec on CPU, fused with the gather and the scatter of token rows (see cpu_codec.py).
+/* Our engine's CPU kernels (loaded by cpu_kernels.py), by family:
+   - the fp8 KV codec, fused with the gather and the scatter of token rows (kv_decode, kv_encode; this comment);
+   - paged attention straight over the pages, fp8 decoded on the fly (kv_decode_attention, kv_prefill_attention);
+   - the model's row kernels: linear_rows (few-row linears), rope, silu_mul.
+
+   The codec.
 
    With AVX2 and F16C (x86 since 2013): decode 16 values a step through the fp16 converter, encode 8 a step by
    the integer steps below on 8 lanes. Elsewhere, and for the tail of a row, per value: decode builds the value's
