@@ -10,10 +10,10 @@ from rich.console import Console
 
 from kvbench.cli.commands.compare_cmd import _row_cells, print_comparison
 from kvbench.cli.main import main
-from kvbench.harness.compare import compare
+from kvbench.verdicts.compare import compare
 from kvbench.measure.run_folder import read_run_folder
 
-from ..harness.test_compare import simple_run
+from ..verdicts.test_compare import simple_run
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from rich.markup import escape
 from kvbench.cli.console_table import Column, print_table
 from kvbench.cli.flag_types import at_least, number_between
 from kvbench.cli.tables import wide_console
-from kvbench.harness.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
-from kvbench.harness.compare import CompareOptions, Comparison, MetricComparison, compare
-from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS
+from kvbench.verdicts.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
+from kvbench.verdicts.compare import CompareOptions, Comparison, MetricComparison, compare
+from kvbench.verdicts.gate_metrics import DEFAULT_METRICS, PERF_METRICS
 from kvbench.measure.run_folder import EVAL_JSON, SUMMARY_JSON, RunFolder, RunFolderError, read_run_folder
 from kvbench.settings import SettingsError
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.evals.directions import higher_is_better
-from kvbench.harness import bootstrap
+from kvbench.verdicts.directions import higher_is_better
+from kvbench.measure import bootstrap
 from kvbench.measure import metrics
 from kvbench.measure.records import RequestRecord
 
@@ -149,7 +149,7 @@ def _perf_metrics() -> dict[str, PerfMetric]:
 PERF_METRICS: Mapping[str, PerfMetric] = _perf_metrics()
 DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "output_tok_s", "cache_hit_rate", "prefill_recompute_rate")
 
-# Quality metrics of eval.json: the direction from the metric's source (evals/directions.py), never its name.
+# Quality metrics of eval.json: the direction from the metric's source (verdicts/directions.py), never its name.
 _QUALITY_TOLERANCES = {"kl": ("relative", 0.10), "top1_agreement": ("points", 0.005)}
 
 

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from kvbench.cli import commands
-from kvbench.harness.baseline import PROVENANCE_JSON, promote
-from kvbench.harness.bootstrap import weighted_percentile
-from kvbench.harness.compare import CompareOptions, Verdict, compare
-from kvbench.harness.gate_metrics import PERF_METRICS, RequestSamples
+from kvbench.verdicts.baseline import PROVENANCE_JSON, promote
+from kvbench.measure.bootstrap import weighted_percentile
+from kvbench.verdicts.compare import CompareOptions, Verdict, compare
+from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.cli.commands import compare_cmd
 from kvbench.measure.metrics import summarize_run
 from kvbench.measure.records import RecordWriter, RequestRecord
@@ -334,7 +334,7 @@ def test_nightly_script_runs_compares_and_exits_with_compares_code(tmp_path):
         "#!/usr/bin/env bash\n"
         'if [[ "$1" == run ]]; then mkdir -p "$(dirname "$4")" && cp -r "$FAKE_RUN" "$4"; exit 0; fi\n'
         f'exec "{sys.executable}" -c "import sys; sys.path.insert(0, \'{repo}\'); '
-        "from tests.harness.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
+        "from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
     )
     fake.chmod(0o755)
 

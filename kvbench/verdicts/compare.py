@@ -32,8 +32,9 @@ from enum import Enum
 
 import numpy as np
 
-from kvbench.harness import bootstrap, config_schema
-from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS, MetricSpec, PerfMetric, RequestSamples, quality_spec
+from kvbench.harness import config_schema
+from kvbench.measure import bootstrap
+from kvbench.verdicts.gate_metrics import DEFAULT_METRICS, PERF_METRICS, MetricSpec, PerfMetric, RequestSamples, quality_spec
 from kvbench.measure.run_folder import CONFIG_YAML, EVAL_JSON, SUMMARY_MD, RunEntry, RunFolder
 
 # config.yaml sections that must agree for two runs to be comparable (engines and workloads are checked per
@@ -328,7 +329,7 @@ def _compare_quality(setting: str, name: str, base: float | None, value: float |
     if spec is None:
         return MetricComparison("quality", setting, setting, name, None, base, value, None, None, None,
                                 Verdict.INCONCLUSIVE, "direction unknown: neither lm-eval's higher_is_better nor "
-                                "kvbench's table (evals/directions.py) declares it")
+                                "kvbench's table (verdicts/directions.py) declares it")
     spec = _spec(spec, options)
     if base is None or value is None:
         sides = [side for side, item in (("baseline", base), ("new run", value)) if item is None]

@@ -1,0 +1,10 @@
+"""Everything that judges a change: the regression gate over two run folders, the metrics it judges and which way
+is better for each, and baselines.
+
+    compare.py       the gate: settings matched across two folders, a verdict per metric, mismatches and notes
+    gate_metrics.py  the judged performance metrics: direction, tolerance, stored value, resampled statistic
+    directions.py    which way is better for every quality metric, from the metric's own source
+    baseline.py      a run folder promoted to results/baselines/<name>/ with its provenance
+
+Reads run folders (`measure`); runs nothing and prints nothing.
+"""
