@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from kvbench.harness import config_schema
 from kvbench.measure.run_folder import CONFIG_YAML, SUMMARY_MD, RunFolder
@@ -92,7 +93,8 @@ def compare(baseline: RunFolder, new: RunFolder, options: CompareOptions = Compa
             mismatches.append(f"{key.label} [{key.kv_dtype}]: only in the {where}")
             continue
         mismatches += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _setting_mismatches(base_reps, new_reps)]
-        notes += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _validity_notes(base_reps, new_reps)]
+        notes += [f"{key.label} [{key.kv_dtype}]: {text}"
+                  for text in _address_notes(base_reps, new_reps) + _validity_notes(base_reps, new_reps)]
         rows += compare_setting(key, index, base_reps, new_reps, options)
     eval_rows, eval_mismatches = compare_evals(baseline, new, options)
     rows += eval_rows
@@ -133,10 +135,27 @@ def _setting_mismatches(base_reps: Sequence[Repetition], new_reps: Sequence[Repe
     out = []
     base, new = base_reps[0].entry, new_reps[0].entry
     out += [f"workload params differ: {diff}" for diff in _differences(base.workload_params, new.workload_params)]
-    out += [f"engine settings differ: {diff}" for diff in _differences(base.engine_settings, new.engine_settings)]
+    out += [f"engine settings differ: {diff}"
+            for diff in _differences(_endpoint_identity(base.engine_settings), _endpoint_identity(new.engine_settings))]
     if len(base_reps) != len(new_reps):
         out.append(f"repetitions differ: {len(base_reps)} -> {len(new_reps)}")
     return out
+
+
+def _endpoint_identity(settings: Mapping) -> Mapping:
+    """An endpoint's settings with its URL's host and port left out: one server measured at another address
+    (a second port, a forwarded one) measures the same thing; its path (a different API) does not."""
+    url = settings.get("url")
+    if not isinstance(url, str):
+        return settings
+    return {**settings, "url": urlsplit(url if "//" in url else "//" + url).path.rstrip("/")}
+
+
+def _address_notes(base_reps: Sequence[Repetition], new_reps: Sequence[Repetition]) -> list[str]:
+    base, new = base_reps[0].entry.engine_settings.get("url"), new_reps[0].entry.engine_settings.get("url")
+    if base == new or _endpoint_identity({"url": base}) != _endpoint_identity({"url": new}):
+        return []
+    return [f"the endpoint moved: {base} -> {new} (host and port are where it listens, not what it is: compared)"]
 
 
 def _validity_notes(base_reps: Sequence[Repetition], new_reps: Sequence[Repetition]) -> list[str]:

@@ -10,6 +10,7 @@ import numpy as np
 
 from kvbench.measure import bootstrap
 from kvbench.measure.run_folder import RunEntry, RunFolder
+from kvbench.measure.schedule import is_closed_loop
 from kvbench.verdicts.gate_metrics import PERF_METRICS, MetricSpec, PerfMetric, RequestSamples
 from kvbench.verdicts.verdict import CompareOptions, MetricComparison, Verdict, delta_of, judge, with_tolerance
 
@@ -43,7 +44,7 @@ def settings_of(folder: RunFolder) -> dict[SettingKey, tuple[Repetition, ...]]:
     settings: dict[SettingKey, list[Repetition]] = {}
     for entry in folder.entries:
         own = folder.records.get(entry.run_id)
-        settings.setdefault(SettingKey.of(entry), []).append(Repetition(entry, RequestSamples.of(own) if own else None))
+        settings.setdefault(SettingKey.of(entry), []).append(Repetition(entry, RequestSamples.of(own, is_closed_loop(entry.load)) if own else None))
     return {key: tuple(reps) for key, reps in settings.items()}
 
 
@@ -89,9 +90,9 @@ def _compare_metric(key: SettingKey, index: int, metric: PerfMetric, base_side: 
     spec = with_tolerance(metric.spec, options)
     base, new = base_side.value(metric), new_side.value(metric)
 
-    def row(delta, ci, verdict, note=""):
+    def row(delta, ci, verdict, note="", mde=None):
         return MetricComparison("perf", key.label, key.kv_dtype, spec.name, spec, base, new, delta,
-                                ci[0] if ci else None, ci[1] if ci else None, verdict, note)
+                                ci[0] if ci else None, ci[1] if ci else None, verdict, note, mde)
 
     if base is None or new is None:
         sides = [side for side, value in (("baseline", base), ("new run", new)) if value is None]
@@ -102,9 +103,26 @@ def _compare_metric(key: SettingKey, index: int, metric: PerfMetric, base_side: 
     new_boot = new_side.replicates(metric, _rng(options, 3, index, metric_index))
     if base_boot is None or new_boot is None:
         return row(delta, None, judge(spec, delta, None), "no per-request records: no CI, judged by the tolerance alone")
-    ci = bootstrap.percentile_interval(_deltas(spec, base_boot, new_boot), options.confidence)
-    note = "" if ci else "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone"
-    return row(delta, ci, judge(spec, delta, ci), note)
+    deltas = _deltas(spec, base_boot, new_boot)
+    ci = bootstrap.percentile_interval(deltas, options.confidence)
+    if ci is None:
+        return row(delta, None, judge(spec, delta, None),
+                   "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone")
+    return row(delta, ci, judge(spec, delta, ci), "", minimum_detectable_effect(spec, deltas, ci))
+
+
+# One-sided normal quantile of the power a minimum detectable effect is stated for (80%).
+_POWER_Z = 0.8416
+
+
+def minimum_detectable_effect(spec: MetricSpec, deltas: np.ndarray, ci: tuple[float, float]) -> float:
+    """The smallest true change (in the delta's unit, magnitude) that this run size calls a regression 4 times
+    in 5: a regression needs the delta past the tolerance and the interval's near end past 0, i.e. a delta past
+    max(tolerance, the interval's half width); a true change that far plus 0.84 standard deviations of the delta
+    (its bootstrap spread) gets there with 80% probability. Bigger runs shrink it down to the tolerance."""
+    half_width = (ci[1] - ci[0]) / 2.0
+    spread = float(np.std(deltas[np.isfinite(deltas)]))
+    return max(spec.tolerance, half_width) + _POWER_Z * spread
 
 
 def _deltas(spec: MetricSpec, base_boot: np.ndarray, new_boot: np.ndarray) -> np.ndarray:

@@ -59,6 +59,7 @@ class MetricComparison:
     ci_high: float | None
     verdict: Verdict
     note: str = ""
+    mde: float | None = None  # the smallest true change this run size detects 4 times in 5 (None: no CI)
 
     @property
     def one_sided(self) -> bool:
