@@ -61,7 +61,7 @@ def make_runs(root: Path, args: argparse.Namespace) -> None:
                 out = root / f"c{index}" / f"r{run}"
                 argv = ["run", "--workload", "rag-chat-mini", "--num-sessions", str(args.sessions), "--concurrency",
                         str(args.concurrency), "--repeat", str(args.repeat), "--url", url,
-                        "--out", str(out), "--progress-every", "600"]
+                        "--out", str(out), "--progress-every", "600", "--max-lag-ms", "100"]
                 if main(argv) != 0:
                     raise SystemExit(f"kvbench run exited non-zero for {change} run {run}")
 
