@@ -23,6 +23,7 @@ from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.possible_load import possible_load
 from kvbench.harness.stage_play import StageChain, play_stage, stage_sessions
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import cache_reasons, reconcile
@@ -97,6 +98,9 @@ def records_entry(
                        engine_settings=dict(engine.settings) if engine else {})
 
 
+CLIENT_LAG = "client lag: "  # the invalid reason of a point whose client fell behind (find_max reads it)
+
+
 def invalid_reasons(
     records: Sequence[RequestRecord], max_error_rate: float, client: ClientCheck | None, aborted: str | None
 ) -> list[str]:
@@ -109,7 +113,7 @@ def invalid_reasons(
     if breached:
         reasons.append(breached)
     if client is not None and not client.valid:
-        reasons.append(f"client lag: {client.reason}")
+        reasons.append(f"{CLIENT_LAG}{client.reason}")
     return reasons
 
 
@@ -161,7 +165,15 @@ class Experiment:
             for ladder in _ladders(self.config.load_specs()):
                 for repeat in range(self.config.repeat):
                     for load in ladder:
-                        yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, load)
+                        possible, warnings = possible_load(load, workload)
+                        for warning in warnings:
+                            self._warn_once(warning)
+                        yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, possible)
+
+    def _warn_once(self, warning: str) -> None:
+        if warning not in self.outcome.warnings:
+            self.outcome.warnings.append(warning)
+            self.progress.on_message(f"warning: {warning}")
 
     def _start(self, index: int, engine: EngineSpec, adapter: EngineAdapter) -> bool:
         try:

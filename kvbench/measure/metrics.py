@@ -199,6 +199,17 @@ def completion_spans_s(records: Sequence[RequestRecord]) -> list[float]:
     return spans
 
 
+def peak_in_flight(records: Iterable[RequestRecord]) -> int:
+    """The most requests in flight at once (sent, not yet done; one without a done time counts to its end)."""
+    events = sorted(event for record in records if record.sent_ns is not None
+                    for event in ((record.sent_ns, 1), (record.done_ns if record.done_ns is not None else 1 << 62, -1)))
+    peak = level = 0
+    for _, step in sorted(events, key=lambda event: (event[0], event[1])):  # an end before a start at one instant
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
 def ttft_values(records: Iterable[RequestRecord]) -> list[float]:
     """The TTFTs of the measured requests that got a first token (the TTFT CDF plot's sample)."""
     return [value for record in records if not record.warmup and (value := ttft_ms(record)) is not None]
