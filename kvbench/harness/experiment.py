@@ -88,13 +88,14 @@ class _Point:
 
 def records_entry(
     point: PointId, records: Sequence[RequestRecord], config: ExperimentConfig, aborted: str | None,
-    client: ClientCheck | None = None,
+    client: ClientCheck | None = None, resumed_at_ns: Sequence[int] = (),
 ) -> RunEntry:
     """The part of a point's entry that follows from its records and the config: identity, engine setting,
     summary, validity."""
     reasons = invalid_reasons(records, config.client.max_error_rate, client, aborted)
     engine = next((spec for spec in config.engines if spec.label == point.engine), None)
-    return RunEntry.of(point, records, config.slo, reasons, aborted, engine_name=engine.engine if engine else None,
+    return RunEntry.of(point, records, config.slo, reasons, aborted, resumed_at_ns,
+                       engine_name=engine.engine if engine else None,
                        engine_settings=dict(engine.settings) if engine else {})
 
 
@@ -220,8 +221,11 @@ class Experiment:
                 f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
                 f"requests/s were sent than asked (a workload with more sessions keeps up)")
         records = [*result.replayed, *result.records]
+        # A resumed point played in two sittings: its throughput counts the time each ran, not the pause between.
+        sent_now = [record.sent_ns for record in result.records if record.sent_ns is not None]
+        resumed_at = (min(sent_now),) if result.replayed and sent_now else ()
         entry = dataclasses.replace(
-            records_entry(point.id, records, self.config, result.aborted, result.client),
+            records_entry(point.id, records, self.config, result.aborted, result.client, resumed_at),
             **context,
             client=result.client.to_dict(),
             # The server counted only what was sent now, not the replayed records.
