@@ -95,7 +95,7 @@ def test_find_max_concurrency_on_real_runs_finds_the_instruments_knee(tmp_path, 
     with serving_in_a_thread(Knee(capacity=3)) as url:
         config = tmp_path / "knee.yaml"
         config.write_text(yaml.safe_dump({
-            "engines": [{"engine": "endpoint", "settings": {"url": url, "model": "m"}}],
+            "engines": [{"engine": "endpoint", "settings": {"url": url, "model": "instrument"}}],
             "workloads": [{"name": "random", "num_sessions": 16, "overrides": {"input_len": 8, "output_len": 4}}],
             # the instrument shares this process: its thread makes the client's loop lag, which is not the subject
             "stop": {"num_requests": 16}, "client": {"max_lag_ms": 2000}}))
