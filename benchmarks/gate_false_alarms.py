@@ -6,7 +6,7 @@ Starts the measurement instrument (a fixed first-token delay, 2 ms between chunk
 rag-chat-mini (6 sessions, concurrency 3, 2 repetitions) against it, then `--runs` more identical runs, each
 compared with the baseline by `kvbench compare`; prints, per run, compare's exit code and the metrics it called a
 regression. Identical runs that alarm measure the machine (load moving between runs), not the gate: the gate's
-false-alarm rate between draws of one distribution is a test on synthetic folders (tests/harness/test_compare.py).
+false-alarm rate between draws of one distribution is a test on synthetic folders (tests/verdicts/test_compare.py).
 `--busy N` starts N busy-looping processes for the duration. A benchmark (it prints a table), not a test.
 """
 

@@ -12,6 +12,10 @@ Rules (a module's room is its package path):
 - kvbench.sim imports neither kvbench.harness nor kvbench.cli, nor our engine's runtime, model or server (it
   reads the engine's settings/ only);
 - our engine's settings/ imports neither its runtime, model, server nor torch;
+- kvbench.harness and kvbench.evals do not import each other (the run measures, the evals score quality; what
+  both need lives below them, in measure), and neither harness nor measure imports kvbench.verdicts;
+- kvbench.verdicts (everything that judges a change) imports of kvbench only what VERDICTS_MAY_IMPORT names:
+  the run folder and metrics (measure), the config schema and environment it compares, the shipped eval tasks;
 - only kvbench.cli imports kvbench.cli;
 - no import cycle between modules, counting every import that can run: module level and inside functions alike
   (a function-level import only hides a cycle from the interpreter, not from the reader); only imports under
@@ -50,7 +54,16 @@ RULES = (
     ("kvbench.engines.kvengine.settings", "kvbench.engines.kvengine.model", "settings sit below the model"),
     ("kvbench.engines.kvengine.settings", "kvbench.engines.kvengine.server", "settings sit below the server"),
     ("kvbench.engines.kvengine.settings", "torch", "settings are torch-free: the adapter and the CLI read them"),
+    ("kvbench.harness", "kvbench.evals", "the run measures, the evals score quality: shared code lives in measure"),
+    ("kvbench.evals", "kvbench.harness", "the evals score quality over HTTP: shared code lives in measure"),
+    ("kvbench.harness", "kvbench.verdicts", "the harness measures; verdicts judge what it wrote"),
+    ("kvbench.measure", "kvbench.verdicts", "measure is shared by the harness and the simulator"),
 )
+
+# The only kvbench rooms a verdicts module may import: it reads run folders, it runs nothing.
+VERDICTS = "kvbench.verdicts"
+VERDICTS_MAY_IMPORT = (VERDICTS, "kvbench.measure", "kvbench.distribution", "kvbench.harness.config_schema",
+                       "kvbench.harness.env", "kvbench.evals.tasks")
 
 
 @dataclass(frozen=True)
@@ -148,6 +161,9 @@ def violations(imports: list[Import]) -> list[str]:
         for importer, imported, why in RULES:
             if within(imp.module, importer) and within(imp.target, imported):
                 out.append(f"{imp}  ({importer} may not import {imported}: {why})")
+        if within(imp.module, VERDICTS) and within(imp.target, "kvbench") and imp.target != "kvbench" and \
+                not any(within(imp.target, room) for room in VERDICTS_MAY_IMPORT):
+            out.append(f"{imp}  (kvbench.verdicts imports only {', '.join(VERDICTS_MAY_IMPORT)}: it judges run folders)")
         if within(imp.target, "kvbench.cli") and not within(imp.module, "kvbench.cli"):
             out.append(f"{imp}  (only kvbench.cli imports kvbench.cli: the CLI sits at the edge)")
     return out
@@ -233,6 +249,11 @@ def test_the_walk_sees_every_kind_of_import():
                                           "    kvbench.b:9: import kvbench.a"]
     assert cycles([top, Import("kvbench.b", 9, "kvbench.a", False, type_checking=True)]) == []
     assert cycles([Import("kvbench.sim.engine", 1, "kvbench.sim", True), Import("kvbench.sim", 1, "kvbench.sim.engine", True)]) == []
+    # A room rule counts an import inside a function and one under TYPE_CHECKING alike.
+    assert violations([Import("kvbench.harness.a", 5, "kvbench.evals.b", False)])
+    assert violations([Import("kvbench.evals.b", 3, "kvbench.harness.a", False, type_checking=True)])
+    assert violations([Import("kvbench.verdicts.a", 3, "kvbench.harness.loadgen", False)])
+    assert not violations([Import("kvbench.verdicts.a", 3, "kvbench.measure.run_folder", True)])
 
 
 def test_imports_point_the_way_the_layout_says():

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
 
     def said(probe) -> None:
         values = ", ".join(f"{name} {'n/a' if value is None else f'{value:,.1f}'}" for name, value in probe.values.items())
-        console.print(f"probe {args.find_max} {probe.load:g}{unit}: {values}: {'meets' if probe.meets else 'misses'}"
+        console.print(f"probe {args.find_max} {probe.load:g}{unit}: {values}: {_verdict(probe)}"
                       + (f" ({'; '.join(probe.invalid_reasons)})" if probe.invalid_reasons else ""), highlight=False)
 
     try:
@@ -60,12 +60,18 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
     columns = [Column(args.find_max, True), *(Column(name, True) for name in names), Column("requests", True),
                Column("errors", True), Column("verdict", False), Column("run folder", False)]
     rows = [[f"{probe.load:g}", *(_ms(probe.values[name]) for name in names), str(probe.requests), str(probe.errors),
-             "meets" if probe.meets else "misses", escape(Path(probe.run_dir).name)]
+             _verdict(probe), escape(Path(probe.run_dir).name)]
             for probe in sorted(search.probes, key=lambda probe: probe.load)]
     print_table(console, columns, rows, title=f"probes ({', '.join(f'{t.name} <= {t.limit_ms:g}' for t in args.slo)})")
     for finding in search.non_monotone:
         console.print(f"[yellow]non-monotone: {escape(finding)}[/yellow]")
-    if search.answer is None:
+    if search.capped:
+        console.print(f"[yellow]{escape(search.capped)}[/yellow]")
+    if search.client_bound:
+        console.print(f"[bold red]client-bound: no {args.find_max} tried could be measured[/bold red] (the client's "
+                      "own lag passed its bound on every probe that did not miss; the engine was not found wanting: "
+                      "give the client a core of its own, more --workers, or a looser --max-lag-ms)")
+    elif search.answer is None:
         console.print(f"[bold red]no {args.find_max} tried meets the SLO[/bold red] (lowest tried "
                       f"{min(p.load for p in search.probes):g}{unit})")
     else:
@@ -75,6 +81,10 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
                       f"{upper}; {len(search.probes)} probes)", highlight=False)
     console.print(f"results: {run_dir / FIND_MAX_JSON}, one run folder per probe under {run_dir / 'probes'}")
     return 0 if search.answer is not None else 1
+
+
+def _verdict(probe) -> str:
+    return "meets" if probe.meets else "client-bound" if probe.client_bound else "misses"
 
 
 def _ms(value) -> str:

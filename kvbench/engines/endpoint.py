@@ -41,6 +41,10 @@ class EndpointSettings:
     output_token_ids: bool = False
     reachable_within_s: float = 5.0  # someone else's server should already be up: do not wait long
 
+    def __post_init__(self) -> None:
+        if "://" not in self.url:
+            raise ValueError(f"url {self.url!r} has no scheme: did you mean http://{self.url}?")
+
 
 class EndpointAdapter:
     name = "endpoint"
@@ -101,6 +105,25 @@ class EndpointAdapter:
             f"engine.endpoint: cannot reach {self._base} ({reply.error or reply.status}); "
             "check --url and that the server is running"
         )
+
+    def model_problem(self) -> str | None:
+        """Why the given model cannot be measured here, asked of /v1/models before the first request: it is not
+        among those served. None when it is, when no model was given (the first served is taken), or when the
+        server does not answer a list (wait_healthy reports an unreachable one)."""
+        if self._model is None:
+            return None
+        reply = request("GET", self._base + "/v1/models", timeout_s=min(5.0, self.settings.reachable_within_s),
+                        api_key=self.settings.api_key)
+        if reply.status != 200:
+            return None
+        try:
+            served = served_models(reply.body)
+        except ValueError:
+            return None
+        if self._model in served:
+            return None
+        return (f"model {self._model!r} is not served at {self._base} (its /v1/models lists "
+                f"{', '.join(repr(name) for name in served)}): give --model {served[0]}")
 
     def _served_model(self, status: int, body: str) -> str:
         if status != 200:

@@ -3,7 +3,7 @@
 Every item (a block of scored positions, a task document, a prompt) is scored under the baseline and under the
 setting, so a delta is a difference of sums over the same items and its spread is the spread of per-item
 differences, not of two independent samples. The interval is a percentile bootstrap over items (the harness's
-resampling code, `kvbench.harness.bootstrap`: a resample is a row of counts, a ratio of sums a matrix product):
+resampling code, `kvbench.measure.bootstrap`: a resample is a row of counts, a ratio of sums a matrix product):
 
     delta = sum_i num_i / sum_i den_i          resampled as   counts @ num / counts @ den
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import binomtest, norm
 
-from kvbench.harness.bootstrap import percentile_interval, ratio_of_sums, resample_counts
+from kvbench.measure.bootstrap import percentile_interval, ratio_of_sums, resample_counts
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000

@@ -28,7 +28,7 @@ import pandas as pd
 
 import numpy as np
 
-from kvbench.evals.directions import higher_is_better
+from kvbench.verdicts.directions import higher_is_better
 from kvbench.evals.divergence import DivergenceStats, GreedyStats
 from kvbench.evals.items import DirectMetric
 from kvbench.evals.lm_eval_run import TaskScore
@@ -85,7 +85,7 @@ class MetricRow:
 
 
 def _lower_is_better(name: str) -> bool:
-    """From the metric's source (evals/directions.py); a metric no source declares counts as a score."""
+    """From the metric's source (verdicts/directions.py); a metric no source declares counts as a score."""
     return higher_is_better(name) is False
 
 
@@ -285,7 +285,7 @@ def baseline_frame(results: Sequence[SettingResult], baseline: str) -> pd.DataFr
 
 def eval_json(results: Sequence[SettingResult], baseline: str) -> dict:
     """What `kvbench compare` reads: every metric's value, plus the aggregate delta %, and each metric's
-    direction (lm-eval's `higher_is_better` for lm-eval metrics, evals/directions.py for ours; None: unknown)."""
+    direction (lm-eval's `higher_is_better` for lm-eval metrics, verdicts/directions.py for ours; None: unknown)."""
     rows = metric_rows(results, baseline)
     settings = []
     for result in results:

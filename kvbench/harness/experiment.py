@@ -23,6 +23,7 @@ from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
+from kvbench.harness.possible_load import possible_load
 from kvbench.harness.stage_play import StageChain, play_stage, stage_sessions
 from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import cache_reasons, reconcile
@@ -87,14 +88,18 @@ class _Point:
 
 def records_entry(
     point: PointId, records: Sequence[RequestRecord], config: ExperimentConfig, aborted: str | None,
-    client: ClientCheck | None = None,
+    client: ClientCheck | None = None, resumed_at_ns: Sequence[int] = (),
 ) -> RunEntry:
     """The part of a point's entry that follows from its records and the config: identity, engine setting,
     summary, validity."""
     reasons = invalid_reasons(records, config.client.max_error_rate, client, aborted)
     engine = next((spec for spec in config.engines if spec.label == point.engine), None)
-    return RunEntry.of(point, records, config.slo, reasons, aborted, engine_name=engine.engine if engine else None,
+    return RunEntry.of(point, records, config.slo, reasons, aborted, resumed_at_ns,
+                       engine_name=engine.engine if engine else None,
                        engine_settings=dict(engine.settings) if engine else {})
+
+
+CLIENT_LAG = "client lag: "  # the invalid reason of a point whose client fell behind (find_max reads it)
 
 
 def invalid_reasons(
@@ -109,7 +114,7 @@ def invalid_reasons(
     if breached:
         reasons.append(breached)
     if client is not None and not client.valid:
-        reasons.append(f"client lag: {client.reason}")
+        reasons.append(f"{CLIENT_LAG}{client.reason}")
     return reasons
 
 
@@ -161,7 +166,15 @@ class Experiment:
             for ladder in _ladders(self.config.load_specs()):
                 for repeat in range(self.config.repeat):
                     for load in ladder:
-                        yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, load)
+                        possible, warnings = possible_load(load, workload)
+                        for warning in warnings:
+                            self._warn_once(warning)
+                        yield _Point(PointId(engine.label, workload.name, load.label, repeat), workload, possible)
+
+    def _warn_once(self, warning: str) -> None:
+        if warning not in self.outcome.warnings:
+            self.outcome.warnings.append(warning)
+            self.progress.on_message(f"warning: {warning}")
 
     def _start(self, index: int, engine: EngineSpec, adapter: EngineAdapter) -> bool:
         try:
@@ -208,8 +221,11 @@ class Experiment:
                 f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
                 f"requests/s were sent than asked (a workload with more sessions keeps up)")
         records = [*result.replayed, *result.records]
+        # A resumed point played in two sittings: its throughput counts the time each ran, not the pause between.
+        sent_now = [record.sent_ns for record in result.records if record.sent_ns is not None]
+        resumed_at = (min(sent_now),) if result.replayed and sent_now else ()
         entry = dataclasses.replace(
-            records_entry(point.id, records, self.config, result.aborted, result.client),
+            records_entry(point.id, records, self.config, result.aborted, result.client, resumed_at),
             **context,
             client=result.client.to_dict(),
             # The server counted only what was sent now, not the replayed records.

@@ -12,6 +12,9 @@ load that met and the lowest that missed, until they are one apart (concurrency)
 other (request rate). The answer is the highest load that met, with its interval [answer, lowest miss). More
 load is assumed never to help; that is checked, not trusted (twice the lowest miss is probed too, as `kvbench
 plan` probes one node above its answer), and a probe against the trend is reported in `non_monotone`.
+A concurrency answer is never above the most requests a probe had in flight (`capped` says so), and a probe
+invalid only for the client's own lag is client-bound: a search that found nothing for that reason says so
+rather than that the SLO is not met.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.harness.config import ExperimentConfig
+from kvbench.harness.experiment import CLIENT_LAG
 from kvbench.harness.runner import Progress, run_experiment
-from kvbench.measure.run_folder import RunEntry, RunMode
+from kvbench.measure import metrics
+from kvbench.measure.run_folder import RunEntry, RunMode, records_by_run
 from kvbench.sim.plan import SloTarget, meets_all
 
 REQUEST_RATE = "request-rate"
@@ -44,6 +49,12 @@ class Probe:
     errors: int
     invalid_reasons: tuple[str, ...]
     run_dir: str
+    peak_in_flight: int | None = None  # the most requests it had in flight at once (None: not measured)
+
+    @property
+    def client_bound(self) -> bool:
+        """Invalid for the client's own lag alone: the engine's side was not measured, not found wanting."""
+        return bool(self.invalid_reasons) and all(reason.startswith(CLIENT_LAG) for reason in self.invalid_reasons)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +64,16 @@ class MaxSearch:
     missed_at: float | None  # the lowest load above the answer that missed (the interval's open end)
     probes: tuple[Probe, ...]  # in the order they ran
     non_monotone: tuple[str, ...]
+    capped: str | None = None  # why the answer is lower than the highest load that met (what was measured)
+
+    @property
+    def client_bound(self) -> bool:
+        """No answer, and some probe was invalid only for the client's lag: the client, not the SLO, stopped it."""
+        return self.answer is None and any(probe.client_bound for probe in self.probes)
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "probes": [dataclasses.asdict(probe) for probe in self.probes]}
+        return {**dataclasses.asdict(self), "client_bound": self.client_bound,
+                "probes": [{**dataclasses.asdict(probe), "client_bound": probe.client_bound} for probe in self.probes]}
 
 
 def search_max(evaluate: Callable[[float], Probe], start: float, integer: bool, max_probes: int = 12,
@@ -104,8 +122,19 @@ def search_max(evaluate: Callable[[float], Probe], start: float, integer: bool, 
     if met is not None and missed is not None:
         probe(norm(missed * 2))  # the monotonicity check: twice the miss must miss too
     probes = tuple(tried.values())
-    return MaxSearch(mode=CONCURRENCY if integer else REQUEST_RATE, answer=met, missed_at=missed, probes=probes,
-                     non_monotone=_non_monotone(probes))
+    answer, capped = _within_measured(met, probes, integer)
+    return MaxSearch(mode=CONCURRENCY if integer else REQUEST_RATE, answer=answer, missed_at=missed, probes=probes,
+                     non_monotone=_non_monotone(probes), capped=capped)
+
+
+def _within_measured(met: float | None, probes: Sequence[Probe], integer: bool) -> tuple[float | None, str | None]:
+    """A concurrency answer no higher than the most requests any probe had in flight: a workload that cannot
+    fill more slots answers with the slots it filled, not with the load it was offered."""
+    peaks = [probe.peak_in_flight for probe in probes if probe.peak_in_flight is not None]
+    if not integer or met is None or not peaks or met <= max(peaks):
+        return met, None
+    return float(max(peaks)), (f"concurrency {met:g} met the SLO but at most {max(peaks)} requests were ever in "
+                               f"flight: the workload cannot fill more, so the answer is {max(peaks)}")
 
 
 def _close(met: float, missed: float, integer: bool, rel_tol: float) -> bool:
@@ -118,8 +147,9 @@ def _non_monotone(probes: Sequence[Probe]) -> tuple[str, ...]:
                  for lower, higher in zip(ordered, ordered[1:]) if not lower.meets and higher.meets)
 
 
-def probe_verdict(entry: RunEntry, targets: Sequence[SloTarget], load: float, run_dir: Path) -> Probe:
-    """The probe of one finished point: its targets' values read from its summary."""
+def probe_verdict(entry: RunEntry, targets: Sequence[SloTarget], load: float, run_dir: Path,
+                  peak: int | None = None) -> Probe:
+    """The probe of one finished point: its targets' values read from its summary, `peak` its most in flight."""
     overall = entry.summary["overall"]
     values = {}
     for target in targets:
@@ -127,7 +157,7 @@ def probe_verdict(entry: RunEntry, targets: Sequence[SloTarget], load: float, ru
         values[target.name] = float(distribution[target.stat]) if distribution else None
     errors = overall["requests"] - overall["completed"]
     return Probe(load, entry.valid and meets_all(targets, values, errors), values, overall["requests"], errors,
-                 tuple(entry.invalid_reasons), str(run_dir))
+                 tuple(entry.invalid_reasons), str(run_dir), peak)
 
 
 def find_max(config: ExperimentConfig, mode: str, targets: Sequence[SloTarget], out: Path, start: float,
@@ -154,7 +184,9 @@ def find_max(config: ExperimentConfig, mode: str, targets: Sequence[SloTarget], 
         if not outcome.entries:
             return Probe(load, False, {t.name: None for t in targets}, 0, 0, tuple(outcome.failures) or ("no point ran",),
                          str(probe_dir))
-        return probe_verdict(outcome.entries[0], targets, load, probe_dir)
+        entry = outcome.entries[0]
+        return probe_verdict(entry, targets, load, probe_dir,
+                             metrics.peak_in_flight(records_by_run(probe_dir).get(entry.run_id, ())))
 
     search = search_max(evaluate, start, integer=mode == CONCURRENCY, max_probes=max_probes, rel_tol=rel_tol,
                         on_probe=on_probe)

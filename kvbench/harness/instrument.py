@@ -4,7 +4,8 @@ It is not an engine. It exists to check the client: measured TTFT must equal the
 measured ITL the injected gap, token counts the usage it reports, and every injected fault must become an
 error record. It also serves as the target of `kvbench bench loadgen`.
 
-Each request is answered with `max_tokens` tokens (ids `first_token_id + i`) in chunks of `tokens_per_chunk`,
+Each request is answered with `max_tokens` tokens (or `output_share` of them, ending with finish_reason "stop";
+ids `first_token_id + i`) in chunks of `tokens_per_chunk`,
 the first chunk `first_token_ms` after the request arrived and one chunk every `chunk_interval_ms` after
 that, all on an absolute schedule so that server-side jitter does not accumulate.
 
@@ -65,8 +66,11 @@ class InstrumentBehaviour:
     overrides: Mapping[str, object] = field(default_factory=dict)
     ignore_max_tokens: bool = False
     first_event_bytes: int = 0
+    output_share: float = 1.0  # answer round(max_tokens x this) tokens (at least 1), finish_reason "stop" if fewer
 
     def __post_init__(self) -> None:
+        if not 0 < self.output_share <= 1:
+            raise ValueError(f"output_share must be in (0, 1] (a server never sends past max_tokens), got {self.output_share}")
         if self.fault not in FAULTS:
             raise ValueError(f"fault: unknown {self.fault!r}; use one of {', '.join(FAULTS)}")
         if self.tokens_per_chunk < 1:
@@ -146,7 +150,8 @@ async def _answer(
         return web.json_response({"error": {"message": "injected failure", "type": "server_error"}}, status=500)
     if behaviour.fault == FAULT_NO_HEADERS:
         await asyncio.sleep(3600)
-    max_tokens = int(body.get("max_tokens") or 16)
+    asked = int(body.get("max_tokens") or 16)
+    max_tokens = max(1, round(asked * behaviour.output_share))
     prompt = body.get("prompt")
     prompt_tokens = len(prompt) if isinstance(prompt, list) else len(json.dumps(body.get("messages", prompt))) // 4
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -165,7 +170,8 @@ async def _answer(
         count = behaviour.tokens_per_chunk if behaviour.ignore_max_tokens else min(behaviour.tokens_per_chunk, max_tokens - sent)
         ids = list(range(behaviour.first_token_id + sent, behaviour.first_token_id + sent + count))
         text = "".join(f" t{token}" for token in ids)
-        choice: dict = {"index": 0, "finish_reason": "length" if sent + count >= max_tokens else None}
+        finished = "length" if max_tokens == asked else "stop"
+        choice: dict = {"index": 0, "finish_reason": finished if sent + count >= max_tokens else None}
         if chat:
             choice["delta"] = {"content": text}
         else:

@@ -32,6 +32,7 @@ from typing import Protocol
 import aiohttp
 import numpy as np
 
+from kvbench.distribution import Distribution
 from kvbench.harness.client import (
     API_CHAT,
     EndpointConfig,
@@ -60,6 +61,7 @@ from kvbench.measure.records import (
     RecordWriter,
     RequestRecord,
 )
+from kvbench.measure import metrics
 from kvbench.measure.schedule import LoadSpec, session_offsets
 from kvbench.workloads.spec import Session, Workload
 
@@ -197,7 +199,7 @@ class LoadGenerator:
             finally:
                 probe.cancel()
                 state.timer.close()
-        check = self.check(state.schedule_lag_ms, loop_lags)
+        check = self.check(state.schedule_lag_ms, loop_lags, state.records)
         return LoadResult(
             records=tuple(state.records),
             client=dataclasses.replace(check, start_offset_ms=start_offset_ms),
@@ -354,9 +356,11 @@ class LoadGenerator:
                 state.abort(f"engine unreachable: {state.unanswered_in_a_row} requests in a row got no answer "
                             f"(last: {record.error})")
 
-    def check(self, schedule_lags: Sequence[float], loop_lags: Sequence[float]) -> ClientCheck:
-        """The self-check of these lags (ms) against `max_lag_ms` (see `client_check`)."""
-        return check_lags(schedule_lags, loop_lags, self.max_lag_ms, self.load.mode)
+    def check(self, schedule_lags: Sequence[float], loop_lags: Sequence[float],
+              records: Sequence[RequestRecord]) -> ClientCheck:
+        """The self-check of these lags (ms) against a bound relative to the records' TTFT (see `client_check`)."""
+        ttft = Distribution.of(metrics.ttft_values(records))
+        return check_lags(schedule_lags, loop_lags, self.max_lag_ms, self.load.mode, ttft.p50 if ttft else None)
 
 
 @dataclass(slots=True)

@@ -7,8 +7,11 @@ A cell cannot start here when
   and SGLang's pins clash with ours: they live in their own venvs, named by the `python` setting or
   $KVBENCH_VLLM_PYTHON / $KVBENCH_SGLANG_PYTHON);
 - its model is a local path (absolute, or starting with ./ ../ ~) that is missing or unreadable;
-- its command uses a flag, or a value, the installed engine's --help does not list (where it is installed).
-Nothing is launched: the checks run the interpreter only to ask what is installed, and --help.
+- its command uses a flag, or a value, the installed engine's --help does not list (where it is installed);
+- it is a running server (an endpoint) that does not serve the model asked for (its /v1/models, before the
+  first request: a wrong --model would otherwise fail every request with a 404).
+Nothing is launched: the checks run the interpreter only to ask what is installed, and --help; an endpoint is
+asked for its model list.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ def start_problems(adapter, installed_help=None) -> list[str]:
         elif plan is not None and not _installed(adapter):
             reasons.append(f"{adapter.name} is not installed for {executable}; point the cell's `python` setting "
                            f"(or ${_python_variable(adapter)}) at the venv that has it")
+    served = getattr(adapter, "model_problem", None)
+    problem = served() if served is not None else None
+    if problem:
+        reasons.append(problem)
     model = _local_model(adapter)
     if model is not None and not os.access(model, os.R_OK):
         reasons.append(f"model {model} is {'not readable' if model.exists() else 'not there'}")

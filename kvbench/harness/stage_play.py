@@ -77,7 +77,7 @@ def joined(generator: LoadGenerator, results: Sequence[LoadResult]) -> LoadResul
     loop = tuple(lag for result in results for lag in result.loop_lags_ms)
     return LoadResult(
         records=tuple(record for result in results for record in result.records),
-        client=generator.check(schedule, loop),
+        client=generator.check(schedule, loop, [record for result in results for record in result.records]),
         aborted=next((result.aborted for result in results if result.aborted is not None), None),
         answer_sources=sources,
         replayed=tuple(record for result in results for record in result.replayed),

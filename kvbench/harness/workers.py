@@ -312,7 +312,7 @@ def _pooled(generator: LoadGenerator, jobs: Sequence[WorkerJob], results: dict[i
     """One point's result from its workers': lags pooled and per worker, the first abort, every loss."""
     done = [results[job.worker] for job in jobs if job.worker in results]
     pooled = generator.check([lag for result in done for lag in result.schedule_lags_ms],
-                             [lag for result in done for lag in result.loop_lags_ms])
+                             [lag for result in done for lag in result.loop_lags_ms], records)
     behind = [f"worker {job.worker}: {results[job.worker].client.reason}" for job in jobs
               if job.worker in results and not results[job.worker].client.valid]
     starts = [result.client.start_offset_ms for result in done if result.client.start_offset_ms is not None]

@@ -199,6 +199,17 @@ def completion_spans_s(records: Sequence[RequestRecord]) -> list[float]:
     return spans
 
 
+def peak_in_flight(records: Iterable[RequestRecord]) -> int:
+    """The most requests in flight at once (sent, not yet done; one without a done time counts to its end)."""
+    events = sorted(event for record in records if record.sent_ns is not None
+                    for event in ((record.sent_ns, 1), (record.done_ns if record.done_ns is not None else 1 << 62, -1)))
+    peak = level = 0
+    for _, step in sorted(events, key=lambda event: (event[0], event[1])):  # an end before a start at one instant
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
 def ttft_values(records: Iterable[RequestRecord]) -> list[float]:
     """The TTFTs of the measured requests that got a first token (the TTFT CDF plot's sample)."""
     return [value for record in records if not record.warmup and (value := ttft_ms(record)) is not None]
@@ -232,8 +243,23 @@ def cache_accounting(records: Sequence[RequestRecord]) -> CacheAccounting:
     )
 
 
-def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: SLO = SLO()) -> Summary:
-    """Summary of the measured (non-warm-up) records given."""
+def played_duration_s(records: Sequence[RequestRecord], resumed_at_ns: Sequence[int] = ()) -> float | None:
+    """The seconds the run played these records: first send to last completion of each sitting, summed. A resumed
+    point played in several sittings (`resumed_at_ns`: when each later one began, on the records' monotonic
+    clock); the time between them, when nothing ran, is not the run's. None when no request completed."""
+    bounds = sorted(resumed_at_ns)
+    total = 0.0
+    for low, high in zip([None, *bounds], [*bounds, None]):
+        sitting = [record for record in records if record.sent_ns is not None and record.done_ns is not None
+                   and (low is None or record.sent_ns >= low) and (high is None or record.sent_ns < high)]
+        if sitting:
+            total += max(0, max(r.done_ns for r in sitting) - min(r.sent_ns for r in sitting)) / NS_PER_S
+    return total or None
+
+
+def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: SLO = SLO(),
+              resumed_at_ns: Sequence[int] = ()) -> Summary:
+    """Summary of the measured (non-warm-up) records given (`resumed_at_ns`: see `played_duration_s`)."""
     measured = [record for record in records if not record.warmup]
     ok = completed(measured)
     errors: dict[str, int] = {}
@@ -241,9 +267,7 @@ def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: 
         if not record.ok:
             errors[record.error_kind] = errors.get(record.error_kind, 0) + 1
 
-    sent = [record.sent_ns for record in ok if record.sent_ns is not None]
-    done = [record.done_ns for record in ok if record.done_ns is not None]
-    duration_s = (max(done) - min(sent)) / NS_PER_S if sent and done and max(done) > min(sent) else None
+    duration_s = played_duration_s(ok, resumed_at_ns)
 
     output_tokens = sum(output_token_count(record) or 0 for record in ok)
 
@@ -308,15 +332,17 @@ def jain_fairness(values: Iterable[float]) -> float | None:
     return float(array.sum() ** 2 / (array.size * np.square(array).sum()))
 
 
-def summarize_run(records: Sequence[RequestRecord], slo: SLO = SLO()) -> RunSummary:
-    """Overall and per-tenant summaries, plus fairness of tenants' mean TTFT."""
+def summarize_run(records: Sequence[RequestRecord], slo: SLO = SLO(), resumed_at_ns: Sequence[int] = ()) -> RunSummary:
+    """Overall and per-tenant summaries, plus fairness of tenants' mean TTFT (`resumed_at_ns`: see
+    `played_duration_s`)."""
     tenants = sorted({record.tenant for record in records})
     per_tenant = tuple(
-        summarize([record for record in records if record.tenant == tenant], tenant, slo) for tenant in tenants
+        summarize([record for record in records if record.tenant == tenant], tenant, slo, resumed_at_ns)
+        for tenant in tenants
     )
     means = [summary.ttft_ms.mean for summary in per_tenant if summary.ttft_ms is not None]
     return RunSummary(
-        overall=summarize(records, ALL_TENANTS, slo),
+        overall=summarize(records, ALL_TENANTS, slo, resumed_at_ns),
         per_tenant=per_tenant,
         ttft_fairness=jain_fairness(means) if len(means) > 1 else None,
     )

@@ -128,11 +128,12 @@ class RunEntry:
 
     @classmethod
     def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),
-           aborted: str | None = None, **known) -> "RunEntry":
+           aborted: str | None = None, resumed_at_ns: Sequence[int] = (), **known) -> "RunEntry":
         """The entry of one point, real or simulated: its identity, its records' summary and answer sources,
-        valid when no reason speaks against it; `known` sets the other fields the caller knows."""
+        valid when no reason speaks against it; `known` sets the other fields the caller knows. A resumed point's
+        `resumed_at_ns` (when each later sitting began) keeps the time between sittings out of its throughput."""
         return cls(run_id=point.run_id, engine=point.engine, workload=point.workload, load=point.load,
-                   repeat=point.repeat, summary=summarize_run(records, slo).to_dict(),
+                   repeat=point.repeat, summary=summarize_run(records, slo, resumed_at_ns).to_dict(),
                    answer_sources=answer_sources(records), valid=not invalid_reasons,
                    invalid_reasons=tuple(invalid_reasons), aborted=aborted,
                    interrupted=aborted in (INTERRUPTED, REBUILT), **known)
@@ -355,8 +356,11 @@ def _resumable(run_dir: Path, config: Mapping) -> Resumed:
         raise RunFolderInUse(f"--resume: {run_dir / CONFIG_YAML} differs from this run's config "
                              f"({', '.join(keys) or 'missing'}); resume with the same config, or give --overwrite")
     entries = read_entries(run_dir) if (run_dir / SUMMARY_JSON).exists() else []
-    finished = {entry.run_id: entry for entry in entries if not entry.interrupted}
     records = records_by_run(run_dir)
+    # A finished point whose records did not all survive (a torn last line is cut) is finished again, so that
+    # its summary counts the records the folder keeps.
+    finished = {entry.run_id: entry for entry in entries if not entry.interrupted
+                and entry.summary["overall"]["requests"] == sum(not r.warmup for r in records.get(entry.run_id, ()))}
     unfinished = (record for run_id, own in records.items() if run_id not in finished for record in own)
     if any(record.ok and record.answer_tokens is None for record in unfinished):
         raise RunFolderInUse(f"--resume: {run_dir / REQUESTS_JSONL} was written before kvbench recorded answers, "

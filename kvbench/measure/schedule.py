@@ -112,6 +112,11 @@ class LoadSpec:
         return self.concurrency if self.concurrency is not None else self.max_concurrency
 
 
+def is_closed_loop(label: str) -> bool:
+    """Whether a load's `LoadSpec.label` names a closed loop (a concurrency), as run folders store it."""
+    return label.startswith("conc=")
+
+
 def session_offsets(load: LoadSpec, workload_arrivals: list[float], seed: int) -> list[float]:
     """Start offsets in seconds for each session, in the workload's order.
 

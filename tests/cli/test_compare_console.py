@@ -10,10 +10,10 @@ from rich.console import Console
 
 from kvbench.cli.commands.compare_cmd import _row_cells, print_comparison
 from kvbench.cli.main import main
-from kvbench.harness.compare import compare
+from kvbench.verdicts.compare import compare
 from kvbench.measure.run_folder import read_run_folder
 
-from ..harness.test_compare import simple_run
+from ..verdicts.test_compare import simple_run
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_the_comparison_tables_never_cut_a_number(folders, width):
     print_comparison(Console(file=buffer, width=width, color_system=None), comparison)
     out = buffer.getvalue()
     assert max(len(line) for line in out.splitlines()) <= width
-    assert "Result: 2 regressions" in out
+    assert "Result: 3 regressions" in out  # TTFT p50, p99 and the E2E p50 they lengthen
     assert "…" not in out and "|---" not in out and "**" not in out
     for row in comparison.rows:
         cells = _row_cells(row)
@@ -43,6 +43,6 @@ def test_the_cli_prints_tables_and_out_writes_markdown(folders, tmp_path, capsys
     console = capsys.readouterr().out
     assert "Serving metrics" in console and "REGRESSION" in console and "## " not in console
     markdown = out_file.read_text()
-    assert markdown.startswith("# kvbench compare") and "**2 regressions**" in markdown and "|--" in markdown
+    assert markdown.startswith("# kvbench compare") and "**3 regressions**" in markdown and "|--" in markdown
     assert main(["compare", str(folders[0]), str(folders[1]), "--format", "md"]) == 1
     assert capsys.readouterr().out == markdown

@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from kvbench.harness import config_schema
-from kvbench.harness.compare import compare
+from kvbench.verdicts.compare import compare
 from kvbench.harness.config import SCHEMA_VERSION, load_config_file, parse_config
 from kvbench.measure.run_folder import read_run_folder
-from tests.harness.test_compare import make_records, entry, write_run
+from tests.verdicts.test_compare import make_records, entry, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 # The committed CPU nightly baseline: written on 2026-11-30 by schema version 1 (no schema_version key, no

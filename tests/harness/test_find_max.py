@@ -95,7 +95,7 @@ def test_find_max_concurrency_on_real_runs_finds_the_instruments_knee(tmp_path, 
     with serving_in_a_thread(Knee(capacity=3)) as url:
         config = tmp_path / "knee.yaml"
         config.write_text(yaml.safe_dump({
-            "engines": [{"engine": "endpoint", "settings": {"url": url, "model": "m"}}],
+            "engines": [{"engine": "endpoint", "settings": {"url": url, "model": "instrument"}}],
             "workloads": [{"name": "random", "num_sessions": 16, "overrides": {"input_len": 8, "output_len": 4}}],
             # the instrument shares this process: its thread makes the client's loop lag, which is not the subject
             "stop": {"num_requests": 16}, "client": {"max_lag_ms": 2000}}))
@@ -115,3 +115,22 @@ def test_the_main_jobs_two_settings_are_refused_in_one_line_naming_the_fix(capsy
     assert main(["run", "--find-max", "concurrency", "--slo", "ttft_p99_ms=300"]) == 2
     err = capsys.readouterr().err
     assert "searches one engine setting" in err and "--set kv_dtype=fp8_e4m3" in err and len(err.splitlines()) == 1
+
+
+def test_the_answer_never_exceeds_the_most_requests_measured_in_flight():
+    # A 10-session workload: every concurrency meets the SLO, but no probe ever had more than 10 in flight.
+    def evaluate(load):
+        return Probe(load, True, {"ttft_p99_ms": 10.0}, 34, 0, (), "", peak_in_flight=min(int(load), 10))
+    search = search_max(evaluate, 1, integer=True, max_probes=6)
+    assert search.answer == 10 and "at most 10 requests were ever in flight" in search.capped
+    assert max(probe.load for probe in search.probes) > 10  # it offered more; the answer is what was measured
+
+
+def test_a_search_stopped_by_the_clients_lag_is_client_bound_not_a_missed_slo():
+    lagging = ("client lag: event-loop lag p99 12.00 ms > 10 ms",)
+    search = search_max(lambda load: Probe(load, False, {"ttft_p99_ms": 51.0}, 34, 0, lagging, ""), 4, integer=True)
+    assert search.answer is None and search.client_bound and all(probe.client_bound for probe in search.probes)
+    slow = search_max(lambda load: Probe(load, False, {"ttft_p99_ms": 900.0}, 34, 0, (), ""), 4, integer=True)
+    assert slow.answer is None and not slow.client_bound
+    both = Probe(1, False, {}, 1, 0, (*lagging, "3/10 requests failed (limit 10%): http: 500"), "")
+    assert not both.client_bound  # failed requests are the engine's: not the client alone

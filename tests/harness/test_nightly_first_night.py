@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.harness.test_compare import simple_run
+from tests.verdicts.test_compare import simple_run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_the_first_night_records_the_baseline_and_the_second_compares(tmp_path):
         "#!/usr/bin/env bash\n"
         'if [[ "$1" == run ]]; then mkdir -p "$(dirname "$4")" && cp -r "$FAKE_RUN" "$4"; exit "${FAKE_RC:-0}"; fi\n'
         f'exec "{sys.executable}" -c "import sys; sys.path.insert(0, \'{REPO}\'); '
-        "from tests.harness.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
+        "from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
     )
     fake.chmod(0o755)
     outputs = tmp_path / "github_output"

@@ -68,3 +68,32 @@ def test_a_cell_whose_engine_lacks_a_flag_is_refused_before_the_first_runs(tmp_p
     assert main(["run", str(config), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "installed vllm: unknown flag" in err and "1 of 1 engine cells cannot start here" in err
+
+
+def test_a_model_the_endpoint_does_not_serve_exits_2_naming_the_served_ones_before_any_request(tmp_path, capsys):
+    from aiohttp import web
+
+    from kvbench.harness.instrument import InstrumentBehaviour, InstrumentLog, make_app
+
+    from .instrument_fixture import app_in_thread
+
+    log = InstrumentLog()
+    runner = web.AppRunner(make_app(InstrumentBehaviour(), log, served_model="served-one"), access_log=None)
+    with app_in_thread(runner) as url:
+        code = main(["run", "--url", url, "--model", "wrong-one", "--workload", "rag-chat-mini", "--num-sessions", "2",
+                     "--concurrency", "1", "--out", str(tmp_path / "run")])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert "model 'wrong-one' is not served at" in err and "'served-one'" in err
+        assert "give --model served-one" in err and "Traceback" not in err
+        assert log.bodies == []  # refused before the first request
+        assert main(["run", "--url", url, "--model", "served-one", "--workload", "rag-chat-mini", "--num-sessions", "2",
+                     "--concurrency", "1", "--out", str(tmp_path / "ok"), "--max-lag-ms", "1000"]) == 0
+        assert log.bodies
+
+
+def test_a_url_without_a_scheme_is_asked_about_in_one_line(tmp_path, capsys):
+    code = main(["run", "--url", "127.0.0.1:8101", "--workload", "rag-chat-mini", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "did you mean http://127.0.0.1:8101?" in err and "unknown url type" not in err
+    assert "Traceback" not in err

@@ -19,15 +19,15 @@ from rich.markup import escape
 from kvbench.cli.console_table import Column, print_table
 from kvbench.cli.flag_types import at_least, number_between
 from kvbench.cli.tables import wide_console
-from kvbench.harness.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
-from kvbench.harness.compare import CompareOptions, Comparison, MetricComparison, compare
-from kvbench.harness.gate_metrics import DEFAULT_METRICS, PERF_METRICS
+from kvbench.verdicts.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
+from kvbench.verdicts.compare import CompareOptions, Comparison, MetricComparison, compare
+from kvbench.verdicts.gate_metrics import DEFAULT_METRICS, PERF_METRICS
 from kvbench.measure.run_folder import EVAL_JSON, SUMMARY_JSON, RunFolder, RunFolderError, read_run_folder
 from kvbench.settings import SettingsError
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
 CSV_COLUMNS = ["kind", "setting", "kv_dtype", "metric", "better", "scale", "baseline", "new", "delta", "ci_low",
-               "ci_high", "tolerance", "verdict", "note"]
+               "ci_high", "tolerance", "mde", "verdict", "note"]
 
 errors = Console(stderr=True, soft_wrap=True)
 
@@ -163,7 +163,8 @@ def _row_cells(row: MetricComparison) -> dict:
     return {
         "setting": row.setting, "kv_dtype": row.kv_dtype, "metric": row.metric,
         "better": "" if spec is None else spec.better, "baseline": _value(row.baseline), "new": _value(row.new),
-        "delta": _delta(row, row.delta), "CI": ci, "tolerance": tolerance, "verdict": verdict, "note": row.note,
+        "delta": _delta(row, row.delta), "CI": ci, "tolerance": tolerance,
+        "MDE": "n/a" if row.mde is None else _delta(row, row.mde).lstrip("+"), "verdict": verdict, "note": row.note,
     }
 
 
@@ -184,7 +185,9 @@ def _method(comparison: Comparison) -> str:
             f"bad side of 0 ({options.resamples} resamples of requests, repetitions resampled too, seed "
             f"{options.seed}) AND the delta exceeds the tolerance; no change needs the whole CI within the tolerance, "
             "else the metric is inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
-            "Values are the mean over repetitions; percentiles use linear interpolation.")
+            "Values are the mean over repetitions; percentiles use linear interpolation. Throughputs are the run's "
+            "requests in flight x each request's amount per second of its E2E (Little's law). MDE: the smallest "
+            "change this run size calls a regression 4 times in 5.")
 
 
 def _sections(comparison: Comparison) -> list[tuple[str, list[MetricComparison], bool]]:
@@ -205,7 +208,7 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
     console.print(_method(comparison), style="dim", highlight=False)
     for title, rows, with_ci in _sections(comparison):
         cells = [_row_cells(row) for row in rows]
-        names = [name for name in cells[0] if with_ci or name not in ("CI", "kv_dtype")]
+        names = [name for name in cells[0] if with_ci or name not in ("CI", "MDE", "kv_dtype")]
         columns = [Column({"kv_dtype": "kv"}.get(name, name), name in _NUMERIC) for name in names]
         print_table(console, columns, [[escape(str(cell[name])) for name in names] for cell in cells],
                     keys=3 if with_ci else 2, title=title)
@@ -216,7 +219,7 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
                 console.print(f"- {escape(text)}", highlight=False)
 
 
-_NUMERIC = {"baseline", "new", "delta", "CI", "tolerance"}
+_NUMERIC = {"baseline", "new", "delta", "CI", "tolerance", "MDE"}
 
 
 def comparison_markdown(comparison: Comparison) -> str:
@@ -240,7 +243,7 @@ def comparison_markdown(comparison: Comparison) -> str:
 def _table(rows: list[MetricComparison] | tuple[MetricComparison, ...], with_ci: bool = True) -> str:
     frame = pd.DataFrame([_row_cells(row) for row in rows])
     if not with_ci:
-        frame = frame.drop(columns=["CI", "kv_dtype"])
+        frame = frame.drop(columns=["CI", "MDE", "kv_dtype"])
     return frame.to_markdown(index=False)
 
 
@@ -252,7 +255,8 @@ def comparison_csv(comparison: Comparison) -> str:
             "kind": row.kind, "setting": row.setting, "kv_dtype": row.kv_dtype, "metric": row.metric,
             "better": spec.better if spec else None, "scale": spec.scale if spec else None,
             "baseline": row.baseline, "new": row.new, "delta": row.delta, "ci_low": row.ci_low,
-            "ci_high": row.ci_high, "tolerance": spec.tolerance if spec else None, "verdict": row.verdict.value,
+            "ci_high": row.ci_high, "tolerance": spec.tolerance if spec else None, "mde": row.mde,
+            "verdict": row.verdict.value,
             "note": row.note,
         })
     records += [{"kind": "mismatch", "note": text} for text in comparison.mismatches]

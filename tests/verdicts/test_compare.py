@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from kvbench.cli import commands
-from kvbench.harness.baseline import PROVENANCE_JSON, promote
-from kvbench.harness.bootstrap import weighted_percentile
-from kvbench.harness.compare import CompareOptions, Verdict, compare
-from kvbench.harness.gate_metrics import PERF_METRICS, RequestSamples
+from kvbench.verdicts.baseline import PROVENANCE_JSON, promote
+from kvbench.measure.bootstrap import weighted_percentile
+from kvbench.verdicts.compare import CompareOptions, Verdict, compare
+from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.cli.commands import compare_cmd
 from kvbench.measure.metrics import summarize_run
 from kvbench.measure.records import RecordWriter, RequestRecord
@@ -334,7 +334,7 @@ def test_nightly_script_runs_compares_and_exits_with_compares_code(tmp_path):
         "#!/usr/bin/env bash\n"
         'if [[ "$1" == run ]]; then mkdir -p "$(dirname "$4")" && cp -r "$FAKE_RUN" "$4"; exit 0; fi\n'
         f'exec "{sys.executable}" -c "import sys; sys.path.insert(0, \'{repo}\'); '
-        "from tests.harness.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
+        "from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
     )
     fake.chmod(0o755)
 
@@ -391,3 +391,68 @@ def test_a_metric_whose_direction_no_source_declares_is_inconclusive_not_guessed
     (new / "eval.json").write_text(json.dumps({"settings": [{"kv_setting": "fp8", "metrics": {"mystery_loss": 2.0},
                                                              "higher_is_better": {"mystery_loss": True}}]}))
     assert row(compare(read_run_folder(base), read_run_folder(new)), "mystery_loss", "quality").verdict is Verdict.IMPROVEMENT
+
+
+def test_one_endpoint_on_two_ports_measures_the_same_thing_another_path_does_not(tmp_path):
+    from dataclasses import replace
+
+    def folder(name, seed, url):
+        records = make_records(seed)
+        return read_run_folder(write_run(tmp_path / name, [(replace(entry(records), engine_settings={"url": url}),
+                                                            records)]))
+
+    base = folder("base", 1, "http://127.0.0.1:8101")
+    moved = compare(base, folder("moved", 2, "http://127.0.0.1:8102/"))
+    assert not moved.mismatched
+    assert any("the endpoint moved: http://127.0.0.1:8101 -> http://127.0.0.1:8102/" in note for note in moved.notes)
+    other_api = compare(base, folder("proxy", 3, "http://127.0.0.1:8101/proxy"))
+    assert other_api.mismatched and any("url: '' -> '/proxy'" in text for text in other_api.mismatches)
+
+
+def closed_loop_records(seed, n=100, concurrency=4, itl_ms=10.0, run_id=RUN_ID.format(0)):
+    """A closed loop of `concurrency` slots: each request starts when its slot's previous one ends (TTFT 40 ms
+    lognormal, `itl_ms` per gap with jitter, 10-40 tokens), as `kvbench run --concurrency` drives an instrument."""
+    rng = np.random.default_rng(seed)
+    free_at = [0] * concurrency
+    records = []
+    for i in range(n):
+        slot = int(np.argmin(free_at))
+        start = free_at[slot] + int(rng.exponential(0.5) * MS)  # the client's own gap before the next send
+        time_ns = start + int(rng.lognormal(np.log(40), 0.1) * MS)
+        chunks = [[time_ns, 1]]
+        for gap in rng.lognormal(np.log(itl_ms), 0.1, int(rng.integers(10, 40)) - 1):
+            time_ns += int(gap * MS)
+            chunks.append([time_ns, 1])
+        free_at[slot] = time_ns
+        records.append(RequestRecord(
+            run_id=run_id, request_id=f"q{i}", session_id=f"s{i}", tenant="a", turn=0, queued_ns=start,
+            sent_ns=start, first_token_ns=chunks[0][0], done_ns=time_ns, chunks=chunks, prompt_tokens=100,
+            output_tokens=len(chunks), cached_tokens=0, reusable_tokens=0,
+        ))
+    return records
+
+
+def closed_run(path, seed, **kwargs):
+    records = closed_loop_records(seed, **kwargs)
+    return read_run_folder(write_run(path, [(entry(records, load="conc=4"), records)]))
+
+
+def test_closed_loop_throughput_interval_shrinks_with_the_data_and_sees_a_doubled_itl(tmp_path):
+    records = closed_loop_records(1)
+    overall = summarize_run(records).to_dict()["overall"]
+    samples = RequestSamples.of(records, closed_loop=True)
+    identity = np.ones((1, samples.size), dtype=np.int32)
+    for name in ("output_tok_s", "total_tok_s", "req_s"):  # Little's law reproduces the stored value
+        assert PERF_METRICS[name].statistic(samples, identity)[0] == pytest.approx(PERF_METRICS[name].stored(overall))
+    options = CompareOptions(metrics=("output_tok_s", "itl_p50", "tpot_p50", "e2e_p50"))
+    widths = {}
+    for n in (100, 400):
+        same = row(compare(closed_run(tmp_path / f"a{n}", 1, n=n), closed_run(tmp_path / f"b{n}", 2, n=n), options),
+                   "output_tok_s")
+        assert same.verdict is not Verdict.REGRESSION and same.ci_low < 0 < same.ci_high
+        widths[n] = same.ci_high - same.ci_low
+    assert widths[400] < 0.7 * widths[100] and widths[100] < 0.25  # the span-based interval was ~[-56%, +129%]
+    slow = compare(closed_run(tmp_path / "a", 1), closed_run(tmp_path / "slow", 2, itl_ms=20.0), options)
+    for metric in ("output_tok_s", "itl_p50", "tpot_p50", "e2e_p50"):
+        assert row(slow, metric).verdict is Verdict.REGRESSION, metric
+        assert row(slow, metric).mde is not None and row(slow, metric).mde >= row(slow, metric).spec.tolerance

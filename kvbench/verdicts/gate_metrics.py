@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.evals.directions import higher_is_better
-from kvbench.harness import bootstrap
+from kvbench.verdicts.directions import higher_is_better
+from kvbench.measure import bootstrap
 from kvbench.measure import metrics
 from kvbench.measure.records import RequestRecord
 
@@ -53,14 +53,15 @@ class RequestSamples:
     cached_tokens: np.ndarray
     reusable_tokens: np.ndarray
     recomputed_tokens: np.ndarray
-    span_s: np.ndarray  # metrics.completion_spans_s: resampling them carries the duration's noise
+    span_s: np.ndarray  # metrics.completion_spans_s: they sum to the duration
+    closed_loop: bool = False  # a concurrency's load: throughput by Little's law (see _per_second)
 
     @property
     def size(self) -> int:
         return int(self.output_tokens.size)
 
     @classmethod
-    def of(cls, records: Sequence[RequestRecord]) -> "RequestSamples":
+    def of(cls, records: Sequence[RequestRecord], closed_loop: bool = False) -> "RequestSamples":
         ok = metrics.completed(records)
 
         def column(value: Callable[[RequestRecord], float | None]) -> np.ndarray:
@@ -81,6 +82,7 @@ class RequestSamples:
             reusable_tokens=column(lambda record: record.reusable_tokens),
             recomputed_tokens=column(metrics.recomputed_tokens),
             span_s=np.array(metrics.completion_spans_s(ok), dtype=np.float64),
+            closed_loop=closed_loop,
         )
 
 
@@ -96,7 +98,31 @@ def _itl_percentile(q: float) -> Statistic:
 
 
 def _per_second(column: Callable[[RequestSamples], np.ndarray]) -> Statistic:
-    return lambda samples, counts: bootstrap.ratio_of_sums(column(samples), samples.span_s, counts)
+    """A throughput on resampled requests; unresampled, exactly the stored sum(amount) / duration.
+
+    Closed loop (a concurrency): Little's law, (requests in flight on average over the run) x (amount per
+    second of a request's own E2E), the second a ratio of sums over requests and the first held at the run's.
+    The load sets the in-flight count; what the server changes is a request's tokens per second of its E2E,
+    and that ratio's interval shrinks as 1/sqrt(requests). Resampling completion spans instead (the gap since
+    the previous completion, which swings from 0 to a whole E2E) gave resamples durations the run never had:
+    +-60% at 100 requests however steady the server. Run-to-run spread of the in-flight count enters through
+    the repetitions, which are resampled too.
+
+    Open loop (a rate or a trace): the arrivals set the duration, so their noise is the throughput's; the
+    completion spans (close to the inter-arrival gaps) are resampled with the amounts."""
+
+    def statistic(samples: RequestSamples, counts: np.ndarray) -> np.ndarray:
+        if not samples.closed_loop:
+            return bootstrap.ratio_of_sums(column(samples), samples.span_s, counts)
+        e2e_s = samples.e2e_ms / 1000.0
+        timed = ~np.isnan(e2e_s)
+        duration_s = float(samples.span_s.sum())
+        if duration_s <= 0 or not timed.any():
+            return np.full(counts.shape[0], np.nan)
+        in_flight = float(e2e_s[timed].sum()) / duration_s
+        return in_flight * bootstrap.ratio_of_sums(column(samples)[timed], e2e_s[timed], counts[:, timed])
+
+    return statistic
 
 
 def _cache_rate(numerator: str, denominator: str) -> Statistic:
@@ -147,9 +173,10 @@ def _perf_metrics() -> dict[str, PerfMetric]:
 
 
 PERF_METRICS: Mapping[str, PerfMetric] = _perf_metrics()
-DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "output_tok_s", "cache_hit_rate", "prefill_recompute_rate")
+DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "tpot_p50", "e2e_p50", "output_tok_s", "cache_hit_rate",
+                   "prefill_recompute_rate")
 
-# Quality metrics of eval.json: the direction from the metric's source (evals/directions.py), never its name.
+# Quality metrics of eval.json: the direction from the metric's source (verdicts/directions.py), never its name.
 _QUALITY_TOLERANCES = {"kl": ("relative", 0.10), "top1_agreement": ("points", 0.005)}
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.harness.gate_metrics import PERF_METRICS, RequestSamples
+from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.measure import metrics
 from kvbench.measure.run_folder import records_by_run
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.evals.directions import OWN_METRICS, higher_is_better
+from kvbench.verdicts.directions import OWN_METRICS, higher_is_better
 from kvbench.evals.lm_eval_run import scores_from_results
 from kvbench.evals.results import SettingResult, eval_json
 from kvbench.evals.tasks import TASKS, render_tasks
-from kvbench.harness.compare import Verdict, compare
-from kvbench.harness.gate_metrics import quality_spec
+from kvbench.verdicts.compare import Verdict, compare
+from kvbench.verdicts.gate_metrics import quality_spec
 from kvbench.measure.run_folder import read_run_folder
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
