@@ -121,7 +121,8 @@ def serve(args: argparse.Namespace) -> int:
 
     async_engine = AsyncEngine(engine, on_fatal=exit_on_failure)
     admin_key = options.admin_key or os.environ.get(ADMIN_KEY_ENV)
-    app = make_app(async_engine, api_key=options.api_key, admin_key=admin_key, metrics_open=options.metrics_open)
+    app = make_app(async_engine, api_key=options.api_key, admin_key=admin_key, metrics_open=options.metrics_open,
+                   stall_timeout_s=options.stall_timeout_s)
 
     async def remember_loop(app) -> None:
         loop.append(asyncio.get_running_loop())

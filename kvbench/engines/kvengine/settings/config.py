@@ -200,6 +200,9 @@ class ServeOptions:
                                     f"${ADMIN_KEY_ENV}, else --api-key); with any key configured, those "
                                     "endpoints need it")
     metrics_open: bool = setting(False, "serve /metrics without a key (a Prometheus that sends none)")
+    stall_timeout_s: float = setting(5.0, "a streaming client that reads nothing for this long (its socket full) "
+                                     "is ended: its request aborted, its slot and pages freed "
+                                     "(kvbench:client_stalled_total)", unit="s", gt=0)
     step_log: str | None = setting(None, "append every model step's token ranges and seconds to this JSONL file "
                                    "(for `kvbench calibrate --steps`)")
 

@@ -34,7 +34,7 @@ NON_DEFAULT_ENGINE = {
     "tier_secret": "s3", "tier_secret_file": "/run/secrets/tier",
 }
 NON_DEFAULT_SERVE = {"host": "0.0.0.0", "port": 9999, "api_key": "k1", "admin_key": "k2", "metrics_open": True,
-                     "step_log": "steps.jsonl"}
+                     "step_log": "steps.jsonl", "stall_timeout_s": 2.5}
 
 
 SECRETS = ("tier_secret",)  # no flag: argv is public on the machine
