@@ -43,6 +43,7 @@ from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput
 from kvbench.engines.kvengine.settings.config import ServeOptions
+from kvbench.settings import shown
 from kvbench.engines.kvengine.server.admission import TemplateCost, admitted_json, check_messages, check_prompt
 from kvbench.engines.kvengine.server.answer import Answer
 from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
@@ -53,7 +54,6 @@ from kvbench.engines.kvengine.server.protocol import (
     max_prompt_chars,
     parse_chat,
     parse_completion,
-    shown,
 )
 from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
 from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes, chars_per_token

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvbench.engines.kvengine.model.sampling import SEED_RANGE, SamplingParams
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+from kvbench.settings import shown
 
 MAX_LOGPROBS = 20
 # A text prompt longer than this many characters per token of the model's context cannot fit (no tokenizer
@@ -34,17 +34,7 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_CHARS = 4096  # all of them together
 MAX_INT = 2**63 - 1  # an integer field past it is refused before a limit check quotes all its digits
 _ids = itertools.count()
-# How an error message quotes a value it refuses: a 3 MB string or a 4,000-digit integer is cut, not echoed.
-MAX_SHOWN_CHARS = 60
-_SHOWN = reprlib.Repr()
-_SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = 40
-_SHOWN.maxlist = _SHOWN.maxdict = 4
 
-
-def shown(value: object) -> str:
-    """`value` as an error message quotes it: its repr, cut to at most MAX_SHOWN_CHARS characters."""
-    text = _SHOWN.repr(value)
-    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
 
 
 def _absent_or(*no_ops: object):
