@@ -194,6 +194,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--log-dir", default="/tmp")
     parser.add_argument("--issue46", action="store_true", help="issue 46's engine and command-line cases")
+    parser.add_argument("--cli-only", action="store_true", help="with --issue46: the command lines only")
     args = parser.parse_args()
     sources = [item.split("=", 1) for item in args.source] or [["this", str(Path(__file__).resolve().parents[1])]]
     if args.issue46:
@@ -220,7 +221,7 @@ def issue46(sources: list[list[str]], args) -> None:
     for label, folder in sources:
         source = Path(folder).resolve()
         port = free_port()
-        process = start_server(source, port, args.max_model_len, Path(args.log_dir) / f"hostile46_{label}.log")
+        process = None if args.cli_only else start_server(source, port, args.max_model_len, Path(args.log_dir) / f"hostile46_{label}.log")
         base = f"http://127.0.0.1:{port}"
         try:
             async def engine() -> list[dict]:
@@ -228,10 +229,11 @@ def issue46(sources: list[list[str]], args) -> None:
                     await wait_healthy(session, base, process)
                 return await cases.engine_rows(base, port)
 
-            engine_lines += cases.engine_table(label, asyncio.run(engine()))
+            engine_lines += cases.engine_table(label, asyncio.run(engine())) if process else []
         finally:
-            process.terminate()
-            process.wait(30)
+            if process is not None:
+                process.terminate()
+                process.wait(30)
         instrument_port = free_port()
         instrument = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port",
                                        str(instrument_port)], env={**os.environ, "PYTHONPATH": str(this)},
