@@ -51,3 +51,17 @@ def test_any_json_is_skipped_record_by_record_or_refused_in_one_line(tmp_path, t
         assert list(conversations(path)) == []
     except WorkloadError as exc:
         assert "\n" not in str(exc) and "odd.json" in str(exc)
+
+
+def test_a_run_reads_no_more_conversations_than_its_requests(tmp_path):
+    """`--num-requests 3` against 10^6 conversations tokenised every one of them: the run's workload spec reads
+    only as many as the most requests a point sends when num_sessions is not given."""
+    from kvbench.harness.config import WorkloadSpec
+
+    records = [record(i) for i in range(3)] + [record(3, "x" * (MAX_MESSAGE_CHARS + 1))]
+    path = tmp_path / "chats.jsonl"
+    path.write_text("\n".join(map(json.dumps, records)))
+    spec = WorkloadSpec(name=f"sharegpt:{path}", overrides={"tokenizer": TOKENIZER})
+    assert len(spec.load(0, sessions_needed=3).sessions) == 3
+    with pytest.raises(WorkloadError, match="record 3"):
+        spec.load(0)
