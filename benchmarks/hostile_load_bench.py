@@ -15,6 +15,11 @@ For each source tree (a kvbench checkout: `git stash` or `git archive main` give
 Prints TTFT p50/p99 of the normal requests (first chunk carrying a token - sent; linear-interpolation
 percentiles, numpy's default), how many normal requests failed, and the hostile requests' statuses. Timings
 on a shared machine are noisy: compare rows measured back to back.
+
+    python benchmarks/hostile_load_bench.py --issue46 [--source before=/tmp/before] [--source after=.]
+
+runs issue 46's cases instead (`hostile_cases.py`): each engine attack beside a normal "hello world"
+request (its p50, worst and worst / idle), then each command line's outcome, seconds and peak resident MB.
 """
 
 from __future__ import annotations
@@ -188,8 +193,12 @@ def main() -> None:
     parser.add_argument("--hostile", type=int, default=5, help="hostile clients in the mixed load")
     parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--log-dir", default="/tmp")
+    parser.add_argument("--issue46", action="store_true", help="issue 46's engine and command-line cases")
+    parser.add_argument("--cli-only", action="store_true", help="with --issue46: the command lines only")
     args = parser.parse_args()
     sources = [item.split("=", 1) for item in args.source] or [["this", str(Path(__file__).resolve().parents[1])]]
+    if args.issue46:
+        return issue46(sources, args)
     rows = []
     for label, folder in sources:
         rows += asyncio.run(measure(label, Path(folder).resolve(), args))
@@ -201,6 +210,51 @@ def main() -> None:
         hostile = ", ".join(f"{k}: {v}" for k, v in row["hostile"].items()) or "-"
         print(f"| {row['source']} | {row['load']} | {ttft.size} | {row['failed']} | {p50} | {p99} | "
               f"{row.get('log_errors', 'n/a')} | {hostile} |")
+
+
+def issue46(sources: list[list[str]], args) -> None:
+    import hostile_cases as cases
+
+    this = Path(__file__).resolve().parents[1]
+    files = cases.make_data(Path(args.log_dir) / "hostile46-data")
+    engine_lines, cli_lines = [], []
+    for label, folder in sources:
+        source = Path(folder).resolve()
+        port = free_port()
+        process = None if args.cli_only else start_server(source, port, args.max_model_len, Path(args.log_dir) / f"hostile46_{label}.log")
+        base = f"http://127.0.0.1:{port}"
+        try:
+            async def engine() -> list[dict]:
+                async with aiohttp.ClientSession() as session:
+                    await wait_healthy(session, base, process)
+                return await cases.engine_rows(base, port)
+
+            engine_lines += cases.engine_table(label, asyncio.run(engine())) if process else []
+        finally:
+            if process is not None:
+                process.terminate()
+                process.wait(30)
+        instrument_port = free_port()
+        instrument = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port",
+                                       str(instrument_port)], env={**os.environ, "PYTHONPATH": str(this)},
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(2)
+            argvs = cases.cli_cases(f"http://127.0.0.1:{instrument_port}", files,
+                                    this / "tests" / "data" / "datasets" / "tokenizer", free_port())
+            for name, argv in argvs.items():
+                row = cases.run_cli(source, argv, Path(args.log_dir) / f"hostile46-{label}" / str(len(cli_lines)))
+                rss = f"{row['rss_mb']:,.0f}" if row["rss_mb"] is not None else "n/a"
+                cli_lines.append(f"| {label} | {name} | {row['outcome']} | {row['seconds']:.1f} | {rss} |")
+                print(cli_lines[-1], flush=True)
+        finally:
+            instrument.kill()
+            instrument.wait()
+    print("| source | engine case | normal requests | p50 ms | worst ms | worst / idle p50 | attack saw |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(engine_lines))
+    print("\n| source | command line | outcome | s | peak RSS MB |\n|---|---|---|---|---|")
+    print("\n".join(cli_lines))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import reprlib
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,19 @@ T = TypeVar("T")
 
 class SettingsError(ValueError):
     """Bad user input; the message names the field, what is wrong and the valid choices."""
+
+
+# How a message quotes a value it refuses: a 3 MB string or a 4,000-digit integer is cut, never echoed whole.
+MAX_SHOWN_CHARS = 60
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxlong = _SHOWN.maxother = 40
+_SHOWN.maxlist = _SHOWN.maxdict = 4
+
+
+def shown(value: object) -> str:
+    """`value` as an error message quotes it: its repr, cut to at most MAX_SHOWN_CHARS characters."""
+    text = _SHOWN.repr(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
 
 
 # A settings document's values counted with every alias expanded: kvbench's own configs hold a few hundred;

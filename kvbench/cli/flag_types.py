@@ -54,28 +54,31 @@ def _flags(parser: argparse.ArgumentParser) -> list[str]:
     return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]
 
 
-def at_least(minimum: int) -> Callable[[str], int]:
-    """An integer flag >= `minimum`."""
+def at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer flag >= `minimum` (and <= `maximum`, when given)."""
 
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = int(text) if len(text) <= 30 else None  # int() of a 10^6-digit text takes seconds
         except ValueError:
             value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            wanted = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum:,}"
+            raise argparse.ArgumentTypeError(f"must be an integer {wanted}, got {_cut(text)}")
         return value
 
     return parse
 
 
-def number_above(bound: float, inclusive: bool = False) -> Callable[[str], float]:
-    """A finite float flag > `bound` (>= with `inclusive`)."""
+def number_above(bound: float, inclusive: bool = False, maximum: float | None = None) -> Callable[[str], float]:
+    """A finite float flag > `bound` (>= with `inclusive`), and <= `maximum` when given."""
 
     def parse(text: str) -> float:
         value = _number(text)
-        if not math.isfinite(value) or value < bound or (value == bound and not inclusive):
-            raise argparse.ArgumentTypeError(f"must be a number {'>=' if inclusive else '>'} {bound:g}, got {text!r}")
+        if (not math.isfinite(value) or value < bound or (value == bound and not inclusive)
+                or (maximum is not None and value > maximum)):
+            wanted = f"{'>=' if inclusive else '>'} {bound:g}" + (f" and <= {maximum:g}" if maximum is not None else "")
+            raise argparse.ArgumentTypeError(f"must be a number {wanted}, got {_cut(text)}")
         return value
 
     return parse
@@ -91,6 +94,11 @@ def number_between(low: float, high: float) -> Callable[[str], float]:
         return value
 
     return parse
+
+
+def _cut(text: str) -> str:
+    """A flag's text as an error quotes it: cut past 40 characters."""
+    return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
 def _number(text: str) -> float:

@@ -15,11 +15,14 @@ from __future__ import annotations
 import argparse
 import math
 
+from kvbench.cli.flag_types import at_least
 from kvbench.measure.extra_percentiles import percentile_column
+from kvbench.measure.schedule import MAX_CONCURRENCY, MAX_RATE
 from kvbench.settings import SettingsError
 
 # vLLM's goodput metric names -> kvbench's SLO fields.
 GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
+GOODPUT_NAMES = {field: name for name, field in GOODPUT_KEYS.items()}
 # vLLM's percentile metric names -> kvbench's summary metrics.
 PERCENTILE_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")
@@ -27,24 +30,30 @@ DEFAULT_METRIC_PERCENTILES = (99.0,)
 
 
 def request_rate(text: str) -> float:
-    """A request rate: a number > 0, or `inf` (every request as soon as it is ready)."""
+    """A request rate: a number in (0, MAX_RATE], or `inf` (every request as soon as it is ready); 1e400 is not
+    inf (float() makes it so), it is refused."""
+    if text.strip().lower() in ("inf", "infinity"):
+        return math.inf
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number > 0 (requests/s) or inf, got {text!r}")
+    if not 0 < value <= MAX_RATE:
+        raise argparse.ArgumentTypeError(f"must be a number > 0 and <= {MAX_RATE:g} (requests/s) or inf, got "
+                                         f"{text[:40]!r}")
     return value
 
 
 def goodput_pair(text: str) -> dict[str, float]:
-    """`ttft:500` (or `ttft:500,tpot:50`) as {slo field: milliseconds}."""
+    """`ttft:500` (or `ttft:500,tpot:50`) as {slo field: milliseconds}; a key given twice is refused."""
     slo = {}
     for pair in filter(None, (part.strip() for part in text.split(","))):
         name, sep, value = pair.partition(":")
         if not sep or name not in GOODPUT_KEYS:
             raise argparse.ArgumentTypeError(
-                f"expected KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)} (e.g. ttft:500), got {pair!r}")
+                f"expected KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)} (e.g. ttft:500), got {pair[:40]!r}")
+        if GOODPUT_KEYS[name] in slo:
+            raise argparse.ArgumentTypeError(f"{name} is given twice; give each key once")
         try:
             limit = float(value)
         except ValueError:
@@ -86,7 +95,7 @@ def add_load_flags(load: argparse._MutuallyExclusiveGroup, parser: argparse.Argu
                       help="open loop: requests per second, Poisson (gamma with --burstiness), as vLLM's "
                       "--request-rate; each arrival sends the next ready request, a session's next turn first; "
                       "inf sends every request as soon as it is ready")
-    parser.add_argument("--max-concurrency", type=_at_least_one, metavar="C",
+    parser.add_argument("--max-concurrency", type=at_least(1, MAX_CONCURRENCY), metavar="C",
                         help="at most C requests in flight, a cap that combines with --request-rate or --rate (as "
                         "vLLM's); requests past it wait, and TTFT from schedule counts the wait")
 
@@ -104,9 +113,13 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def goodput_slo(args: argparse.Namespace) -> dict[str, float]:
-    """The SLO fields `--goodput` sets (later pairs win)."""
+    """The SLO fields `--goodput` sets; SettingsError for a key given twice (`--goodput ttft:5 ttft:7`: which
+    one was meant?)."""
     slo: dict[str, float] = {}
     for pairs in args.goodput or ():
+        twice = [GOODPUT_NAMES[field] for field in pairs if field in slo]
+        if twice:
+            raise SettingsError(f"--goodput: {', '.join(twice)} is given twice; give each key once")
         slo.update(pairs)
     return slo
 
@@ -135,14 +148,3 @@ def percentile_columns(args: argparse.Namespace) -> dict[str, str]:
     names = args.percentile_metrics or DEFAULT_PERCENTILE_METRICS
     shown = args.metric_percentiles or DEFAULT_METRIC_PERCENTILES
     return {percentile_column(PERCENTILE_METRICS[name], p): f"{name.upper()} p{p:g} ms" for name in names for p in shown}
-
-
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-

@@ -29,7 +29,10 @@ class PreciseTimer:
         self._changed: asyncio.Event | None = None
 
     async def sleep_until(self, target_ns: int) -> None:
+        """Until `target_ns`; a target already past still yields to the loop once, so that a loop of sleeps
+        whose targets fall behind (arrivals faster than they can be sent) never holds the event loop."""
         if target_ns <= time.perf_counter_ns():
+            await asyncio.sleep(0)
             return
         loop = asyncio.get_running_loop()
         if self._changed is None:

@@ -46,6 +46,7 @@ from kvbench.measure.stages import StagePlan
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
+from kvbench.workloads.text_datasets import needs_tokenizer
 
 
 # The config.yaml form's version: bump it when a key is added or a default changes, and say in
@@ -72,9 +73,14 @@ class WorkloadSpec:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     time_scale: float = bounded(1.0, gt=0)
 
-    def load(self, seed: int, vocab_size: int | None = None) -> Workload:
-        """The workload this names, generated (or read) with `seed`, token ids within `vocab_size`."""
-        return load_workload(self.name, seed=seed, num_sessions=self.num_sessions, overrides=self.overrides,
+    def load(self, seed: int, vocab_size: int | None = None, sessions_needed: int | None = None) -> Workload:
+        """The workload this names, generated (or read) with `seed`, token ids within `vocab_size`. A dataset
+        file without `num_sessions` is read no further than `sessions_needed` (the most requests a point
+        sends: each session sends at least one); a generated profile keeps its own count."""
+        num_sessions = self.num_sessions
+        if num_sessions is None and needs_tokenizer(self.name):
+            num_sessions = sessions_needed
+        return load_workload(self.name, seed=seed, num_sessions=num_sessions, overrides=self.overrides,
                              vocab_size=vocab_size, time_scale=self.time_scale)
 
 

@@ -161,9 +161,12 @@ class Experiment:
 
     def _points(self, engine: EngineSpec, adapter: EngineAdapter) -> Iterator[_Point]:
         """Per workload, each load point's repetitions in turn; a ladder's repetition is all its stages in order."""
+        loads = self.config.load_specs()
+        bounded = all(load.num_requests is not None and load.stage is None for load in loads)
+        needed = max(load.num_requests + load.warmup_requests for load in loads) if bounded and loads else None
         for spec in self.config.workloads:
-            workload = spec.load(self.config.seed, getattr(adapter, "vocab_size", None))
-            for ladder in _ladders(self.config.load_specs()):
+            workload = spec.load(self.config.seed, getattr(adapter, "vocab_size", None), needed)
+            for ladder in _ladders(loads):
                 for repeat in range(self.config.repeat):
                     for load in ladder:
                         possible, warnings = possible_load(load, workload)

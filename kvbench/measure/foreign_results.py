@@ -8,19 +8,27 @@ beside our run folders, labelled by the tool that wrote them:
 This module is the one owner of the mapping from their key names to our summary columns (`VLLM_KEYS`,
 `AIPERF_KEYS`, `GUIDELLM_KEYS`, side by side). What a tool does not measure (cache hit rates, the oracle) is
 missing, not 0. Where a tool counts differently from kvbench it is said at its mapping. A file that is none of
-these, or a field of the wrong type, is a `ForeignResultError` naming the file and what was expected.
+these, a field of the wrong type (any JSON value in any field), a file past `MAX_FOREIGN_BYTES` or nested
+past msgspec's depth is a `ForeignResultError`: one line naming the file, the field and what was expected.
 
-Parsing is pure (`foreign_rows` takes the decoded JSON); only `read_foreign` reads a file.
+Each tool's file goes through its typed schema (`foreign_schemas`, derived from the key maps here) in one
+linear pass: `READERS` maps how a file is recognised (`Sniff`, a first pass that builds nothing else) to its
+schema and row maker; a new tool is one more entry. Labels are cut to `MAX_LABEL_CHARS` (a 5 MB `label` made
+the report's table take minutes). Parsing is pure (`foreign_rows` takes decoded JSON); `read_foreign` reads.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from kvbench.distribution import PERCENTILES
+from kvbench.measure import foreign_schemas as schemas
 from kvbench.settings import SettingsError
 
 AIPERF_JSON = "profile_export_aiperf.json"
@@ -66,10 +74,34 @@ GUIDELLM_KEYS: dict[str, tuple[str, ...]] = {
 _GUIDELLM_SECONDS = {"e2e"}  # guidellm's request_latency is in seconds
 _VLLM_REQUIRED = ("completed", "failed", "request_throughput", "output_throughput")
 _AIPERF_TO_MS = {"ms": 1.0, "sec": 1e3, "s": 1e3, "ns": 1e-6, "us": 1e-3}
+MAX_FOREIGN_BYTES = 256 << 20  # a result file past this is refused before it is read
+MAX_GUIDELLM_BENCHMARKS = 10_000  # rows of one file (a sweep has tens)
+MAX_LABEL_CHARS = 120
 
 
 class ForeignResultError(SettingsError):
     """A result file that is not what it claims (bad input: the CLI exits 2)."""
+
+
+class Sniff(msgspec.Struct, forbid_unknown_fields=False):
+    """What tells the tools apart, read without building the rest of the file."""
+
+    aiperf_version: msgspec.Raw = msgspec.Raw()  # empty: absent
+    metadata: msgspec.Raw = msgspec.Raw()
+    completed: msgspec.Raw = msgspec.Raw()
+    failed: msgspec.Raw = msgspec.Raw()
+    request_throughput: msgspec.Raw = msgspec.Raw()
+    output_throughput: msgspec.Raw = msgspec.Raw()
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One tool's file: whether a sniffed file is one (`claims`), its schema and its rows."""
+
+    name: str
+    claims: Callable[[Sniff], bool]
+    schema: type
+    rows: Callable[[object, str, str], list[dict]]
 
 
 def is_foreign(path: Path) -> bool:
@@ -81,134 +113,179 @@ def read_foreign(path: Path) -> list[dict]:
     """The summary rows (tenant `all`) of another tool's result file or AIPerf artifact folder."""
     file = path / AIPERF_JSON if path.is_dir() else path
     try:
-        data = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ForeignResultError(f"{file}: not JSON ({exc}); expected {EXPECTED}") from None
-    return foreign_rows(data, path.name if path.is_dir() else file.stem, str(file))
+        size = file.stat().st_size
+        if size > MAX_FOREIGN_BYTES:
+            raise ForeignResultError(f"{file}: {size:,} bytes, more than a result file holds ({MAX_FOREIGN_BYTES:,} "
+                                     f"at most); expected {EXPECTED}")
+        raw = file.read_bytes()
+    except OSError as exc:
+        raise ForeignResultError(f"{file}: cannot read it ({exc.strerror}); expected {EXPECTED}") from None
+    name, where = (path.name if path.is_dir() else file.stem), str(file)
+    sniff = _decoded(lambda: msgspec.json.decode(raw, type=Sniff), where, "not JSON")
+    reader = _reader(sniff, where)
+    return reader.rows(_decoded(lambda: msgspec.json.decode(raw, type=reader.schema), where), name, where)
 
 
 def foreign_rows(data, name: str, where: str) -> list[dict]:
-    """Summary rows of a decoded result file; `name` labels its rows (run_id), `where` names it in errors."""
-    if isinstance(data, dict) and "aiperf_version" in data:
-        return [_aiperf_row(data, name, where)]
-    if isinstance(data, dict) and isinstance(data.get("metadata"), dict) and "guidellm_version" in data["metadata"]:
-        benchmarks = data.get("benchmarks")
-        if not isinstance(benchmarks, list) or not benchmarks:
-            raise ForeignResultError(f"{where}: a guidellm file without benchmarks; expected a non-empty list")
-        version = data["metadata"]["guidellm_version"]
-        workload = _guidellm_workload(_walk(data, ("config", "spec", "data"))) or name
-        return [_guidellm_row(benchmark, f"{name}#{index}", f"{where}: benchmarks[{index}]", version, workload)
-                for index, benchmark in enumerate(benchmarks)]
-    if isinstance(data, dict) and any(key in data for key in _VLLM_REQUIRED):
-        missing = [key for key in _VLLM_REQUIRED if key not in data]
-        if missing:
-            raise ForeignResultError(f"{where}: not a vllm bench serve result: no {', '.join(missing)}")
-        return [_vllm_row(data, name, where)]
+    """Summary rows of decoded JSON; `name` labels its rows (run_id), `where` names it in errors."""
+    reader = _reader(_raw_sniff(data), where)
+    return reader.rows(_decoded(lambda: msgspec.convert(data, reader.schema), where), name, where)
+
+
+def _raw_sniff(data) -> Sniff | None:
+    """The `Sniff` of decoded JSON (None: not an object)."""
+    if not isinstance(data, dict):
+        return None
+    present = {key: msgspec.Raw(b"1") for key in Sniff.__struct_fields__ if key in data}
+    metadata = data.get("metadata")
+    present["metadata"] = msgspec.Raw(b'{"guidellm_version"}' if isinstance(metadata, dict)
+                                      and "guidellm_version" in metadata else b"")
+    return Sniff(**present)
+
+
+def _reader(sniff: Sniff | None, where: str) -> Reader:
+    for reader in READERS if sniff is not None else ():
+        if reader.claims(sniff):
+            return reader
     raise ForeignResultError(f"{where}: not a result file kvbench reads; expected {EXPECTED}")
 
 
-def _vllm_row(data: Mapping, name: str, where: str) -> dict:
-    completed, failed = _count(data.get("completed"), "completed", where), _count(data.get("failed"), "failed", where)
-    rate, cap = data.get("request_rate"), data.get("max_concurrency")
+_PATH = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+
+
+def _decoded(decode: Callable[[], object], where: str, what: str | None = None):
+    """`decode()`, or ForeignResultError naming the field msgspec names (`$.a.b[0]` as a.b[0])."""
+    try:
+        return decode()
+    except msgspec.ValidationError as exc:
+        match = _PATH.match(str(exc))
+        path = (match["path"] or "$").lstrip(".") or "the file"
+        raise ForeignResultError(f"{where}: {path}: {match['what'][:120].lower()}") from None
+    except msgspec.DecodeError as exc:
+        raise ForeignResultError(f"{where}: {what or 'not JSON'} ({str(exc)[:100]}); expected {EXPECTED}") from None
+    except RecursionError:
+        raise ForeignResultError(f"{where}: nested deeper than any result file; expected {EXPECTED}") from None
+
+
+def _vllm_row(data, name: str, where: str) -> list[dict]:
+    missing = [key for key in _VLLM_REQUIRED if getattr(data, key) is None]
+    if missing:
+        raise ForeignResultError(f"{where}: not a vllm bench serve result: no {', '.join(missing)}")
+    completed, failed = _count(data.completed, "completed", where), _count(data.failed, "failed", where)
+    rate, cap = data.request_rate, data.max_concurrency
     load = f"rps={rate}" if rate not in (None, "inf") else "rps=inf"
-    return _row(
-        "vllm bench", {column: _number(data, keys, where) for column, keys in VLLM_KEYS.items()},
-        engine=str(data.get("label") or data.get("backend") or "vllm bench"),
-        workload=str(data.get("dataset_name") or data.get("model_id") or name),
-        load=load + (f",max={cap}" if cap is not None else ""), requests=completed + failed, errors=failed,
+    return [_row(
+        "vllm bench", {column: _finite(getattr(data, keys[0]), keys[0], where) for column, keys in VLLM_KEYS.items()},
+        engine=_label(data.label or data.backend or "vllm bench"),
+        workload=_label(data.dataset_name or data.model_id or name),
+        load=_label(load + (f",max={cap}" if cap is not None else "")), requests=completed + failed, errors=failed,
         run_id=name,
-    )
+    )]
 
 
-def _aiperf_row(data: Mapping, name: str, where: str) -> dict:
+def _aiperf_row(data, name: str, where: str) -> list[dict]:
     values = {}
-    for column, keys in AIPERF_KEYS.items():
-        value = _number(data, keys, where)
+    for column, (metric_name, stat) in AIPERF_KEYS.items():
+        metric = getattr(data, metric_name)
+        value = _finite(getattr(metric, stat) if metric is not None else None, f"{metric_name}.{stat}", where)
         if value is not None and column.endswith("_ms"):
-            unit = _walk(data, (keys[0], "unit"))
-            if unit not in _AIPERF_TO_MS:
-                raise ForeignResultError(f"{where}: {keys[0]}.unit is {unit!r:.40}; expected one of {', '.join(_AIPERF_TO_MS)}")
-            value *= _AIPERF_TO_MS[unit]
+            if metric.unit not in _AIPERF_TO_MS:
+                raise ForeignResultError(f"{where}: {metric_name}.unit is {metric.unit!r:.40}; expected one of "
+                                         f"{', '.join(_AIPERF_TO_MS)}")
+            value *= _AIPERF_TO_MS[metric.unit]
         values[column] = value
-    good = _count(_number(data, ("request_count", "avg"), where), "request_count.avg", where)
-    errors = _number(data, ("error_request_count", "avg"), where)
+    good = _count(data.request_count.avg if data.request_count else None, "request_count.avg", where)
+    errors = data.error_request_count.avg if data.error_request_count else None
     if errors is None:  # AIPerf writes error_request_count only when some request failed; error_summary always
-        summary = data.get("error_summary") or []
-        errors = sum(item.get("count", 0) for item in summary if isinstance(item, dict))
+        errors = sum(item.count for item in data.error_summary or ())
     errors = _count(errors, "error_request_count.avg", where)
-    config = data.get("input_config") if isinstance(data.get("input_config"), dict) else {}
-    models = _walk(config, ("models", "items")) or []
-    phase = next((phase for phase in config.get("phases") or [] if isinstance(phase, dict)
-                  and phase.get("kind", "profiling") == "profiling"), {})
-    dataset = next(iter(config.get("datasets") or []), {})
-    return _row(
-        f"aiperf {data['aiperf_version']}", values,
-        engine=str(models[0].get("name")) if models and isinstance(models[0], dict) else "aiperf",
-        workload=_aiperf_workload(dataset) or name, load=_aiperf_load(phase), requests=good + errors, errors=errors,
-        run_id=name,
-    )
+    config = data.input_config or schemas.AiperfConfig()
+    models = (config.models.items if config.models else None) or []
+    phase = next((phase for phase in config.phases or () if phase.kind == "profiling"), schemas.AiperfPhase())
+    dataset = next(iter(config.datasets or ()), None)
+    return [_row(
+        f"aiperf {_label(data.aiperf_version)}", values, engine=_label(models[0].name or "aiperf") if models else "aiperf",
+        workload=_label(_aiperf_workload(dataset) or name), load=_label(_aiperf_load(phase)),
+        requests=good + errors, errors=errors, run_id=name,
+    )]
 
 
-def _aiperf_load(phase: Mapping) -> str:
-    rate, concurrency = phase.get("rate") or phase.get("request_rate"), phase.get("concurrency")
+def _aiperf_load(phase) -> str:
+    rate, concurrency = phase.rate or phase.request_rate, phase.concurrency
     if rate is not None:
         return f"rps={rate}" + (f",max={concurrency}" if concurrency is not None else "")
     if concurrency is not None:
         return f"conc={concurrency}"
-    return str(phase.get("type") or "unknown")
+    return str(phase.type or "unknown")
 
 
 def _aiperf_workload(dataset) -> str | None:
-    if not isinstance(dataset, dict):
+    if dataset is None:
         return None
-    isl, osl = _walk(dataset, ("prompts", "isl", "mean")), _walk(dataset, ("prompts", "osl", "mean"))
-    shape = f" isl={isl:g},osl={osl:g}" if isinstance(isl, (int, float)) and isinstance(osl, (int, float)) else ""
-    return f"{dataset.get('type') or dataset.get('name') or 'dataset'}{shape}"
+    prompts = dataset.prompts
+    isl = prompts.isl.mean if prompts and prompts.isl else None
+    osl = prompts.osl.mean if prompts and prompts.osl else None
+    shape = f" isl={isl:g},osl={osl:g}" if isl is not None and osl is not None else ""
+    return f"{dataset.type or dataset.name or 'dataset'}{shape}"
+
+
+def _guidellm_rows(data, name: str, where: str) -> list[dict]:
+    version = _label(data.metadata.guidellm_version)
+    sources = data.config.spec.data if data.config and data.config.spec else None
+    workload = _label(_guidellm_workload(sources) or name)
+    return [_guidellm_row(benchmark, f"{name}#{index}", f"{where}: benchmarks[{index}]", version, workload)
+            for index, benchmark in enumerate(data.benchmarks)]
 
 
 def _guidellm_row(benchmark, name: str, where: str, version: str, workload: str) -> dict:
-    if not isinstance(benchmark, dict) or not isinstance(benchmark.get("metrics"), dict):
+    metrics = benchmark.metrics
+    if metrics is None:
         raise ForeignResultError(f"{where}: no metrics; expected a guidellm benchmark object")
-    values = {column: _number(benchmark, keys, where) for column, keys in GUIDELLM_KEYS.items()}
+    values = {}
+    for column, keys in GUIDELLM_KEYS.items():
+        node = metrics
+        for key in keys[1:]:
+            node = getattr(node, key) if node is not None else None
+        values[column] = _finite(node, ".".join(keys), where)
     for metric in _GUIDELLM_SECONDS:
         for p in PERCENTILES:
             if (value := values.get(f"{metric}_p{p}_ms")) is not None:
                 values[f"{metric}_p{p}_ms"] = value * 1e3
-    totals = _walk(benchmark, ("metrics", "request_totals")) or {}
-    successful = _count(totals.get("successful"), "metrics.request_totals.successful", where)
-    errored = _count(totals.get("errored"), "metrics.request_totals.errored", where)
-    config = benchmark.get("config") if isinstance(benchmark.get("config"), dict) else {}
+    totals = metrics.request_totals or schemas.GuidellmTotals()
+    successful = _count(totals.successful, "metrics.request_totals.successful", where)
+    errored = _count(totals.errored, "metrics.request_totals.errored", where)
+    config = benchmark.config or schemas.GuidellmBenchmarkConfig()
     return _row(
-        f"guidellm {version}", values, engine=str(_walk(config, ("backend", "model")) or "guidellm"),
-        workload=workload, load=_guidellm_load(config.get("strategy")),
+        f"guidellm {version}", values, engine=_label((config.backend.model if config.backend else None) or "guidellm"),
+        workload=workload, load=_label(_guidellm_load(config.strategy)),
         requests=successful + errored, errors=errored, run_id=name,
     )
 
 
 def _guidellm_load(strategy) -> str:
     """guidellm's strategy in our load labels: concurrent@N is conc=N, constant/poisson at R is rps=R."""
-    if not isinstance(strategy, dict):
+    if strategy is None:
         return "unknown"
-    kind = strategy.get("type_")
+    kind = strategy.type_
     if kind == "synchronous":
         return "conc=1"
     if kind == "concurrent":
-        return f"conc={strategy.get('streams')}"
+        return f"conc={strategy.streams}"
     if kind in ("constant", "poisson"):
-        return f"rps={strategy.get('rate')}" + (",constant" if kind == "constant" else "")
+        return f"rps={strategy.rate}" + (",constant" if kind == "constant" else "")
     if kind == "throughput":
-        return "rps=inf" + (f",max={strategy['max_concurrency']}" if strategy.get("max_concurrency") else "")
+        return "rps=inf" + (f",max={strategy.max_concurrency}" if strategy.max_concurrency else "")
     return str(kind)
 
 
 def _guidellm_workload(sources) -> str | None:
     """guidellm's first data source: its kind, and its token counts when synthetic."""
-    source = sources[0] if isinstance(sources, list) and sources and isinstance(sources[0], dict) else None
-    if source is None:
+    if not sources:
         return None
-    prompt, output = source.get("prompt_tokens"), source.get("output_tokens")
+    source = sources[0]
+    prompt, output = source.prompt_tokens, source.output_tokens
     shape = f" isl={prompt},osl={output}" if prompt is not None and output is not None else ""
-    return f"{source.get('kind') or 'data'}{shape}"
+    return f"{source.kind or 'data'}{shape}"
 
 
 def _row(tool: str, values: Mapping[str, float | None], *, engine: str, workload: str, load: str, requests: int,
@@ -221,20 +298,24 @@ def _row(tool: str, values: Mapping[str, float | None], *, engine: str, workload
     }
 
 
-def _walk(data, keys: tuple[str, ...]):
-    for key in keys:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
+def _grouped(pairs) -> dict[str, set[str]]:
+    groups: dict[str, set[str]] = {}
+    for name, member in pairs:
+        groups.setdefault(name, set()).add(member)
+    return groups
 
 
-def _number(data, keys: tuple[str, ...], where: str) -> float | None:
-    value = _walk(data, keys)
+def _label(text: str) -> str:
+    """A label from a file, cut to MAX_LABEL_CHARS (a table cell, not a payload)."""
+    text = str(text)
+    return text if len(text) <= MAX_LABEL_CHARS else text[:MAX_LABEL_CHARS - 3] + "..."
+
+
+def _finite(value, key: str, where: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ForeignResultError(f"{where}: {'.'.join(keys)} is {value!r:.40}; expected a number")
+    if not math.isfinite(value):
+        raise ForeignResultError(f"{where}: {key} is {value!r}; expected a finite number")
     return float(value)
 
 
@@ -244,3 +325,18 @@ def _count(value, key: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ForeignResultError(f"{where}: {key} is {value!r:.40}; expected a count")
     return value
+
+
+VLLM = schemas.vllm_schema(keys[0] for keys in VLLM_KEYS.values())
+AIPERF = schemas.aiperf_schema({name: set() for name in ("request_count", "error_request_count")}
+                               | _grouped((keys[0], keys[1]) for keys in AIPERF_KEYS.values()))
+GUIDELLM = schemas.guidellm_schema(
+    {name: set(statuses) for name, statuses in _grouped((keys[1], keys[2]) for keys in GUIDELLM_KEYS.values()
+                                                       if len(keys) > 2).items()},
+    [f"p{p}" for p in PERCENTILES], MAX_GUIDELLM_BENCHMARKS)
+
+READERS = (
+    Reader("aiperf", lambda sniff: bool(sniff.aiperf_version), AIPERF, _aiperf_row),
+    Reader("guidellm", lambda sniff: b'"guidellm_version"' in bytes(sniff.metadata), GUIDELLM, _guidellm_rows),
+    Reader("vllm bench", lambda sniff: any(getattr(sniff, key) for key in _VLLM_REQUIRED), VLLM, _vllm_row),
+)

@@ -12,7 +12,7 @@ read back and written. Every reader and writer takes the names from here.
       eval.json, eval.md, eval.csv, eval_summary.csv, eval_config.json      `kvbench eval`
       sim-validation.json    `kvbench validate-sim`
       compare.md             ci/nightly.sh (`kvbench compare --out`)
-      .kvbench.lock          flock-ed by the run writing the folder, with its pid (measure/folder_lock.py)
+      .kvbench.lock          flock-ed by the run writing the folder, with its pid; gone once it ends (measure/folder_lock.py)
 
 A point is one engine setting x workload x load point x repetition. A folder is used once: `open_run_dir`
 refuses one that holds a run (`RunMode.FRESH`), removes that run's files (`OVERWRITE`) or keeps what the

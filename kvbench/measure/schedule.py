@@ -20,6 +20,15 @@ import numpy as np
 
 from kvbench.measure.stages import StagedLoad
 
+# What one load generator can schedule: past these a rate's gaps are below the clock's nanosecond (no request
+# was sent at --request-rate 1e12, and the arrival loop never gave the event loop back), a burstiness's gamma
+# draws are 0 or 10^299 s, a count is more than any run sends. A LoadSpec beyond them is refused, naming it.
+MAX_RATE = 1e5  # requests (or sessions) per second
+BURSTINESS_RANGE = (1e-3, 1e3)
+MAX_COUNT = 10**8  # requests, sessions, warm-up requests
+MAX_CONCURRENCY = 10**5  # requests in flight (each one a connection)
+MAX_DURATION_S = 30 * 86400.0
+
 MODE_RATE = "rate"
 MODE_CONCURRENCY = "concurrency"
 MODE_TRACE = "trace"
@@ -61,25 +70,20 @@ class LoadSpec:
         if len(given) > 1:
             raise ValueError(f"load: give one of rate (sessions/s), request_rate (requests/s) or concurrency, not "
                              f"{' and '.join(given)}")
-        if self.rate is not None and self.rate <= 0:
-            raise ValueError(f"load.rate must be > 0 sessions/s, got {self.rate}")
+        _check_range("load.rate", self.rate, 0, MAX_RATE, "sessions/s")
+        if self.request_rate is not None and not math.isinf(self.request_rate):
+            _check_range("load.request_rate", self.request_rate, 0, MAX_RATE, "requests/s (or inf)")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"load.request_rate must be > 0 requests/s (or inf), got {self.request_rate}")
         if self.max_concurrency is not None and self.concurrency is not None:
             raise ValueError("load: max_concurrency caps an open loop (rate or request_rate); concurrency is "
                              "already a closed loop's cap: give one of them")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError(f"load.max_concurrency must be >= 1, got {self.max_concurrency}")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"load.concurrency must be >= 1, got {self.concurrency}")
-        if self.burstiness <= 0:
-            raise ValueError(f"load.burstiness must be > 0 (1.0 = Poisson), got {self.burstiness}")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise ValueError(f"duration must be > 0 s, got {self.duration_s}")
-        if self.warmup_requests < 0:
-            raise ValueError(f"warmup_requests must be >= 0, got {self.warmup_requests}")
+        _check_range("load.max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY, "requests", inclusive=True)
+        _check_range("load.concurrency", self.concurrency, 1, MAX_CONCURRENCY, "requests", inclusive=True)
+        _check_range("load.burstiness", self.burstiness, *BURSTINESS_RANGE, "(1.0 = Poisson)", inclusive=True)
+        _check_range("num_requests", self.num_requests, 1, MAX_COUNT, "requests", inclusive=True)
+        _check_range("duration", self.duration_s, 0, MAX_DURATION_S, "s")
+        _check_range("warmup_requests", self.warmup_requests, 0, MAX_COUNT, "requests", inclusive=True)
 
     @property
     def mode(self) -> str:
@@ -115,6 +119,15 @@ class LoadSpec:
 def is_closed_loop(label: str) -> bool:
     """Whether a load's `LoadSpec.label` names a closed loop (a concurrency), as run folders store it."""
     return label.startswith("conc=")
+
+
+def _check_range(name: str, value: float | None, low: float, high: float, unit: str, inclusive: bool = False) -> None:
+    """ValueError naming `name` unless `value` (None: not given) lies in (low, high] ([low, high] inclusive)."""
+    if value is None:
+        return
+    if not (low <= value <= high if inclusive else low < value <= high):  # NaN fails both
+        opening = "[" if inclusive else "("
+        raise ValueError(f"{name} must be in {opening}{low:g}, {high:g}] {unit}, got {value:g}")
 
 
 def session_offsets(load: LoadSpec, workload_arrivals: list[float], seed: int) -> list[float]:

@@ -7,6 +7,8 @@ reachable):
                        of {"from": "human"|"gpt", "value": text}. Each conversation is a session and each
                        human turn a request; its max_tokens is the token length of the dataset's answer, and
                        the next turn carries the engine's real answer (as every kvbench conversation does).
+                       Read lazily, only the conversations the run needs, with bounds per file, record and
+                       message (`sharegpt_file`).
     dataset:PATH|NAME  any dataset `datasets` opens from disk: a .parquet, .arrow, .json(l) or .csv file, a
                        folder written by `save_to_disk` (read with `load_from_disk`), or a hub name. Columns
                        are mapped by options: `prompt_column` (default prompt), `output_column` (an answer
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvbench.workloads.sharegpt_file import conversations
 from kvbench.workloads.spec import Session, Turn, Workload, WorkloadError, token_array
 from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, MAX_TOKENS_PER_FIELD, safe_token_range
 
@@ -74,8 +77,10 @@ def load_dataset_workload(name: str, *, seed: int = 0, num_sessions: int | None 
     else:
         encode = _encoder(name, options.get("tokenizer"))
         source = name[len(kind):]
-        rows = _open(source, kind, options.get("split", "train"))
-        sessions = (_sharegpt if kind == SHAREGPT else _columns)(rows, encode, num_sessions, options, name)
+        if kind == SHAREGPT:
+            sessions = _sharegpt(_sharegpt_records(source), encode, num_sessions, options)
+        else:
+            sessions = _columns(_open(source, kind, options.get("split", "train")), encode, num_sessions, options, name)
         if not sessions:
             raise WorkloadError(f"workload {name!r}: no usable record (a prompt and an answer) in {source}")
     params = {"dataset": name, **{key: value for key, value in options.items() if key != "tokenizer"},
@@ -114,8 +119,6 @@ def _open(source: str, kind: str, split: object):
             if not path.is_file():
                 raise WorkloadError(f"workload file {source} does not exist")
             return datasets.load_dataset(builders[path.suffix.lower()], data_files=str(path), split="train")
-        if kind == SHAREGPT:
-            raise WorkloadError(f"sharegpt:{source}: expected a .json or .jsonl file")
         return datasets.load_dataset(source, split=str(split))
     except WorkloadError:
         raise
@@ -129,31 +132,36 @@ def _length(value: object, name: str, minimum: int = 1) -> int:
     return value
 
 
-def _sharegpt(rows, encode, limit: int | None, options: Mapping, name: str) -> list[Session]:
-    if "conversations" not in rows.column_names:
-        raise WorkloadError(f"{name}: no `conversations` column (ShareGPT records have one); columns: "
-                            f"{', '.join(rows.column_names)}")
+def _sharegpt_records(source: str):
+    """The conversations of a ShareGPT file, read lazily (`sharegpt_file`)."""
+    path = Path(source)
+    if path.suffix.lower() not in (".json", ".jsonl"):
+        raise WorkloadError(f"sharegpt:{source}: expected a .json or .jsonl file")
+    if not path.is_file():
+        raise WorkloadError(f"workload file {source} does not exist")
+    return conversations(path)
+
+
+def _sharegpt(records, encode, limit: int | None, options: Mapping) -> list[Session]:
+    """Sessions of the first `limit` usable conversations; `records` is read no further than that."""
     fixed = _length(options["output_len"], "output_len") if "output_len" in options else None
     max_turns = _length(options["max_turns"], "max_turns") if "max_turns" in options else None
     sessions = []
-    for index, row in enumerate(rows):
-        pairs = _exchanges(row.get("conversations") or [])[:max_turns]
+    for index, (record_id, messages) in enumerate(records):
+        pairs = _exchanges(messages)[:max_turns]
         turns = tuple(Turn(encode(ask), fixed or max(len(encode(answer)), 1)) for ask, answer in pairs if ask)
         if turns:
-            sessions.append(Session(str(row.get("id") or f"conv{index}"), "default", 0.0, _EMPTY, turns))
+            sessions.append(Session(str(record_id or f"conv{index}"), "default", 0.0, _EMPTY, turns))
         if limit is not None and len(sessions) >= limit:
             break
     return sessions
 
 
-def _exchanges(conversation: Sequence) -> list[tuple[str, str]]:
+def _exchanges(conversation: Sequence[tuple[str | None, str]]) -> list[tuple[str, str]]:
     """(human text, gpt text) pairs in order; a leading answer (no question) and a last question without an
     answer are dropped, as vLLM's ShareGPT reader takes only answered prompts."""
     pairs, question = [], None
-    for message in conversation:
-        role, text = (message.get("from"), message.get("value")) if isinstance(message, Mapping) else (None, None)
-        if not isinstance(text, str):
-            continue
+    for role, text in conversation:
         if role in ("human", "user"):
             question = text
         elif role in ("gpt", "assistant", "chatgpt", "bard") and question is not None:

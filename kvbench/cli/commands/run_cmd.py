@@ -25,6 +25,7 @@ from kvbench.measure.run_folder import (
     CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
 )
 from kvbench.measure.stages import STAGE_EXAMPLE, STAGE_GAP_S, StagePlan, parse_stage, parse_stages
+from kvbench.measure.schedule import BURSTINESS_RANGE, MAX_CONCURRENCY, MAX_COUNT, MAX_DURATION_S, MAX_RATE
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
@@ -69,12 +70,12 @@ def register(commands, formatter) -> None:
     parser.add_argument("--workload", default=None,
                         help=f"profile name, trace/param file, or dataset: sharegpt:FILE (with --tokenizer), "
                         f"dataset:PATH, random, prefix_repetition (default {DEFAULT_WORKLOAD})")
-    parser.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
+    parser.add_argument("--num-sessions", type=at_least(1, MAX_COUNT), help="sessions to generate (or trace rows to keep)")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=number_above(0),
+    load.add_argument("--rate", type=number_above(0, maximum=MAX_RATE),
                       help="open loop: new SESSIONS per second (Poisson), each playing all its turns; for requests "
                       "per second as vLLM counts them, use --request-rate")
-    load.add_argument("--concurrency", type=at_least(1), help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
+    load.add_argument("--concurrency", type=at_least(1, MAX_CONCURRENCY), help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
     load.add_argument("--trace-times", action="store_true", help="replay the workload's own arrival times")
     vllm_flags.add_load_flags(load, parser)
     load.add_argument("--stages", type=checked_by(parse_stages), metavar="R:S,...",
@@ -84,13 +85,13 @@ def register(commands, formatter) -> None:
                       "their count)")
     parser.add_argument("--warmup-stage", type=checked_by(parse_stage), metavar="R:S",
                         help="a stage before --stages, sent and recorded but left out of every result")
-    parser.add_argument("--burstiness", type=number_above(0), default=1.0,
+    parser.add_argument("--burstiness", type=number_above(BURSTINESS_RANGE[0], True, BURSTINESS_RANGE[1]), default=1.0,
                         help="gamma shape for --rate or --request-rate (1.0 = Poisson; smaller is burstier), as vLLM's")
     stop = parser.add_mutually_exclusive_group()
-    stop.add_argument("--num-requests", "--num-prompts", type=at_least(1),
+    stop.add_argument("--num-requests", "--num-prompts", type=at_least(1, MAX_COUNT),
                       help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS}; --num-prompts as vLLM)")
-    stop.add_argument("--duration", type=number_above(0), help="stop sending after this many seconds")
-    parser.add_argument("--warmup", type=at_least(0), default=None, help="requests excluded from metrics at the start")
+    stop.add_argument("--duration", type=number_above(0, maximum=MAX_DURATION_S), help="stop sending after this many seconds")
+    parser.add_argument("--warmup", type=at_least(0, MAX_COUNT), default=None, help="requests excluded from metrics at the start")
     parser.add_argument("--repeat", type=at_least(1), default=None, help="repetitions of every load point")
     parser.add_argument("--workers", type=at_least(1), default=None,
                         help="load-generator processes per point, each with its own event loop and whole sessions "

@@ -197,6 +197,8 @@ def handle_capacity(args: argparse.Namespace) -> int:
 
 
 def handle_simulate(args: argparse.Namespace) -> int:
+    import psutil
+
     from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
     from kvbench.cli.tables import print_summary, results_line
     from kvbench.measure.schedule import LoadSpec
@@ -235,6 +237,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
             try:
                 config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens,
                                    tenants=tenants, memory_model=getattr(args, "memory_model", "reserve"))
+                config.check_memory(len(workload.sessions), psutil.virtual_memory().available)
                 if plan is not None:
                     results += simulate_stage_entries(workload, plan, config, args.seed, flag["max_concurrency"])
                     continue

@@ -353,8 +353,8 @@ def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Schedu
     if config.remote_url:
         remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint, secret)
         if not secret:
-            log.warning("the remote KV tier has no tier secret (--tier-secret or $KVENGINE_TIER_SECRET): anyone who "
-                        "can write to that Redis can forge pages that this engine would serve")
+            log.warning("the remote KV tier has no tier secret (--tier-secret-file or $KVENGINE_TIER_SECRET): "
+                        "anyone who can write to that Redis can forge pages that this engine would serve")
     default_ttl = TierTTL(config.device_ttl_s, config.host_ttl_s)
     policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls()), events=events)
     return OffloadExecutor(kv_cache, scheduler, policy, journal, events, key_salt, host, disk, remote,

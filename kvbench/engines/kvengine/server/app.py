@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server of our engine (aiohttp).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (streaming or not), GET /v1/models, GET /health
-(alive), GET /ready (503 while a tokenizer lane is saturated), GET /metrics (Prometheus), POST
+(alive), GET /ready (503 while a tokenizer lane is saturated or every sequence slot is held), GET /metrics (Prometheus), POST
 /reset_prefix_cache. Model compute runs on the engine's own thread (`AsyncEngine`), tokenisation in the
 server's two tokenizer lanes (`tokenizer_lanes`: small requests never wait behind large ones, a full lane is a
 429); handlers only parse, stream and format, so the event loop (and /health) keeps answering whatever a
@@ -22,6 +22,9 @@ Limits: a body beyond `protocol.max_body_bytes` of the model's context gets 413,
 parsed, a text prompt beyond `protocol.max_prompt_chars` (for a chat: its templated length bound, or more
 than `admission.MAX_MESSAGES` messages) 400 before it is tokenised. A non-streaming client that leaves is noticed
 within `DISCONNECT_POLL_S` and its request aborted (its pages freed), as a streaming one is at its next write.
+A streaming client that stops reading (its socket full) is ended once a write has waited `stall_timeout_s`:
+its request aborted, its slot and pages freed, counted in `kvbench:client_stalled_total`; before, 16 such
+clients held every slot to max_tokens and their answers queued in memory.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -38,7 +42,9 @@ from aiohttp import web
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput
-from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_shape, check_messages, check_prompt
+from kvbench.engines.kvengine.settings.config import ServeOptions
+from kvbench.settings import shown
+from kvbench.engines.kvengine.server.admission import TemplateCost, admitted_json, check_messages, check_prompt
 from kvbench.engines.kvengine.server.answer import Answer
 from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
 from kvbench.engines.kvengine.server.protocol import (
@@ -50,10 +56,13 @@ from kvbench.engines.kvengine.server.protocol import (
     parse_completion,
 )
 from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
-from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes
+from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes, chars_per_token
 
 SHAPE_INLINE_BYTES = 1 << 16  # bodies up to this size have their JSON shape checked on the event loop
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
+# A streaming answer's socket send buffer: small, so that a client that stops reading blocks our writes
+# within a few hundred kB (Linux grows the buffer to megabytes otherwise) and its stall is seen.
+STREAM_SEND_BUFFER_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -82,17 +91,21 @@ ASYNC_ENGINE = web.AppKey("async_engine", AsyncEngine)
 KEYS = web.AppKey("keys", Keys)
 LANES = web.AppKey("lanes", TokenizerLanes)
 TEMPLATE = web.AppKey("template", TemplateCost)
+STALL_TIMEOUT_S = web.AppKey("stall_timeout_s", float)
 
 
 def make_app(async_engine: AsyncEngine, api_key: str | None = None, admin_key: str | None = None,
-             metrics_open: bool = False, lane_limits: LaneLimits = LaneLimits()) -> web.Application:
+             metrics_open: bool = False, lane_limits: LaneLimits = LaneLimits(),
+             stall_timeout_s: float = ServeOptions.stall_timeout_s) -> web.Application:
     engine = async_engine.engine
     app = web.Application(client_max_size=max_body_bytes(engine.max_model_len), middlewares=[openai_errors])
     app[ASYNC_ENGINE] = async_engine
     app[KEYS] = Keys(api_key, admin_key, metrics_open)
     app[SERVER_METRICS] = ServerMetrics(engine.metrics.registry, engine.model_name)
-    app[LANES] = TokenizerLanes(max_prompt_chars(engine.max_model_len), app[SERVER_METRICS], lane_limits)
+    app[LANES] = TokenizerLanes(max_prompt_chars(engine.max_model_len), app[SERVER_METRICS], lane_limits,
+                                chars_per_token(engine.loaded.tokenizer))
     app[TEMPLATE] = TemplateCost.measure(engine.loaded.tokenizer)
+    app[STALL_TIMEOUT_S] = stall_timeout_s
     app.on_cleanup.append(_stop_tokenizer)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -124,9 +137,9 @@ async def _body(request: web.Request) -> Mapping:
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
     if len(raw) > SHAPE_INLINE_BYTES:  # numpy releases the GIL: the loop answers others meanwhile
-        await asyncio.get_running_loop().run_in_executor(None, check_json_shape, raw)
+        raw = await asyncio.get_running_loop().run_in_executor(None, admitted_json, raw)
     else:
-        check_json_shape(raw)  # before json.loads recurses into it, or builds 100,000 objects
+        raw = admitted_json(raw)  # before json.loads recurses into it, or builds 100,000 objects
     try:
         body = json.loads(raw)
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
@@ -186,10 +199,10 @@ def _check_model(request: web.Request, body: Mapping) -> None:
     engine = _engine(request)
     name = body.get("model")
     if name is not None and not isinstance(name, str):
-        raise RequestError(f"model: must be a string, got {name!r}", "model")
+        raise RequestError(f"model: must be a string, got {shown(name)}", "model")
     if name is not None and name not in (engine.model_name, "default"):
         raise RequestError(
-            f"model {name!r} is not served here; use {engine.model_name!r}", "model", status=404, kind="not_found_error"
+            f"model {shown(name)} is not served here; use {engine.model_name!r}", "model", status=404, kind="not_found_error"
         )
 
 
@@ -235,10 +248,22 @@ async def _serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web
     if not parsed.stream:
         return await _serve_whole(request, async_engine, answer)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    _small_send_buffer(request)
     await response.prepare(request)
-    first = True
-    # aclosing: when a write fails (the client left), the request is aborted now, not when the generator is
-    # garbage-collected.
+    try:
+        await _stream(async_engine, answer, _Writer(request, response))
+    except TimeoutError:  # the client stopped reading; aclosing has aborted its request (slot and pages freed)
+        request.app[SERVER_METRICS].client_stalled()
+        request.transport.close()
+        return response
+    await response.write_eof()
+    return response
+
+
+async def _stream(async_engine: AsyncEngine, answer: Answer, write: _Writer) -> None:
+    parsed, first = answer.parsed, True
+    # aclosing: when a write fails (the client left, or stopped reading), the request is aborted now, not
+    # when the generator is garbage-collected.
     try:
         async with contextlib.aclosing(async_engine.generate(parsed.generation)) as outputs:
             async for output in outputs:
@@ -246,17 +271,15 @@ async def _serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web
                 delta = answer.add(output)
                 new_ids = answer.token_ids[ids_before:]
                 if new_ids or (first and parsed.echo):
-                    await response.write(_event(answer.chunk(delta, answer.logprobs[logprobs_before:], new_ids, first)))
+                    await write(_event(answer.chunk(delta, answer.logprobs[logprobs_before:], new_ids, first)))
                     first = False
                 _stop_if_stopped(async_engine, answer, output)
-        await response.write(_event(answer.final_chunk()))
+        await write(_event(answer.final_chunk()))
         if parsed.include_usage:
-            await response.write(_event(answer.usage_chunk()))
+            await write(_event(answer.usage_chunk()))
     except RuntimeError as exc:
-        await response.write(_event({"error": {"message": str(exc), "type": "server_error", "code": 500}}))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-    return response
+        await write(_event({"error": {"message": str(exc), "type": "server_error", "code": 500}}))
+    await write(b"data: [DONE]\n\n")
 
 
 async def _serve_whole(request: web.Request, async_engine: AsyncEngine, answer: Answer) -> web.StreamResponse:
@@ -283,6 +306,25 @@ async def _serve_whole(request: web.Request, async_engine: AsyncEngine, answer: 
     finally:
         task.cancel()  # a no-op once done; otherwise this handler was cancelled, and the request goes too
     return web.json_response(answer.body())
+
+
+def _small_send_buffer(request: web.Request) -> None:
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER_BYTES)
+
+
+@dataclass(frozen=True)
+class _Writer:
+    """A stream's writes, each given `stall_timeout_s` to find room in the socket (TimeoutError past it)."""
+
+    request: web.Request
+    response: web.StreamResponse
+
+    async def __call__(self, data: bytes) -> None:
+        async with asyncio.timeout(self.request.app[STALL_TIMEOUT_S]):
+            await self.response.write(data)
 
 
 def _stop_if_stopped(async_engine: AsyncEngine, answer: Answer, output: StepOutput) -> None:
@@ -312,12 +354,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Ready for more work: 200, or 503 while the engine failed or a tokenizer lane would refuse its largest
-    request (the lanes' depths either way; /health stays 200 while the process is alive)."""
-    lanes = request.app[LANES]
+    """Ready for more work: 200, or 503 while the engine failed, a tokenizer lane would refuse its largest
+    request, or every sequence slot (`max_num_seqs`) is held (a new request would wait for one; 16 streams
+    whose clients never read held them all while /ready said "ready"). /health stays 200 while alive."""
+    lanes, engine = request.app[LANES], _engine(request)
+    running, slots = engine.scheduler.num_running, engine.config.max_num_seqs  # ints read across threads
     failure, saturated = request.app[ASYNC_ENGINE].failure, lanes.saturated()
-    status = "failed" if failure is not None else "saturated" if saturated else "ready"
-    return web.json_response({"status": status, "saturated_lanes": saturated, "queue_depth": lanes.depths()},
+    busy = saturated or running >= slots
+    status = "failed" if failure is not None else "saturated" if busy else "ready"
+    return web.json_response({"status": status, "saturated_lanes": saturated, "queue_depth": lanes.depths(),
+                              "running": running, "max_num_seqs": slots},
                              status=200 if status == "ready" else 503)
 
 

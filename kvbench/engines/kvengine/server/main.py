@@ -21,6 +21,7 @@ from kvbench.engines.kvengine.settings.flags import add_flags, from_args
 
 EXIT_ENGINE_FAILED = 1
 EXIT_USAGE = 2  # bad settings (a bad tenants file, a bad flag value), as the kvbench CLI exits
+MAX_SECRET_CHARS = 4096
 RANK_EXIT_GRACE_S = 10.0  # after a rank died: how long a graceful shutdown may take before the process exits
 
 
@@ -28,6 +29,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `kvbench serve`: one per engine setting (`EngineConfig`), then the server's own."""
     add_flags(parser.add_argument_group("engine (as in YAML: --kv-capacity is kv_capacity)"), EngineConfig)
     add_flags(parser.add_argument_group("server"), ServeOptions)
+    parser.add_argument("--tier-secret", type=_no_secret_flag, help=argparse.SUPPRESS)  # else a prefix of -file
+
+
+def _no_secret_flag(text: str) -> None:
+    raise argparse.ArgumentTypeError(f"a secret is never a flag (argv is public on the machine): put it in a file "
+                                     f"(--tier-secret-file) or ${TIER_SECRET_ENV}")
+
+
+def tier_secret(path: str | None) -> str | None:
+    """The tier secret: the first line of `path`, else $KVENGINE_TIER_SECRET, else None. Never a flag: argv is
+    in /proc/PID/cmdline and `ps` for every user of the machine. SettingsError for a file that cannot be read."""
+    from kvbench.settings import SettingsError
+
+    if path is None:
+        return os.environ.get(TIER_SECRET_ENV) or None
+    try:
+        with open(path, encoding="utf-8") as file:
+            secret = file.readline(MAX_SECRET_CHARS + 1).rstrip("\r\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"tier_secret_file: cannot read {path!r} ({type(exc).__name__}); give a readable "
+                            "UTF-8 file whose first line is the secret") from None
+    if not secret or len(secret) > MAX_SECRET_CHARS:
+        raise SettingsError(f"tier_secret_file: the first line of {path!r} must hold the secret (1 to "
+                            f"{MAX_SECRET_CHARS} characters)")
+    return secret
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -37,8 +63,7 @@ def serve(args: argparse.Namespace) -> int:
     from kvbench.engines.kvengine.settings.tenants import load_tenants
 
     config, options = from_args(EngineConfig, args), from_args(ServeOptions, args)
-    if config.tier_secret is None and os.environ.get(TIER_SECRET_ENV):
-        config = dataclasses.replace(config, tier_secret=os.environ[TIER_SECRET_ENV])
+    config = dataclasses.replace(config, tier_secret=tier_secret(config.tier_secret_file))
     if config.tenants_file:
         load_tenants(config.tenants_file)  # a bad file is reported now, not after loading the model
 
@@ -96,7 +121,8 @@ def serve(args: argparse.Namespace) -> int:
 
     async_engine = AsyncEngine(engine, on_fatal=exit_on_failure)
     admin_key = options.admin_key or os.environ.get(ADMIN_KEY_ENV)
-    app = make_app(async_engine, api_key=options.api_key, admin_key=admin_key, metrics_open=options.metrics_open)
+    app = make_app(async_engine, api_key=options.api_key, admin_key=admin_key, metrics_open=options.metrics_open,
+                   stall_timeout_s=options.stall_timeout_s)
 
     async def remember_loop(app) -> None:
         loop.append(asyncio.get_running_loop())

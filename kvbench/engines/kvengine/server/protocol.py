@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from kvbench.engines.kvengine.model.sampling import SEED_RANGE, SamplingParams
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+from kvbench.settings import shown
 
 MAX_LOGPROBS = 20
 # A text prompt longer than this many characters per token of the model's context cannot fit (no tokenizer
@@ -27,7 +28,13 @@ MAX_CHARS_PER_TOKEN = 64
 # for the other fields. A longer body gets 413 (aiohttp stops reading at the limit).
 MAX_BODY_BYTES_PER_TOKEN = MAX_CHARS_PER_TOKEN * 6
 BODY_OVERHEAD_BYTES = 1 << 20
+# Stop strings: each is searched for in the text after every token, so their count and length bound that work.
+# OpenAI takes up to 4; vLLM sets no bound (300,000 strings held its event loop 25 s).
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 4096  # all of them together
+MAX_INT = 2**63 - 1  # an integer field past it is refused before a limit check quotes all its digits
 _ids = itertools.count()
+
 
 
 def _absent_or(*no_ops: object):
@@ -137,20 +144,23 @@ def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprob
     temperature = _float(body, "temperature", 1.0, 0.0)  # below GREEDY_BELOW_TEMPERATURE: greedy
     top_p = _float(body, "top_p", 1.0, 0.0)
     if not 0 < top_p <= 1:
-        raise RequestError(f"top_p: must be in (0, 1], got {top_p}", "top_p")
+        raise RequestError(f"top_p: must be in (0, 1], got {shown(top_p)}", "top_p")
     top_k = _int(body, "top_k", -1, -1)
     if top_k > 0:
-        raise RequestError(f"top_k: not supported by this engine; omit it or send -1 (got {top_k})", "top_k")
+        raise RequestError(f"top_k: not supported by this engine; omit it or send -1 (got {shown(top_k)})", "top_k")
     seed = body.get("seed")
     if seed is not None:
         low, high = SEED_RANGE
         if not isinstance(seed, int) or isinstance(seed, bool) or not low <= seed <= high:
-            raise RequestError(f"seed: must be an integer in [{low}, {high}], got {seed!r}", "seed")
+            raise RequestError(f"seed: must be an integer in [{low}, {high}], got {shown(seed)}", "seed")
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise RequestError("stop: give a string or a list of strings", "stop")
+    if len(stop) > MAX_STOP_STRINGS or sum(map(len, stop)) > MAX_STOP_CHARS:
+        raise RequestError(f"stop: {len(stop)} strings of {sum(map(len, stop))} characters; at most "
+                           f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters together: send fewer", "stop")
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
         raise RequestError("stop_token_ids: give a list of token ids", "stop_token_ids")
@@ -206,7 +216,7 @@ def _bool(body: Mapping, name: str, default: bool, label: str | None = None) -> 
         return default
     if not isinstance(value, bool):
         label = label or name
-        raise RequestError(f"{label}: must be true or false, got {value!r}", label)
+        raise RequestError(f"{label}: must be true or false, got {shown(value)}", label)
     return value
 
 
@@ -215,9 +225,11 @@ def _int(body: Mapping, name: str, default: int, minimum: int) -> int:
     if value is None:
         return default
     if not _is_int(value):
-        raise RequestError(f"{name}: must be an integer, got {value!r}", name)
+        raise RequestError(f"{name}: must be an integer, got {shown(value)}", name)
     if value < minimum:
-        raise RequestError(f"{name}: must be >= {minimum}, got {value}", name)
+        raise RequestError(f"{name}: must be >= {minimum}, got {shown(value)}", name)
+    if value > MAX_INT:
+        raise RequestError(f"{name}: at most 2**63 - 1, got {shown(value)}", name)
     return value
 
 
@@ -226,7 +238,7 @@ def _optional_int(body: Mapping, name: str, minimum: int, maximum: int) -> int |
         return None
     value = _int(body, name, 0, minimum)
     if value > maximum:
-        raise RequestError(f"{name}: at most {maximum}, got {value}", name)
+        raise RequestError(f"{name}: at most {maximum}, got {shown(value)}", name)
     return value
 
 
@@ -235,10 +247,10 @@ def _float(body: Mapping, name: str, default: float, minimum: float) -> float:
     if value is None:
         return default
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise RequestError(f"{name}: must be a number, got {value!r}", name)
+        raise RequestError(f"{name}: must be a number, got {shown(value)}", name)
     number = float(value) if isinstance(value, float) or abs(value) < 2**1000 else math.inf
     if not math.isfinite(number):
-        raise RequestError(f"{name}: must be a finite number, got {value!r}", name)
+        raise RequestError(f"{name}: must be a finite number, got {shown(value)}", name)
     if number < minimum:
-        raise RequestError(f"{name}: must be >= {minimum}, got {value}", name)
+        raise RequestError(f"{name}: must be >= {minimum}, got {shown(value)}", name)
     return number

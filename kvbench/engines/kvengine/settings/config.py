@@ -61,11 +61,13 @@ class IsolationMode(StrEnum):
 
 
 def setting(default: Any, help: str, *, unit: str = "", gt: float | None = None, ge: float | None = None,
-            le: float | None = None, choices: tuple[str, ...] | None = None, repr: bool = True) -> Any:
+            le: float | None = None, choices: tuple[str, ...] | None = None, repr: bool = True,
+            flag: bool = True) -> Any:
     """A settings field: its default, its help (a flag's), its unit and range (`settings.build` enforces
     them, and so does the config itself) and, for a string, its choices (an enum field's are its values).
-    `repr=False` keeps a secret out of the config's repr (and so out of logs)."""
-    metadata = {"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices}
+    `repr=False` keeps a secret out of the config's repr (and so out of logs); `flag=False` keeps it off the
+    command line (argv is in /proc/PID/cmdline and `ps` for every user of the machine)."""
+    metadata = {"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices, "flag": flag}
     return field(default=default, repr=repr, metadata=metadata)
 
 
@@ -146,10 +148,13 @@ class EngineConfig:
     disk_dir: str | None = setting(None, "directory of the disk tier's page files")
     remote_url: str | None = setting(None, "shared Redis KV tier, e.g. redis://127.0.0.1:6379/0 (shared by every "
                                      "engine of the same model and KV format)")
-    # Not in repr (a logged config never shows it); `kvbench serve` reads $KVENGINE_TIER_SECRET without the flag.
+    # Neither in repr (a logged config never shows it) nor a flag (argv is public on the machine): YAML, the
+    # environment ($KVENGINE_TIER_SECRET) or tier_secret_file.
     tier_secret: str | None = setting(None, f"secret of the HMAC-SHA256 that authenticates disk and remote tier "
                                       f"records (default: ${TIER_SECRET_ENV}); one per shared store: an engine "
-                                      "with another secret misses every record", repr=False)
+                                      "with another secret misses every record", repr=False, flag=False)
+    tier_secret_file: str | None = setting(None, "a file whose first line is the tier secret (instead of "
+                                           f"${TIER_SECRET_ENV}; the secret itself is never a flag)")
     device_ttl_s: float = setting(DEFAULT_TTL.device_s, "idle seconds before a page leaves device (tenants may "
                                   "set their own)", unit="s", gt=0)
     host_ttl_s: float = setting(DEFAULT_TTL.host_s, "idle seconds before a page leaves host memory", unit="s", gt=0)
@@ -195,6 +200,9 @@ class ServeOptions:
                                     f"${ADMIN_KEY_ENV}, else --api-key); with any key configured, those "
                                     "endpoints need it")
     metrics_open: bool = setting(False, "serve /metrics without a key (a Prometheus that sends none)")
+    stall_timeout_s: float = setting(5.0, "a streaming client that reads nothing for this long (its socket full) "
+                                     "is ended: its request aborted, its slot and pages freed "
+                                     "(kvbench:client_stalled_total)", unit="s", gt=0)
     step_log: str | None = setting(None, "append every model step's token ranges and seconds to this JSONL file "
                                    "(for `kvbench calibrate --steps`)")
 

@@ -4,7 +4,7 @@
     from_args(EngineConfig, namespace)       the dataclass again, ranges and choices checked (`settings.build`)
     to_argv(config)                          the flags of every field that differs from its default
 
-A field's flag is its name with dashes; help, unit and choices come from the field (`config.setting`). Bools
+A field's flag is its name with dashes (a field declared `flag=False`, a secret, has none); help, unit and choices come from the field (`config.setting`). Bools
 are --x / --no-x, an Optional field (default None) takes a value or is left out, a tuple[str, ...] field takes
 several values. `from_args(cls, parser.parse_args(to_argv(config))) == config` for every config.
 """
@@ -56,7 +56,8 @@ def _number_or(base: type, words: tuple[str, ...]) -> Callable[[str], Any]:
 
 def _init_fields(cls: type, only: Collection[str] | None = None) -> list[tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(cls)
-    return [(f, _base(hints[f.name])) for f in dataclasses.fields(cls) if f.init and (only is None or f.name in only)]
+    return [(f, _base(hints[f.name])) for f in dataclasses.fields(cls)
+            if f.init and f.metadata.get("flag", True) and (only is None or f.name in only)]
 
 
 def _hint(cls: type, name: str) -> Any:

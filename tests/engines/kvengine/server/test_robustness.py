@@ -134,7 +134,7 @@ COMPLETION_CASES = [
     ({"max_tokens": -1}, 400, "max_tokens"),
     ({"max_tokens": 1.5}, 400, "max_tokens"),
     ({"max_tokens": True}, 400, "max_tokens"),
-    ({"max_tokens": 10**30}, 400, "context"),
+    ({"max_tokens": 10**30}, 400, "max_tokens"),
     ({"temperature": "hot"}, 400, "temperature"),
     ({"temperature": -0.5}, 400, "temperature"),
     ({"temperature": True}, 400, "temperature"),

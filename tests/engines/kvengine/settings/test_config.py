@@ -31,10 +31,13 @@ NON_DEFAULT_ENGINE = {
     "served_model_name": "tiny", "threads": 2, "cuda_graphs": True, "host_capacity": 1024, "disk_capacity": 2048,
     "disk_dir": "/tmp/kv-disk", "remote_url": "redis://127.0.0.1:6379/1", "device_ttl_s": 2.5,
     "host_ttl_s": 1e6, "tier_interval_s": 0.125, "tenants_file": "tenants.yaml", "isolation": "shared-prefix",
-    "tier_secret": "s3",
+    "tier_secret": "s3", "tier_secret_file": "/run/secrets/tier",
 }
 NON_DEFAULT_SERVE = {"host": "0.0.0.0", "port": 9999, "api_key": "k1", "admin_key": "k2", "metrics_open": True,
-                     "step_log": "steps.jsonl"}
+                     "step_log": "steps.jsonl", "stall_timeout_s": 2.5}
+
+
+SECRETS = ("tier_secret",)  # no flag: argv is public on the machine
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -55,7 +58,7 @@ def test_every_setting_round_trips_through_the_serve_argv(cls, values):
     for name, value in values.items():
         assert getattr(config, name) != getattr(cls(), name), name
     args = serve_parser().parse_args(to_argv(config))
-    assert from_args(cls, args) == config
+    assert from_args(cls, args) == dataclasses.replace(config, **{name: None for name in SECRETS if name in values})
     assert to_argv(cls()) == []  # defaults need no flag: the child's defaults are the same definition
 
 
@@ -159,3 +162,24 @@ def test_serve_help_prints_every_setting_with_its_help(capsys):
         if f.init and f.metadata.get("help"):
             assert f"--{f.name.replace('_', '-')}" in text
     assert "14-24%" in text  # the prepacked weights' measured gain, printed as one percent sign
+
+
+def test_the_tier_secret_comes_from_a_file_or_the_environment_never_from_argv(tmp_path, monkeypatch):
+    """`kvbench serve --tier-secret S` put S in /proc/PID/cmdline and `ps`: there is no such flag now."""
+    from kvbench.engines.kvengine.server.main import tier_secret
+
+    with pytest.raises(SystemExit):
+        serve_parser().parse_args(["--tier-secret", "S"])  # refused, not taken as --tier-secret-file's prefix
+    assert serve_parser().parse_args(["--tier-secret-file", "F"]).tier_secret_file == "F"
+    secret = tmp_path / "tier"
+    secret.write_text("from-file\nsecond line ignored\n")
+    monkeypatch.setenv(TIER_SECRET_ENV, "from-env")
+    assert tier_secret(str(secret)) == "from-file"
+    assert tier_secret(None) == "from-env"
+    monkeypatch.delenv(TIER_SECRET_ENV)
+    assert tier_secret(None) is None
+    with pytest.raises(SettingsError, match="tier_secret_file: cannot read"):
+        tier_secret(str(tmp_path / "missing"))
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(SettingsError, match="tier_secret_file: the first line"):
+        tier_secret(str(tmp_path / "empty"))
