@@ -16,7 +16,7 @@ from rich.progress import (
 )
 
 from kvbench.cli.flag_types import at_least, checked_by, number_above
-from kvbench.cli import config_flags, find_max_flags, vllm_flags
+from kvbench.cli import config_flags, find_max_flags, vllm_bench_flags, vllm_flags
 from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
@@ -61,6 +61,7 @@ def register(commands, formatter) -> None:
     config_flags.add_flags(parser)
     vllm_flags.add_report_flags(parser)
     find_max_flags.add_flags(parser)
+    vllm_bench_flags.add_flags(parser)
     _add_run_flags(parser)
     _add_sim_flags(parser)
     parser.set_defaults(handler=handle)
@@ -140,6 +141,7 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The experiment config: the YAML file with flag overrides, or one built from flags alone."""
+    vllm_bench_flags.check(args)
     settings = _engine_settings(args)
     data = _from_config_file(args, settings) if args.config is not None else _from_flags(args, settings)
     data.setdefault("slo", {}).update(vllm_flags.goodput_slo(args))  # then --slo-*-ms, given below, win
@@ -188,24 +190,33 @@ def _from_flags(args: argparse.Namespace, settings: dict) -> dict:
     """The config mapping of a run from flags alone: one engine (or the main job's two), one workload, one load."""
     if args.cell:
         raise SettingsError("--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)")
-    engine = args.engine or ("endpoint" if args.url else DEFAULT_ENGINE)
-    for key, value in (("url", args.url), ("model", args.model), ("api_key", args.api_key)):
+    url, api = vllm_bench_flags.server(args)
+    if url and args.url and url != args.url:
+        raise SettingsError(f"--url {args.url} and vllm bench serve's server flags ({url}) name two servers: give one")
+    url = args.url or url
+    engine = args.engine or ("endpoint" if url else DEFAULT_ENGINE)
+    for key, value in (("url", url), ("model", args.served_model_name or args.model), ("api_key", args.api_key)):
         if value:
             settings.setdefault(key, value)
     _refuse_stop_flags_with_stages(args)
-    workload = {"name": args.workload or DEFAULT_WORKLOAD}
+    dataset = vllm_bench_flags.workload(args)
+    workload = dataset or {"name": args.workload or DEFAULT_WORKLOAD}
+    if dataset is not None and args.num_sessions is None and not args.stages:  # vLLM: a prompt per request
+        workload["num_sessions"] = args.num_requests or DEFAULT_NUM_REQUESTS
     if args.tokenizer and needs_tokenizer(workload["name"]):
-        workload["overrides"] = {"tokenizer": args.tokenizer}  # a text dataset is tokenized with it
+        workload.setdefault("overrides", {})["tokenizer"] = args.tokenizer  # a text dataset is tokenized with it
     if args.num_sessions is not None:
         workload["num_sessions"] = args.num_sessions
     elif args.stages:  # a session for every request of the stages, as `kvbench simulate --stages` makes
         workload["num_sessions"] = _stage_plan(args).total_requests
     return {
-        "name": Path(workload["name"]).stem,
-        "engines": _engines(engine, settings, main_job=not (args.engine or args.url)),
+        "name": Path(workload["name"].split(":", 1)[-1]).stem,
+        "engines": _engines(engine, settings, main_job=not (args.engine or url)),
         "workloads": [workload],
-        "loads": [_load_point(args)],
+        # vLLM's dataset flags without a load flag: vLLM's default, every request as soon as it is ready
+        "loads": [{"request_rate": "inf"} if dataset is not None and not _load_asked(args) else _load_point(args)],
         "stop": {"num_requests": DEFAULT_NUM_REQUESTS},
+        "client": {"api": api} if api else {},
     }
 
 
@@ -235,7 +246,9 @@ def _refuse_matrix_flags(args: argparse.Namespace) -> None:
     """With CONFIG.yaml its engines and workloads are the matrix: a flag that would name another is refused, never
     silently dropped."""
     for flag, value in (("--engine", args.engine), ("--url", args.url), ("--model", args.model),
-                        ("--api-key", args.api_key), ("--workload", args.workload)):
+                        ("--api-key", args.api_key), ("--workload", args.workload),
+                        ("--dataset-name", args.dataset_name), ("--base-url", args.base_url), ("--host", args.host),
+                        ("--port", args.port), ("--backend", args.backend), ("--endpoint", args.endpoint)):
         if value:
             raise SettingsError(f"{flag}: CONFIG.yaml names the engines and workloads; set it in {args.config} "
                                 "(an engine setting of every cell: --set KEY=VALUE), or drop CONFIG.yaml to run from flags")
@@ -324,6 +337,8 @@ def handle(args: argparse.Namespace) -> int:
         if not any(failure.startswith(f"{entry.run_id}: ") for failure in outcome.failures):
             reasons = "; ".join(entry.invalid_reasons)
             console.print(f"[bold red]invalid:[/bold red] {escape(entry.run_id)}: {escape(reasons)}", highlight=False)
+    for path in vllm_bench_flags.save_results(args, run_dir, [entry.run_id for entry in outcome.entries]):
+        console.print(f"vLLM result: {escape(str(path))}", highlight=False)
     console.print(results_line(run_dir))
     return 1 if outcome.failures or invalid or not outcome.entries else 0
 
