@@ -93,10 +93,10 @@ TRADEOFF_COLUMNS = {"cache_hit_rate": "cache hit", "prefill_recompute_rate": "pr
 
 def results_line(run_dir: Path) -> str:
     from kvbench.measure.run_folder import (
-        REQUESTS_JSONL, REQUESTS_METRICS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, VLLM_RESULTS_DIR,
+        LLMD_RESULTS_DIR, REQUESTS_JSONL, REQUESTS_METRICS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, VLLM_RESULTS_DIR,
     )
 
-    exports = f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/" if (run_dir / REQUESTS_METRICS_JSONL).exists() else ""
+    exports = f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/, {LLMD_RESULTS_DIR}/" if (run_dir / REQUESTS_METRICS_JSONL).exists() else ""
     return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}{exports}"
 
 
