@@ -3,7 +3,8 @@ beside our run folders, labelled by the tool that wrote them:
 
 - `vllm bench serve --save-result` JSON (vllm/benchmarks/serve.py's `result_json`; our `vllm/<point>.json` too);
 - AIPerf's `profile_export_aiperf.json` (or the artifact folder holding it);
-- guidellm's `benchmarks.json` (`guidellm run --output kind=json`), one row per benchmark in it.
+- guidellm's `benchmarks.json` (`guidellm run --output kind=json`), one row per benchmark in it;
+- an llm-d benchmark report (llmd_results.py) and inference-perf's lifecycle metrics (inference_perf_results.py).
 
 This module is the one owner of the mapping from their key names to our summary columns (`VLLM_KEYS`,
 `AIPERF_KEYS`, `GUIDELLM_KEYS`, side by side). What a tool does not measure (cache hit rates, the oracle) is
@@ -21,11 +22,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvbench.distribution import PERCENTILES
-from kvbench.settings import SettingsError
+from kvbench.measure import inference_perf_results, llmd_results
+from kvbench.settings import SettingsError, read_yaml
 
 AIPERF_JSON = "profile_export_aiperf.json"
 EXPECTED = (f"a kvbench run folder, a `vllm bench serve --save-result` JSON, AIPerf's {AIPERF_JSON} (or its "
-            "artifact folder) or guidellm's benchmarks.json")
+            "artifact folder), guidellm's benchmarks.json, an llm-d benchmark report (.yaml or .json) or "
+            "inference-perf's *_lifecycle_metrics.json")
 _METRICS = ("ttft", "tpot", "itl", "e2e")
 
 # Our summary column -> vLLM's key (times in ms, throughputs per second, as vLLM writes them). vLLM writes
@@ -80,6 +83,8 @@ def is_foreign(path: Path) -> bool:
 def read_foreign(path: Path) -> list[dict]:
     """The summary rows (tenant `all`) of another tool's result file or AIPerf artifact folder."""
     file = path / AIPERF_JSON if path.is_dir() else path
+    if file.suffix in llmd_results.LLMD_SUFFIXES or file.suffix == ".json" and _other_tool(file):
+        return [_point_row(point) for point in _other_tool_points(file)]
     try:
         data = json.loads(file.read_text())
     except (ValueError, UnicodeDecodeError) as exc:
@@ -105,6 +110,32 @@ def foreign_rows(data, name: str, where: str) -> list[dict]:
             raise ForeignResultError(f"{where}: not a vllm bench serve result: no {', '.join(missing)}")
         return [_vllm_row(data, name, where)]
     raise ForeignResultError(f"{where}: not a result file kvbench reads; expected {EXPECTED}")
+
+
+def _other_tool(file: Path) -> bool:
+    """An inference-perf lifecycle file or an llm-d report in JSON (told apart by their top-level keys)."""
+    try:
+        data = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return llmd_results.is_report(data) or inference_perf_results.is_lifecycle(data)
+
+
+def _other_tool_points(file: Path) -> list:
+    """The points of an llm-d benchmark report (YAML or JSON) or of inference-perf's lifecycle metrics."""
+    data = read_yaml(file, "result file")  # JSON is YAML
+    if llmd_results.is_report(data):
+        return llmd_results.report_points(data, file.stem, str(file))
+    if inference_perf_results.is_lifecycle(data):
+        config = file.parent / inference_perf_results.CONFIG_YAML
+        settings = read_yaml(config, "inference-perf config") if config.is_file() else None
+        return inference_perf_results.lifecycle_points(data, file.stem, str(file), settings if isinstance(settings, dict) else None)
+    raise ForeignResultError(f"{file}: not a result file kvbench reads; expected {EXPECTED}")
+
+
+def _point_row(point) -> dict:
+    return _row(point.tool, point.values, engine=point.engine, workload=point.workload, load=point.load,
+                requests=point.requests, errors=point.errors, run_id=point.run_id)
 
 
 def _vllm_row(data: Mapping, name: str, where: str) -> dict:
