@@ -3,6 +3,7 @@ line that names its result files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -71,8 +72,11 @@ def wide_console() -> Console:
 
 
 def _wide() -> Console:
-    """Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell."""
-    return console if console.is_terminal else Console(width=200)
+    """The terminal's width; not a terminal (CI logs, pipes): COLUMNS where it is set, else 200 (rich would wrap
+    at 80 columns and cut every cell)."""
+    if console.is_terminal:
+        return console
+    return Console() if os.environ.get("COLUMNS", "").isdigit() else Console(width=200)  # Console() reads COLUMNS
 
 
 def print_tradeoff(frame, baseline: str, other: str, same: str) -> None:

@@ -29,7 +29,7 @@ from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
 
-console = Console()
+console = Console(soft_wrap=True)  # off a terminal its lines are not wrapped at 80 columns (tables still fit)
 error_console = Console(stderr=True, soft_wrap=True)
 
 # What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
@@ -314,6 +314,7 @@ def handle(args: argparse.Namespace) -> int:
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        disable=not console.is_terminal,  # off a terminal: live_progress's plain lines instead
     ) as bar:
         try:
             with _terminate_is_interrupt():
@@ -343,10 +344,9 @@ def handle(args: argparse.Namespace) -> int:
     return 1 if outcome.failures or invalid or not outcome.entries else 0
 
 
-def _percentiles(args: argparse.Namespace) -> dict[str, str] | None:
-    """The percentile columns `--percentile-metrics`/`--metric-percentiles` select; None: the table's own."""
-    if args.percentile_metrics is None and args.metric_percentiles is None:
-        return None
+def _percentiles(args: argparse.Namespace) -> dict[str, str]:
+    """The percentile columns `--percentile-metrics`/`--metric-percentiles` select, their defaults without them
+    (TTFT, TPOT and ITL at p50 and p99), as the flags' help says."""
     return vllm_flags.percentile_columns(args)
 
 
