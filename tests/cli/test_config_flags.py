@@ -65,3 +65,11 @@ def test_the_fields_range_and_choices_are_the_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["run", *argv])
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_help_text_keeps_its_brackets_and_its_titles_case(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "pip install 'kvbench[ray]'" in out and "'vllm-prefix[kv_cache_dtype=auto]'" in out
+    assert "SLA search (real runs" in out
