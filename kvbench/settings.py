@@ -100,9 +100,11 @@ class Bounds:
 
 
 def bounded(default: Any = dataclasses.MISSING, *, gt: float | None = None, ge: float | None = None,
-            le: float | None = None, unit: str = "") -> Any:
-    """A dataclass field whose value (when not None) must lie in the range; `build` enforces it."""
-    return dataclasses.field(default=default, metadata={"bounds": Bounds(gt, ge, le, unit)})
+            le: float | None = None, unit: str = "", help: str = "", choices: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field whose value (when not None) must lie in the range; `build` enforces it. `help` and
+    `choices` are its flag's (cli/config_flags.py derives `kvbench run`'s flags from the config's sections)."""
+    metadata = {"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def check_bounds(value: Any, bounds: Bounds, where: str) -> None:

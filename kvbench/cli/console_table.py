@@ -51,11 +51,19 @@ def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequ
         console.print(table)
 
 
+def fits(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], keys: int = 1) -> bool:
+    """Whether `print_table` prints the rows as one table at the console's width (no parts)."""
+    cells = [[row[index] for row in rows] for index in range(len(columns))]
+    widths = [_width(column, cells[index], whole_title=False) for index, column in enumerate(columns)]
+    return len(_parts(widths, keys, console.width)) == 1
+
+
 def _width(column: Column, cells: Sequence[str], whole_title: bool) -> int:
     """A number column: its widest cell and its title (`whole_title`) or the title's longest word; a label:
-    that, up to LABEL_WIDTH."""
-    widest = max((len(cell) for cell in cells), default=0)
-    title_word = len(column.title) if whole_title else max((len(word) for word in column.title.split()), default=1)
+    that, up to LABEL_WIDTH. A cell or title of several lines (stacked values) counts its longest line."""
+    widest = max((len(line) for cell in cells for line in cell.split("\n")), default=0)
+    title_word = (max(len(line) for line in column.title.split("\n")) if whole_title
+                  else max((len(word) for word in column.title.split()), default=1))
     if column.numeric:
         return max(widest, title_word)
     return max(min(widest, LABEL_WIDTH), min(title_word, LABEL_WIDTH), 1)

@@ -1,6 +1,7 @@
 """What `kvbench run` shows while a point runs: per point, requests answered, errors, the running TTFT p50
-and request rate; the bar's ETA from rich. Where the console is not a terminal (CI logs, pipes, nohup) rich
-draws nothing until the bar stops, so one plain line is printed every `every_s` seconds instead."""
+and request rate; the bar's ETA from rich. Where the console is not a terminal (CI logs, pipes, nohup) the bar
+is off (`kvbench run` disables it: rich would print it once at the end, wrapped and cut), and plain lines take its
+place, never wrapped: one every `every_s` seconds while a point runs, and one when it ends."""
 
 from __future__ import annotations
 
@@ -66,13 +67,24 @@ def live_progress(bar: Progress, every_s: float = DEFAULT_EVERY_S, clock=time.mo
         bar.update(point.task, advance=1, status=point.status(now))
         if plain and now - last_line["at"] >= every_s:
             last_line["at"] = now
-            bar.console.print(point.line(rec.run_id, now), markup=False, highlight=False)
+            _plain_line(bar, point.line(rec.run_id, now))
 
     def end(entry: RunEntry) -> None:
         ttft = entry.summary["overall"]["ttft_ms"]
         point = points.get(entry.run_id)
-        if point is not None:
-            bar.update(point.task, status=f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request")
+        if point is None:
+            return
+        status = f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request"
+        bar.update(point.task, status=status)
+        if plain:
+            _plain_line(bar, f"{entry.run_id}: done, {point.done}/{point.total} requests, {status}, "
+                             f"{clock() - point.started:.0f} s")
 
     return RunProgress(on_point_start=start, on_record=record, on_point_end=end,
-                       on_message=lambda text: bar.console.print(text, markup=False, highlight=False))
+                       on_message=lambda text: _plain_line(bar, text))
+
+
+def _plain_line(bar: Progress, text: str) -> None:
+    """One line as it is: no markup, no highlighting, and not wrapped at the console's width (a log's reader
+    greps it whole)."""
+    bar.console.print(text, markup=False, highlight=False, soft_wrap=True)

@@ -43,18 +43,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+class HelpFormatter(RichHelpFormatter):
+    """rich-argparse with help text read as plain text: `pip install 'kvbench[ray]'` and a cell label
+    `vllm-prefix[kv_cache_dtype=auto]` keep their brackets (rich markup would swallow them), and group titles
+    keep their case (`SLA search`, not `Sla Search`)."""
+
+    help_markup = False
+    text_markup = False
+    group_name_formatter = staticmethod(lambda name: name[:1].upper() + name[1:])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="kvbench",
         description="Benchmark and evaluation harness for the KV cache of LLM serving engines.",
-        formatter_class=RichHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kvbench {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     from kvbench.cli import commands as command_modules
 
     for module in command_modules.ALL:
-        module.register(commands, RichHelpFormatter)
+        module.register(commands, HelpFormatter)
     return parser
 
 

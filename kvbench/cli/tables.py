@@ -3,6 +3,7 @@ line that names its result files."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -71,8 +72,11 @@ def wide_console() -> Console:
 
 
 def _wide() -> Console:
-    """Not a terminal (CI logs, pipes): rich would wrap at 80 columns and cut every cell."""
-    return console if console.is_terminal else Console(width=200)
+    """The terminal's width; not a terminal (CI logs, pipes): COLUMNS where it is set, else 200 (rich would wrap
+    at 80 columns and cut every cell)."""
+    if console.is_terminal:
+        return console
+    return Console() if os.environ.get("COLUMNS", "").isdigit() else Console(width=200)  # Console() reads COLUMNS
 
 
 def print_tradeoff(frame, baseline: str, other: str, same: str) -> None:
@@ -93,10 +97,10 @@ TRADEOFF_COLUMNS = {"cache_hit_rate": "cache hit", "prefill_recompute_rate": "pr
 
 def results_line(run_dir: Path) -> str:
     from kvbench.measure.run_folder import (
-        REQUESTS_JSONL, REQUESTS_METRICS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, VLLM_RESULTS_DIR,
+        LLMD_RESULTS_DIR, REQUESTS_JSONL, REQUESTS_METRICS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, VLLM_RESULTS_DIR,
     )
 
-    exports = f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/" if (run_dir / REQUESTS_METRICS_JSONL).exists() else ""
+    exports = f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/, {LLMD_RESULTS_DIR}/" if (run_dir / REQUESTS_METRICS_JSONL).exists() else ""
     return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}{exports}"
 
 

@@ -6,8 +6,9 @@
 - `--goodput ttft:MS tpot:MS e2el:MS`: goodput SLOs in milliseconds (vLLM's `KEY:VALUE` pairs, separated by
   spaces; commas also separate them here).
 - `--percentile-metrics ttft,tpot,itl,e2el` and `--metric-percentiles 50,99`: which metrics' percentiles the
-  console table shows (vLLM's defaults: ttft,tpot,itl at 99). Any 0 < p < 100, as vLLM: 50, 90, 95 and 99 are in
-  every summary, others are computed from the per-request export (measure/extra_percentiles.py).
+  console table shows (vLLM's defaults: ttft,tpot,itl at 99; the table adds their median, as vLLM's console).
+  Any 0 < p < 100, as vLLM: 50, 90, 95 and 99 are in every summary, others are computed from the per-request
+  export (measure/extra_percentiles.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ GOODPUT_NAMES = {field: name for name, field in GOODPUT_KEYS.items()}
 PERCENTILE_METRICS = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 DEFAULT_PERCENTILE_METRICS = ("ttft", "tpot", "itl")
 DEFAULT_METRIC_PERCENTILES = (99.0,)
+# The table without --metric-percentiles: the median and vLLM's default p99, as vLLM's console prints them.
+TABLE_PERCENTILES = (50.0, *DEFAULT_METRIC_PERCENTILES)
 
 
 def request_rate(text: str) -> float:
@@ -108,8 +111,9 @@ def add_report_flags(parser: argparse.ArgumentParser) -> None:
                         help=f"metrics whose percentiles the table shows: {','.join(PERCENTILE_METRICS)} "
                         f"(default {','.join(DEFAULT_PERCENTILE_METRICS)}, as vLLM)")
     parser.add_argument("--metric-percentiles", type=percentiles, metavar="LIST",
-                        help="percentiles shown for them, any 0 < p < 100 (default 99, as vLLM); 50, 90, 95 and "
-                        "99 are in summary.json, others come from requests_metrics.jsonl")
+                        help="percentiles shown for them, any 0 < p < 100 (default 99, as vLLM; the table then shows "
+                        "the median beside it, as vLLM's console does); 50, 90, 95 and 99 are in summary.json, "
+                        "others come from requests_metrics.jsonl")
 
 
 def goodput_slo(args: argparse.Namespace) -> dict[str, float]:
@@ -146,5 +150,5 @@ def load_point(args: argparse.Namespace) -> dict | None:
 def percentile_columns(args: argparse.Namespace) -> dict[str, str]:
     """Summary-frame column -> table title for the percentiles the flags select, e.g. ttft_p99_ms: TTFT p99 ms."""
     names = args.percentile_metrics or DEFAULT_PERCENTILE_METRICS
-    shown = args.metric_percentiles or DEFAULT_METRIC_PERCENTILES
+    shown = args.metric_percentiles or TABLE_PERCENTILES
     return {percentile_column(PERCENTILE_METRICS[name], p): f"{name.upper()} p{p:g} ms" for name in names for p in shown}

@@ -41,7 +41,7 @@ from typing import Any
 
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import SLO
-from kvbench.measure.schedule import LoadSpec
+from kvbench.measure.schedule import MAX_COUNT, MAX_DURATION_S, LoadSpec
 from kvbench.measure.stages import StagePlan
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.workloads.profiles import load_workload
@@ -126,32 +126,35 @@ class LoadPoint:
 
 @dataclass(frozen=True)
 class StopSpec:
-    num_requests: int | None = bounded(None, ge=1)
-    duration_s: float | None = bounded(None, gt=0, unit="s")
-    warmup_requests: int = bounded(0, ge=0)
+    num_requests: int | None = bounded(None, ge=1, le=MAX_COUNT, help="stop after this many requests")
+    duration_s: float | None = bounded(None, gt=0, le=MAX_DURATION_S, unit="s", help="stop sending after this many seconds")
+    warmup_requests: int = bounded(0, ge=0, le=MAX_COUNT, help="requests excluded from metrics at the start")
 
 
 @dataclass(frozen=True)
 class ClientSpec:
-    api: str = "completions"
+    api: str = bounded("completions", choices=("completions", "chat"), help="endpoint to use")
     request_timeout_s: float = bounded(600.0, gt=0, unit="s")
     stall_timeout_s: float = bounded(120.0, gt=0, unit="s")
     # Servers send response headers before they schedule the prompt: a minute without them is a hung server.
     header_timeout_s: float = bounded(60.0, gt=0, unit="s")
     # Headers to the first body byte: queueing plus prefill, which for a long prompt on a loaded server takes minutes.
     first_byte_timeout_s: float = bounded(300.0, gt=0, unit="s")
-    max_lag_ms: float = bounded(10.0, gt=0, unit="ms")
+    max_lag_ms: float = bounded(10.0, gt=0, unit="ms", help="client lag past which a point is invalid (exit 1)")
     max_error_rate: float = bounded(0.1, ge=0, le=1)  # a point with a larger share of failed requests (or all) is invalid
     # The oracle follows the engine's own isolation rule (its adapter says which); set this only to override
     # it: strict | shared-prefix | shared-all (any tenant's prefix reused); `shared` reads as shared-all.
     isolation: Isolation | None = None
-    tokenizer: str | None = None
-    ignore_eos: bool = True
+    tokenizer: str | None = bounded(None, help="local tokenizer folder (re-tokenizing answers, chat prompts, text "
+                                    "datasets)")
+    ignore_eos: bool = bounded(True, help="ask the server to generate every output token (vLLM's ignore_eos), so "
+                               "output lengths are the workload's")
     health_timeout_s: float = bounded(600.0, gt=0, unit="s")
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> API key, for multi-tenant engines
     # Load-generator processes per point, each with its own event loop and whole sessions of one schedule
     # (harness/workers.py); 1 plays the point in the driver's own process.
-    workers: int = bounded(1, ge=1)
+    workers: int = bounded(1, ge=1, help="load-generator processes per point, each with its own event loop and "
+                           "whole sessions of one schedule (1: this process)")
 
     def __post_init__(self) -> None:
         if self.isolation is not None:
@@ -201,12 +204,12 @@ _TOP_KEYS = ("schema_version", "name", "seed", "repeat", "engines", "workloads",
 
 
 @dataclass(frozen=True)
-class _TopScalars:
+class TopScalars:
     """The scalar top-level keys, checked like every other section."""
 
     name: str = "run"
-    seed: int = bounded(0, ge=0)
-    repeat: int = bounded(1, ge=1)
+    seed: int = bounded(0, ge=0, help="workload and arrival seed")
+    repeat: int = bounded(1, ge=1, help="repetitions of every load point")
 _ENGINE_KEYS = ("engine", "label", "settings", "sweep", "resources")
 
 
@@ -228,7 +231,7 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
         raise SettingsError(f"schema_version: {version!r:.40} is not a config.yaml version this kvbench reads "
                             f"(1..{SCHEMA_VERSION}); drop the key to read the file as today's form")
-    scalars = build(_TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
+    scalars = build(TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
     _check_matrix_size(data, scalars.repeat)
     engines = tuple(spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]"))
     if not engines:

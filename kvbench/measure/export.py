@@ -1,4 +1,5 @@
-"""Files another tool can read: per-request metrics, and one `vllm bench serve` result JSON per point.
+"""Files another tool can read: per-request metrics, and per point a `vllm bench serve` result JSON and an llm-d
+benchmark report (`llmd/<point>.yaml`, measure/llmd_report.py).
 
 - `requests_metrics.jsonl` (and `requests_metrics.parquet` when pyarrow is installed): one row per request,
   with what requests.jsonl only holds raw: TTFT, the ITL list, TPOT, E2E (ms), cached and reusable tokens,
@@ -28,8 +29,10 @@ from kvbench.measure.metrics import (
     ttft_ms,
 )
 from kvbench.measure.records import RequestRecord
+from kvbench.measure.llmd_report import benchmark_report
 from kvbench.measure.run_folder import (
-    REQUESTS_METRICS_JSONL, REQUESTS_METRICS_PARQUET, VLLM_RESULTS_DIR, RunEntry, engine_dir, replace_file,
+    LLMD_RESULTS_DIR, REQUESTS_METRICS_JSONL, REQUESTS_METRICS_PARQUET, VLLM_RESULTS_DIR, RunEntry, engine_dir,
+    replace_file,
 )
 
 # vLLM's metric names -> kvbench's summary keys.
@@ -152,11 +155,25 @@ def write_exports(run_dir: Path, entries: Sequence[RunEntry], records_by_run: Ma
                               for row in rows])
         frame.to_parquet(run_dir / REQUESTS_METRICS_PARQUET, index=False)
         written.append(run_dir / REQUESTS_METRICS_PARQUET)
-    folder = run_dir / VLLM_RESULTS_DIR
-    folder.mkdir(exist_ok=True)
+    import yaml
+
+    (run_dir / VLLM_RESULTS_DIR).mkdir(exist_ok=True)
+    (run_dir / LLMD_RESULTS_DIR).mkdir(exist_ok=True)
+    version = _kvbench_version()
     for entry in entries:
-        result = vllm_result(entry, records_by_run.get(entry.run_id, ()), loads.get(entry.load, {}), api, tokenizer)
-        path = folder / (engine_dir(Path(), entry.run_id).name + ".json")
-        replace_file(path, json.dumps(result, indent=1, default=str))
-        written.append(path)
+        records, load = records_by_run.get(entry.run_id, ()), loads.get(entry.load, {})
+        point = engine_dir(Path(), entry.run_id).name
+        vllm_path, llmd_path = run_dir / VLLM_RESULTS_DIR / f"{point}.json", run_dir / LLMD_RESULTS_DIR / f"{point}.yaml"
+        replace_file(vllm_path, json.dumps(vllm_result(entry, records, load, api, tokenizer), indent=1, default=str))
+        replace_file(llmd_path, yaml.safe_dump(benchmark_report(entry, records, load, version), sort_keys=False))
+        written += [vllm_path, llmd_path]
     return written
+
+
+def _kvbench_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kvbench")
+    except PackageNotFoundError:
+        return "unknown"

@@ -3,7 +3,8 @@ beside our run folders, labelled by the tool that wrote them:
 
 - `vllm bench serve --save-result` JSON (vllm/benchmarks/serve.py's `result_json`; our `vllm/<point>.json` too);
 - AIPerf's `profile_export_aiperf.json` (or the artifact folder holding it);
-- guidellm's `benchmarks.json` (`guidellm run --output kind=json`), one row per benchmark in it.
+- guidellm's `benchmarks.json` (`guidellm run --output kind=json`), one row per benchmark in it;
+- an llm-d benchmark report (llmd_results.py) and inference-perf's lifecycle metrics (inference_perf_results.py).
 
 This module is the one owner of the mapping from their key names to our summary columns (`VLLM_KEYS`,
 `AIPERF_KEYS`, `GUIDELLM_KEYS`, side by side). What a tool does not measure (cache hit rates, the oracle) is
@@ -19,6 +20,7 @@ the report's table take minutes). Parsing is pure (`foreign_rows` takes decoded 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -29,11 +31,13 @@ import msgspec
 
 from kvbench.distribution import PERCENTILES
 from kvbench.measure import foreign_schemas as schemas
-from kvbench.settings import SettingsError
+from kvbench.measure import inference_perf_results, llmd_results
+from kvbench.settings import SettingsError, read_yaml
 
 AIPERF_JSON = "profile_export_aiperf.json"
 EXPECTED = (f"a kvbench run folder, a `vllm bench serve --save-result` JSON, AIPerf's {AIPERF_JSON} (or its "
-            "artifact folder) or guidellm's benchmarks.json")
+            "artifact folder), guidellm's benchmarks.json, an llm-d benchmark report (.yaml or .json) or "
+            "inference-perf's *_lifecycle_metrics.json")
 _METRICS = ("ttft", "tpot", "itl", "e2e")
 
 # Our summary column -> vLLM's key (times in ms, throughputs per second, as vLLM writes them). vLLM writes
@@ -117,9 +121,13 @@ def read_foreign(path: Path) -> list[dict]:
         if size > MAX_FOREIGN_BYTES:
             raise ForeignResultError(f"{file}: {size:,} bytes, more than a result file holds ({MAX_FOREIGN_BYTES:,} "
                                      f"at most); expected {EXPECTED}")
+        if file.suffix in llmd_results.LLMD_SUFFIXES or file.suffix == ".json" and _other_tool(file):
+            return [_point_row(point) for point in _other_tool_points(file)]
         raw = file.read_bytes()
     except OSError as exc:
         raise ForeignResultError(f"{file}: cannot read it ({exc.strerror}); expected {EXPECTED}") from None
+    except RecursionError:
+        raise ForeignResultError(f"{file}: nested deeper than any result file; expected {EXPECTED}") from None
     name, where = (path.name if path.is_dir() else file.stem), str(file)
     sniff = _decoded(lambda: msgspec.json.decode(raw, type=Sniff), where, "not JSON")
     reader = _reader(sniff, where)
@@ -148,6 +156,32 @@ def _reader(sniff: Sniff | None, where: str) -> Reader:
         if reader.claims(sniff):
             return reader
     raise ForeignResultError(f"{where}: not a result file kvbench reads; expected {EXPECTED}")
+
+
+def _other_tool(file: Path) -> bool:
+    """An inference-perf lifecycle file or an llm-d report in JSON (told apart by their top-level keys)."""
+    try:
+        data = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return llmd_results.is_report(data) or inference_perf_results.is_lifecycle(data)
+
+
+def _other_tool_points(file: Path) -> list:
+    """The points of an llm-d benchmark report (YAML or JSON) or of inference-perf's lifecycle metrics."""
+    data = read_yaml(file, "result file")  # JSON is YAML
+    if llmd_results.is_report(data):
+        return llmd_results.report_points(data, file.stem, str(file))
+    if inference_perf_results.is_lifecycle(data):
+        config = file.parent / inference_perf_results.CONFIG_YAML
+        settings = read_yaml(config, "inference-perf config") if config.is_file() else None
+        return inference_perf_results.lifecycle_points(data, file.stem, str(file), settings if isinstance(settings, dict) else None)
+    raise ForeignResultError(f"{file}: not a result file kvbench reads; expected {EXPECTED}")
+
+
+def _point_row(point) -> dict:
+    return _row(point.tool, point.values, engine=point.engine, workload=point.workload, load=point.load,
+                requests=point.requests, errors=point.errors, run_id=point.run_id)
 
 
 _PATH = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)

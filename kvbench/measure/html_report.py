@@ -58,9 +58,23 @@ def report_html(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunE
     sections = [_section(run_dir, entries) for run_dir, entries in zip(run_dirs, entries_by_dir)]
     title = "kvbench report: " + ", ".join(run_dir.name for run_dir in run_dirs)
     overlay = _overlay(run_dirs, entries_by_dir)
+    if len(run_dirs) > 1:
+        overlay = _combined(run_dirs, entries_by_dir) + overlay
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{overlay}{''.join(sections)}"
             f"<script>{_CHECK_PLOTS}</script>\n</body></html>\n")
+
+
+def _combined(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEntry]]) -> str:
+    """One table across the run folders (totals only), each row with its folder first, before the folders' own
+    sections."""
+    frames = []
+    for run_dir, entries in zip(run_dirs, entries_by_dir):
+        frame = summary_frame(entries)
+        frames.append(frame[frame["tenant"] == "all"].assign(run_dir=run_dir.name))
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame[["run_dir", *[column for column in frame.columns if column != "run_dir"]]]
+    return f"<section id=\"all-runs\"><h2>All runs</h2>{_table(frame, leading=('run_dir',))}</section>\n"
 
 
 def _section(run_dir: Path, entries: Sequence[RunEntry]) -> str:
@@ -78,8 +92,8 @@ def _section(run_dir: Path, entries: Sequence[RunEntry]) -> str:
     return "\n".join(parts)
 
 
-def _table(frame: pd.DataFrame) -> str:
-    columns = md_columns(frame) if len(frame) else list(MD_COLUMNS)
+def _table(frame: pd.DataFrame, leading: Sequence[str] = ()) -> str:
+    columns = [*leading, *(md_columns(frame) if len(frame) else list(MD_COLUMNS))]
     head = "".join(f"<th>{html.escape(column)}</th>" for column in columns)
     rows = []
     for _, row in frame.iterrows():

@@ -14,6 +14,7 @@ import numpy as np
 
 from kvbench.distribution import Distribution
 from kvbench.measure.records import RequestRecord
+from kvbench.settings import bounded
 
 NS_PER_MS = 1e6
 NS_PER_S = 1e9
@@ -24,9 +25,9 @@ ALL_TENANTS = "all"
 class SLO:
     """Service-level objectives for goodput; a limit left as None is not checked."""
 
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
+    ttft_ms: float | None = bounded(None, ge=0, unit="ms", help="goodput SLO on TTFT")
+    tpot_ms: float | None = bounded(None, ge=0, unit="ms", help="goodput SLO on TPOT")
+    e2e_ms: float | None = bounded(None, ge=0, unit="ms", help="goodput SLO on end-to-end latency")
 
     def met_by(self, record: RequestRecord) -> bool:
         if not record.ok:

@@ -50,6 +50,7 @@ ENGINES_DIR = "engines"
 REQUESTS_METRICS_JSONL = "requests_metrics.jsonl"  # per-request metrics for other tools (measure/export.py)
 REQUESTS_METRICS_PARQUET = "requests_metrics.parquet"
 VLLM_RESULTS_DIR = "vllm"  # one `vllm bench serve --save-result` JSON per point
+LLMD_RESULTS_DIR = "llmd"  # one llm-d benchmark report (measure/llmd_report.py) per point
 EVAL_JSON = "eval.json"
 EVAL_MD = "eval.md"
 EVAL_CSV = "eval.csv"
@@ -347,6 +348,7 @@ def _remove_run(run_dir: Path) -> None:
         (run_dir / name).unlink(missing_ok=True)
     shutil.rmtree(run_dir / ENGINES_DIR, ignore_errors=True)
     shutil.rmtree(run_dir / VLLM_RESULTS_DIR, ignore_errors=True)
+    shutil.rmtree(run_dir / LLMD_RESULTS_DIR, ignore_errors=True)
 
 
 def _resumable(run_dir: Path, config: Mapping) -> Resumed:

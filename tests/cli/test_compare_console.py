@@ -46,3 +46,22 @@ def test_the_cli_prints_tables_and_out_writes_markdown(folders, tmp_path, capsys
     assert markdown.startswith("# kvbench compare") and "**3 regressions**" in markdown and "|--" in markdown
     assert main(["compare", str(folders[0]), str(folders[1]), "--format", "md"]) == 1
     assert capsys.readouterr().out == markdown
+
+
+def test_at_80_columns_every_verdict_sits_with_its_metric(folders):
+    """The columns are stacked (baseline over new, delta over CI), not the rows split into parts: one table per
+    section, and each metric's verdict in the metric's own cell (folded under it when the name is long)."""
+    comparison = compare(read_run_folder(folders[0]), read_run_folder(folders[1]))
+    buffer = io.StringIO()
+    print_comparison(Console(file=buffer, width=80, color_system=None), comparison)
+    lines = buffer.getvalue().splitlines()
+    assert not any("(1/" in line for line in lines)  # no section printed in parts
+    assert max(len(line.rstrip()) for line in lines) <= 80
+    text = [line.strip() for line in lines]
+    for row in comparison.rows:
+        if row.kind != "perf":
+            continue
+        verdict = _row_cells(row)["verdict"]
+        starts = [index for index, line in enumerate(text) if line.startswith(f"{row.metric}:")]
+        assert starts, row.metric
+        assert all(verdict in " ".join(text[index:index + 2]) for index in starts), (row.metric, verdict)

@@ -74,3 +74,12 @@ def test_eval_prints_its_summary_in_the_same_style_with_every_number(tmp_path, m
     for cell in ("1.23e-04", "98.7%", "-0.43%", "512", "fp8_e4m3/tensor"):
         assert cell in cells, cell
     assert "|" not in text and "…" not in text  # not Markdown, nothing cut
+
+
+def test_off_a_terminal_tables_take_columns_from_the_environment(monkeypatch):
+    from kvbench.cli.tables import wide_console
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert wide_console().width == 80
+    monkeypatch.delenv("COLUMNS")
+    assert wide_console().width == 200  # a pipe without COLUMNS: wide, so that no cell is cut

@@ -146,3 +146,18 @@ def test_any_percentile_between_0_and_100_is_shown_from_the_per_request_export(t
     for bad in ("0", "100", "abc"):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["run", "--metric-percentiles", bad])
+
+
+def test_the_default_table_follows_the_percentile_flags_defaults(tmp_path, capsys):
+    """No flag: ttft,tpot,itl (--percentile-metrics' default) at the median and p99 (vLLM's console's)."""
+    from kvbench.cli.commands.run_cmd import _percentiles
+    from kvbench.cli.main import build_parser
+    from kvbench.cli.tables import print_summary, summary_columns
+
+    records = [_record(i, ttft) for i, ttft in enumerate([10, 50, 90, 400])]
+    write_summaries(tmp_path, [RunEntry.of(PointId("ours", "w", "rps=2", 0), records, SLO())])
+    frame = print_summary(tmp_path, _percentiles(build_parser().parse_args(["run"])))
+    titles = list(summary_columns(frame, _percentiles(build_parser().parse_args(["run"]))).values())
+    assert [title for title in titles if title.endswith(" ms") and " p" in title] == [
+        "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms"]
+    assert "TPOT" in capsys.readouterr().out  # printed, not only chosen

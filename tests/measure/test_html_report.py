@@ -57,7 +57,7 @@ def test_chromium_renders_every_plot_and_no_console_error(report, tmp_path):
     dom, errors = open_in_chromium(out, tmp_path)
     assert errors == []
     assert 'data-plots-loaded="5/5"' in dom
-    assert dom.count("<table>") == 2 and "kvbench report: good, bad" in dom
+    assert dom.count("<table>") == 3 and "kvbench report: good, bad" in dom  # the combined table, then one per folder
     assert "INVALID: 2/2 requests failed" in dom and "warm cache" in dom
     assert "workloads:" in dom and "rag-chat-mini" in dom  # config.yaml
     assert '"cpu_count":' in dom and '"packages":' in dom  # env.json

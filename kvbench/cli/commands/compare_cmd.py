@@ -16,7 +16,7 @@ import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 
-from kvbench.cli.console_table import Column, print_table
+from kvbench.cli.console_table import Column, fits, print_table
 from kvbench.cli.flag_types import at_least, number_between
 from kvbench.cli.tables import wide_console
 from kvbench.verdicts.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
@@ -210,8 +210,11 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
         cells = [_row_cells(row) for row in rows]
         names = [name for name in cells[0] if with_ci or name not in ("CI", "MDE", "kv_dtype")]
         columns = [Column({"kv_dtype": "kv"}.get(name, name), name in _NUMERIC) for name in names]
-        print_table(console, columns, [[escape(str(cell[name])) for name in names] for cell in cells],
-                    keys=3 if with_ci else 2, title=title)
+        table = [[escape(str(cell[name])) for name in names] for cell in cells]
+        keys = 3 if with_ci else 2
+        if not fits(console, columns, table, keys):  # narrow: stack the columns, so each verdict keeps its row
+            columns, table, keys = _stacked(cells, with_ci)
+        print_table(console, columns, table, keys=keys, title=title)
     for title, lines in (("Mismatches", comparison.mismatches), ("Notes", comparison.notes)):
         if lines:
             console.print(f"[bold]{title}[/bold]")
@@ -220,6 +223,27 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
 
 
 _NUMERIC = {"baseline", "new", "delta", "CI", "tolerance", "MDE"}
+# A narrow console's layout: each column two values stacked, the verdict in the metric's own cell (the key column
+# every part of a split table repeats), so no verdict is ever printed away from its metric.
+_STACKED = (("metric: verdict\nsetting kv", False), ("baseline\nnew", True), ("delta\nCI", True),
+            ("tolerance\nbetter", True))
+
+
+def _stacked(cells: list[dict], with_ci: bool) -> tuple[list[Column], list[list[str]], int]:
+    """(columns, rows, key columns) of the stacked layout; a note, when any row has one, in a last column."""
+    rows = []
+    for cell in cells:
+        key = f"{cell['metric']}: {cell['verdict']}\n{cell['setting']}" + (f" {cell['kv_dtype']}" if with_ci else "")
+        rows.append([key, f"{cell['baseline']}\n{cell['new']}", f"{cell['delta']}\n{cell['CI'] if with_ci else ''}",
+                     f"{cell['tolerance']}\n{cell['better']}"])
+    columns = [Column(title, numeric) for title, numeric in _STACKED]
+    if not with_ci:
+        rows = [row[:2] + [row[2].rstrip()] + row[3:] for row in rows]
+        columns[2] = Column("delta", True)
+    if any(cell["note"] for cell in cells):
+        columns.append(Column("note", False))
+        rows = [row + [cell["note"]] for row, cell in zip(rows, cells)]
+    return columns, [[escape(text) for text in row] for row in rows], 1
 
 
 def comparison_markdown(comparison: Comparison) -> str:

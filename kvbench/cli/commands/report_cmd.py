@@ -2,7 +2,8 @@
 bench, AIPerf, guidellm: measure/foreign_results.py), each row labelled by the tool that measured it.
 
 A folder without summary.json (its run was killed before it wrote one) gets one rebuilt from config.yaml and
-requests.jsonl, written into the folder, and said so on stderr.
+requests.jsonl, written into the folder, and said so on stderr. A folder of run folders (a `--find-max` search's
+probes/, or any folder holding run folders) stands for them, a row per probe.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
     from kvbench.measure.foreign_results import EXPECTED, is_foreign, read_foreign
 
     frames = []
-    for run_dir in args.run_dirs:
+    for run_dir in [folder for given in args.run_dirs for folder in _run_folders(given)]:
         if is_foreign(run_dir):  # another tool's result file, beside our run folders
             rows = read_foreign(run_dir)
             frame = pd.DataFrame(rows, columns=[*summary_frame([]).columns, "tool"])
@@ -58,7 +59,8 @@ def handle(args: argparse.Namespace) -> int:
         else:
             frame = summary_frame(_entries(run_dir))
             frame["tool"] = "kvbench"
-        frame.insert(0, "run_dir", run_dir.name)
+        frame.insert(0, "run_dir", run_dir.name if run_dir.parent.name != PROBES else f"{run_dir.parent.parent.name}/"
+                     f"{run_dir.name}")
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     if not args.all_tenants:
@@ -93,14 +95,28 @@ def _html(args: argparse.Namespace) -> int:
     from kvbench.measure.foreign_results import is_foreign
     from kvbench.measure.html_report import report_html
 
-    for run_dir in args.run_dirs:
+    run_dirs = [folder for given in args.run_dirs for folder in _run_folders(given)]
+    for run_dir in run_dirs:
         if is_foreign(run_dir):
             raise SettingsError(f"{run_dir}: --format html reads kvbench run folders only; show other tools' result "
                                 "files with --format table, md or csv")
     out = args.out or (args.run_dirs[0] / "report.html" if len(args.run_dirs) == 1 else Path("kvbench-report.html"))
-    out.write_text(report_html(args.run_dirs, [_entries(run_dir) for run_dir in args.run_dirs]))
+    out.write_text(report_html(run_dirs, [_entries(run_dir) for run_dir in run_dirs]))
     print(f"report: {out}")
     return 0
+
+
+PROBES = "probes"  # harness/find_max.py: one run folder per probe under SEARCH_DIR/probes/
+
+
+def _run_folders(path: Path) -> list[Path]:
+    """The run folders `path` stands for: itself, or for a folder that holds run folders rather than being one
+    (a `--find-max` search: its probes/NN-.../; any folder of run folders), those, in name order."""
+    if not path.is_dir() or (path / SUMMARY_JSON).exists() or (path / REQUESTS_JSONL).exists():
+        return [path]
+    inner = sorted(child for child in (*path.glob("*"), *path.glob(f"{PROBES}/*"))
+                   if child.is_dir() and ((child / SUMMARY_JSON).exists() or (child / REQUESTS_JSONL).exists()))
+    return inner or [path]
 
 
 def _entries(run_dir: Path) -> list[RunEntry]:

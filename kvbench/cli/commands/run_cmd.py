@@ -16,7 +16,7 @@ from rich.progress import (
 )
 
 from kvbench.cli.flag_types import at_least, checked_by, number_above
-from kvbench.cli import find_max_flags, vllm_flags
+from kvbench.cli import config_flags, find_max_flags, vllm_bench_flags, vllm_flags
 from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
@@ -30,7 +30,7 @@ from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
 
-console = Console()
+console = Console(soft_wrap=True)  # off a terminal its lines are not wrapped at 80 columns (tables still fit)
 error_console = Console(stderr=True, soft_wrap=True)
 
 # What `kvbench run` with no flags does: our engine, the default model, rag-chat-mini, a short run.
@@ -57,6 +57,19 @@ def register(commands, formatter) -> None:
         f"{SUMMARY_JSON}, {REQUESTS_JSONL}, {CONFIG_YAML}, {ENV_JSON}, plots.",
         formatter_class=formatter,
     )
+    _add_target_flags(parser)
+    _add_load_flags(parser)
+    config_flags.add_flags(parser)
+    vllm_flags.add_report_flags(parser)
+    find_max_flags.add_flags(parser)
+    vllm_bench_flags.add_flags(parser)
+    _add_run_flags(parser)
+    _add_sim_flags(parser)
+    parser.set_defaults(handler=handle)
+
+
+def _add_target_flags(parser: argparse.ArgumentParser) -> None:
+    """What is run: the config, or the engine, its settings and the workload."""
     parser.add_argument("config", nargs="?", type=Path, help="experiment matrix YAML (see kvbench/harness/config.py)")
     parser.add_argument("--engine", default=None, help="adapter name (default: kvengine, our own engine)")
     parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (implies --engine endpoint)")
@@ -71,6 +84,10 @@ def register(commands, formatter) -> None:
                         help=f"profile name, trace/param file, or dataset: sharegpt:FILE (with --tokenizer), "
                         f"dataset:PATH, random, prefix_repetition (default {DEFAULT_WORKLOAD})")
     parser.add_argument("--num-sessions", type=at_least(1, MAX_COUNT), help="sessions to generate (or trace rows to keep)")
+
+
+def _add_load_flags(parser: argparse.ArgumentParser) -> None:
+    """The load point: one of an open loop, a closed loop, the trace's times or stages."""
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=number_above(0, maximum=MAX_RATE),
                       help="open loop: new SESSIONS per second (Poisson), each playing all its turns; for requests "
@@ -87,28 +104,14 @@ def register(commands, formatter) -> None:
                         help="a stage before --stages, sent and recorded but left out of every result")
     parser.add_argument("--burstiness", type=number_above(BURSTINESS_RANGE[0], True, BURSTINESS_RANGE[1]), default=1.0,
                         help="gamma shape for --rate or --request-rate (1.0 = Poisson; smaller is burstier), as vLLM's")
-    stop = parser.add_mutually_exclusive_group()
-    stop.add_argument("--num-requests", "--num-prompts", type=at_least(1, MAX_COUNT),
-                      help=f"stop after this many requests (default {DEFAULT_NUM_REQUESTS}; --num-prompts as vLLM)")
-    stop.add_argument("--duration", type=number_above(0, maximum=MAX_DURATION_S), help="stop sending after this many seconds")
-    parser.add_argument("--warmup", type=at_least(0, MAX_COUNT), default=None, help="requests excluded from metrics at the start")
-    parser.add_argument("--repeat", type=at_least(1), default=None, help="repetitions of every load point")
-    parser.add_argument("--workers", type=at_least(1), default=None,
-                        help="load-generator processes per point, each with its own event loop and whole sessions "
-                        "of one schedule (default 1: this process)")
+
+
+def _add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """How the run is carried out: where it runs, where it writes, what it prints."""
     parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
                         help="run on a Ray cluster (default address: auto): each engine setting as a Ray task on a "
                         "node with its `resources`, the load workers as Ray actors (`local`: a one-machine cluster; put CONFIG.yaml "
                         "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
-    parser.add_argument("--api", choices=("completions", "chat"), default=None, help="endpoint to use")
-    parser.add_argument("--tokenizer", help="local tokenizer folder (re-tokenizing answers, chat prompts)")
-    parser.add_argument("--max-lag-ms", type=number_above(0), default=None,
-                        help="client lag past which a point is invalid (client.max_lag_ms, default 10; exit 1)")
-    parser.add_argument("--seed", type=at_least(0), default=None, help="workload and arrival seed (default 0)")
-    parser.add_argument("--slo-ttft-ms", type=number_above(0), help="goodput SLO on TTFT")
-    parser.add_argument("--slo-tpot-ms", type=number_above(0), help="goodput SLO on TPOT")
-    vllm_flags.add_report_flags(parser)
-    find_max_flags.add_flags(parser)
     parser.add_argument("--progress-every", type=number_above(0), default=DEFAULT_EVERY_S, metavar="S",
                         help="off a terminal (CI logs, pipes): a progress line every S seconds (default "
                         f"{DEFAULT_EVERY_S:g})")
@@ -127,16 +130,35 @@ def register(commands, formatter) -> None:
     parser.add_argument("--budget", type=number_above(0), metavar="MINUTES",
                         help="refuse (exit 2) a plan whose cells' load, one after another, needs more than MINUTES "
                         "(the dry run's total; e.g. the CI job's timeout-minutes)")
+
+
+def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulated engine (--engine sim; see `kvbench simulate --help`)")
     sim.add_argument("--sim-model", default="qwen2.5-72b", help="model geometry to simulate")
     sim.add_argument("--sim-hardware", default="8xh200", help="hardware profile to simulate")
     sim.add_argument("--sim-preset", action="append", default=[], help="policy preset, repeatable (default: all)")
     sim.add_argument("--sim-kv-dtype", action="append", default=[], help="KV dtype, repeatable (default fp8)")
-    parser.set_defaults(handler=handle)
 
 
 def config_from_args(args: argparse.Namespace):
     """The experiment config: the YAML file with flag overrides, or one built from flags alone."""
+    vllm_bench_flags.check(args)
+    settings = _engine_settings(args)
+    data = _from_config_file(args, settings) if args.config is not None else _from_flags(args, settings)
+    data.setdefault("slo", {}).update(vllm_flags.goodput_slo(args))  # then --slo-*-ms, given below, win
+    for key, values in config_flags.given(args).items():
+        section = data if key == "" else data.setdefault(key, {})
+        section.update(values)
+    stop = data.setdefault("stop", {})
+    if args.num_requests is not None:  # one stop condition replaces the other
+        stop["duration_s"] = None
+    if args.duration_s is not None:
+        stop["num_requests"] = None
+    return parse_config(data, where=str(args.config) if args.config else "flags")
+
+
+def _engine_settings(args: argparse.Namespace) -> dict:
+    """`--set KEY=VALUE` as {key: YAML value}."""
     import yaml
 
     settings = {}
@@ -145,74 +167,58 @@ def config_from_args(args: argparse.Namespace):
         if not sep or not key:
             raise SettingsError(f"--set {item!r}: expected KEY=VALUE, e.g. --set kv_dtype=fp8_e4m3")
         settings[key.strip()] = yaml.safe_load(value)
-    if args.config is not None:
-        config = load_config_file(args.config)
-        data = config.to_dict()
-        for engine in data["engines"]:  # --set overrides every engine setting of the matrix
-            engine["settings"] = {**engine["settings"], **settings}
-        if args.cell:
-            data["engines"] = _cells(data["engines"], args.cell, args.config)
-        _refuse_matrix_flags(args)
-        _refuse_stop_flags_with_stages(args)
-        if _load_asked(args):  # a load flag replaces the config's load points, as --num-requests its stop
-            data["loads"] = [_load_point(args)]
-        if args.num_sessions is not None:
-            for workload in data["workloads"]:
-                workload["num_sessions"] = args.num_sessions
-    else:
-        if args.cell:
-            raise SettingsError("--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)")
-        engine = args.engine or ("endpoint" if args.url else DEFAULT_ENGINE)
-        if args.url:
-            settings.setdefault("url", args.url)
-        if args.model:
-            settings.setdefault("model", args.model)
-        if args.api_key:
-            settings.setdefault("api_key", args.api_key)
-        _refuse_stop_flags_with_stages(args)
-        workload = {"name": args.workload or DEFAULT_WORKLOAD}
-        if args.tokenizer and needs_tokenizer(workload["name"]):
-            workload["overrides"] = {"tokenizer": args.tokenizer}  # a text dataset is tokenized with it
-        if args.num_sessions is not None:
+    return settings
+
+
+def _from_config_file(args: argparse.Namespace, settings: dict) -> dict:
+    """CONFIG.yaml's mapping, `--set` applied to every engine and a load flag replacing its load points."""
+    data = load_config_file(args.config).to_dict()
+    for engine in data["engines"]:  # --set overrides every engine setting of the matrix
+        engine["settings"] = {**engine["settings"], **settings}
+    if args.cell:
+        data["engines"] = _cells(data["engines"], args.cell, args.config)
+    _refuse_matrix_flags(args)
+    _refuse_stop_flags_with_stages(args)
+    if _load_asked(args):  # a load flag replaces the config's load points, as --num-requests its stop
+        data["loads"] = [_load_point(args)]
+    if args.num_sessions is not None:
+        for workload in data["workloads"]:
             workload["num_sessions"] = args.num_sessions
-        elif args.stages:  # a session for every request of the stages, as `kvbench simulate --stages` makes
-            workload["num_sessions"] = _stage_plan(args).total_requests
-        data = {
-            "name": Path(workload["name"]).stem,
-            "engines": _engines(engine, settings, main_job=not (args.engine or args.url)),
-            "workloads": [workload],
-            "loads": [_load_point(args)],
-            "stop": {"num_requests": DEFAULT_NUM_REQUESTS},
-            "client": {},
-            "slo": {},
-        }
-    stop = data.setdefault("stop", {})
-    if args.num_requests is not None:
-        stop.update(num_requests=args.num_requests, duration_s=None)
-    if args.duration is not None:
-        stop.update(duration_s=args.duration, num_requests=None)
-    if args.warmup is not None:
-        stop["warmup_requests"] = args.warmup
-    client = data.setdefault("client", {})
-    if args.api:
-        client["api"] = args.api
-    if args.tokenizer:
-        client["tokenizer"] = args.tokenizer
-    if args.max_lag_ms is not None:
-        client["max_lag_ms"] = args.max_lag_ms
-    if args.workers is not None:
-        client["workers"] = args.workers
-    slo = data.setdefault("slo", {})
-    slo.update(vllm_flags.goodput_slo(args))
-    if args.slo_ttft_ms is not None:
-        slo["ttft_ms"] = args.slo_ttft_ms
-    if args.slo_tpot_ms is not None:
-        slo["tpot_ms"] = args.slo_tpot_ms
-    if args.seed is not None:
-        data["seed"] = args.seed
-    if args.repeat is not None:
-        data["repeat"] = args.repeat
-    return parse_config(data, where=str(args.config) if args.config else "flags")
+    return data
+
+
+def _from_flags(args: argparse.Namespace, settings: dict) -> dict:
+    """The config mapping of a run from flags alone: one engine (or the main job's two), one workload, one load."""
+    if args.cell:
+        raise SettingsError("--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)")
+    url, api = vllm_bench_flags.server(args)
+    if url and args.url and url != args.url:
+        raise SettingsError(f"--url {args.url} and vllm bench serve's server flags ({url}) name two servers: give one")
+    url = args.url or url
+    engine = args.engine or ("endpoint" if url else DEFAULT_ENGINE)
+    for key, value in (("url", url), ("model", args.served_model_name or args.model), ("api_key", args.api_key)):
+        if value:
+            settings.setdefault(key, value)
+    _refuse_stop_flags_with_stages(args)
+    dataset = vllm_bench_flags.workload(args)
+    workload = dataset or {"name": args.workload or DEFAULT_WORKLOAD}
+    if dataset is not None and args.num_sessions is None and not args.stages:  # vLLM: a prompt per request
+        workload["num_sessions"] = args.num_requests or DEFAULT_NUM_REQUESTS
+    if args.tokenizer and needs_tokenizer(workload["name"]):
+        workload.setdefault("overrides", {})["tokenizer"] = args.tokenizer  # a text dataset is tokenized with it
+    if args.num_sessions is not None:
+        workload["num_sessions"] = args.num_sessions
+    elif args.stages:  # a session for every request of the stages, as `kvbench simulate --stages` makes
+        workload["num_sessions"] = _stage_plan(args).total_requests
+    return {
+        "name": Path(workload["name"].split(":", 1)[-1]).stem,
+        "engines": _engines(engine, settings, main_job=not (args.engine or url)),
+        "workloads": [workload],
+        # vLLM's dataset flags without a load flag: vLLM's default, every request as soon as it is ready
+        "loads": [{"request_rate": "inf"} if dataset is not None and not _load_asked(args) else _load_point(args)],
+        "stop": {"num_requests": DEFAULT_NUM_REQUESTS},
+        "client": {"api": api} if api else {},
+    }
 
 
 def _cells(engines: list[dict], wanted: list[str], config: Path) -> list[dict]:
@@ -241,7 +247,9 @@ def _refuse_matrix_flags(args: argparse.Namespace) -> None:
     """With CONFIG.yaml its engines and workloads are the matrix: a flag that would name another is refused, never
     silently dropped."""
     for flag, value in (("--engine", args.engine), ("--url", args.url), ("--model", args.model),
-                        ("--api-key", args.api_key), ("--workload", args.workload)):
+                        ("--api-key", args.api_key), ("--workload", args.workload),
+                        ("--dataset-name", args.dataset_name), ("--base-url", args.base_url), ("--host", args.host),
+                        ("--port", args.port), ("--backend", args.backend), ("--endpoint", args.endpoint)):
         if value:
             raise SettingsError(f"{flag}: CONFIG.yaml names the engines and workloads; set it in {args.config} "
                                 "(an engine setting of every cell: --set KEY=VALUE), or drop CONFIG.yaml to run from flags")
@@ -259,7 +267,7 @@ def _refuse_stop_flags_with_stages(args: argparse.Namespace) -> None:
     if not args.stages:
         return
     for flag, value in (("--max-concurrency", args.max_concurrency), ("--num-requests", args.num_requests),
-                        ("--duration", args.duration), ("--warmup", args.warmup), ("--find-max", args.find_max),
+                        ("--duration", args.duration_s), ("--warmup", args.warmup_requests), ("--find-max", args.find_max),
                         ("--workers", args.workers if args.workers != 1 else None)):
         if value is not None:
             raise SettingsError(f"{flag}: --stages sets the load, its stop and its warm-up (--warmup-stage); leave "
@@ -307,6 +315,7 @@ def handle(args: argparse.Namespace) -> int:
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        disable=not console.is_terminal,  # off a terminal: live_progress's plain lines instead
     ) as bar:
         try:
             with _terminate_is_interrupt():
@@ -330,14 +339,15 @@ def handle(args: argparse.Namespace) -> int:
         if not any(failure.startswith(f"{entry.run_id}: ") for failure in outcome.failures):
             reasons = "; ".join(entry.invalid_reasons)
             console.print(f"[bold red]invalid:[/bold red] {escape(entry.run_id)}: {escape(reasons)}", highlight=False)
+    for path in vllm_bench_flags.save_results(args, run_dir, [entry.run_id for entry in outcome.entries]):
+        console.print(f"vLLM result: {escape(str(path))}", highlight=False)
     console.print(results_line(run_dir))
     return 1 if outcome.failures or invalid or not outcome.entries else 0
 
 
-def _percentiles(args: argparse.Namespace) -> dict[str, str] | None:
-    """The percentile columns `--percentile-metrics`/`--metric-percentiles` select; None: the table's own."""
-    if args.percentile_metrics is None and args.metric_percentiles is None:
-        return None
+def _percentiles(args: argparse.Namespace) -> dict[str, str]:
+    """The percentile columns `--percentile-metrics`/`--metric-percentiles` select, their defaults without them
+    (TTFT, TPOT and ITL at p50 and p99), as the flags' help says."""
     return vllm_flags.percentile_columns(args)
 
 
@@ -365,7 +375,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.request_rate is not None or args.max_concurrency is not None:
         raise SettingsError("--engine sim: the simulator plays --rate or --concurrency; --request-rate and "
                             "--max-concurrency are for real engines")
-    if args.config is not None or args.url or args.duration is not None:
+    if args.config is not None or args.url or args.duration_s is not None:
         raise SettingsError("--engine sim: give flags (not CONFIG.yaml, --url or --duration); see kvbench simulate --help")
     return handle_simulate(argparse.Namespace(
         model=args.sim_model, hardware=args.sim_hardware, workload=args.workload or "rag-chat",
