@@ -9,6 +9,7 @@ from kvbench.measure.conversation import Isolation
 from kvbench.sim.cost import CostModel
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware
+from kvbench.sim.kv_offload import KVOffloadSpec, PDSpec, with_tier_links
 from kvbench.sim.presets import Preset
 from kvbench.sim.vllm_memory import VllmMemory, vllm_memory
 
@@ -37,6 +38,10 @@ class SimConfig:
     # How the device KV budget is found: MEMORY_RESERVE (the hardware's memory_fraction less a fixed activation
     # reserve) or MEMORY_VLLM (vLLM's profiled arithmetic at the preset's batch limits, `sim/vllm_memory.py`).
     memory_model: str = MEMORY_RESERVE
+    # The KV tiers below device as an engine's connector keeps them (`sim/offload_tiers.py`); None: the preset's
+    # own (host/disk fractions, remote bytes, tier policy). A prefill/decode split of the replicas (None: none).
+    kv_offload: KVOffloadSpec | None = None
+    pd: PDSpec | None = None
 
     def __post_init__(self) -> None:
         if self.memory_model not in MEMORY_MODELS:
@@ -50,7 +55,8 @@ class SimConfig:
 
     @property
     def cost(self) -> CostModel:
-        return CostModel(self.geometry, self.hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
+        hardware = self.hardware if self.kv_offload is None else with_tier_links(self.hardware, self.kv_offload)
+        return CostModel(self.geometry, hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
                          self.preset.page_size)
 
     @property

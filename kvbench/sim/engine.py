@@ -50,6 +50,7 @@ from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
 from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
+from kvbench.sim.offload_tiers import build_offload
 from kvbench.sim.cost import SeqWork
 from kvbench.sim.presets import AUTO, TIERS_TTL
 from kvbench.sim.routing import Router
@@ -285,6 +286,10 @@ def prefill_beside_decodes(config: SimConfig, device_pages: int) -> int | None:
     return stall_bounded_prefill(step_s, shape, preset.decode_stall_factor)
 
 
+def _ledger(config: SimConfig, pages: int):
+    return config.tenants.ledger(pages) if config.tenants.tenants else None
+
+
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     preset = config.preset
     remote = None
@@ -296,10 +301,16 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
                                    strict_isolation=config.strict_isolation)
     ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
     sink = events if events is not None else NullEventLog()
+    if config.kv_offload is not None:  # the tiers the case states, as its connector keeps them
+        indexes = [PrefixIndex(PagePool(1 + device_pages, preset.page_size), events=sink)
+                   for _ in range(preset.num_nodes)]
+        return [SimNode(i, Scheduler(index, sched_config, ledger=_ledger(config, index.pool.capacity)), config.cost, below,
+                        preset.admission, config.decode_runs)
+                for i, (index, below) in enumerate(zip(indexes, build_offload(config, indexes)))]
     nodes = []
     for i in range(preset.num_nodes):
         pool = PagePool(1 + device_pages, preset.page_size)
-        ledger = config.tenants.ledger(pool.capacity) if config.tenants.tenants else None
+        ledger = _ledger(config, pool.capacity)
         if preset.tier_policy == TIERS_TTL and (host_pages > 0 or disk_pages > 0):
             below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(), preset.tier_interval_s,
                                     sink)
