@@ -32,7 +32,7 @@ from scipy.optimize import minimize
 
 from kvbench.sim.hardware import Hardware
 from kvbench.sim.presets import ROUTE_PRECISE_PREFIX
-from kvbench.sim.published import Case, Fit, Row, case_config, case_workload, compare_route, log_residuals
+from kvbench.sim.published import Case, Fit, Row, case_config, case_workload, compare_arm, log_residuals
 
 FIT_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")
 START = Fit(flops_efficiency=0.5, bw_efficiency=0.8, step_overhead_s=0.002, router_latency_s=0.0)
@@ -126,7 +126,7 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
     def cost(x: np.ndarray) -> float:
         fe, be, overhead_ms = float(math.exp(min(x[0], 0.0))), float(math.exp(min(x[1], 0.0))), max(float(x[2]), 0.0)
         t = time.perf_counter()
-        run = compare_route(case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed,
+        run = compare_arm(case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed,
                             stage_subset=subset, workload=workload)
         used = fitted(run.rows)
         latency = best_router_latency(used)

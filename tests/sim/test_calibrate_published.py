@@ -6,7 +6,7 @@ import pytest
 
 from kvbench.sim.calibrate_published import START, best_router_latency, fit_published, transfer
 from kvbench.sim.hardware import load_hardware
-from kvbench.sim.published import Fit, Row, compare_route, parse_case
+from kvbench.sim.published import Fit, Row, compare_arm, parse_case
 
 CASE = """
 name: fit-case
@@ -33,7 +33,7 @@ def test_a_fit_recovers_the_speeds_that_made_the_published_values(tmp_path):
     truth = Fit(0.5, 0.6, 0.004, 0.03, "truth")
     path = tmp_path / "case.yaml"
     path.write_text(CASE.replace("{PUBLISHED}", "{output_tok_s: [1, 1]}"))
-    made = compare_route(parse_case(path), "precise-prefix", truth).rows
+    made = compare_arm(parse_case(path), "precise-prefix", truth).rows
     published = {m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
                  for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")}
     path.write_text(CASE.replace("{PUBLISHED}", json.dumps(published)))

@@ -18,15 +18,15 @@ def handle_published(args: argparse.Namespace) -> int:
     from kvbench.cli.commands.published_cmd import print_rows
     from kvbench.sim.calibrate_published import fit_published, residual_lines, transfer
     from kvbench.sim.hardware import load_hardware, save_hardware
-    from kvbench.sim.published import CaseError, compare_route, parse_case
+    from kvbench.sim.published import CaseError, compare_arm, parse_case
     from kvbench.sim.published_report import check_targets, write_comparison
 
     try:
         case = parse_case(args.published)
     except CaseError as error:
         raise SettingsError(str(error)) from None
-    if args.fit_router not in case.routers:
-        raise SettingsError(f"--fit-router {args.fit_router}: the case has {', '.join(case.routers)}")
+    if args.fit_router not in case.arm_names:
+        raise SettingsError(f"--fit-router {args.fit_router}: the case's arms are {', '.join(case.arm_names)}")
     out = args.out or args.published.with_suffix("")
     out.mkdir(parents=True, exist_ok=True)
 
@@ -61,13 +61,13 @@ def handle_published(args: argparse.Namespace) -> int:
     if not args.no_check:
         rows = []
         header = [f"case: {args.published}", f"fit: {fit_json} ({fit.fitted_on})"]
-        for route in case.routers:
-            run = compare_route(case, route, fit)
-            header.append(f"{route}: {len(run.staged.result.records):,} requests simulated in "
-                          f"{run.staged.result.wall_s:.0f} s")
+        for route in case.arm_names:
+            run = compare_arm(case, route, fit)
+            header.append(f"{route}: {len(run.result.records):,} requests simulated in "
+                          f"{run.result.wall_s:.0f} s")
             rows += run.rows
             print_rows(run.rows, route)
-        targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages], fit.fitted_rows)
+        targets = check_targets(rows, list(case.stage_labels), fit.fitted_rows)
         for t in targets:
             console.print(f"{'met' if t.met else 'not met' if t.met is False else 'n/a'}: {t.name} ({t.detail})")
         files += write_comparison(out, case.name, rows, targets, header, fit.fitted_rows)
