@@ -39,6 +39,7 @@ from kvbench.sim.published_case import (  # noqa: F401  (the case's names, re-ex
     Arm,
     Case,
     CaseError,
+    effect_value,
     parse_case,
     subsample,
 )
@@ -155,7 +156,7 @@ def measured(records: Sequence[RequestRecord], fleet_scale: float = 1.0) -> dict
     host = sum((r.cached_tokens_by_tier or {}).get("host", 0) for r in done)
     values = {"output_tok_s": s.output_tok_s, "total_tok_s": s.total_tok_s, "request_s": s.req_s,
               "ttft_mean_s": ms(s.ttft_ms, "mean"), "ttft_p50_s": ms(s.ttft_ms, "p50"),
-              "ttft_p90_s": ms(s.ttft_ms, "p90"), "ttft_p99_s": ms(s.ttft_ms, "p99"),
+              "ttft_p90_s": ms(s.ttft_ms, "p90"), "ttft_p95_s": ms(s.ttft_ms, "p95"), "ttft_p99_s": ms(s.ttft_ms, "p99"),
               "e2e_mean_s": ms(s.e2e_ms, "mean"), "e2e_p50_s": ms(s.e2e_ms, "p50"), "e2e_p90_s": ms(s.e2e_ms, "p90"),
               "itl_mean_ms": s.itl_ms.mean if s.itl_ms else None,
               "gpu_hit_rate": device / prompt if prompt else None,
@@ -217,6 +218,7 @@ class EffectRow:
     arm: str
     over: str
     metric: str
+    stage: str  # WHOLE or a stage's label
     published_change: float
     simulated_change: float | None
 
@@ -235,15 +237,16 @@ class EffectRow:
 
 
 def effect_rows(case: Case, rows: Sequence[Row]) -> list[EffectRow]:
-    """The case's effects on the whole-run `rows` of its arms."""
-    whole = {(r.arm, r.metric): r for r in rows if r.stage == WHOLE}
+    """The case's effects on `rows` of its arms (the whole-run rows, or a stage's)."""
+    by = {(r.arm, r.stage, r.metric): r for r in rows}
     out = []
     for e in case.effects:
-        a, b = whole.get((e.arm, e.metric)), whole.get((e.over, e.metric))
-        pub = case.published[e.arm].whole[e.metric] / case.published[e.over].whole[e.metric] - 1 \
-            if case.published[e.over].whole[e.metric] else math.nan
+        a, b = by.get((e.arm, e.stage, e.metric)), by.get((e.over, e.stage, e.metric))
+        mine = effect_value(case.published[e.arm], e, case.stage_labels)
+        theirs = effect_value(case.published[e.over], e, case.stage_labels)
+        pub = mine / theirs - 1 if theirs else math.nan
         sim = None if a is None or b is None or not a.simulated or not b.simulated else a.simulated / b.simulated - 1
-        out.append(EffectRow(e.arm, e.over, e.metric, pub, sim))
+        out.append(EffectRow(e.arm, e.over, e.metric, e.stage, pub, sim))
     return out
 
 
@@ -259,7 +262,8 @@ def comparison_doc(rows: Sequence[Row], effects: Sequence[EffectRow]) -> dict:
             stages.setdefault(r.arm, {}).setdefault(r.stage, {})[r.metric] = cell(r)
     return {"arms": arms, "stages": stages,
             "effects": [{"arm": e.arm, "over": e.over, "metric": e.metric, "published_change": e.published_change,
-                         "simulated_change": e.simulated_change} for e in effects]}
+                         "simulated_change": e.simulated_change, **({} if e.stage == WHOLE else {"stage": e.stage})}
+                        for e in effects]}
 
 
 @dataclass(frozen=True, slots=True)

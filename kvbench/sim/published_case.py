@@ -9,7 +9,8 @@ The format (results/sim/published/README.md documents it with examples; version 
                           kv_dtype, kv_offload, pd}: vLLM's settings; kv_offload and pd as sim/kv_offload.py
                           spells them
     workload              a kvbench workload parameter mapping (`generator: shared_prefix` and its parameters)
-    stages                {warmup, ladder}: Poisson stages as RATE:SECONDS, each drained before the next
+    stages                {warmup, ladder, gap_s}: Poisson stages as RATE:SECONDS, each drained before the next
+                          and the next started gap_s later (1 s unless given)
       or load             {closed_loop: {concurrency, num_requests, warmup_requests}}: a fixed concurrency
                           (inference-perf `type: concurrent`), or {stages: {...}} as above
     client                {max_concurrency}: the load generator's cap on requests in flight
@@ -20,7 +21,8 @@ The format (results/sim/published/README.md documents it with examples; version 
     published             {ARM: {METRIC: value}}: a number is the whole run's value, a list one per stage
                           (null where not published); METRIC one of METRICS
     whole_ladder          {ARM: {METRIC: value}}: version 1's whole-run values
-    effects               [{arm, over, metric}]: published changes that are themselves targets (arm / over - 1)
+    effects               [{arm, over, metric, stage}]: published changes that are themselves targets (arm / over
+                          - 1), of the whole-run values, or with `stage: RATE` of that stage's
 
 `parse_case` is the one door: every field is read here, and a value of the wrong kind or range anywhere is a
 `CaseError` naming the field and the fix, never a traceback.
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvbench.measure.stages import StagePlan, parse_stage, parse_stages
+from kvbench.measure.stages import STAGE_GAP_S, StagePlan, parse_stage, parse_stages
 from kvbench.settings import SettingsError, bounded, build, read_yaml
 from kvbench.sim.geometry import DTYPE_BYTES, load_geometry
 from kvbench.sim.hardware import load_hardware
@@ -45,7 +47,8 @@ from kvbench.workloads.shared_prefix import SharedPrefixParams
 
 # What a case may publish, per arm (whole run) or per stage. Throughput in tokens/s (total: input + output),
 # request_s in completed requests/s, TTFT and E2E in seconds, ITL in ms, hit rates as fractions of tokens.
-METRICS = ("output_tok_s", "total_tok_s", "request_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+METRICS = ("output_tok_s", "total_tok_s", "request_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p95_s",
+           "ttft_p99_s",
            "e2e_mean_s", "e2e_p50_s", "e2e_p90_s", "itl_mean_ms", "gpu_hit_rate", "cpu_hit_rate")
 STAGE_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")  # the per-stage table's columns
 WHOLE_LADDER_METRICS = ("output_tok_s", "ttft_mean_s", "itl_mean_ms")  # version 1's `whole_ladder` keys
@@ -109,11 +112,13 @@ class ArmPublished:
 
 @dataclass(frozen=True, slots=True)
 class Effect:
-    """A published change that is a target of its own: `metric` of `arm` over that of `over`, minus 1."""
+    """A published change that is a target of its own: `metric` of `arm` over that of `over`, minus 1, in the
+    whole run (`stage` WHOLE) or in one stage (its label)."""
 
     arm: str
     over: str
     metric: str
+    stage: str = WHOLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,11 +309,15 @@ def _load(doc: Mapping, where: str) -> tuple[StagePlan | None, ClosedLoop | None
     if not isinstance(stages, Mapping):
         raise CaseError(f"{where}.stages is {stages!r:.60}; give {{warmup: \"RATE:S\", ladder: \"RATE:S,...\"}} or "
                         "load: {closed_loop: {concurrency: C, num_requests: N}}")
-    warmup, ladder = stages.get("warmup"), stages.get("ladder")
+    warmup, ladder, gap = stages.get("warmup"), stages.get("ladder"), stages.get("gap_s", STAGE_GAP_S)
     if not isinstance(ladder, str) or not (warmup is None or isinstance(warmup, str)):
         raise CaseError(f"{where}.stages: give ladder (and warmup) as text, RATE:SECONDS[,RATE:SECONDS...]")
+    if set(stages) - {"warmup", "ladder", "gap_s"}:
+        raise CaseError(f"{where}.stages: unknown {sorted(set(stages) - {'warmup', 'ladder', 'gap_s'})}; give "
+                        "warmup, ladder, gap_s")
+    gap = _number(gap, f"{where}.stages.gap_s")
     try:
-        return StagePlan(parse_stages(ladder), parse_stage(warmup) if warmup is not None else None), None
+        return StagePlan(parse_stages(ladder), parse_stage(warmup) if warmup is not None else None, gap), None
     except ValueError as error:
         raise CaseError(f"{where}.stages: {error}") from None
 
@@ -336,23 +345,39 @@ def _published(doc: Mapping, arms: tuple[str, ...], stages: int, where: str) -> 
     return {arm: ArmPublished(whole[arm], per_stage[arm]) for arm in arms}
 
 
-def _effects(doc: Mapping, published: Mapping[str, ArmPublished], where: str) -> tuple[Effect, ...]:
+def _effects(doc: Mapping, published: Mapping[str, ArmPublished], labels: tuple[str, ...],
+             where: str) -> tuple[Effect, ...]:
     raw = doc.get("effects") or []
     if not isinstance(raw, list):
         raise CaseError(f"{where}.effects is {raw!r:.60}; give a list of {{arm, over, metric}}")
     effects = []
     for i, item in enumerate(raw):
         at = f"{where}.effects[{i}]"
-        if not isinstance(item, Mapping) or set(item) != {"arm", "over", "metric"}:
-            raise CaseError(f"{at}: give {{arm: ARM, over: ARM, metric: METRIC}}")
-        effect = Effect(*(item[k] for k in ("arm", "over", "metric")))
+        if not isinstance(item, Mapping) or not {"arm", "over", "metric"} <= set(item) <= {"arm", "over", "metric",
+                                                                                          "stage"}:
+            raise CaseError(f"{at}: give {{arm: ARM, over: ARM, metric: METRIC}} (and stage: RATE for one stage's)")
+        stage = item.get("stage", WHOLE)
+        stage = f"{stage:g}" if isinstance(stage, (int, float)) and not isinstance(stage, bool) else stage
+        if stage != WHOLE and stage not in labels:
+            raise CaseError(f"{at}.stage is {stage!r:.40}; give one of the stages' rates {', '.join(labels)}")
+        effect = Effect(item["arm"], item["over"], item["metric"], stage)
         for arm in (effect.arm, effect.over):
-            if not isinstance(arm, str) or not isinstance(effect.metric, str) or \
-                    effect.metric not in published.get(arm, ArmPublished({}, {})).whole:
-                raise CaseError(f"{at}: {arm!r} publishes no whole-run {effect.metric!r}; an effect compares two "
-                                "arms' published whole-run values")
+            if not isinstance(arm, str) or effect_value(published.get(arm), effect, labels) is None:
+                raise CaseError(f"{at}: {arm!r:.40} publishes no {effect.metric!r:.40} "
+                                f"{'whole-run' if stage == WHOLE else f'at stage {stage}'}; an effect compares two "
+                                "arms' published values")
         effects.append(effect)
     return tuple(effects)
+
+
+def effect_value(published: ArmPublished | None, effect: Effect, labels: tuple[str, ...]) -> float | None:
+    """The published value of `effect.metric` an effect reads for one arm (None: not published)."""
+    if published is None or not isinstance(effect.metric, str):
+        return None
+    if effect.stage == WHOLE:
+        return published.whole.get(effect.metric)
+    values = published.stages.get(effect.metric)
+    return None if values is None else values[labels.index(effect.stage)]
 
 
 def parse_case(path: Path) -> Case:
@@ -387,9 +412,10 @@ def parse_case(path: Path) -> Case:
     arms = _arms(doc, engine_raw, where)
     published = _published(doc, tuple(a.name for a in arms), len(plan.stages) if plan else 0, where)
     source = _mapping(doc, "source", where, required=False)
+    labels = tuple(f"{st.rate:g}" for st in plan.stages) if plan else ()
     return Case(_text(doc, "name", where, Path(path).stem), source, hardware.profile, hardware.devices_per_replica,
                 hardware.replicas, model, engine, workload, plan, arms, published, Path(path),
-                loop, _effects(doc, published, where), max_concurrency=client.max_concurrency)
+                loop, _effects(doc, published, labels, where), max_concurrency=client.max_concurrency)
 
 
 def subsample(case: Case, replicas: int) -> Case:

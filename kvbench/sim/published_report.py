@@ -117,12 +117,12 @@ def effect_lines(effects: Sequence[EffectRow]) -> list[str]:
     if not effects:
         return []
     pct = lambda v: "-" if v is None else f"{v * 100:+.1f}%"  # noqa: E731
-    lines = ["| arm | over | metric | published | simulated | same direction | simulated / published |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| arm | over | stage | metric | published | simulated | same direction | simulated / published |",
+             "|---|---|---|---|---|---|---|---|"]
     for e in effects:
         size = "-" if e.size_ratio is None else f"{e.size_ratio:.2f}"
         same = "-" if e.same_direction is None else "yes" if e.same_direction else "no"
-        lines.append(f"| {e.arm} | {e.over} | {e.metric} | {pct(e.published_change)} | {pct(e.simulated_change)} | "
+        lines.append(f"| {e.arm} | {e.over} | {e.stage} | {e.metric} | {pct(e.published_change)} | {pct(e.simulated_change)} | "
                      f"{same} | {size} |")
     return lines
 

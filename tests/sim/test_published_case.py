@@ -101,7 +101,7 @@ def test_validate_published_writes_the_issues_comparison_json(tmp_path):
 
 
 def test_an_effect_needs_both_arms_to_publish_its_metric(tmp_path):
-    with pytest.raises(CaseError, match=r"effects\[0\].*'offload' publishes no whole-run 'e2e_mean_s'"):
+    with pytest.raises(CaseError, match=r"effects\[0\].*'offload' publishes no 'e2e_mean_s' whole-run"):
         parse_case(write(tmp_path, V2.replace("metric: total_tok_s}", "metric: e2e_mean_s}")))
 
 
@@ -176,3 +176,23 @@ def test_any_value_in_any_field_is_read_or_refused_in_one_line(tmp_path, path, v
             case_config(case, arm)
         except CaseError as error:
             assert "\n" not in str(error)
+
+
+def test_a_stage_effect_reads_that_stages_values_and_gap_s_spaces_the_stages(tmp_path):
+    from kvbench.sim.published import Row
+
+    text = V2.replace("load: {closed_loop: {concurrency: 3, num_requests: 6}}",
+                      "stages: {ladder: \"2:1,4:1\", gap_s: 30}").replace(
+        "  offload: {total_tok_s: 1100.0, ttft_mean_s: 0.9}",
+        "  offload: {total_tok_s: 1100.0, ttft_mean_s: 0.9, request_s: [2.0, 3.0]}\n"
+        "  baseline_stages: {}").replace("  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0}",
+                                         "  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0, request_s: [2.0, 4.0]}")
+    text = text.replace("  baseline_stages: {}\n", "") + "  - {arm: offload, over: baseline, metric: request_s, stage: 4}\n"
+    case = parse_case(write(tmp_path, text))
+    assert case.plan.gap_s == 30.0 and case.effects[1].stage == "4"
+    rows = [Row("baseline", "4", "request_s", 4.0, 3.0), Row("offload", "4", "request_s", 3.0, 3.3)]
+    effect = effect_rows(case, rows)[1]
+    assert effect.published_change == pytest.approx(-0.25) and effect.simulated_change == pytest.approx(0.1)
+    assert effect.same_direction is False
+    with pytest.raises(CaseError, match=r"effects\[1\]\.stage is '5'"):
+        parse_case(write(tmp_path, text.replace("stage: 4}", "stage: 5}"), "bad.yaml"))
