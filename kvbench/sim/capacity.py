@@ -69,7 +69,7 @@ def capacity_report(geometry: ModelGeometry, hardware: Hardware, kv_dtype: str, 
     cost = CostModel(geometry, hardware, kv_dtype, weight_dtype)
     per_token = geometry.kv_bytes_per_token(kv_dtype)
     per_session = per_token * context_tokens
-    weights = geometry.weight_bytes(cost.weights)
+    weights = geometry.weight_bytes(weight_dtype)
     device_bytes = max(hardware.kv_budget_bytes(weights), 0.0)
 
     def fit(nbytes: float) -> int:

@@ -9,7 +9,11 @@ from kvbench.measure.conversation import Isolation
 from kvbench.sim.cost import CostModel
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware
+<<<<<<< HEAD
 from kvbench.sim.kv_offload import KVOffloadSpec, PDSpec, with_tier_links
+=======
+from kvbench.sim.kernel_data_files import step_kernels
+>>>>>>> h44c
 from kvbench.sim.presets import Preset
 from kvbench.sim.vllm_memory import VllmMemory, vllm_memory
 
@@ -55,9 +59,17 @@ class SimConfig:
 
     @property
     def cost(self) -> CostModel:
+<<<<<<< HEAD
         hardware = self.hardware if self.kv_offload is None else with_tier_links(self.hardware, self.kv_offload)
         return CostModel(self.geometry, hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
                          self.preset.page_size)
+=======
+        hw = self.hardware
+        backend = self.preset.kernel_backend if hw.device.kernel_tables else None
+        kernels = step_kernels(self.geometry, hw.device.name, hw.num_devices, backend, self.kv_dtype, self.weight_dtype)
+        return CostModel(self.geometry, hw, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
+                         self.preset.page_size, kernels)
+>>>>>>> h44c
 
     @property
     def isolation(self) -> Isolation:
@@ -71,13 +83,19 @@ class SimConfig:
         if self.device_kv_tokens is not None:
             return self.device_kv_tokens // ps
         if self.memory_model == MEMORY_VLLM:
-            return self.vllm_memory().kv_tokens // ps
+            memory = self.vllm_memory()
+            memory.check_fits(self.geometry.name, self.hardware.num_devices)
+            return memory.kv_tokens // ps
         cost = self.cost
-        budget = self.hardware.kv_budget_bytes(self.geometry.weight_bytes(cost.weights))
-        if budget <= 0:
-            raise ValueError(f"{self.geometry.name} weights ({cost.weights}) do not fit on {self.hardware.name}: "
-                             "use more devices or fp8 weights")
-        return int(budget // (cost.kv_bytes_per_token * ps))
+        weights = self.geometry.weight_bytes(self.weight_dtype)
+        budget = self.hardware.kv_budget_bytes(weights)
+        pages = int(budget // (cost.kv_bytes_per_token * ps)) if budget > 0 else 0
+        if pages < 2:
+            hw = self.hardware
+            raise ValueError(f"{self.geometry.name} weights ({weights / 1e9:.1f} GB) do not fit on {hw.name} with "
+                             f"room for KV ({hw.kv_budget_bytes(0) / 1e9:.1f} GB usable): use more devices or fp8 "
+                             "weights")
+        return pages
 
     def tier_pages(self, nbytes: float) -> int:
         return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))

@@ -1,14 +1,23 @@
 """Cost model: seconds for an engine step, for a KV transfer between tiers, and for a pipelined restore.
 
-A step is roofline-timed on the tensor-parallel group: the larger of compute time (FLOPs over effective
-FLOP/s) and memory time (bytes over effective bandwidth), plus the all-reduces tensor parallelism adds
-(two per layer) and a fixed per-step overhead:
+Where measured kernel tables cover the device, the engine and the model (`kernel_cost.StepKernels`: H100 and
+H200 SXM, vLLM / SGLang / TensorRT-LLM, aiconfigurator-core's measurements), a step's busy time is the sum of
+its kernels' measured latencies (GEMMs and MoE at the step's tokens, decode attention by batch and context,
+prefill attention per chunk, the all-reduces), and only the per-step overhead is fitted:
+
+    step = kernels(step) + overhead          (flops, bytes, compute_s and memory_s stay the roofline's)
+
+Elsewhere a step is roofline-timed on the tensor-parallel group: the larger of compute time (FLOPs over
+effective FLOP/s) and memory time (bytes over effective bandwidth), plus the all-reduces tensor parallelism
+adds (two per layer) and a fixed per-step overhead:
 
     step = max(flops / (tp * flops_eff), bytes / (tp * bw_eff)) + 2 * layers * allreduce(tokens) + overhead
 
 (the sum instead of the max on a device that does not overlap the two: `Device.overlap`, false for a CPU)
     flops = tokens * 2 * active params + sum over tokens of attention over their context
     bytes = weights read once (MoE: only the experts some token routed to) + KV read + KV written
+    (a sliding layer reads and attends its whole window a token: exact past the window, which is 128
+    tokens for gpt-oss)
 
 A restore moves pages from lower tiers to the device through the host, as a pipeline of chunks (disk or
 remote -> host, host -> device) whose stages overlap: its time is the slowest stage plus one chunk of each
@@ -27,6 +36,7 @@ from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware, Link
+from kvbench.sim.kernel_cost import StepKernels
 
 ACTIVATION_BYTES = 2  # bf16 activations in all-reduces
 RESTORE_CHUNK_TOKENS = 256  # LMCache's default chunk size
@@ -76,9 +86,13 @@ class CostModel:
     # model.attention.PaddedAttention; its VarlenAttention reads only each sequence's live tokens: False).
     padded_attention: bool = False
     page_size: int = DEFAULT_PAGE_SIZE  # padded attention reads whole pages
+    # The step's kernels from measured tables (module docstring); None: the roofline prices every step.
+    kernels: StepKernels | None = field(default=None, compare=False)
     # Per-step constants, computed once (each step used to recompute them from the geometry).
     _linear_flops: float = field(init=False, repr=False, compare=False)
     _attention_flops: float = field(init=False, repr=False, compare=False)
+    _window_flops: float = field(init=False, repr=False, compare=False)
+    _window_kv_bytes: float = field(init=False, repr=False, compare=False)
     _kv_bytes: float = field(init=False, repr=False, compare=False)
     _weight_bytes: float = field(init=False, repr=False, compare=False)
     _flops_rate: float = field(init=False, repr=False, compare=False)
@@ -86,14 +100,20 @@ class CostModel:
 
     def __post_init__(self) -> None:
         g, hw, tp = self.geometry, self.hardware, self.hardware.num_devices
-        constants = {"_linear_flops": g.linear_flops_per_token(), "_attention_flops": g.attention_flops_per_token(1.0),
-                     "_kv_bytes": g.kv_bytes_per_token(self.kv_dtype), "_weight_bytes": g.weight_bytes(self.weights),
+        # Attention FLOPs per attended token of the full layers, and per token in the sliding ones' windows.
+        window = float(g.sliding_window or 0)
+        per_context = g.attention_flops_per_token(window + 1) - g.attention_flops_per_token(window)
+        constants = {"_linear_flops": g.linear_flops_per_token(), "_attention_flops": per_context,
+                     "_window_flops": g.attention_flops_per_token(window) - window * per_context,
+                     "_window_kv_bytes": g.window_kv_bytes(self.kv_dtype, int(window)),
+                     "_kv_bytes": g.kv_bytes_per_token(self.kv_dtype), "_weight_bytes": g.weight_bytes(self.weight_dtype),
                      "_flops_rate": tp * hw.device.flops(self.weights), "_bw_rate": tp * hw.device.effective_bw}
         for name, value in constants.items():
             object.__setattr__(self, name, value)
 
     @property
     def weights(self) -> str:
+        """The dtype the step's matmuls run in (the checkpoint's dense layers', or the override)."""
         return self.weight_dtype or self.geometry.weight_dtype
 
     @property
@@ -106,8 +126,9 @@ class CostModel:
 
         Every sum here is of integers or halves of integers, exact in a float far beyond any step's size, so
         the order in which spans are added (and adding the decodes as one integer sum) changes no bit."""
-        tokens = attn_ctx = kv_read = 0.0
-        seqs = longest_query = longest_context = 0
+        tokens = attn_ctx = kv_read = decode_context = prefill_s = 0.0
+        seqs = longest_query = longest_context = decodes = 0
+        kernels = self.kernels
         for w in work:
             n = w.end - w.start
             tokens += n
@@ -115,11 +136,18 @@ class CostModel:
             kv_read += w.end
             seqs += 1
             longest_query, longest_context = max(longest_query, n), max(longest_context, w.end)
+            if kernels is not None:  # a one-token span runs the decode kernel
+                if n == 1:
+                    decodes, decode_context = decodes + 1, decode_context + w.end
+                elif n > 1:
+                    prefill_s += kernels.prefill_seconds(w.start, w.end)
         if decode_starts:
             k, total = len(decode_starts), sum(decode_starts) + len(decode_starts)  # sum of (s + 1)
             tokens, attn_ctx, kv_read, seqs = tokens + k, attn_ctx + total, kv_read + total, seqs + k
             longest_query, longest_context = max(longest_query, 1), max(longest_context, max(decode_starts) + 1)
-        return self._step_cost(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context)
+            decodes, decode_context = decodes + k, decode_context + total
+        return StepCost(*self._parts(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context,
+                                     decodes=decodes, decode_context=decode_context, prefill_s=prefill_s))
 
     def decode_seconds(self, num_seqs: int, starts_sum: int, longest_start: int, steps: int = 1) -> list[float]:
         """`step((), starts).seconds` for `steps` decode steps in a row of `num_seqs` sequences whose decode
@@ -127,25 +155,25 @@ class CostModel:
         next step: the same floats, computed at once without a list of starts (a run of decode steps)."""
         j = np.arange(steps, dtype=np.int64)
         total = (starts_sum + num_seqs + num_seqs * j).astype(np.float64)  # sum of (s + 1), as `step` adds it
-        seconds = self._parts(float(num_seqs), total, total, num_seqs, 1, longest_start + 1 + j, np.maximum)[0]
-        return seconds.tolist()
-
-    def _step_cost(self, tokens: float, attn_ctx: float, kv_read: float, seqs: int, longest_query: int,
-                   longest_context: int) -> StepCost:
-        return StepCost(*self._parts(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context))
+        seconds = self._parts(float(num_seqs), total, total, num_seqs, 1, longest_start + 1 + j, np.maximum,
+                              decodes=num_seqs, decode_context=total)[0]
+        return np.broadcast_to(seconds, (steps,)).tolist()
 
     def _parts(self, tokens: float, attn_ctx, kv_read, seqs: int, longest_query: int, longest_context,
-               maximum=max) -> tuple:
-        """StepCost's fields, in its order. `attn_ctx`, `kv_read` and `longest_context` may be arrays (one
-        step each, with `maximum=np.maximum`): numpy does the same IEEE operations, element by element."""
+               maximum=max, decodes: int = 0, decode_context=0.0, prefill_s: float = 0.0) -> tuple:
+        """StepCost's fields, in its order. `attn_ctx`, `kv_read`, `longest_context` and `decode_context` may
+        be arrays (one step each, with `maximum=np.maximum`): numpy does the same IEEE operations, element by
+        element. `decodes` of the sequences decode (contexts summing to `decode_context`); `prefill_s` is the
+        measured attention of the others (both only read with kernel tables)."""
         g, hw = self.geometry, self.hardware
         if tokens == 0:
             return (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         if self.padded_attention:
             context = -(-longest_context // self.page_size) * self.page_size
             attn_ctx, kv_read = seqs * longest_query * context, seqs * context
-        flops = tokens * self._linear_flops + self._attention_flops * attn_ctx
-        nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self._kv_bytes
+        flops = tokens * (self._linear_flops + self._window_flops) + self._attention_flops * attn_ctx
+        nbytes = (self._weight_bytes_touched(tokens) + (kv_read + tokens) * self._kv_bytes
+                  + seqs * self._window_kv_bytes)
         tp = hw.num_devices
         compute = flops / self._flops_rate
         memory = nbytes / self._bw_rate
@@ -153,6 +181,10 @@ class CostModel:
         if tp > 1:
             per = 2 * (tp - 1) / tp * tokens * g.hidden_size * ACTIVATION_BYTES / hw.device.interconnect_bw
             comm = 2 * g.num_layers * (per + hw.device.interconnect_latency_s)
+        if self.kernels is not None:
+            k = self.kernels
+            busy = k.linear_seconds(int(tokens), seqs) + k.decode_seconds(decodes, decode_context) + prefill_s
+            return (busy + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
         busy = maximum(compute, memory) if hw.device.overlap else compute + memory
         return (busy + comm + hw.step_overhead_s, flops, nbytes, compute, memory, comm)
 
@@ -164,7 +196,7 @@ class CostModel:
         m = g.moe
         # Expected distinct experts per MoE layer when `tokens` tokens each pick top_k of num_experts.
         touched = m.num_experts * (1 - (1 - m.top_k / m.num_experts) ** tokens)
-        per_expert = g.expert_weight_bytes_per_layer(self.weights)
+        per_expert = g.expert_weight_bytes_per_layer(self.weight_dtype)
         return total - m.num_layers * (m.num_experts - touched) * per_expert
 
     # ---- tiers -------------------------------------------------------------------------------------------

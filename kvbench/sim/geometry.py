@@ -1,18 +1,28 @@
 """Model geometry for the simulator: KV bytes per token, FLOPs per token and weight bytes, from a config.json.
 
 Read from Hugging Face style `config.json` files (the ones shipped in `kvbench/sim/models/`, or any path).
-Covers dense GQA models (Llama, Qwen2, Mistral), sparse MoE (Mixtral, Qwen3-MoE, DeepSeek-V3) and
+Covers dense GQA models (Llama, Qwen2, Mistral), sparse MoE (Mixtral, Qwen3-MoE, DeepSeek-V3, gpt-oss),
 multi-head latent attention (DeepSeek-V3: one compressed latent of `kv_lora_rank` plus a shared rope key of
-`qk_rope_head_dim` per token and layer, instead of K and V per KV head).
+`qk_rope_head_dim` per token and layer, instead of K and V per KV head), sliding-window layers beside full
+ones (gpt-oss: `layer_types` alternates sliding_attention / full_attention, `sliding_window` 128) and
+quantized checkpoints (`quantization_config`: fp8 linear layers, mxfp4 experts; embeddings, lm_head and the
+modules the config leaves unconverted stay bf16, as vLLM loads them).
 
 Counting rules (what "per token" means here):
 
-    KV bytes/token    GQA: layers * 2 (K and V) * kv_heads * head_dim * dtype bytes
-                      MLA: layers * (kv_lora_rank + qk_rope_head_dim) * dtype bytes
+    KV bytes/token    GQA: kv layers * 2 (K and V) * kv_heads * head_dim * dtype bytes
+                      MLA: kv layers * (kv_lora_rank + qk_rope_head_dim) * dtype bytes
+                      kv layers: the full-attention layers, whose KV grows with the context. A sliding layer
+                      keeps at most `sliding_window` tokens a sequence (`window_kv_bytes`): vLLM's hybrid
+                      allocator gives the sliding group its own blocks, freed as the window moves, from the
+                      same pool, so a pool token costs one group's layers (gpt-oss: 18 of 36). A model with
+                      only sliding layers counts them all (one group, sized per token like full layers).
     params            embeddings + lm_head (unless tied) + attention projections + MLPs (all experts)
     active params     the same with only top-k routed experts (+ shared experts) per MoE layer
+    weight bytes      each part at its stored dtype (`WeightDtypes`); mxfp4 is 4 bits + one e8m0 scale per 32
     linear FLOPs      2 * (active params - input embedding) per token (a lookup costs no FLOPs)
-    attention FLOPs   4 * layers * heads * head_dim_qk_v * context per token (QK^T and AV)
+    attention FLOPs   4 * heads * head_dim_qk_v per token and attended token (QK^T and AV): full layers
+                      attend the whole context, sliding layers at most their window
 
 Norms, biases, rotary and routers' softmax are ignored (well under 1% of each count).
 """
@@ -35,6 +45,7 @@ MODELS_DIR = Path(__file__).with_name("models")
 # `fp8`, `int8`; torch's weight dtype names; 4-bit weights). A strict superset: our engine's names mean the same.
 OTHER_ENGINES_DTYPE_BYTES: Mapping[str, float] = {
     "float32": 4, "float16": 2, "bfloat16": 2, "auto": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+    "mxfp4": 4.25 / 8,  # OCP microscaling: 4-bit e2m1 values, one 8-bit e8m0 scale per block of 32
 }
 DTYPE_BYTES: Mapping[str, float] = {
     **{dtype.value: dtype.bytes_per_element for dtype in KVDtype},
@@ -77,6 +88,32 @@ class Moe:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightDtypes:
+    """The stored dtype of each part of a checkpoint. A quantized checkpoint converts its linear layers and
+    keeps the embeddings and lm_head in bf16 (fp8 and mxfp4 checkpoints list them in modules_to_not_convert);
+    gpt-oss also keeps attention and the routers in bf16 and stores only the experts in mxfp4."""
+
+    attention: str = "bf16"
+    mlp: str = "bf16"  # dense MLPs and shared experts
+    experts: str = "bf16"  # routed experts
+    embeddings: str = "bf16"  # input embedding and lm_head
+
+    @classmethod
+    def uniform(cls, dtype: str) -> WeightDtypes:
+        """Every linear layer in `dtype` (an engine's online quantization: vLLM's --quantization fp8)."""
+        return cls(dtype, dtype, dtype, "bf16" if dtype_bytes(dtype) < 2 else dtype)
+
+    @property
+    def compute(self) -> str:
+        """The dtype most of a step's matmul FLOPs run in: the experts' for MoE, else the dense layers'."""
+        return self.mlp
+
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelGeometry:
     name: str
     num_layers: int
@@ -89,18 +126,50 @@ class ModelGeometry:
     tie_word_embeddings: bool = False
     moe: Moe | None = None
     mla: Mla | None = None
-    weight_dtype: str = "bf16"  # the checkpoint's native weight dtype
+    weight_dtype: str = "bf16"  # the checkpoint's main weight dtype (its dense linear layers)
+    weights: WeightDtypes | None = None  # per part; None: every part in weight_dtype (embeddings bf16 when < 2 B)
+    sliding_window: int | None = None  # tokens a sliding layer attends (None: no sliding layers)
+    sliding_layers: int = 0  # how many of num_layers attend only their window
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.sliding_layers <= self.num_layers or (self.sliding_layers and not self.sliding_window):
+            raise ModelConfigError(f"{self.name}: {self.sliding_layers} sliding layers of {self.num_layers} need a "
+                                   "sliding_window >= 1 (config.json's sliding_window)")
 
     # ---- KV ----------------------------------------------------------------------------------------------
     @property
-    def kv_elements_per_token(self) -> int:
-        """Stored KV elements per token over all layers."""
+    def full_layers(self) -> int:
+        return self.num_layers - self.sliding_layers
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose KV a pool token pays for (module docstring): the full ones, or all when none is full."""
+        return self.full_layers or self.num_layers
+
+    @property
+    def _kv_elements_per_layer(self) -> int:
         if self.mla is not None:
-            return self.num_layers * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim)
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """Stored KV elements per pool token, over the layers that pay for it (`kv_layers`)."""
+        return self.kv_layers * self._kv_elements_per_layer
 
     def kv_bytes_per_token(self, kv_dtype: str) -> float:
         return self.kv_elements_per_token * dtype_bytes(kv_dtype)
+
+    def window_kv_bytes(self, kv_dtype: str, context: int) -> float:
+        """KV bytes a sequence of `context` tokens keeps in its sliding layers beyond `kv_bytes_per_token`'s
+        count (0 without a full layer: then the sliding layers are the per-token count)."""
+        if not self.sliding_layers or not self.full_layers:
+            return 0.0
+        return self.sliding_layers * self._kv_elements_per_layer * min(context, self.sliding_window) * dtype_bytes(kv_dtype)
+
+    def kv_bytes(self, kv_dtype: str, context: int) -> float:
+        """All the KV one sequence of `context` tokens stores."""
+        return self.kv_bytes_per_token(kv_dtype) * context + self.window_kv_bytes(kv_dtype, context)
 
     # ---- parameters --------------------------------------------------------------------------------------
     def _attention_params(self) -> int:
@@ -114,15 +183,23 @@ class ModelGeometry:
         kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
         return q + kv + heads * m.v_head_dim * h
 
-    def _mlp_params(self, active: bool) -> int:
+    def _dense_mlp_params(self) -> int:
+        """Dense MLPs, shared experts and routers: the MLP parameters every token passes through."""
         h = self.hidden_size
-        dense_layers = self.num_layers - (self.moe.num_layers if self.moe else 0)
-        total = dense_layers * 3 * h * self.intermediate_size
+        total = (self.num_layers - (self.moe.num_layers if self.moe else 0)) * 3 * h * self.intermediate_size
         if self.moe is not None:
             m = self.moe
-            experts = (m.top_k if active else m.num_experts) + m.shared_experts
-            total += m.num_layers * (experts * 3 * h * m.expert_intermediate + h * m.num_experts)
+            total += m.num_layers * (m.shared_experts * 3 * h * m.expert_intermediate + h * m.num_experts)
         return total
+
+    def _expert_params(self, active: bool) -> int:
+        if self.moe is None:
+            return 0
+        m = self.moe
+        return m.num_layers * (m.top_k if active else m.num_experts) * 3 * self.hidden_size * m.expert_intermediate
+
+    def _mlp_params(self, active: bool) -> int:
+        return self._dense_mlp_params() + self._expert_params(active)
 
     @property
     def embedding_params(self) -> int:
@@ -143,27 +220,46 @@ class ModelGeometry:
         """Parameters one token passes through (top-k experts only), the input embedding excluded."""
         return self.lm_head_params + self.num_layers * self._attention_params() + self._mlp_params(True)
 
+    def weight_dtypes(self, weight_dtype: str | None = None) -> WeightDtypes:
+        """Each part's stored dtype: the checkpoint's, or every linear layer in `weight_dtype` when given."""
+        if weight_dtype is not None:
+            return WeightDtypes.uniform(weight_dtype)
+        return self.weights or WeightDtypes.uniform(self.weight_dtype)
+
     def weight_bytes(self, weight_dtype: str | None = None) -> float:
-        return self.num_params * dtype_bytes(weight_dtype or self.weight_dtype)
+        """Bytes of the stored weights, each part at its dtype (`weight_dtypes`)."""
+        d = self.weight_dtypes(weight_dtype)
+        head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return ((self.embedding_params + head) * dtype_bytes(d.embeddings)
+                + self.num_layers * self._attention_params() * dtype_bytes(d.attention)
+                + self._dense_mlp_params() * dtype_bytes(d.mlp)
+                + self._expert_params(False) * dtype_bytes(d.experts))
 
     # ---- FLOPs -------------------------------------------------------------------------------------------
     def linear_flops_per_token(self) -> float:
         return 2.0 * self.active_params
 
     def attention_flops_per_token(self, context: float) -> float:
-        """QK^T and AV for one query token attending `context` tokens (itself included)."""
+        """QK^T and AV for one query token attending `context` tokens (itself included): every full layer
+        attends all of them, every sliding layer at most its window."""
+        window = min(context, self.sliding_window) if self.sliding_layers else 0.0
+        return self._attention_flops_per_layer * (self.full_layers * context + self.sliding_layers * window)
+
+    @property
+    def _attention_flops_per_layer(self) -> float:
+        """FLOPs of one layer's QK^T and AV for one (query, key) pair."""
         if self.mla is not None:
             qk = self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim
             v = self.mla.v_head_dim
         else:
             qk = v = self.head_dim
-        return 2.0 * self.num_layers * self.num_heads * (qk + v) * context
+        return 2.0 * self.num_heads * (qk + v)
 
     def expert_weight_bytes_per_layer(self, weight_dtype: str | None = None) -> float:
         """Bytes of one routed expert in one layer (0 for dense models)."""
         if self.moe is None:
             return 0.0
-        return 3 * self.hidden_size * self.moe.expert_intermediate * dtype_bytes(weight_dtype or self.weight_dtype)
+        return 3 * self.hidden_size * self.moe.expert_intermediate * dtype_bytes(self.weight_dtypes(weight_dtype).experts)
 
 
 def geometry_from_config(config: Mapping[str, Any], name: str) -> ModelGeometry:
@@ -190,7 +286,8 @@ def geometry_from_config(config: Mapping[str, Any], name: str) -> ModelGeometry:
         mla = Mla(kv_lora_rank=int(config["kv_lora_rank"]), q_lora_rank=config.get("q_lora_rank"),
                   qk_nope_head_dim=int(need("qk_nope_head_dim")), qk_rope_head_dim=int(need("qk_rope_head_dim")),
                   v_head_dim=int(need("v_head_dim")))
-    quant = (config.get("quantization_config") or {}).get("quant_method")
+    window, sliding = _sliding_layers(config, name, layers)
+    weight_dtype, weights = _weight_dtypes(config)
     return ModelGeometry(
         name=name,
         num_layers=layers,
@@ -203,8 +300,45 @@ def geometry_from_config(config: Mapping[str, Any], name: str) -> ModelGeometry:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         moe=moe,
         mla=mla,
-        weight_dtype="fp8" if quant == "fp8" else "bf16",
+        weight_dtype=weight_dtype,
+        weights=weights,
+        sliding_window=window,
+        sliding_layers=sliding,
     )
+
+
+def _sliding_layers(config: Mapping[str, Any], name: str, layers: int) -> tuple[int | None, int]:
+    """(window, how many layers use it): `layer_types` when the config lists them (gpt-oss, Gemma 3), else
+    every layer when `sliding_window` is set and not switched off (Mistral 7B v0.1; Qwen2's
+    use_sliding_window is false)."""
+    window = config.get("sliding_window")
+    types = config.get("layer_types")
+    if types is not None:
+        unknown = sorted(set(types) - {SLIDING, FULL})
+        if unknown or len(types) != layers:
+            raise ModelConfigError(f"{name}: layer_types must list {layers} of {SLIDING!r} / {FULL!r}, not "
+                                   f"{len(types)} with {unknown}")
+        sliding = types.count(SLIDING)
+    else:
+        sliding = layers if window and config.get("use_sliding_window", True) else 0
+    if sliding and not (isinstance(window, int) and window >= 1):
+        raise ModelConfigError(f"{name}: {sliding} sliding layers but sliding_window is {window!r}; set it to the "
+                               "window's tokens")
+    return (window if sliding else None), sliding
+
+
+def _weight_dtypes(config: Mapping[str, Any]) -> tuple[str, WeightDtypes]:
+    """The checkpoint's main weight dtype and each part's, from `quantization_config` (fp8: every linear
+    layer; mxfp4: the experts, attention too unless the config keeps `self_attn` unconverted)."""
+    quant = config.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower()
+    if method == "fp8":
+        return "fp8", WeightDtypes.uniform("fp8")
+    if method == "mxfp4":
+        kept = " ".join(quant.get("modules_to_not_convert") or ())
+        attention = "bf16" if "self_attn" in kept else "mxfp4"
+        return "bf16", WeightDtypes(attention=attention, mlp="bf16", experts="mxfp4")
+    return "bf16", WeightDtypes()
 
 
 def known_models() -> tuple[str, ...]:

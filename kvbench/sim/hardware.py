@@ -48,6 +48,9 @@ class Device:
     # Whether a step's compute and memory traffic overlap (GPU kernels: step = the larger of the two) or
     # follow one another (eager PyTorch on a CPU: step = their sum).
     overlap: bool = True
+    # Price steps from measured kernel tables where they cover this device, the engine and the model
+    # (sim/kernel_cost.py; the efficiencies above then move nothing); False: the roofline everywhere.
+    kernel_tables: bool = True
 
     def flops(self, weight_dtype: str) -> float:
         """Effective FLOP/s for matmuls whose weights are `weight_dtype` (fp8 weights run fp8 matmuls)."""

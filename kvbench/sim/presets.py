@@ -95,7 +95,13 @@ class Preset:
     # Seconds a routed request spends in the router before it reaches its node (an endpoint picker's
     # tokenization and scoring); 0 for a plain load balancer. Counted in TTFT, as a client sees it.
     router_latency_s: float = 0.0
+<<<<<<< HEAD
     scorers: Scorers = Scorers()  # ROUTE_PRECISE_PREFIX: the scorers' weights
+=======
+    # Whose measured kernels price a step on a GPU the tables cover (kernel_data_files.BACKEND_VERSIONS:
+    # vllm, sglang, trtllm); None: the roofline (our engine's own kernels were never measured there).
+    kernel_backend: str | None = "vllm"
+>>>>>>> h44c
 
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):
@@ -124,13 +130,15 @@ PRESETS: Mapping[str, Preset] = {
     for p in (
         Preset("vllm-prefix", "vLLM prefix caching only (hash-block LRU, device only)"),
         Preset("sglang-radix", "SGLang RadixAttention (leaf LRU, device only, longest-prefix-first admission)",
-               admission=ADMIT_LPM, route=ROUTE_PREFIX),
+               admission=ADMIT_LPM, route=ROUTE_PREFIX, kernel_backend="sglang"),
+        Preset("trtllm-reuse", "TensorRT-LLM KV cache block reuse (device only)", kernel_backend="trtllm"),
         Preset("lmcache-local", "vLLM + LMCache, local CPU + NVMe (write-through, pipelined restore)",
                host_fraction=0.5, disk_fraction=0.5),
         Preset("lmcache-shared", "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",
                remote_bytes=100e12, num_nodes=2, route=ROUTE_LEAST_LOADED),
         Preset("kvengine-tiers", "kvbench's engine: TTL tier policy device -> host -> disk, restore on demand",
-               host_fraction=0.5, disk_fraction=0.5, tier_policy=TIERS_TTL, max_prefill_beside_decodes=AUTO),
+               host_fraction=0.5, disk_fraction=0.5, tier_policy=TIERS_TTL, max_prefill_beside_decodes=AUTO,
+               kernel_backend=None),
     )
 }
 

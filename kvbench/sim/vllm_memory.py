@@ -45,6 +45,18 @@ class VllmMemory:
     def available_kv_bytes(self) -> float:
         return self.requested_bytes - self.weight_bytes - self.activation_bytes - self.non_torch_bytes
 
+    def check_fits(self, model: str, tp: int) -> None:
+        """Raise one line with the sizes when the budget holds fewer than two blocks (vLLM's null block and one
+        to use): the weights, or the weights and activations, do not fit."""
+        if self.num_blocks >= 2:
+            return
+        what = "weights do not fit" if self.weight_bytes >= self.requested_bytes else "KV cache gets under 2 blocks"
+        raise ValueError(f"{model} on {tp} device(s): the {what}: {self.requested_bytes / GIB:.1f} GiB requested per "
+                         f"device, weights {self.weight_bytes / GIB:.1f} GiB, activations {self.activation_bytes / GIB:.1f} "
+                         f"GiB, other {self.non_torch_bytes / GIB:.1f} GiB, a KV block {self.bytes_per_block / 2**20:.2f} "
+                         "MiB; use more devices (--tp), smaller weights (--weight-dtype fp8) or a higher "
+                         "--gpu-memory-utilization")
+
     @property
     def kv_tokens(self) -> int:
         """Usable KV tokens of the replica (the null block left out)."""
