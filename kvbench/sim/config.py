@@ -9,11 +9,8 @@ from kvbench.measure.conversation import Isolation
 from kvbench.sim.cost import CostModel
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware
-<<<<<<< HEAD
-from kvbench.sim.kv_offload import KVOffloadSpec, PDSpec, with_tier_links
-=======
 from kvbench.sim.kernel_data_files import step_kernels
->>>>>>> h44c
+from kvbench.sim.kv_offload import KVOffloadSpec, PDSpec, with_tier_links
 from kvbench.sim.presets import Preset
 from kvbench.sim.vllm_memory import VllmMemory, vllm_memory
 
@@ -59,17 +56,11 @@ class SimConfig:
 
     @property
     def cost(self) -> CostModel:
-<<<<<<< HEAD
-        hardware = self.hardware if self.kv_offload is None else with_tier_links(self.hardware, self.kv_offload)
-        return CostModel(self.geometry, hardware, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
-                         self.preset.page_size)
-=======
-        hw = self.hardware
+        hw = self.hardware if self.kv_offload is None else with_tier_links(self.hardware, self.kv_offload)
         backend = self.preset.kernel_backend if hw.device.kernel_tables else None
         kernels = step_kernels(self.geometry, hw.device.name, hw.num_devices, backend, self.kv_dtype, self.weight_dtype)
         return CostModel(self.geometry, hw, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
                          self.preset.page_size, kernels)
->>>>>>> h44c
 
     @property
     def isolation(self) -> Isolation:

@@ -95,13 +95,10 @@ class Preset:
     # Seconds a routed request spends in the router before it reaches its node (an endpoint picker's
     # tokenization and scoring); 0 for a plain load balancer. Counted in TTFT, as a client sees it.
     router_latency_s: float = 0.0
-<<<<<<< HEAD
     scorers: Scorers = Scorers()  # ROUTE_PRECISE_PREFIX: the scorers' weights
-=======
     # Whose measured kernels price a step on a GPU the tables cover (kernel_data_files.BACKEND_VERSIONS:
     # vllm, sglang, trtllm); None: the roofline (our engine's own kernels were never measured there).
     kernel_backend: str | None = "vllm"
->>>>>>> h44c
 
     def __post_init__(self) -> None:
         if self.admission not in (ADMIT_FCFS, ADMIT_LPM):
