@@ -61,6 +61,12 @@ class Fit:
     fitted_on: str = ""
     fitted_rows: tuple[str, ...] = ()  # `Row.key` of every published value fitted on: the checks are the others
 
+    def rows_of(self, case_name: str) -> tuple[str, ...]:
+        """The `Row.key`s fitted on in case `case_name` (a fit across cases names each as `CASE/ARM/...`)."""
+        prefix = f"{case_name}/"
+        return tuple(k[len(prefix):] if k.startswith(prefix) else k for k in self.fitted_rows
+                     if k.startswith(prefix) or k.count("/") == 2)
+
     def apply(self, hardware: Hardware) -> Hardware:
         device = dataclasses.replace(hardware.device, flops_efficiency=self.flops_efficiency,
                                      bw_efficiency=self.bw_efficiency)

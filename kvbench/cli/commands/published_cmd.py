@@ -93,7 +93,7 @@ def handle_validate(args: argparse.Namespace) -> int:
         header.append(f"subsampled: {args.replicas} of {full.replicas} replicas at {args.replicas}/{full.replicas} "
                       f"of every rate, throughput x {case.fleet_scale:g}")
         console.print(header[-1])
-    fitted = fit.fitted_rows if fit is not None else ()
+    fitted = fit.rows_of(case.name) if fit is not None else ()
     stages = list(full.stage_labels)
     if len(seeds) == 1:
         rows, lines = simulate_seed(case, routes, fit, seeds[0], args.case, show=True)
