@@ -206,7 +206,7 @@ class CostModel:
             return Link("host", hw.host_bw, hw.host_link.latency_s)
         if tier == Tier.DISK:
             return hw.disk
-        if tier == Tier.REMOTE:
+        if tier in (Tier.REMOTE, Tier.PEER):
             return hw.network
         raise ValueError(f"tier {tier!r}: the device tier has no transfer link")
 
@@ -215,14 +215,16 @@ class CostModel:
         return self.restore_seconds({tier: tokens})
 
     def restore_seconds(self, tokens_by_tier: Mapping[Tier, int]) -> float:
-        """A pipelined restore of KV held in lower tiers: every byte crosses host -> device; bytes on disk or
-        remote first cross their own link to the host. Stages overlap chunk by chunk."""
+        """A pipelined restore of KV held in lower tiers: every byte but a peer's crosses host -> device; bytes
+        on disk or remote first cross their own link to the host; a peer's cross the network straight into
+        device memory (RDMA, as NIXL pulls them). Stages overlap chunk by chunk."""
         kvb = self.kv_bytes_per_token
-        to_device = sum(k for t, k in tokens_by_tier.items() if t != Tier.DEVICE)
-        if to_device <= 0:
+        to_device = sum(k for t, k in tokens_by_tier.items() if t not in (Tier.DEVICE, Tier.PEER))
+        stages = [(self.link(Tier.HOST), to_device)] if to_device > 0 else []
+        stages += [(self.link(t), k) for t, k in tokens_by_tier.items()
+                   if t in (Tier.DISK, Tier.REMOTE, Tier.PEER) and k > 0]
+        if not stages:
             return 0.0
-        stages = [(self.link(Tier.HOST), to_device)]
-        stages += [(self.link(t), k) for t, k in tokens_by_tier.items() if t in (Tier.DISK, Tier.REMOTE) and k > 0]
         times = [k * kvb / link.bandwidth for link, k in stages]
         chunk = [min(k, RESTORE_CHUNK_TOKENS) * kvb / link.bandwidth for link, k in stages]
         slowest = max(range(len(times)), key=times.__getitem__)

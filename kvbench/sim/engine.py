@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
-from kvbench.engines.kvengine.core.pages import PagePool
-from kvbench.engines.kvengine.core.plans import probe_shape, stall_bounded_prefill
 from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
@@ -48,13 +46,10 @@ from kvbench.measure.conversation import Conversation, ConversationDriver, Reuse
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
-from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
+from kvbench.sim.fleet import build_nodes
 from kvbench.sim.node import SimNode
-from kvbench.sim.offload_tiers import build_offload
-from kvbench.sim.cost import SeqWork
-from kvbench.sim.presets import AUTO, TIERS_TTL
+from kvbench.sim.pd import Handoff
 from kvbench.sim.routing import Router
-from kvbench.sim.ttl_tiers import TtlTiers
 from kvbench.workloads.spec import Workload
 
 NS = 1_000_000_000
@@ -80,6 +75,8 @@ class _Live:
     answer: np.ndarray
     node: int
     restored: dict[str, int]
+    request: Request | None = None  # with a prefill/decode split: the client's, for the decode node
+    prefill_cached: int | None = None  # ... and the prompt tokens the prefill node found cached
 
 
 @dataclass(slots=True)
@@ -103,6 +100,7 @@ class _Sim:
     order_pos: int = 0
     parked: dict = field(default_factory=dict)  # request id -> session index: due, waiting for its turn in order
     router: Router | None = None
+    pd: Handoff | None = None  # a prefill/decode split: the router picks among the prefill pool (`sim/pd.py`)
     node_of: dict = field(default_factory=dict)  # request id -> node
     # Open loop, one turn per session: another node's step can start nothing new (no next turn, no freed
     # slot), so a node's decode run needs to stop only at the next arrival (`arrivals`: the times of the
@@ -168,12 +166,15 @@ class _Sim:
         # in the core's Placement, so a prompt split across the shared and a tenant's namespace would miss there.
         request = Request(RequestId(rid), prompt, spec.max_tokens, tenant=TenantId(talk.session.tenant))
         node = self.router.pick(session_index, request, now)
+        sent, sent_answer = request, answer
+        if self.pd is not None:  # the prefill node is asked for the prompt and one token, not the client's
+            sent, sent_answer = self.pd.prefill_request(request), answer[:1]
         self.node_of[rid] = node
         now += self.config.preset.router_latency_s
-        restore = self.nodes[node].plan_restore(request, now)
+        restore = self.nodes[node].plan_restore(sent, now)
         self.live[rid] = _Live(record, session_index, prompt, answer, node,
-                               {t.name.lower(): k for t, k in restore.tokens_by_tier.items()})
-        self.push(restore.ready_at, _ARRIVE, (node, request, answer, restore))
+                               {t.name.lower(): k for t, k in restore.tokens_by_tier.items()}, request)
+        self.push(restore.ready_at, _ARRIVE, (node, sent, sent_answer, restore))
 
     def release_slot(self, now: float) -> None:
         if self.load.cap is None:
@@ -183,15 +184,18 @@ class _Sim:
             self.push(now, _TURN, self.slot_waiters.popleft())
 
     def finish(self, live: _Live, now: float, cached: int, output: tuple[int, ...], reason: str) -> None:
-        self.router.finished(live.node, len(live.prompt))
+        if self.pd is None or self.pd.is_prefill(live.node):
+            self.router.finished(live.node, len(live.prompt))
         record = live.record
         record.done_ns = int(round(now * NS))
         record.prompt_tokens = int(live.prompt.size)
         record.output_tokens = len(output)
+        restored = self.nodes[live.node].restored.pop(record.request_id, {})
+        if live.prefill_cached is not None:  # the decode node's cache holds the handoff, not a hit
+            cached, restored = live.prefill_cached, {}
         record.cached_tokens = cached
-        record.cached_tokens_by_tier = dict(live.restored)
-        restored = sum(live.restored.values())
-        record.cached_tokens_by_tier["device"] = max(cached - restored, 0)
+        by_tier = live.restored | restored
+        record.cached_tokens_by_tier = by_tier | {"device": max(cached - sum(by_tier.values()), 0)}
         record.answer_source = ANSWER_TOKEN_IDS
         record.http_status = 200
         record.finish_reason = reason
@@ -215,8 +219,10 @@ class _Sim:
             plan, now, seconds = skipped.plan, skipped.begin, skipped.seconds
         else:
             started = node.begin_step(now)
-            if started is None:
-                return  # nothing fits now; a finishing request or a new arrival will kick again
+            if started is None:  # nothing fits now; a finish, an arrival or a load done will kick again
+                if node.wake_at is not None:
+                    self.push(node.wake_at, _ARRIVE, (node_index, None, None, None))
+                return
             plan, seconds = started
         self.push(now + seconds, _STEP, (node_index, plan))
 
@@ -236,10 +242,24 @@ class _Sim:
 
     def step_done(self, node_index: int, plan, now: float) -> None:
         node = self.nodes[node_index]
-        self.stream(plan.sampled_ids, (now,))
+        prefill = self.pd is not None and self.pd.is_prefill(node_index)
+        if not prefill:  # a prefill node's token is not streamed: the decode node answers
+            self.stream(plan.sampled_ids, (now,))
         for f in node.end_step(plan, now):
-            self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
+            if prefill:
+                self.hand_off(node_index, self.live[f.request_id], f.num_cached_tokens, now)
+            else:
+                self.finish(self.live.pop(f.request_id), now, f.num_cached_tokens, f.output, f.finish_reason)
         self.kick(node_index, now)
+
+    def hand_off(self, prefill_node: int, live: _Live, cached: int, now: float) -> None:
+        """A prefill is done: its KV goes to a decode node, which runs the client's request once it is there."""
+        self.router.finished(prefill_node, len(live.prompt))
+        live.restored |= self.nodes[prefill_node].restored.pop(live.record.request_id, {})
+        live.prefill_cached = cached
+        restore = self.pd.hand_off(prefill_node, live.request, now)
+        live.node = self.pd.decode_node(self.nodes)
+        self.push(restore.ready_at, _ARRIVE, (live.node, live.request, live.answer, restore))
 
     def run(self) -> None:
         sessions = self.workload.sessions
@@ -259,7 +279,8 @@ class _Sim:
                 self.turn_due(now, payload)
             elif kind == _ARRIVE:
                 node_index, request, answer, restore = payload
-                self.nodes[node_index].admit(request, answer, restore, now)
+                if request is not None:  # else a load done: the node may step again
+                    self.nodes[node_index].admit(request, answer, restore, now)
                 self.kick(node_index, now)
             else:
                 self.step_done(payload[0], payload[1], now)
@@ -269,65 +290,6 @@ class _Sim:
             live.record.error = ERR_TOO_LONG
             self.records.append(live.record)
         self.live.clear()
-
-
-def prefill_beside_decodes(config: SimConfig, device_pages: int) -> int | None:
-    """The preset's max_prefill_beside_decodes; 'auto' resolved as our engine resolves it, by the core's rule on
-    the probe's steps, here costed by the cost model instead of timed."""
-    preset = config.preset
-    if preset.max_prefill_beside_decodes != AUTO:
-        return preset.max_prefill_beside_decodes
-    shape = probe_shape(preset.max_step_tokens, device_pages * preset.page_size)
-    decode = SeqWork(shape.context, shape.context + 1)
-
-    def step_s(n: int) -> float:  # the engine's median chunk: the second of its prompt
-        return config.cost.step([decode, SeqWork(n, 2 * n)] if n else [decode]).seconds
-
-    return stall_bounded_prefill(step_s, shape, preset.decode_stall_factor)
-
-
-def _ledger(config: SimConfig, pages: int):
-    return config.tenants.ledger(pages) if config.tenants.tenants else None
-
-
-def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
-    preset = config.preset
-    remote = None
-    if preset.remote_bytes > 0:  # one object: every node shares it
-        remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
-    host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
-    sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
-                                   max_prefill_beside_decodes=prefill_beside_decodes(config, device_pages),
-                                   strict_isolation=config.strict_isolation)
-    ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
-    sink = events if events is not None else NullEventLog()
-    if config.kv_offload is not None:  # the tiers the case states, as its connector keeps them
-        indexes = [PrefixIndex(PagePool(1 + device_pages, preset.page_size), events=sink)
-                   for _ in range(preset.num_nodes)]
-        return [SimNode(i, Scheduler(index, sched_config, ledger=_ledger(config, index.pool.capacity)), config.cost, below,
-                        preset.admission, config.decode_runs)
-                for i, (index, below) in enumerate(zip(indexes, build_offload(config, indexes)))]
-    nodes = []
-    for i in range(preset.num_nodes):
-        pool = PagePool(1 + device_pages, preset.page_size)
-        ledger = _ledger(config, pool.capacity)
-        if preset.tier_policy == TIERS_TTL and (host_pages > 0 or disk_pages > 0):
-            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(), preset.tier_interval_s,
-                                    sink)
-            index = PrefixIndex(pool, events=sink, journal=below.journal, key_salt=below.key_salt)
-        else:
-            tiers = []
-            if host_pages > 0:
-                tiers.append(LowerTier.create(Tier.HOST, host_pages, preset.page_size))
-            if disk_pages > 0:
-                tiers.append(LowerTier.create(Tier.DISK, disk_pages, preset.page_size))
-            if remote is not None:
-                tiers.append(remote)
-            below = WriteThroughTiers(tuple(tiers))
-            index = PrefixIndex(pool, events=sink)
-        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission,
-                             config.decode_runs))
-    return nodes
 
 
 @contextmanager
@@ -375,13 +337,16 @@ def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, 
     # is refused (in shared-prefix isolation) rather than silently never shared.
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
-    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY
+    # A prefill's end (a step) sends work to a decode node: with a split, no node's run is independent.
+    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY and config.pd is None
                    and all(len(s.turns) == 1 for s in workload.sessions))
+    pd = None if config.pd is None else Handoff(config.pd, config.preset.page_size, config.cost.kv_bytes_per_token)
+    routed = nodes if pd is None else nodes[: config.pd.prefill_replicas]
     return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                 slots_free=load.cap or 0, send_order=tuple(send_order) if send_order is not None else None,
-                router=Router(nodes, config.preset.route, config.preset.page_size, scorers=config.preset.scorers,
-                               rng=np.random.default_rng(seed)),
-                nodes_independent=independent)
+                router=Router(routed, config.preset.route, config.preset.page_size, scorers=config.preset.scorers,
+                              rng=np.random.default_rng(seed)),
+                nodes_independent=independent, pd=pd)
 
 
 def sim_result(sim: _Sim, started: float) -> SimResult:
@@ -390,6 +355,8 @@ def sim_result(sim: _Sim, started: float) -> SimResult:
     stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
                    "busy_s": n.stats.busy_s,
                    "preempted": n.stats.preempted, "restored_tokens": dict(n.stats.restored_tokens),
+                   "restored_bytes": {t: k * n.cost.kv_bytes_per_token for t, k in n.stats.restored_tokens.items()},
+                   "tier_hits": dict(n.stats.tier_hits), "load_wait_s": n.stats.load_wait_s,
                    "restore_link_s": n.stats.restore_s} for n in nodes)
     records = tuple(sorted(sim.records, key=lambda r: (r.queued_ns, r.request_id)))
     return SimResult(records, nodes[0].scheduler.index.pool.capacity, stats, end, time.perf_counter() - started,

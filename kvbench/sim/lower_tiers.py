@@ -64,8 +64,22 @@ class BelowDevice(Protocol):
     def sync(self, now: float) -> None:
         """After anything that may evict device pages: where the dropped pages go."""
 
-    def store(self, namespace: Namespace, prompt: np.ndarray, output: Sequence[int], tenant: TenantId,
-              now: float) -> None:
+    @property
+    def restores_at_admission(self) -> bool:
+        """True: looked up when the node hands the request to its scheduler (vLLM's connectors); False: when
+        the request arrives, its restore done before it queues."""
+
+    @property
+    def async_load(self) -> bool:
+        """With `restores_at_admission`: True, the request waits for its load while other requests' steps run
+        (vLLM's OffloadingConnector); False, the step that admits it waits (LMCache's retrieve)."""
+
+    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
+                 tenant: TenantId, now: float) -> None:
+        """A step ended at `now` having computed `tokens[:computed]` of a prefilling request."""
+
+    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
+              tenant: TenantId, now: float) -> None:
         """A request finished (write-through tiers copy its KV: the prompt and every output token but the
         last, which the engine sampled but never computed KV for)."""
 
@@ -155,8 +169,15 @@ class WriteThroughTiers:
     def sync(self, now: float) -> None:
         return None
 
-    def store(self, namespace: Namespace, prompt: np.ndarray, output: Sequence[int], tenant: TenantId,
-              now: float) -> None:
+    restores_at_admission = False
+    async_load = False
+
+    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
+                 tenant: TenantId, now: float) -> None:
+        return None  # copies are written when a request finishes
+
+    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
+              tenant: TenantId, now: float) -> None:
         if not self.tiers:
             return
         tokens = np.concatenate([prompt, np.asarray(output[:-1], np.int32)])

@@ -20,6 +20,8 @@ loop above would have done step by step (`SimConfig.decode_runs=False` steps one
 
 from __future__ import annotations
 
+import dataclasses
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -73,8 +75,10 @@ class NodeStats:
     fast_forwarded: int = 0  # of the steps, those run in one pass as runs of pure decodes
     busy_s: float = 0.0
     preempted: int = 0
-    restored_tokens: dict[str, int] = field(default_factory=dict)
+    restored_tokens: dict[str, int] = field(default_factory=dict)  # tier name -> tokens restored from it
+    tier_hits: dict[str, int] = field(default_factory=dict)  # tier name -> requests that restored from it
     restore_s: float = 0.0
+    load_wait_s: float = 0.0  # steps held up by loads in the step (LMCache's retrieve)
 
 
 @dataclass(slots=True)
@@ -91,6 +95,10 @@ class SimNode:
     _live: dict = field(default_factory=dict)  # request id -> (Request, answer tokens to sample, as a list)
     _produced: dict = field(default_factory=dict)
     _link_free_at: float = 0.0
+    _loading: list = field(default_factory=list)  # heap of (ready at, seq, request, restore): loads in flight
+    _stall_s: float = 0.0  # the next step waits this long for loads it must do in its forward pass
+    restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
+    _resumed: dict = field(default_factory=dict)  # request id -> FinishedRequest-so-far and client's Request
 
     @property
     def page_size(self) -> int:
@@ -122,7 +130,13 @@ class SimNode:
 
     # ---- arrival -----------------------------------------------------------------------------------------
     def plan_restore(self, request: Request, now: float) -> Restore:
-        """What the tiers below add beyond the device's cached prefix, and when it can be on the device."""
+        """What the tiers below add beyond the device's cached prefix, and when it can be on the device (at
+        arrival; nothing when the tiers are looked up at admission, `_admit_restore`)."""
+        if self.below.restores_at_admission:
+            return Restore(None, now)
+        return self._restore(request, now)
+
+    def _restore(self, request: Request, now: float) -> Restore:
         limit = (len(request.prompt) - 1) // self.page_size  # the scheduler always computes the last token
         lookup = self.below.lookup(self.scheduler.index, self._namespace(request), request.prompt, limit, now)
         if lookup is None:
@@ -138,8 +152,40 @@ class SimNode:
         self._produced[request.request_id] = 0
         self._pending.append((request, restore))
 
+    @property
+    def wake_at(self) -> float | None:
+        """When the next load in flight is done (None: none): the node has work then even if idle now."""
+        return self._loading[0][0] if self._loading else None
+
+    def _admit_restore(self, request: Request, restore: Restore, now: float) -> bool:
+        """At admission (the tiers are looked up now): False when the request waits for an asynchronous load
+        (it joins the scheduler when the load is done, `_land_loads`); else its restore is installed, and the
+        next step waits for a load in its forward pass."""
+        if self.below.restores_at_admission and restore.lookup is None:  # else a handoff's (sim/pd.py)
+            restore = self._restore(request, now)
+            if restore.lookup is not None and self.below.async_load:
+                heapq.heappush(self._loading, (restore.ready_at, request.request_id, request, restore))
+                return False
+            self._stall_s = max(self._stall_s, restore.ready_at - now)
+        if restore.lookup is not None:
+            self._install(request, restore.lookup, now)
+        return True
+
+    def _land_loads(self, now: float) -> None:
+        """Requests whose asynchronous load is done join the scheduler, their pages installed."""
+        while self._loading and self._loading[0][0] <= now:
+            _, _, request, restore = heapq.heappop(self._loading)
+            self._install(request, restore.lookup, now)
+            self._add(request)
+
     def _install(self, request: Request, lookup: Lookup, now: float) -> None:
         """The restored pages become device pages, as the engine adopts them (`adopt_pages`)."""
+        by_tier = self.restored.setdefault(request.request_id, {})
+        for tier, k in lookup.tokens_by_tier.items():
+            name = tier.name.lower()
+            self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
+            self.stats.tier_hits[name] = self.stats.tier_hits.get(name, 0) + 1
+            by_tier[name] = by_tier.get(name, 0) + k
         placement = Placement(self._namespace(request))
         ps = self.page_size
         device_pages = self.scheduler.index.match_prompt(placement, request.prompt[: lookup.pages * ps]).num_pages
@@ -158,37 +204,60 @@ class SimNode:
         evictable pages; installing them just before the scheduler can admit keeps them from being evicted
         by the requests queued ahead."""
         index = self.scheduler.index
-        while self._pending and self.scheduler.num_waiting < ADMIT_WINDOW:
+        while self._pending and self._queued < ADMIT_WINDOW:
             pick = 0
             if self.admission == ADMIT_LPM:
                 pick = max(range(len(self._pending)),
                            key=lambda i: index.match(self._namespace(self._pending[i][0]),
                                                      self._pending[i][0].prompt).num_pages)
+            if self._pending[pick][0].request_id in self._resumed and not self._may_resume(self._pending[pick][0]):
+                return
             request, restore = self._pending.pop(pick)
-            if restore.lookup is not None:
-                self._install(request, restore.lookup, now)
-                for tier, k in restore.tokens_by_tier.items():
-                    name = tier.name.lower()
-                    self.stats.restored_tokens[name] = self.stats.restored_tokens.get(name, 0) + k
-            try:
-                self.scheduler.add(request)
-            except ValueError:
-                # It can never fit in this node's device KV: it stays unfinished, and the simulator reports
-                # every unfinished request as an error when the run ends.
-                continue
+            if self._admit_restore(request, restore, now):
+                self._add(request)
+
+    def _may_resume(self, request: Request) -> bool:
+        """Whether a preempted request may be fed again (and its tiers looked up) now: when nothing runs, or
+        the pool's free pages hold what the device lacks of it; as vLLM retries it only when its blocks can
+        be allocated, by which time the device may have evicted what it had."""
+        if self.scheduler.num_running == 0:
+            return True
+        index = self.scheduler.index
+        lacks = -(-len(request.prompt) // self.page_size) - index.match(self._namespace(request),
+                                                                        request.prompt).num_pages
+        return lacks <= index.pool.num_free
+
+    def _add(self, request: Request) -> None:
+        try:
+            self.scheduler.add(request)
+        except ValueError:
+            # It can never fit in this node's device KV: it stays unfinished, and the simulator reports every
+            # unfinished request as an error when the run ends.
+            return
+
+    @property
+    def _queued(self) -> int:
+        """Requests handed over and not yet running: in the scheduler's FIFO, or loading to join it (a load is
+        looked up near the head of the queue, as vLLM looks it up, and its pages are not held meanwhile)."""
+        return self.scheduler.num_waiting + len(self._loading)
 
     def has_work(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_work()
+        return bool(self._pending) or bool(self._loading) or self.scheduler.has_work()
 
     def begin_step(self, now: float) -> tuple[CompactPlan, float] | None:
         """Schedule one step at `now`; returns the plan and its duration, or None when nothing can run."""
         self.below.maintain(self.scheduler.index, now)
+        self._land_loads(now)
         self._feed(now)
         plan = self.scheduler.schedule_compact(now)  # what schedule(now) decides, without a page table per decode
         self.below.sync(now)  # pages evicted by the installs and the schedule
+        if plan.preempted and self.below.restores_at_admission:
+            self._requeue(plan.preempted, now)
         if not plan.entries and not plan.swap_in and not plan.swap_out:
             return None
-        seconds = self.cost.step(plan.others, plan.decode_starts).seconds
+        seconds = self.cost.step(plan.others, plan.decode_starts).seconds + self._stall_s
+        self.stats.load_wait_s += self._stall_s
+        self._stall_s = 0.0
         swapped = sum(len(s.pages) for s in plan.swap_out) + sum(len(s.pages) for s in plan.swap_in)
         if swapped:
             seconds += self.cost.transfer_seconds(Tier.HOST, swapped * self.page_size)
@@ -198,6 +267,22 @@ class SimNode:
         self.busy = True
         return plan, seconds
 
+    def _requeue(self, preempted, now: float) -> None:
+        """Preempted requests go back to the head of the queue as requests for what they still have to
+        generate, their prompt extended by what they generated: when they are fed to the scheduler again, the
+        tiers are looked up for them as for any request (vLLM: a preempted request waits again, and
+        `get_num_new_matched_tokens` loads what its offloaded blocks hold instead of recomputing them)."""
+        for rid in reversed(preempted):
+            part = self.scheduler.finish(rid, now, reason="preempted")
+            first, client = self._resumed.get(rid, (None, self._live[rid][0]))
+            output = (first.output if first else ()) + part.output
+            first = part if first is None else dataclasses.replace(first, output=output)
+            self._resumed[rid] = (first, client)
+            again = dataclasses.replace(client, prompt=np.concatenate([client.prompt, np.asarray(output, np.int32)]),
+                                        max_new_tokens=client.max_new_tokens - len(output))
+            self._live[rid] = (again, self._live[rid][1])
+            self._pending.insert(0, (again, Restore(None, now)))
+
     def fast_forward(self, now: float, horizon: float) -> DecodeSteps | None:
         """Instead of `begin_step(now)`: take, in one pass, the steps from `now` that are certain to be pure
         decodes (`Scheduler.decode_run`) and end before `horizon` (when anything else happens: an arrival,
@@ -206,11 +291,14 @@ class SimNode:
         time would do, to the bit. None when no step is certain (then `begin_step`). The tiers below must be
         passive (nothing to do at a step's fixed points)."""
         if (not self.decode_runs or not self.below.passive
-                or (self._pending and self.scheduler.num_waiting < ADMIT_WINDOW)):  # else `_feed` would admit
+                or (self._pending and self._queued < ADMIT_WINDOW)  # else `_feed` would admit
+                or (self._loading and self._loading[0][0] <= now)):  # ... or a load done would join
             return None
         run = self.scheduler.decode_run()
         if run is None:
             return None
+        if self._loading:  # a load done meanwhile joins at the next step's start
+            horizon = min(horizon, self._loading[0][0])
         begins, seconds = self._time_run(run, now, horizon)
         k, live, produced = len(begins), self._live, self._produced
         tokens = []
@@ -247,9 +335,20 @@ class SimNode:
             produced[rid] = k + 1
         finished = self.scheduler.postprocess_compact(plan, tokens, now)
         self.busy = False
-        for f in finished:
-            request, _ = self._live.pop(f.request_id)
-            del self._produced[f.request_id]
-            self.below.store(self._namespace(request), request.prompt, f.output, request.tenant, now)
-        return finished
+        for e in plan.others:  # prefill chunks: their computed blocks may be stored now
+            request = live[e.request_id][0]
+            self.below.computed(e.request_id, self._namespace(request), request.prompt,
+                                min(e.end, len(request.prompt)), request.tenant, now)
+        return tuple(self._finished(f, now) for f in finished)
+
+    def _finished(self, f: FinishedRequest, now: float) -> FinishedRequest:
+        """A request done: written through to the lower tiers; a requeued one (`_requeue`) as the client's
+        request, with its prompt, its first admission's hit and its whole output."""
+        request, _ = self._live.pop(f.request_id)
+        del self._produced[f.request_id]
+        if f.request_id in self._resumed:
+            first, request = self._resumed.pop(f.request_id)
+            f = dataclasses.replace(first, output=first.output + f.output, finish_reason=f.finish_reason)
+        self.below.store(f.request_id, self._namespace(request), request.prompt, f.output, request.tenant, now)
+        return f
 

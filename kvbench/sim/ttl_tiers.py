@@ -86,9 +86,16 @@ class TtlTiers:
         for key in lookup.keys[device_pages - lookup.start:]:
             self.policy.forget(key)
 
-    def store(self, namespace: Namespace, prompt: np.ndarray, output: Sequence[int], tenant: TenantId,
-              now: float) -> None:
+    restores_at_admission = False
+    async_load = False
+
+    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
+                 tenant: TenantId, now: float) -> None:
         return None  # pages go down only when the device drops them (see `sync`)
+
+    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
+              tenant: TenantId, now: float) -> None:
+        return None
 
     # ---- the step's fixed points -------------------------------------------------------------------------
     @property

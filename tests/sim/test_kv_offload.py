@@ -7,7 +7,8 @@ import pytest
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.measure.metrics import summarize_run
 from kvbench.measure.schedule import LoadSpec
-from kvbench.sim.engine import SimConfig, build_nodes, simulate
+from kvbench.sim.engine import SimConfig, simulate
+from kvbench.sim.fleet import build_nodes
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import GB, load_hardware
 from kvbench.sim.kv_offload import (

@@ -13,7 +13,7 @@ from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.core.plans import probe_shape
 from kvbench.sim.cost import SeqWork
-from kvbench.sim.engine import build_nodes, prefill_beside_decodes
+from kvbench.sim.fleet import build_nodes, prefill_beside_decodes
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
 from kvbench.sim.validate import sim_config_for_engine

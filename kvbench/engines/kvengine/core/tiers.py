@@ -33,6 +33,7 @@ class Tier(int, Enum):
     HOST = 1
     DISK = 2
     REMOTE = 3
+    PEER = 4  # another replica's device cache, pulled over the network (the simulator's P2P tier; no policy)
 
 
 class MoveKind(str, Enum):
