@@ -1,6 +1,7 @@
 """Capacity planning: how much KV a workload needs, how many sessions fit per tier, how long restores take.
 
-Pure arithmetic on a ModelGeometry and a Hardware; `kvbench capacity` prints it. The article's claims it
+Pure arithmetic on a ModelGeometry and a Hardware (and, for the FP8 break-even, the shipped kernel tables);
+`kvbench capacity` prints it. The article's claims it
 checks (see tests/sim/test_capacity.py): a dense 70B (80 layers x 8 KV heads x 128) at 128K tokens x 256
 sessions needs 10 TiB of FP16 KV, not ~1 TB; MLA (DeepSeek-V3) stores ~79% less per token than that 70B.
 """
@@ -12,10 +13,14 @@ from dataclasses import asdict, dataclass
 
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel
+from kvbench.sim.fp8_break_even import BreakEven
 from kvbench.sim.geometry import ModelGeometry
 from kvbench.sim.hardware import Hardware
+from kvbench.sim.kernel_data_files import step_kernels
 
 TIB = 2**40
+# Contexts the break-even lines are fitted over: the kernel tables' measured points from 1K to 32K tokens.
+BREAK_EVEN_CONTEXTS = (1023, 2047, 4095, 8191, 16383, 32767)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,8 @@ class CapacityReport:
     weight_bytes: float
     usable_bytes_per_device: float  # memory_fraction of a device, less the activation reserve
     tiers: tuple[TierCapacity, ...]
+    # Where FP8 KV decodes faster than BF16 under vLLM's measured kernels (empty: no tables for this setting).
+    fp8_break_even: tuple[BreakEven, ...] = ()
 
     @property
     def device(self) -> TierCapacity:
@@ -68,7 +75,7 @@ def capacity_report(geometry: ModelGeometry, hardware: Hardware, kv_dtype: str, 
         raise ValueError(f"context={context_tokens}, sessions={sessions}: both must be >= 1")
     cost = CostModel(geometry, hardware, kv_dtype, weight_dtype)
     per_token = geometry.kv_bytes_per_token(kv_dtype)
-    per_session = per_token * context_tokens
+    per_session = geometry.kv_bytes(kv_dtype, context_tokens)  # with the sliding layers' windows
     weights = geometry.weight_bytes(weight_dtype)
     device_bytes = max(hardware.kv_budget_bytes(weights), 0.0)
 
@@ -86,9 +93,22 @@ def capacity_report(geometry: ModelGeometry, hardware: Hardware, kv_dtype: str, 
     return CapacityReport(geometry.name, kv_dtype, cost.weights, context_tokens, sessions, hardware.num_devices,
                           per_token, per_session, per_session * sessions, weights,
                           hardware.device.memory_bytes * hardware.memory_fraction - hardware.activation_reserve_bytes,
-                          tiers)
+                          tiers, fp8_break_even(geometry, hardware))
 
 
 def kv_reduction(smaller: ModelGeometry, larger: ModelGeometry, kv_dtype: str = "fp16") -> float:
     """How much less KV per token `smaller` stores than `larger` (0.79 = 79% less)."""
     return 1 - smaller.kv_bytes_per_token(kv_dtype) / larger.kv_bytes_per_token(kv_dtype)
+
+
+def fp8_break_even(geometry: ModelGeometry, hardware: Hardware, backend: str = "vllm",
+                   batches: tuple[int, ...] = (1, 32)) -> tuple[BreakEven, ...]:
+    """Where FP8 KV decode attention becomes faster than BF16 for `geometry` on `hardware` under `backend`'s
+    measured kernels, one per batch size; empty where the tables do not cover them (`fp8_break_even.py`)."""
+    tp, device = hardware.num_devices, hardware.device.name
+    bf16, fp8 = (step_kernels(geometry, device, tp, backend, kv, None) for kv in ("bf16", "fp8"))
+    if bf16 is None or fp8 is None:
+        return ()
+    contexts = [float(c) for c in BREAK_EVEN_CONTEXTS]
+    return tuple(BreakEven.of(b, contexts, [bf16.decode_seconds(b, b * c) for c in contexts],
+                              [fp8.decode_seconds(b, b * c) for c in contexts]) for b in batches)

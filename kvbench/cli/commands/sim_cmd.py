@@ -189,6 +189,10 @@ def handle_capacity(args: argparse.Namespace) -> int:
         fits = f"{tier.sessions:,}" + (" (all)" if tier.tier == "remote" else "")
         tiers.add_row(tier.tier, size, fits, restore)
     console.print(tiers)
+    for line in report.fp8_break_even:
+        console.print(f"{line.describe()}; measured vLLM kernels on {hardware.device.name}")
+    if not report.fp8_break_even:
+        console.print(f"FP8 break-even: no measured kernels for {report.model} on {hardware.name}")
     return 0
 
 
