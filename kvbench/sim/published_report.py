@@ -34,8 +34,10 @@ class Target:
 def fmt_value(value: float | None, metric: str) -> str:
     if value is None:
         return "-"
-    if metric == "output_tok_s":
+    if metric.endswith("_tok_s"):
         return f"{value:,.0f}"
+    if metric == "request_s" or metric.endswith("hit_rate"):
+        return f"{value:.3g}"
     if metric == "itl_mean_ms":
         return f"{value:.1f}"
     return f"{value:.3f}"

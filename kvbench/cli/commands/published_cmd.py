@@ -58,15 +58,17 @@ def print_rows(rows, route: str, spreads=None) -> None:
         for part in ("pub", "sim", "x"):
             table.add_column(f"{metric} {part}" if part == "pub" else part, justify="right")
     by = {(r.stage, r.metric): r for r in rows if r.arm == route}
-    for stage in dict.fromkeys(r.stage for r in rows if r.arm == route and r.stage != WHOLE):
+    stages = list(dict.fromkeys(r.stage for r in rows if r.arm == route and r.stage != WHOLE))
+    for stage in stages:
         cells = [stage]
         for metric in STAGE_METRICS:
             row = by.get((stage, metric))
             cells += [fmt_value(row and row.published, metric), fmt_simulated(row, spreads), fmt_ratio(row)]
         table.add_row(*cells)
-    console.print(table)
+    if stages:
+        console.print(table)
     for row in (r for r in rows if r.arm == route and r.stage == WHOLE):
-        console.print(f"  whole ladder {row.metric}: {fmt_value(row.published, row.metric)} published, "
+        console.print(f"  {route} whole run {row.metric}: {fmt_value(row.published, row.metric)} published, "
                       f"{fmt_simulated(row, spreads)} simulated ({fmt_ratio(row)})")
 
 
