@@ -111,12 +111,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     cases = args.case or sorted(CASES.glob("*.yaml"))
-    head = ["# Targets over the published cases (issue 44)", "", f"fit: {args.fit}; seed {args.seed}; "
-            "`python benchmarks/sim_validate_published.py` (module docstring: the targets)", "",
-            "| case | arm | throughput (published / simulated = ratio, worst) | +-20% | TTFT mean whole run | "
-            "TTFT mean (1.5x; 2x saturated) | simulated in |", "|---|---|---|---|---|---|---|"]
-    effects_head = ["", "## effects", "", "| case | arms | stage | metric | published | simulated | "
-                    "direction and +-30% |", "|---|---|---|---|---|---|---|"]
+    head = ["# Targets over the published cases (issue 44)", "",
+            (f"fit: {args.fit}; seed {args.seed}; `python benchmarks/sim_validate_published.py` (module docstring: "
+             "the targets)"), "",
+            ("| case | arm | throughput (published / simulated = ratio, worst) | +-20% | TTFT mean whole run | "
+             "TTFT mean (1.5x; 2x saturated) | simulated in |"), "|---|---|---|---|---|---|---|"]
+    effects_head = ["", "## effects", "",
+                    "| case | arms | stage | metric | published | simulated | direction and +-30% |",
+                    "|---|---|---|---|---|---|---|"]
     table, effects = [], []
     for path in cases:
         lines, effect_table = run_case(path, args.fit, args.seed)

@@ -32,7 +32,15 @@ from scipy.optimize import minimize
 
 from kvbench.sim.hardware import Hardware
 from kvbench.sim.presets import ROUTE_PRECISE_PREFIX
-from kvbench.sim.published import Case, Fit, Row, case_config, case_workload, compare_arm, log_residuals
+from kvbench.sim.published import (
+    Case,
+    Fit,
+    Row,
+    case_config,
+    case_workload,
+    compare_arm,
+    log_residuals,
+)
 
 FIT_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")
 START = Fit(flops_efficiency=0.5, bw_efficiency=0.8, step_overhead_s=0.002, router_latency_s=0.0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +64,7 @@ class Fit:
     def rows_of(self, case_name: str) -> tuple[str, ...]:
         """The `Row.key`s fitted on in case `case_name` (a fit across cases names each as `CASE/ARM/...`)."""
         prefix = f"{case_name}/"
-        return tuple(k[len(prefix):] if k.startswith(prefix) else k for k in self.fitted_rows
+        return tuple(k.removeprefix(prefix) for k in self.fitted_rows
                      if k.startswith(prefix) or k.count("/") == 2)
 
     def apply(self, hardware: Hardware) -> Hardware:
@@ -155,7 +155,7 @@ def measured(records: Sequence[RequestRecord], fleet_scale: float = 1.0) -> dict
     (vLLM's prefix cache hit rate), and tokens restored from a CPU tier over the prompt tokens the device
     lacked (vLLM's external, connector hit rate)."""
     s = summarize_run(list(records)).overall
-    ms = lambda d, stat: None if d is None else getattr(d, stat) / 1e3  # noqa: E731
+    ms = lambda d, stat: None if d is None else getattr(d, stat) / 1e3
     done = [r for r in records if r.ok and not r.warmup]
     prompt = sum(r.prompt_tokens or 0 for r in done)
     device = sum((r.cached_tokens_by_tier or {}).get("device", 0) for r in done)
@@ -258,7 +258,7 @@ def effect_rows(case: Case, rows: Sequence[Row]) -> list[EffectRow]:
 
 def comparison_doc(rows: Sequence[Row], effects: Sequence[EffectRow]) -> dict:
     """comparison.json's `arms` (whole-run values), `stages` (per stage, beside them) and `effects`."""
-    cell = lambda r: {"published": r.published, "simulated": r.simulated, "ratio": r.ratio}  # noqa: E731
+    cell = lambda r: {"published": r.published, "simulated": r.simulated, "ratio": r.ratio}
     arms: dict = {}
     stages: dict = {}
     for r in rows:

@@ -426,10 +426,10 @@ def subsample(case: Case, replicas: int) -> Case:
     if not 1 <= replicas <= case.replicas:
         raise CaseError(f"--replicas {replicas}: give 1 to {case.replicas} (the case's replicas)")
     k = replicas / case.replicas
-    share = lambda n: max(int(round(n * k)), 1)  # noqa: E731
+    share = lambda n: max(round(n * k), 1)
     plan, loop = case.plan, case.closed_loop
     if plan is not None:
-        scale = lambda stage: dataclasses.replace(stage, rate=stage.rate * k)  # noqa: E731
+        scale = lambda stage: dataclasses.replace(stage, rate=stage.rate * k)
         plan = dataclasses.replace(plan, stages=tuple(scale(s) for s in plan.stages),
                                    warmup=None if plan.warmup is None else scale(plan.warmup))
     if loop is not None:

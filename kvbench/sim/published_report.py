@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN
-from kvbench.sim.published import STAGE_METRICS, WHOLE, EffectRow, Row, SeedSpread, comparison_doc, first_rate_above
+from kvbench.sim.published import (
+    STAGE_METRICS,
+    WHOLE,
+    EffectRow,
+    Row,
+    SeedSpread,
+    comparison_doc,
+    first_rate_above,
+)
 
 TTFT_ONSET_S = 10.0
 
@@ -118,7 +126,7 @@ def effect_lines(effects: Sequence[EffectRow]) -> list[str]:
     """The effects as a Markdown table: published and simulated change, same direction, size ratio."""
     if not effects:
         return []
-    pct = lambda v: "-" if v is None else f"{v * 100:+.1f}%"  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{v * 100:+.1f}%"
     lines = ["| arm | over | stage | metric | published | simulated | same direction | simulated / published |",
              "|---|---|---|---|---|---|---|---|"]
     for e in effects:
@@ -149,7 +157,7 @@ def write_comparison(out_dir: Path, case_name: str, rows: Sequence[Row], targets
                                    f"({t.detail})" for t in targets]
     md, js = out_dir / "comparison.md", out_dir / "comparison.json"
     md.write_text("\n".join(lines) + "\n")
-    spread_fields = lambda r: {} if r.key not in by_key else {  # noqa: E731
+    spread_fields = lambda r: {} if r.key not in by_key else {
         "low": by_key[r.key].low, "high": by_key[r.key].high, "per_seed": list(by_key[r.key].per_seed)}
     js.write_text(json.dumps({"case": case_name, "header": list(header), **({"seeds": list(seeds)} if seeds else {}),
                               **comparison_doc(rows, effects),

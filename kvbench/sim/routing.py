@@ -90,7 +90,7 @@ class Router:
     routed: int = 0  # requests routed so far (round-robin)
     routed_pages: list = field(default_factory=list)  # per node: prompt pages routed there, not yet finished
     speculative: list = field(default_factory=list)  # per node: block hash -> when the entry expires
-    scorers: Scorers = Scorers()
+    scorers: Scorers = field(default_factory=Scorers)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))  # max-score ties
     sent_blocks: list = field(default_factory=list)  # per node: the cpu_prefix index, block hash -> None, LRU first
 

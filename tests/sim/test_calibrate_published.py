@@ -5,7 +5,12 @@ import json
 
 import pytest
 
-from kvbench.sim.calibrate_published import START, best_router_latency, fit_published, transfer
+from kvbench.sim.calibrate_published import (
+    START,
+    best_router_latency,
+    fit_published,
+    transfer,
+)
 from kvbench.sim.hardware import load_hardware, save_hardware
 from kvbench.sim.published import Fit, Row, compare_arm, parse_case
 

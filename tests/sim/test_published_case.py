@@ -66,7 +66,7 @@ def test_the_shipped_version_1_case_loads_unchanged():
 def test_the_issues_spelling_loads_into_arms_a_closed_loop_and_an_effect(tmp_path):
     case = parse_case(write(tmp_path, V2))
     assert case.plan is None and (case.closed_loop.concurrency, case.closed_loop.num_requests) == (3, 6)
-    baseline, offload = case.arms
+    offload = case.arm("offload")
     assert offload.kv_offload.medium == Medium.CPU and offload.kv_offload.connector == Connector.VLLM_NATIVE
     assert offload.engine.block_size == 4  # the case's engine, with the arm's replacements
     assert offload.router.weights == {"queue": 2, "kv_utilization": 2, "gpu_prefix": 1, "cpu_prefix": 1}

@@ -10,7 +10,12 @@ from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
-from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN, Scorers, get_preset
+from kvbench.sim.presets import (
+    ROUTE_PRECISE_PREFIX,
+    ROUTE_ROUND_ROBIN,
+    Scorers,
+    get_preset,
+)
 from kvbench.sim.routing import SPECULATIVE_TTL_S, Router, prefix_scores
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.console import Console
 
@@ -106,11 +105,12 @@ def handle_across(args: argparse.Namespace) -> int:
     (out / "fit.json").write_text(json.dumps(result.to_dict(), indent=1))
     h200 = transfer(fit, load_hardware(H200_PROFILE))
     save_hardware(h200, out / f"{H200_PROFILE}-fitted.json")
-    lines = [f"# one fit across {len(cases)} cases ({cases[0].hardware})", "", f"fitted on {fit.fitted_on} in "
-             f"{result.wall_s:.0f} s ({len(result.evaluations)} evaluations, each simulating every part)", "",
-             f"- step overhead {fit.step_overhead_s * 1e3:.2f} ms, router latency {fit.router_latency_s * 1e3:.0f} ms "
-             f"(precise-prefix arms only); efficiencies {fit.flops_efficiency:.2f} / {fit.bw_efficiency:.2f} kept "
-             "(kernel tables price the steps)", "",
+    lines = [f"# one fit across {len(cases)} cases ({cases[0].hardware})", "",
+             (f"fitted on {fit.fitted_on} in {result.wall_s:.0f} s ({len(result.evaluations)} evaluations, each "
+              "simulating every part)"), "",
+             (f"- step overhead {fit.step_overhead_s * 1e3:.2f} ms, router latency {fit.router_latency_s * 1e3:.0f} "
+              f"ms (precise-prefix arms only); efficiencies {fit.flops_efficiency:.2f} / {fit.bw_efficiency:.2f} "
+              "kept (kernel tables price the steps)"), "",
              "| arm | stage | metric | published | simulated | ratio |", "|---|---|---|---|---|---|",
              *[f"| {r.arm} | {r.stage} | {r.metric} | {r.published:g} | {r.simulated:.4g} | {r.ratio:.3f} |"
                for r in result.rows if r.ratio is not None]]

@@ -73,7 +73,13 @@ def print_rows(rows, route: str, spreads=None) -> None:
 
 
 def handle_validate(args: argparse.Namespace) -> int:
-    from kvbench.sim.published import CaseError, across_seeds, load_fit, parse_case, subsample
+    from kvbench.sim.published import (
+        CaseError,
+        across_seeds,
+        load_fit,
+        parse_case,
+        subsample,
+    )
     from kvbench.sim.published_report import check_targets
 
     seeds = parse_seeds(args.seeds) if args.seeds is not None else (args.seed,)
