@@ -97,7 +97,9 @@ def run_case(path: Path, fit_path: Path, seed: int) -> tuple[list[str], list[str
                             f"{'-' if e.simulated_change is None else f'{e.simulated_change * 100:+.1f}%'} | "
                             f"{verdict(ok)} |")
     fitted = fit.rows_of(case.name)
-    write_comparison(CASES / case.name, case.name, rows, check_targets(rows, list(case.stage_labels), fitted),
+    # The shipped case's own comparison (its single-case fit) stays; a fit across cases writes beside it.
+    folder = CASES / case.name / "fit-across" if (CASES / case.name / "fit.json").exists() else CASES / case.name
+    write_comparison(folder, case.name, rows, check_targets(rows, list(case.stage_labels), fitted),
                      header, fitted, effects=effects)
     print("\n".join(header + lines + effect_lines(effects)), flush=True)
     return lines, effect_table
