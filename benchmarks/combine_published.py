@@ -11,11 +11,11 @@ rows, header, fitted = [], [], set()
 for folder in sys.argv[3:]:
     doc = json.loads((Path(folder) / "comparison.json").read_text())
     for r in doc["rows"]:
-        rows.append(Row(r["route"], r["stage"], r["metric"], r["published"], r["simulated"]))
+        rows.append(Row(r.get("arm", r.get("route")), r["stage"], r["metric"], r["published"], r["simulated"]))
         if r.get("fitted"):  # values a fit was made on: marked, and left out of the targets
             fitted.add(rows[-1].key)
     header += [h for h in doc["header"] if h not in header]
-targets = check_targets(rows, [f"{s.rate:g}" for s in case.plan.stages], fitted)
+targets = check_targets(rows, list(case.stage_labels), fitted)
 for t in targets:
     print(("met" if t.met else "not met" if t.met is False else "n/a") + f": {t.name} ({t.detail})")
 print(write_comparison(out, case.name, rows, targets, header, fitted))

@@ -32,7 +32,15 @@ from scipy.optimize import minimize
 
 from kvbench.sim.hardware import Hardware
 from kvbench.sim.presets import ROUTE_PRECISE_PREFIX
-from kvbench.sim.published import Case, Fit, Row, case_config, case_workload, compare_route, log_residuals
+from kvbench.sim.published import (
+    Case,
+    Fit,
+    Row,
+    case_config,
+    case_workload,
+    compare_arm,
+    log_residuals,
+)
 
 FIT_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")
 START = Fit(flops_efficiency=0.5, bw_efficiency=0.8, step_overhead_s=0.002, router_latency_s=0.0)
@@ -126,7 +134,7 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
     def cost(x: np.ndarray) -> float:
         fe, be, overhead_ms = float(math.exp(min(x[0], 0.0))), float(math.exp(min(x[1], 0.0))), max(float(x[2]), 0.0)
         t = time.perf_counter()
-        run = compare_route(case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed,
+        run = compare_arm(case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed,
                             stage_subset=subset, workload=workload)
         used = fitted(run.rows)
         latency = best_router_latency(used)
@@ -162,3 +170,89 @@ def transfer(fit: Fit, hardware: Hardware) -> Hardware:
 def residual_lines(rows: Sequence[Row]) -> list[str]:
     return [f"| {r.stage} | {r.metric} | {r.published:g} | {r.simulated:.4g} | {r.ratio:.3f} |"
             for r in rows if r.ratio is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class FitPart:
+    """What one case adds to a fit across cases: one arm's stages at rates <= `max_rate` (a closed loop: its
+    whole-run throughput and TTFT mean)."""
+
+    case: Case
+    arm: str
+    max_rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class CasesFit:
+    fit: Fit
+    rows: tuple[Row, ...]
+    evaluations: tuple[Evaluation, ...]
+    parts: tuple[FitPart, ...]
+    wall_s: float
+
+    def to_dict(self) -> dict:
+        return {"fit": dataclasses.asdict(self.fit),
+                "fitted_on": [{"case": p.case.name, "arm": p.arm, "max_rate": p.max_rate, "file": str(p.case.path)}
+                              for p in self.parts],
+                "residuals": [{"arm": r.arm, "stage": r.stage, "metric": r.metric, "published": r.published,
+                               "simulated": r.simulated, "ratio": r.ratio} for r in self.rows],
+                "evaluations": [{"step_overhead_s": e.fit.step_overhead_s, "router_latency_s": e.fit.router_latency_s,
+                                 "cost": e.cost, "wall_s": e.wall_s} for e in self.evaluations],
+                "wall_s": self.wall_s}
+
+
+CLOSED_LOOP_FIT_METRICS = ("output_tok_s", "total_tok_s", "ttft_mean_s")
+
+
+def fit_across(parts: Sequence[FitPart], max_evaluations: int = 8, seed: int = 0, start: Fit = START,
+               on_evaluation: Callable[[Evaluation], None] | None = None) -> CasesFit:
+    """One fit for one GPU type across several cases: the step overhead searched (bounded, 0-20 ms) and the
+    router latency solved exactly (`best_router_latency`) on every part's fitted values at once; the efficiencies
+    stay `start`'s, as on a GPU whose kernel tables price the steps (sim/kernel_cost.py) they move nothing.
+    Each evaluation simulates every part (a staged part only its stages <= max_rate, after its warm-up)."""
+    from scipy.optimize import minimize_scalar
+
+    devices = {p.case.hardware for p in parts}
+    if len(devices) != 1:
+        raise ValueError(f"one fit per GPU type: the cases run on {', '.join(sorted(devices))}; fit each apart")
+    started = time.perf_counter()
+    fitted_on = "; ".join(f"{p.case.name}: {p.arm}" + (f" <= {p.max_rate:g}/s" if p.case.plan else " (whole run)")
+                          for p in parts)
+    subsets, workloads = [], []
+    for p in parts:
+        if p.arm not in p.case.published:
+            raise ValueError(f"{p.case.name} has no arm {p.arm!r}")
+        subset = None
+        if p.case.plan is not None:
+            subset = [i for i, s in enumerate(p.case.plan.stages) if s.rate <= p.max_rate]
+            if not subset:
+                raise ValueError(f"no stage of {p.case.name} at <= {p.max_rate:g}/s to fit on")
+        subsets.append(subset)
+        workloads.append(case_workload(p.case, case_config(p.case, p.arm).geometry.vocab_size, seed))
+    evaluations: list[Evaluation] = []
+
+    def cost(overhead_ms: float) -> float:
+        t = time.perf_counter()
+        trial = Fit(start.flops_efficiency, start.bw_efficiency, overhead_ms / 1e3, 0.0, fitted_on)
+        used: list[Row] = []
+        for p, subset, workload in zip(parts, subsets, workloads):
+            run = compare_arm(p.case, p.arm, trial, seed, stage_subset=subset, workload=workload)
+            metrics = FIT_METRICS if subset is not None else CLOSED_LOOP_FIT_METRICS
+            used += [dataclasses.replace(r, arm=f"{p.case.name}/{r.arm}") for r in run.rows
+                     if r.metric in metrics and r.ratio is not None]
+        latency = best_router_latency(used)
+        rows = _with_router(used, latency)
+        res = log_residuals(rows, FIT_METRICS + CLOSED_LOOP_FIT_METRICS)
+        total = float(sum(r * r for r in res))
+        keys = tuple(r.key for r in rows if r.ratio is not None)
+        evaluation = Evaluation(dataclasses.replace(trial, router_latency_s=latency, fitted_rows=keys), tuple(rows),
+                                total, time.perf_counter() - t)
+        evaluations.append(evaluation)
+        if on_evaluation is not None:
+            on_evaluation(evaluation)
+        return total
+
+    minimize_scalar(cost, bounds=(0.0, 20.0), method="bounded",
+                    options={"maxiter": max_evaluations, "xatol": 0.25})
+    best = min(evaluations, key=lambda e: e.cost)
+    return CasesFit(best.fit, best.rows, tuple(evaluations), tuple(parts), time.perf_counter() - started)

@@ -346,8 +346,9 @@ def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, 
     routed = nodes if pd is None else nodes[: config.pd.prefill_replicas]
     return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
                 slots_free=load.cap or 0, send_order=tuple(send_order) if send_order is not None else None,
-                router=Router(routed, config.preset.route, config.preset.page_size), nodes_independent=independent,
-                pd=pd)
+                router=Router(routed, config.preset.route, config.preset.page_size, scorers=config.preset.scorers,
+                              rng=np.random.default_rng(seed)),
+                nodes_independent=independent, pd=pd)
 
 
 def sim_result(sim: _Sim, started: float) -> SimResult:

@@ -42,6 +42,29 @@ ROUTE_PREFIX = "prefix"  # SGLang's cache-aware router: the node caching the lon
 #                          over half the prompt, else the emptiest cache; shortest queue when loads are imbalanced
 ROUTE_PRECISE_PREFIX = "precise-prefix"  # llm-d's endpoint picker: weighted prefix, KV-usage and queue scorers
 ROUTES = (ROUTE_SESSION, ROUTE_LEAST_LOADED, ROUTE_ROUND_ROBIN, ROUTE_PREFIX, ROUTE_PRECISE_PREFIX)
+SCORERS = ("queue", "kv_utilization", "gpu_prefix", "cpu_prefix")  # llm-d's scorers a precise-prefix router sums
+
+
+@dataclass(frozen=True, slots=True)
+class Scorers:
+    """The weights of llm-d's scorers (`routing.py`) and the CPU-prefix scorer's index size per replica, in
+    blocks (its `lruCapacityPerServer`; None: no CPU-prefix index). The default is the precise-prefix guide's
+    profile (prefix 3, KV utilization 2, queue 2)."""
+
+    queue: float = 2.0
+    kv_utilization: float = 2.0
+    gpu_prefix: float = 3.0
+    cpu_prefix: float = 0.0
+    cpu_lru_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        weights = [getattr(self, name) for name in SCORERS]
+        if any(w < 0 for w in weights) or not any(w > 0 for w in weights):
+            raise ValueError(f"scorer weights {dict(zip(SCORERS, weights))}: give weights >= 0, at least one > 0")
+        if self.cpu_prefix > 0 and (self.cpu_lru_blocks is None or self.cpu_lru_blocks < 1):
+            raise ValueError("scorer cpu_prefix: give its index size in blocks per replica (cpu_lru_blocks >= 1)")
+
+
 TIERS_WRITE_THROUGH = "write-through"  # LMCache: copies in every lower tier, written when a request finishes
 TIERS_TTL = "ttl"  # our engine: one copy, placed by the core's TierPolicy (idle time, capacity)
 
@@ -72,6 +95,7 @@ class Preset:
     # Seconds a routed request spends in the router before it reaches its node (an endpoint picker's
     # tokenization and scoring); 0 for a plain load balancer. Counted in TTFT, as a client sees it.
     router_latency_s: float = 0.0
+    scorers: Scorers = Scorers()  # ROUTE_PRECISE_PREFIX: the scorers' weights
     # Whose measured kernels price a step on a GPU the tables cover (kernel_data_files.BACKEND_VERSIONS:
     # vllm, sglang, trtllm); None: the roofline (our engine's own kernels were never measured there).
     kernel_backend: str | None = "vllm"

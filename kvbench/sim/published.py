@@ -1,19 +1,12 @@
-"""Published GPU experiments as case files, replayed on the simulator and compared stage by stage.
+"""Published GPU experiments (case files, `published_case.py`) replayed on the simulator and compared arm by arm.
 
-A case file (YAML; `results/sim/published/*.yaml`) says where the experiment was published (`source`), what ran
-(`hardware`: a device profile, devices per replica, replicas; `model`; `engine`: vLLM's block size, memory
-utilization, batch limits, KV dtype), what was sent (`workload`: a kvbench workload parameter mapping, e.g.
-`generator: shared_prefix` and its five parameters; `stages`: the warm-up and the ladder as RATE:SECONDS; `client`:
-the load generator's cap on requests in flight, `max_concurrency`, when it had one, as `kvbench run
---max-concurrency`) and through which `routers` (presets.ROUTES), and what was measured: per router and stage
-`published` `output_tok_s`, `ttft_mean_s`, `ttft_p90_s` (any may be absent), and optionally `whole_ladder` values
-(`output_tok_s`, `ttft_mean_s`, `itl_mean_ms`).
-
-`parse_case` is the one door for such a file (every field checked, a named failure otherwise); `case_config`
-builds the simulated fleet (vLLM memory arithmetic, the engine's limits as the preset's); `compare` simulates
-each router's ladder and lines up published and simulated values with their ratios (simulated / published);
-`across_seeds` reduces several seeds' rows to one row per value, simulated = the median across seeds, with the
-seeds' range beside it.
+`case_config` builds one arm's simulated fleet (vLLM memory arithmetic, the engine's limits, the arm's router
+with its scorers, its KV tier and P/D split); `compare_arm` simulates the arm's load (Poisson stages, or a
+closed loop) and lines up published and simulated values with their ratios (simulated / published), per stage
+and for the whole run; `effect_rows` compares the published changes between arms (`effects:`) with the
+simulated ones; `comparison_doc` is comparison.json's `arms` / `stages` / `effects` part. `across_seeds`
+reduces several seeds' rows to one row per value, simulated = the median across seeds, with the seeds' range
+beside it.
 A fit (`Fit`: efficiencies, step overhead and router latency, written by `kvbench calibrate --published`) may
 replace the profile's assumed values.
 """
@@ -23,64 +16,38 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kvbench.measure.metrics import Summary, summarize_run
-from kvbench.measure.stages import StagePlan, parse_stage, parse_stages
-from kvbench.settings import read_yaml
+from kvbench.measure.metrics import summarize_run
+from kvbench.measure.records import RequestRecord
+from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.config import MEMORY_VLLM, SimConfig
+from kvbench.sim.engine import SimResult, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import Hardware, load_hardware
-from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTES, get_preset
-from kvbench.sim.staged import StagedResult, simulate_stages
+from kvbench.sim.kv_offload import Medium
+from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, SCORERS, Scorers, get_preset
+from kvbench.sim.published_case import (  # noqa: F401  (the case's names, re-exported for callers)
+    METRICS,
+    STAGE_METRICS,
+    WHOLE,
+    WHOLE_LADDER_METRICS,
+    Arm,
+    Case,
+    CaseError,
+    effect_value,
+    parse_case,
+    subsample,
+)
+from kvbench.sim.staged import simulate_stages
 from kvbench.workloads.profiles import workload_from_mapping
-from kvbench.workloads.spec import Workload
+from kvbench.workloads.spec import Workload, WorkloadError
 
-STAGE_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")
-WHOLE_METRICS = ("output_tok_s", "ttft_mean_s", "itl_mean_ms")
-
-
-class CaseError(ValueError):
-    """A case file that cannot be used; the message names the field and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class Case:
-    name: str
-    source: Mapping[str, object]
-    hardware: str
-    devices_per_replica: int
-    replicas: int
-    model: str
-    engine: Mapping[str, object]
-    workload: Mapping[str, object]
-    plan: StagePlan
-    routers: tuple[str, ...]
-    published: Mapping[str, Mapping[str, tuple[float | None, ...]]]  # router -> metric -> one value per stage
-    whole_ladder: Mapping[str, Mapping[str, float]]
-    path: Path
-    fleet_scale: float = 1.0  # published replicas / simulated replicas (`subsample`); throughput scaled back by it
-    max_concurrency: int | None = None  # the client's cap on requests in flight (None: none)
-
-
-def subsample(case: Case, replicas: int) -> Case:
-    """`case` on `replicas` of its replicas at replicas/N of every stage's rate (each replica's load kept), its
-    simulated throughput to be scaled back by N/replicas, a client's cap on requests in flight cut to the same share.
-    Sound for routers that spread requests evenly whatever the content (round-robin, least-loaded); a prefix-aware
-    router would also need the content cut."""
-    if not 1 <= replicas <= case.replicas:
-        raise CaseError(f"--replicas {replicas}: give 1 to {case.replicas} (the case's replicas)")
-    k = replicas / case.replicas
-    scale = lambda stage: dataclasses.replace(stage, rate=stage.rate * k)  # noqa: E731
-    plan = dataclasses.replace(case.plan, stages=tuple(scale(s) for s in case.plan.stages),
-                               warmup=None if case.plan.warmup is None else scale(case.plan.warmup))
-    cap = None if case.max_concurrency is None else max(int(round(case.max_concurrency * k)), 1)
-    return dataclasses.replace(case, replicas=replicas, plan=plan, fleet_scale=case.replicas / replicas,
-                               max_concurrency=cap)
+THROUGHPUTS = ("output_tok_s", "total_tok_s", "request_s")  # scaled back by a subsampled fleet's scale
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +60,12 @@ class Fit:
     router_latency_s: float = 0.0
     fitted_on: str = ""
     fitted_rows: tuple[str, ...] = ()  # `Row.key` of every published value fitted on: the checks are the others
+
+    def rows_of(self, case_name: str) -> tuple[str, ...]:
+        """The `Row.key`s fitted on in case `case_name` (a fit across cases names each as `CASE/ARM/...`)."""
+        prefix = f"{case_name}/"
+        return tuple(k.removeprefix(prefix) for k in self.fitted_rows
+                     if k.startswith(prefix) or k.count("/") == 2)
 
     def apply(self, hardware: Hardware) -> Hardware:
         device = dataclasses.replace(hardware.device, flops_efficiency=self.flops_efficiency,
@@ -111,146 +84,192 @@ def load_fit(path: Path) -> Fit:
         raise CaseError(f"fit file {path}: {error}; write it with `kvbench calibrate --published CASE.yaml`") from None
 
 
-def _need(doc: Mapping, key: str, kind: type | tuple, where: str):
-    value = doc.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise CaseError(f"{where}.{key} is {value!r}; give {getattr(kind, '__name__', kind)}")
-    return value
+def cpu_tier_blocks(config: SimConfig) -> int | None:
+    """Blocks of the config's CPU tier per replica (None: no CPU tier): the CPU-prefix scorer's default index."""
+    spec = config.kv_offload
+    cpu = next((t for t in spec.tiers if t.medium == Medium.CPU), None) if spec is not None else None
+    return None if cpu is None else max(config.tier_pages(cpu.bytes_per_replica), 1)
 
 
-def parse_case(path: Path) -> Case:
-    """The case in `path`, every field checked (CaseError naming the field otherwise)."""
-    doc = read_yaml(Path(path), "published case")
-    where = Path(path).name
-    if not isinstance(doc, dict):
-        raise CaseError(f"{where}: expected a mapping (name, source, hardware, model, engine, workload, stages, ...)")
-    hardware = _need(doc, "hardware", dict, where)
-    engine = _need(doc, "engine", dict, where)
-    workload = _need(doc, "workload", dict, where)
-    stages = _need(doc, "stages", dict, where)
-    try:
-        warmup = parse_stage(str(stages["warmup"])) if stages.get("warmup") is not None else None
-        plan = StagePlan(parse_stages(str(_need(stages, "ladder", str, f"{where}.stages"))), warmup)
-    except ValueError as error:
-        raise CaseError(f"{where}.stages: {error}") from None
-    routers = tuple(doc.get("routers") or ())
-    for route in routers:
-        if route not in ROUTES:
-            raise CaseError(f"{where}.routers: {route!r} is not one of {', '.join(ROUTES)}")
-    published: dict[str, dict[str, tuple[float | None, ...]]] = {}
-    for route, metrics in (doc.get("published") or {}).items():
-        if route not in routers:
-            raise CaseError(f"{where}.published.{route}: not one of routers {list(routers)}")
-        published[route] = {}
-        for metric, values in (metrics or {}).items():
-            if metric not in STAGE_METRICS:
-                raise CaseError(f"{where}.published.{route}.{metric}: use one of {', '.join(STAGE_METRICS)}")
-            if not isinstance(values, list) or len(values) != len(plan.stages) or not all(
-                    v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0) for v in values):
-                raise CaseError(f"{where}.published.{route}.{metric}: give {len(plan.stages)} numbers > 0 (or null), "
-                                "one per ladder stage")
-            published[route][metric] = tuple(None if v is None else float(v) for v in values)
-    whole: dict[str, dict[str, float]] = {}
-    for route, metrics in (doc.get("whole_ladder") or {}).items():
-        if route not in routers or not isinstance(metrics, dict) or set(metrics) - set(WHOLE_METRICS):
-            raise CaseError(f"{where}.whole_ladder.{route}: a router of the case with {', '.join(WHOLE_METRICS)}")
-        whole[route] = {k: float(v) for k, v in metrics.items()}
-    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-        _need(engine, key, int, f"{where}.engine")
-    client = _need(doc, "client", dict, where) if doc.get("client") is not None else {}
-    cap = client.get("max_concurrency")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        raise CaseError(f"{where}.client.max_concurrency is {cap!r}; give the requests in flight at most (>= 1), "
-                        "or leave it out for no cap")
-    utilization = _need(engine, "gpu_memory_utilization", (int, float), f"{where}.engine")
-    if not 0 < utilization <= 1:
-        raise CaseError(f"{where}.engine.gpu_memory_utilization is {utilization}; give a fraction in (0, 1]")
-    return Case(str(doc.get("name", Path(path).stem)), dict(doc.get("source") or {}),
-                str(_need(hardware, "profile", str, f"{where}.hardware")),
-                _need(hardware, "devices_per_replica", int, f"{where}.hardware"),
-                _need(hardware, "replicas", int, f"{where}.hardware"), str(_need(doc, "model", str, where)),
-                dict(engine), dict(workload), plan, routers, published, whole, Path(path), max_concurrency=cap)
-
-
-def case_config(case: Case, route: str, fit: Fit | None = None, hardware: Hardware | None = None) -> SimConfig:
-    """The simulated fleet of `case` behind `route`: vLLM's memory arithmetic, the engine's limits, the fit."""
+def case_config(case: Case, arm: str, fit: Fit | None = None, hardware: Hardware | None = None) -> SimConfig:
+    """The simulated fleet of `case`'s `arm`: vLLM's memory arithmetic, the arm's engine limits, router and KV
+    tiers, the fit."""
+    spec = case.arm(arm)
+    engine = spec.engine
     hw = hardware or load_hardware(case.hardware).with_devices(case.devices_per_replica)
-    hw = dataclasses.replace(hw, memory_fraction=float(case.engine["gpu_memory_utilization"]))
+    hw = dataclasses.replace(hw, memory_fraction=float(engine.gpu_memory_utilization))
     if fit is not None:
         hw = fit.apply(hw)
+    route = spec.router.name
     preset = dataclasses.replace(
-        get_preset("vllm-prefix"), num_nodes=case.replicas, route=route, page_size=int(case.engine["block_size"]),
-        max_num_seqs=int(case.engine["max_num_seqs"]), max_step_tokens=int(case.engine["max_num_batched_tokens"]),
+        get_preset("vllm-prefix"), num_nodes=case.replicas, route=route, page_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs, max_step_tokens=engine.max_num_batched_tokens,
         router_latency_s=fit.router_latency_s if fit is not None and route == ROUTE_PRECISE_PREFIX else 0.0)
-    return SimConfig(load_geometry(case.model), hw, preset, str(case.engine.get("kv_dtype", "bf16")),
-                     memory_model=MEMORY_VLLM)
+    config = SimConfig(load_geometry(case.model), hw, preset, engine.kv_dtype.lower(), memory_model=MEMORY_VLLM,
+                       kv_offload=spec.kv_offload, pd=spec.pd)
+    if spec.router.weights is not None or spec.router.cpu_lru_blocks is not None:
+        blocks = spec.router.cpu_lru_blocks or cpu_tier_blocks(config)
+        weights = {name: 0.0 for name in SCORERS} | dict(spec.router.weights) if spec.router.weights else {}
+        if weights.get("cpu_prefix", 0) > 0 and blocks is None:
+            raise CaseError(f"{case.path.name}.arms.{arm}.router: a cpu_prefix weight needs cpu_lru_blocks (the "
+                            "scorer's lruCapacityPerServer) or a cpu tier in engine.kv_offload to size it from")
+        config = dataclasses.replace(config, preset=dataclasses.replace(
+            preset, scorers=Scorers(**weights, cpu_lru_blocks=blocks)))
+    return config
 
 
 def case_workload(case: Case, geometry_vocab: int, seed: int = 0) -> Workload:
-    """The case's workload, with as many requests as its stages send."""
-    return workload_from_mapping(case.workload, case.name, seed=seed, num_sessions=case.plan.total_requests,
-                                 vocab_size=min(geometry_vocab, 32000), where=f"{case.path.name}.workload")
+    """The case's workload, with as many requests as its load sends."""
+    try:
+        return workload_from_mapping(case.workload, case.name, seed=seed, num_sessions=case.total_requests,
+                                     vocab_size=min(geometry_vocab, 32000), where=f"{case.path.name}.workload")
+    except WorkloadError as error:
+        raise CaseError(str(error)) from None
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
     """One value, published beside simulated (None: not published / not measured)."""
 
-    route: str
-    stage: str  # the stage's rate, or "whole"
+    arm: str
+    stage: str  # the stage's rate, or WHOLE
     metric: str
     published: float | None
     simulated: float | None
 
     @property
     def key(self) -> str:
-        """`route/stage/metric`: which published value this is (a fit lists the ones it was made on)."""
-        return f"{self.route}/{self.stage}/{self.metric}"
+        """`arm/stage/metric`: which published value this is (a fit lists the ones it was made on)."""
+        return f"{self.arm}/{self.stage}/{self.metric}"
 
     @property
     def ratio(self) -> float | None:
-        if self.published is None or self.simulated is None:
+        if self.published is None or self.simulated is None or self.published == 0:
             return None
         return self.simulated / self.published
 
 
-def stage_values(summary: Summary, fleet_scale: float = 1.0) -> dict[str, float | None]:
-    """The compared metrics of one stage's (or the whole ladder's) summary, in the case file's units (a
-    subsampled fleet's throughput scaled back to the whole fleet)."""
-    return {"output_tok_s": None if summary.output_tok_s is None else summary.output_tok_s * fleet_scale,
-            "ttft_mean_s": summary.ttft_ms.mean / 1e3 if summary.ttft_ms else None,
-            "ttft_p90_s": summary.ttft_ms.p90 / 1e3 if summary.ttft_ms else None,
-            "itl_mean_ms": summary.itl_ms.mean if summary.itl_ms else None}
+def measured(records: Sequence[RequestRecord], fleet_scale: float = 1.0) -> dict[str, float | None]:
+    """Every metric of METRICS over `records` (warm-up ones left out), in the case file's units (a subsampled
+    fleet's throughput scaled back to the whole fleet). Hit rates: device-hit tokens over prompt tokens
+    (vLLM's prefix cache hit rate), and tokens restored from a CPU tier over the prompt tokens the device
+    lacked (vLLM's external, connector hit rate)."""
+    s = summarize_run(list(records)).overall
+    ms = lambda d, stat: None if d is None else getattr(d, stat) / 1e3
+    done = [r for r in records if r.ok and not r.warmup]
+    prompt = sum(r.prompt_tokens or 0 for r in done)
+    device = sum((r.cached_tokens_by_tier or {}).get("device", 0) for r in done)
+    host = sum((r.cached_tokens_by_tier or {}).get("host", 0) for r in done)
+    values = {"output_tok_s": s.output_tok_s, "total_tok_s": s.total_tok_s, "request_s": s.req_s,
+              "ttft_mean_s": ms(s.ttft_ms, "mean"), "ttft_p50_s": ms(s.ttft_ms, "p50"),
+              "ttft_p90_s": ms(s.ttft_ms, "p90"), "ttft_p95_s": ms(s.ttft_ms, "p95"), "ttft_p99_s": ms(s.ttft_ms, "p99"),
+              "e2e_mean_s": ms(s.e2e_ms, "mean"), "e2e_p50_s": ms(s.e2e_ms, "p50"), "e2e_p90_s": ms(s.e2e_ms, "p90"),
+              "itl_mean_ms": s.itl_ms.mean if s.itl_ms else None,
+              "gpu_hit_rate": device / prompt if prompt else None,
+              "cpu_hit_rate": host / (prompt - device) if prompt > device else None}
+    for key in THROUGHPUTS:
+        if values[key] is not None:
+            values[key] *= fleet_scale
+    return values
 
 
 @dataclass(frozen=True, slots=True)
-class RouteRun:
-    route: str
-    staged: StagedResult
+class ArmRun:
+    arm: str
+    result: SimResult
+    stage_records: tuple[tuple[RequestRecord, ...], ...]  # per measured stage (none for a closed loop)
     rows: tuple[Row, ...]
 
 
-def compare_route(case: Case, route: str, fit: Fit | None = None, seed: int = 0,
-                  stage_subset: Sequence[int] | None = None, workload: Workload | None = None) -> RouteRun:
-    """Simulate `route`'s ladder (or the stages `stage_subset`) and line it up with the published values."""
-    config = case_config(case, route, fit)
+def compare_arm(case: Case, arm: str, fit: Fit | None = None, seed: int = 0,
+                stage_subset: Sequence[int] | None = None, workload: Workload | None = None) -> ArmRun:
+    """Simulate `arm`'s load (or the stages `stage_subset`) and line it up with the published values."""
+    config = case_config(case, arm, fit)
     workload = workload or case_workload(case, config.geometry.vocab_size, seed)
-    staged = simulate_stages(workload, case.plan, config, run_id=f"{case.name}/{route}", seed=seed,
-                             stage_subset=stage_subset, max_concurrency=case.max_concurrency)
-    indices = list(range(len(case.plan.stages))) if stage_subset is None else sorted(stage_subset)
-    published = case.published.get(route, {})
-    rows = []
-    for position, summary in zip(indices, staged.stage_summaries()):
-        values = stage_values(summary, case.fleet_scale)
-        for metric in STAGE_METRICS:
-            rows.append(Row(route, f"{case.plan.stages[position].rate * case.fleet_scale:g}", metric,
-                            published.get(metric, (None,) * len(case.plan.stages))[position], values[metric]))
+    published = case.published[arm]
+    wanted = {m for a in case.published.values() for m in a.stages}
+    stage_metrics = [m for m in METRICS if m in STAGE_METRICS or m in wanted]
+    whole_metrics = [m for m in METRICS if m in WHOLE_LADDER_METRICS or any(m in a.whole
+                                                                             for a in case.published.values())]
+    rows: list[Row] = []
+    if case.plan is None:
+        loop = case.closed_loop
+        load = LoadSpec(concurrency=loop.concurrency, num_requests=loop.num_requests,
+                        warmup_requests=loop.warmup_requests)
+        result = simulate(workload, load, config, run_id=f"{case.name}/{arm}", seed=seed)
+        stage_records: tuple = ()
+        records = result.records
+    else:
+        staged = simulate_stages(workload, case.plan, config, run_id=f"{case.name}/{arm}", seed=seed,
+                                 stage_subset=stage_subset, max_concurrency=case.max_concurrency)
+        result, stage_records = staged.result, staged.stage_records
+        indices = list(range(len(case.plan.stages))) if stage_subset is None else sorted(stage_subset)
+        for position, records in zip(indices, stage_records):
+            values = measured(records, case.fleet_scale)
+            for metric in stage_metrics:
+                given = published.stages.get(metric)
+                rows.append(Row(arm, case.stage_labels[position], metric,
+                                None if given is None else given[position], values[metric]))
+        records = [r for stage in stage_records for r in stage]
     if stage_subset is None:
-        whole = stage_values(summarize_run([r for stage in staged.stage_records for r in stage]).overall,
-                             case.fleet_scale)
-        for metric in WHOLE_METRICS:
-            rows.append(Row(route, "whole", metric, case.whole_ladder.get(route, {}).get(metric), whole[metric]))
-    return RouteRun(route, staged, tuple(rows))
+        values = measured(records, case.fleet_scale)
+        rows += [Row(arm, WHOLE, m, published.whole.get(m), values[m]) for m in whole_metrics]
+    return ArmRun(arm, result, tuple(stage_records), tuple(rows))
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRow:
+    """A published change between two arms beside the simulated one (`arm` / `over` - 1; None: not measured)."""
+
+    arm: str
+    over: str
+    metric: str
+    stage: str  # WHOLE or a stage's label
+    published_change: float
+    simulated_change: float | None
+
+    @property
+    def same_direction(self) -> bool | None:
+        if self.simulated_change is None:
+            return None
+        return (self.simulated_change > 0) == (self.published_change > 0)
+
+    @property
+    def size_ratio(self) -> float | None:
+        """The simulated change over the published one (1: the same size)."""
+        if self.simulated_change is None or self.published_change == 0:
+            return None
+        return self.simulated_change / self.published_change
+
+
+def effect_rows(case: Case, rows: Sequence[Row]) -> list[EffectRow]:
+    """The case's effects on `rows` of its arms (the whole-run rows, or a stage's)."""
+    by = {(r.arm, r.stage, r.metric): r for r in rows}
+    out = []
+    for e in case.effects:
+        a, b = by.get((e.arm, e.stage, e.metric)), by.get((e.over, e.stage, e.metric))
+        mine = effect_value(case.published[e.arm], e, case.stage_labels)
+        theirs = effect_value(case.published[e.over], e, case.stage_labels)
+        pub = mine / theirs - 1 if theirs else math.nan
+        sim = None if a is None or b is None or not a.simulated or not b.simulated else a.simulated / b.simulated - 1
+        out.append(EffectRow(e.arm, e.over, e.metric, e.stage, pub, sim))
+    return out
+
+
+def comparison_doc(rows: Sequence[Row], effects: Sequence[EffectRow]) -> dict:
+    """comparison.json's `arms` (whole-run values), `stages` (per stage, beside them) and `effects`."""
+    cell = lambda r: {"published": r.published, "simulated": r.simulated, "ratio": r.ratio}
+    arms: dict = {}
+    stages: dict = {}
+    for r in rows:
+        if r.stage == WHOLE:
+            arms.setdefault(r.arm, {})[r.metric] = cell(r)
+        else:
+            stages.setdefault(r.arm, {}).setdefault(r.stage, {})[r.metric] = cell(r)
+    return {"arms": arms, "stages": stages,
+            "effects": [{"arm": e.arm, "over": e.over, "metric": e.metric, "published_change": e.published_change,
+                         "simulated_change": e.simulated_change, **({} if e.stage == WHOLE else {"stage": e.stage})}
+                        for e in effects]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,10 +300,10 @@ def across_seeds(per_seed: Sequence[Sequence[Row]]) -> tuple[SeedSpread, ...]:
     return tuple(spreads)
 
 
-def first_rate_above(rows: Sequence[Row], route: str, metric: str, limit: float, simulated: bool) -> float | None:
+def first_rate_above(rows: Sequence[Row], arm: str, metric: str, limit: float, simulated: bool) -> float | None:
     """The first stage rate whose `metric` exceeds `limit` (the simulated or the published value)."""
     for row in rows:
-        if row.route == route and row.metric == metric and row.stage != "whole":
+        if row.arm == arm and row.metric == metric and row.stage != WHOLE:
             value = row.simulated if simulated else row.published
             if value is not None and value > limit:
                 return float(row.stage)

@@ -6,15 +6,25 @@
     prefix          SGLang's cache-aware router (`sglang_router`, its defaults; see `cache_aware`)
     precise-prefix  llm-d's endpoint picker in its precise-prefix guide (see `precise_prefix`)
 
-llm-d's precise-prefix profile (guides/precise-prefix-cache-aware/gaie-kv-events/values.yaml) sums weighted
-scorers and takes the highest score (`max-score-picker`; ties: the lowest node index here):
+llm-d's endpoint picker sums weighted scorers and takes the highest score (`max-score-picker`, which picks at
+random among the nodes sharing the best score: here drawn from the run's seed, so the same seed makes the same
+choices). Its scorers, with the weights of the case (`presets.Scorers`; default the precise-prefix guide's
+gaie-kv-events/values.yaml, 3 / 2 / 2):
 
-    score(node) = 3.0 * prefix + 2.0 * kv_free + 2.0 * queue
-    prefix   = (m - min_m) / (max_m - min_m) over the nodes holding the prompt's first block, where m is a
-               node's resident leading 64-token blocks (1 for all of them when equal, so a lone holder gets 1);
-               0 on a node without the first block
-    kv_free  = 1 - the node's KV usage (pages held by requests / all pages)
-    queue    = (max_q - q) / (max_q - min_q) over the nodes' waiting requests (1 for all when they are equal)
+    score(node) = w_gpu * gpu_prefix + w_kv * kv_free + w_queue * queue + w_cpu * cpu_prefix
+    gpu_prefix  (precise-prefix-cache-scorer) = (m - min_m) / (max_m - min_m) over the nodes holding the
+                prompt's first block, where m is a node's resident leading 64-token blocks (1 for all of them
+                when equal, so a lone holder gets 1); 0 on a node without the first block
+    kv_free     (kv-cache-utilization-scorer) = 1 - the node's KV usage (pages held by requests / all pages)
+    queue       (queue-scorer) = (max_q - q) / (max_q - min_q) over the nodes' waiting requests (1 for all
+                when they are equal)
+    cpu_prefix  (a second prefix-cache-scorer, the tiered-prefix-cache guide's `cpu-prefix-cache-scorer`) =
+                matched leading blocks / the prompt's blocks, matched against the router's own LRU index of the
+                blocks it sent to each node, `lruCapacityPerServer` blocks per node (gateway-api-inference-
+                extension `plugins/multi/prefix/plugin.go`: Score = matchLen / total, PreRequest adds the
+                request's hashes to the picked node). It sees what was sent, not the node's tiers: a stand-in
+                for the CPU tier sized as one, as the guide sizes it (its blocks are the engine's blocks here,
+                not 64 characters, and every block of the prompt counts, not the first 256)
 
 The guide's README calls the prefix score "the fraction of the request's prefix blocks that are resident"; the
 scorer's code (llm-d-inference-scheduler `precise_prefix_cache.go`: longest-prefix block counts per pod, then
@@ -28,6 +38,7 @@ for `SPECULATIVE_TTL_S`, until KV events catch up (the device cache lags routing
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,12 +52,12 @@ from kvbench.sim.presets import (
     ROUTE_PREFIX,
     ROUTE_ROUND_ROBIN,
     ROUTE_SESSION,
+    Scorers,
 )
 
 # sglang_router's cache-aware policy defaults (--cache-threshold, --balance-abs-threshold, --balance-rel-threshold)
 ROUTER_CACHE_THRESHOLD, ROUTER_BALANCE_ABS, ROUTER_BALANCE_REL = 0.5, 32, 1.0001
-# llm-d's precise-prefix scheduling profile: scorer weights as the guide configures them.
-PRECISE_PREFIX_WEIGHT, KV_UTILIZATION_WEIGHT, QUEUE_WEIGHT = 3.0, 2.0, 2.0
+TIE = 1e-9  # scores this close to the best are the best (sums of weighted fractions)
 SPECULATIVE_TTL_S = 2.0  # how long a speculative index entry stands in for the KV events (an assumption)
 
 
@@ -79,10 +90,14 @@ class Router:
     routed: int = 0  # requests routed so far (round-robin)
     routed_pages: list = field(default_factory=list)  # per node: prompt pages routed there, not yet finished
     speculative: list = field(default_factory=list)  # per node: block hash -> when the entry expires
+    scorers: Scorers = field(default_factory=Scorers)
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))  # max-score ties
+    sent_blocks: list = field(default_factory=list)  # per node: the cpu_prefix index, block hash -> None, LRU first
 
     def __post_init__(self) -> None:
         self.routed_pages = [0] * len(self.nodes)
         self.speculative = [{} for _ in self.nodes]
+        self.sent_blocks = [OrderedDict() for _ in self.nodes]
 
     def pick(self, session_index: int, request: Request, now: float) -> int:
         """The node for `request`, by the policy (module docstring)."""
@@ -131,29 +146,51 @@ class Router:
     def precise_scores(self, request: Request, now: float) -> list[float]:
         """Each node's llm-d score (module docstring) for `request` at `now`."""
         hashes = block_hashes(request.prompt, self.page_size)
-        resident = []  # per node: leading blocks in its cache or standing speculatively (both chains start at 0)
-        for i, node in enumerate(self.nodes):
-            entries = self.speculative[i]
-            speculative = 0
-            while speculative < len(hashes) and entries.get(hashes[speculative], -1.0) > now:
-                speculative += 1
-            resident.append(max(node.cached_pages(request), speculative))
+        w = self.scorers
+        scores = [0.0] * len(self.nodes)
+        if w.gpu_prefix > 0:
+            resident = []  # per node: leading blocks in its cache or standing speculatively (both chains start at 0)
+            for i, node in enumerate(self.nodes):
+                entries = self.speculative[i]
+                speculative = 0
+                while speculative < len(hashes) and entries.get(hashes[speculative], -1.0) > now:
+                    speculative += 1
+                resident.append(max(node.cached_pages(request), speculative))
+            scores = [s + w.gpu_prefix * p for s, p in zip(scores, prefix_scores(resident))]
         waiting = [node.waiting for node in self.nodes]
         low, high = min(waiting), max(waiting)
-        scores = []
-        for i, (node, prefix) in enumerate(zip(self.nodes, prefix_scores(resident))):
+        for i, node in enumerate(self.nodes):
             queue = 1.0 if high == low else (high - waiting[i]) / (high - low)
-            scores.append(PRECISE_PREFIX_WEIGHT * prefix + KV_UTILIZATION_WEIGHT * (1.0 - node.kv_usage)
-                          + QUEUE_WEIGHT * queue)
+            scores[i] += w.kv_utilization * (1.0 - node.kv_usage) + w.queue * queue
+        if w.cpu_prefix > 0 and hashes:
+            for i, sent in enumerate(self.sent_blocks):
+                matched = 0
+                while matched < len(hashes) and hashes[matched] in sent:
+                    matched += 1
+                scores[i] += w.cpu_prefix * matched / len(hashes)
         return scores
+
+    def best(self, scores: Sequence[float]) -> int:
+        """The highest score; among equal best scores one drawn at random (llm-d's max-score picker)."""
+        top = max(scores)
+        tied = [i for i, score in enumerate(scores) if score >= top - TIE]
+        return tied[0] if len(tied) == 1 else int(tied[self.rng.integers(len(tied))])
 
     def precise_prefix(self, request: Request, now: float) -> int:
         scores = self.precise_scores(request, now)
-        best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+        best = self.best(scores)
+        hashes = block_hashes(request.prompt, self.page_size)
         entries, expires = self.speculative[best], now + SPECULATIVE_TTL_S
-        for h in block_hashes(request.prompt, self.page_size):
+        for h in hashes:
             entries[h] = expires
         if len(entries) > 4096 * 8:  # drop expired entries now and then: the dict stays bounded
             for h in [h for h, t in entries.items() if t <= now]:
                 del entries[h]
+        if self.scorers.cpu_prefix > 0:
+            sent = self.sent_blocks[best]
+            for h in hashes:
+                sent[h] = None
+                sent.move_to_end(h)
+            while len(sent) > self.scorers.cpu_lru_blocks:
+                sent.popitem(last=False)
         return best

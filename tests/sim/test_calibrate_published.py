@@ -5,9 +5,14 @@ import json
 
 import pytest
 
-from kvbench.sim.calibrate_published import START, best_router_latency, fit_published, transfer
+from kvbench.sim.calibrate_published import (
+    START,
+    best_router_latency,
+    fit_published,
+    transfer,
+)
 from kvbench.sim.hardware import load_hardware, save_hardware
-from kvbench.sim.published import Fit, Row, compare_route, parse_case
+from kvbench.sim.published import Fit, Row, compare_arm, parse_case
 
 CASE = """
 name: fit-case
@@ -39,7 +44,7 @@ def test_a_fit_recovers_the_speeds_that_made_the_published_values(tmp_path):
     path = tmp_path / "case.yaml"
     case_text = CASE.replace("profile: h100", f"profile: {roofline}")
     path.write_text(case_text.replace("{PUBLISHED}", "{output_tok_s: [1, 1]}"))
-    made = compare_route(parse_case(path), "precise-prefix", truth).rows
+    made = compare_arm(parse_case(path), "precise-prefix", truth).rows
     published = {m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
                  for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")}
     path.write_text(case_text.replace("{PUBLISHED}", json.dumps(published)))
@@ -83,3 +88,35 @@ def test_fitted_values_are_marked_and_left_out_of_the_targets(tmp_path):
     fit_json.write_text(json.dumps({"fit": {"flops_efficiency": 0.5, "bw_efficiency": 0.9, "step_overhead_s": 0.002,
                                             "fitted_rows": list(fitted)}}))
     assert load_fit(fit_json).fitted_rows == fitted
+
+
+def test_one_fit_across_cases_recovers_the_step_overhead_that_made_both(tmp_path):
+    from kvbench.sim.calibrate_published import FitPart, fit_across
+
+    staged = CASE.replace("profile: h100", "profile: cpu").replace("model: qwen3-32b", "model: tiny-random").replace(
+        "block_size: 64", "block_size: 4").replace("system_prompt_len: 1024", "system_prompt_len: 32").replace(
+        "question_len: 256", "question_len: 4")
+    loop = staged.replace('stages: {warmup: "2:1", ladder: "2:3,6:2"}',
+                          "load: {closed_loop: {concurrency: 2, num_requests: 6}}").replace("fit-case", "loop-case")
+    truth = Fit(START.flops_efficiency, START.bw_efficiency, 0.006, 0.02, "truth")
+    paths = []
+    for name, text, published in (("a.yaml", staged, "{output_tok_s: [1, 1]}"), ("b.yaml", loop, "{output_tok_s: 1}")):
+        path = tmp_path / name
+        path.write_text(text.replace("{PUBLISHED}", published))
+        made = compare_arm(parse_case(path), "precise-prefix", truth).rows
+        if "stages" in text:
+            values = {m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
+                      for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")}
+        else:
+            values = {m: next(r.simulated for r in made if r.stage == "whole" and r.metric == m)
+                      for m in ("output_tok_s", "ttft_mean_s")}
+        path.write_text(text.replace("{PUBLISHED}", json.dumps(values)))
+        paths.append(path)
+    parts = [FitPart(parse_case(p), "precise-prefix", 10) for p in paths]
+    result = fit_across(parts, max_evaluations=10)
+    assert result.fit.step_overhead_s == pytest.approx(0.006, abs=0.001)
+    assert result.fit.router_latency_s == pytest.approx(0.02, abs=0.005)
+    assert {k.split("/")[0] for k in result.fit.fitted_rows} == {"fit-case", "loop-case"}
+    assert result.fit.rows_of("loop-case") == ("precise-prefix/whole/output_tok_s", "precise-prefix/whole/ttft_mean_s")
+    with pytest.raises(ValueError, match="one fit per GPU type"):
+        fit_across([parts[0], FitPart(dataclasses.replace(parts[1].case, hardware="h200"), "precise-prefix", 10)])

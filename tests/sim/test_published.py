@@ -110,15 +110,14 @@ def test_simulate_runs_stages_on_a_fleet(tmp_path):
 
 
 def test_a_subsampled_fleet_keeps_each_replicas_load_and_scales_throughput_back(case_file):
-    from kvbench.sim.published import compare_route, subsample
+    from kvbench.sim.published import compare_arm, subsample
 
     case = parse_case(case_file)
     half = subsample(case, 1)
     assert half.replicas == 1 and half.fleet_scale == 2.0
     assert [s.rate for s in half.plan.stages] == [1.0, 2.0] and half.plan.warmup.rate == 1.0
-    run = compare_route(half, "round-robin")
-    staged = run.staged
-    first = summarize_run(list(staged.stage_records[0])).overall
+    run = compare_arm(half, "round-robin")
+    first = summarize_run(list(run.stage_records[0])).overall
     row = next(r for r in run.rows if r.stage == "2" and r.metric == "output_tok_s")  # labelled by the full rate
     assert row.simulated == pytest.approx(first.output_tok_s * 2)
     with pytest.raises(CaseError, match="replicas"):

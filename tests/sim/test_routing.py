@@ -10,7 +10,12 @@ from kvbench.measure.schedule import LoadSpec
 from kvbench.sim.engine import SimConfig, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
-from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN, get_preset
+from kvbench.sim.presets import (
+    ROUTE_PRECISE_PREFIX,
+    ROUTE_ROUND_ROBIN,
+    Scorers,
+    get_preset,
+)
 from kvbench.sim.routing import SPECULATIVE_TTL_S, Router, prefix_scores
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 
@@ -76,6 +81,52 @@ def test_a_fully_cached_node_wins_over_an_idle_one():
     router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4)
     assert np.allclose(router.precise_scores(request(), 0.0), [5.0, 3.6, 2.0])
     assert router.pick(0, request(), 0.0) == 0
+
+
+def test_the_weights_come_from_the_scorers_and_the_cpu_prefix_index_is_what_was_sent():
+    # Weights gpu_prefix 1, kv 2, queue 2, cpu_prefix 1, and a CPU-prefix index of 8 blocks (pages) per node.
+    #   node 0: 6/8 cached, 90 % used, 4 waiting -> 1(1) + 2(0.1) + 2(0)   = 1.2
+    #   node 1: 2/8 cached, 20 % used, 0 waiting -> 1(0) + 2(0.8) + 2(1)   = 3.6   <- picked
+    #   node 2: none,        0 % used, 2 waiting -> 0    + 2(1.0) + 2(0.5) = 3.0
+    # nothing sent yet: cpu_prefix 0 everywhere.
+    nodes = [FakeNode(6, 0.9, 4), FakeNode(2, 0.2, 0), FakeNode(0, 0.0, 2)]
+    scorers = Scorers(queue=2, kv_utilization=2, gpu_prefix=1, cpu_prefix=1, cpu_lru_blocks=8)
+    router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4, scorers=scorers)
+    assert np.allclose(router.precise_scores(request(), now=0.0), [1.2, 3.6, 3.0])
+    assert router.pick(0, request(), now=0.0) == 1
+    # After the TTL the speculative entries are gone, but the router's index still holds the 8 blocks it sent to
+    # node 1: cpu_prefix 8/8 there, 3.6 + 1 = 4.6.
+    assert np.allclose(router.precise_scores(request(), now=SPECULATIVE_TTL_S + 1), [1.2, 4.6, 3.0])
+    # A 16-block prompt (the fake nodes report the same cached pages for it: node 1 is picked again, 3.6) evicts
+    # the LRU: the index keeps the newest 8 blocks, not the old prompt's leading ones -> cpu_prefix 0 again.
+    other = Request(RequestId("o"), np.arange(5000, 5064, dtype=np.int32), 4)
+    assert router.pick(1, other, now=10.0) == 1
+    assert len(router.sent_blocks[1]) == 8
+    assert np.allclose(router.precise_scores(request(), now=20.0), [1.2, 3.6, 3.0])
+
+
+def test_simultaneous_arrivals_on_idle_replicas_spread_by_the_seeded_tie_break():
+    # 45 distinct prompts at the same instant on 8 idle replicas: every score ties (nothing cached, no queue yet,
+    # no KV used), so llm-d's max-score picker draws among all 8. The lowest index would take all 45.
+    def picks(seed: int) -> list[int]:
+        nodes = [FakeNode(0, 0.0, 0) for _ in range(8)]
+        router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4, rng=np.random.default_rng(seed))
+        return [router.pick(k, Request(RequestId(f"r{k}"), np.arange(k * 100, k * 100 + 32, dtype=np.int32), 4), 0.0)
+                for k in range(45)]
+
+    first = picks(7)
+    assert len(set(first)) >= 6 and max(first.count(n) for n in range(8)) <= 15
+    assert picks(7) == first  # the same seed, the same choices
+    assert picks(8) != first
+
+
+def test_a_whole_simulation_at_concurrency_45_spreads_its_first_requests():
+    workload = shared(45, 1, 45)  # 45 different system prompts, all sent at t=0 (closed loop of 45)
+    config = fleet(ROUTE_PRECISE_PREFIX, nodes=8)
+    runs = [simulate(workload, LoadSpec(concurrency=45), config, seed=seed) for seed in (3, 3)]
+    nodes = [runs[0].node_of[r.request_id] for r in runs[0].records]
+    assert len(set(nodes)) >= 6
+    assert runs[0].node_of == runs[1].node_of
 
 
 def fleet(route: str, nodes: int = 3) -> SimConfig:

@@ -41,9 +41,11 @@ def register(commands, formatter) -> None:
     cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
     cal.add_argument("--out", type=Path, default=None,
                      help="profile JSON to write (default results/sim/<hardware>-calibrated.json)")
-    cal.add_argument("--published", type=Path, metavar="CASE.yaml",
-                     help="fit to a published GPU experiment instead (results/sim/published/*.yaml): efficiencies, "
-                     "step overhead and router latency on one router's stages up to --max-rate, the rest checked")
+    cal.add_argument("--published", type=Path, nargs="+", metavar="CASE.yaml",
+                     help="fit to published GPU experiments instead (results/sim/published/*.yaml): one case: "
+                     "efficiencies, step overhead and router latency on one router's stages up to --max-rate, the "
+                     "rest checked; several cases of one GPU type: one step overhead and router latency across "
+                     "them (each case's --fit-router arm, else its first, at <= --max-rate; a closed loop's whole run)")
     cal.add_argument("--fit-router", default="precise-prefix", help="with --published: the router fitted on")
     cal.add_argument("--max-rate", type=number_above(0), default=20.0, help="with --published: fit stages <= this")
     cal.add_argument("--fit-throughput-at", type=number_above(0), action="append", default=[], metavar="RATE",
