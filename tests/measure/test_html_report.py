@@ -37,7 +37,9 @@ def report(tmp_path_factory):
         # (--max-lag-ms: a busy machine's client lag is not this test's subject; past it the point is invalid)
         assert main(["run", "--url", url, "--num-sessions", "3", "--max-lag-ms", "1000",
                      "--out", str(root / "good")]) == 0
-        assert main(["run", "--url", url, "--model", "nope", "--num-sessions", "2", "--out", str(root / "bad")]) == 1
+    # Every request answered 500 (a wrong --model no longer sends any: the endpoint preflight refuses it first).
+    with instrument_process("--served-model", "instrument", "--fault", "http_500") as (url, _):
+        assert main(["run", "--url", url, "--num-sessions", "2", "--out", str(root / "bad")]) == 1
     out = root / "report.html"
     assert main(["report", str(root / "good"), str(root / "bad"), "--format", "html", "--out", str(out)]) == 0
     return root, out
