@@ -25,8 +25,14 @@ from kvbench.engines.kvengine.model.cpu_attention import CpuPagedAttention, appl
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 
 SMOLLM2_ONE_LAYER = ModelConfig(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=1, num_heads=9, num_kv_heads=3,
-    head_dim=64, tie_word_embeddings=True,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=1,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
 )
 FORMATS = [("fp32", None), ("bf16", None), ("fp8_e4m3", "tensor"), ("fp8_e4m3", "channel"), ("fp8_e5m2", "tensor")]
 
@@ -43,9 +49,11 @@ def batches(batch: int, context: int, prompt: int, page_size: int, num_pages: in
     prefill = SequenceChunk([1] * 128, context, order[used : used + -(-(context + 128) // page_size)].tolist())
     used += -(-(context + 128) // page_size)
     whole = SequenceChunk([1] * prompt, 0, order[used : used + -(-prompt // page_size)].tolist())
-    return {f"decode b={batch}": ForwardBatch.build(chunks, page_size),
-            "prefill 128 after context": ForwardBatch.build([prefill], page_size),
-            f"prompt of {prompt}": ForwardBatch.build([whole], page_size)}
+    return {
+        f"decode b={batch}": ForwardBatch.build(chunks, page_size),
+        "prefill 128 after context": ForwardBatch.build([prefill], page_size),
+        f"prompt of {prompt}": ForwardBatch.build([whole], page_size),
+    }
 
 
 def best_ms(fn, repeats: int) -> float:
@@ -71,22 +79,35 @@ def main() -> None:
     c, page_size = SMOLLM2_ONE_LAYER, 16
     num_pages = (8 * args.batch * args.context + args.prompt) // page_size + 64
     print(f"ms per layer call, {args.threads} thread(s), device {args.device}, best of {args.repeats}")
-    print(f"{'batch':<28}{'format':<18}{'reference':>10}{'padded':>9}{'varlen':>9}{'kernels':>9}"
-          f"{'padded/varlen':>15}{'varlen/kernels':>16}")
+    print(
+        f"{'batch':<28}{'format':<18}{'reference':>10}{'padded':>9}{'varlen':>9}{'kernels':>9}"
+        f"{'padded/varlen':>15}{'varlen/kernels':>16}"
+    )
     for name, batch in batches(args.batch, args.context, args.prompt, page_size, num_pages).items():
         batch = ForwardBatch.build(
-            [SequenceChunk(batch.input_ids[s : s + n].tolist(), c0, t)
-             for s, n, c0, t in zip(batch.query_starts, batch.query_lens, batch.num_computed_tokens, batch.page_tables)],
-            page_size, device=args.device)
+            [
+                SequenceChunk(batch.input_ids[s : s + n].tolist(), c0, t)
+                for s, n, c0, t in zip(
+                    batch.query_starts, batch.query_lens, batch.num_computed_tokens, batch.page_tables
+                )
+            ],
+            page_size,
+            device=args.device,
+        )
         q = torch.randn(len(batch.input_ids), c.num_heads, c.head_dim, device=args.device)
         for fmt_names in FORMATS:
             fmt = KVFormat.parse(*fmt_names)
             cache = PagedKVCache(c, num_pages, page_size, fmt, args.device)
             slots = torch.arange(num_pages * page_size, device=args.device)
-            cache.write(0, slots, *(torch.randn(len(slots), c.num_kv_heads, c.head_dim, device=args.device)
-                                    for _ in range(2)))
+            cache.write(
+                0, slots, *(torch.randn(len(slots), c.num_kv_heads, c.head_dim, device=args.device) for _ in range(2))
+            )
             row = {}
-            backends = [("reference", ReferenceAttention()), ("padded", PaddedAttention()), ("varlen", VarlenAttention())]
+            backends = [
+                ("reference", ReferenceAttention()),
+                ("padded", PaddedAttention()),
+                ("varlen", VarlenAttention()),
+            ]
             if applies(args.device, fmt, torch.float32):
                 backends.append(("kernels", CpuPagedAttention()))
             for label, backend in backends:
@@ -95,8 +116,10 @@ def main() -> None:
                     row[label] = best_ms(lambda: backend(q, cache, 0, prepared), args.repeats)
             kernels = f"{row['kernels']:>9.2f}" if "kernels" in row else f"{'-':>9}"
             ratio = f"{row['varlen'] / row['kernels']:>15.1f}x" if "kernels" in row else f"{'-':>16}"
-            print(f"{name:<28}{fmt.label:<18}{row['reference']:>10.2f}{row['padded']:>9.2f}{row['varlen']:>9.2f}"
-                  f"{kernels}{row['padded'] / row['varlen']:>14.1f}x{ratio}")
+            print(
+                f"{name:<28}{fmt.label:<18}{row['reference']:>10.2f}{row['padded']:>9.2f}{row['varlen']:>9.2f}"
+                f"{kernels}{row['padded'] / row['varlen']:>14.1f}x{ratio}"
+            )
 
 
 if __name__ == "__main__":

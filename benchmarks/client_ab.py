@@ -75,9 +75,25 @@ def start_instrument(core: int) -> tuple[subprocess.Popen, str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     process = subprocess.Popen(
-        ["taskset", "-c", str(core), sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port),
-         "--first-token-ms", str(FIRST_TOKEN_MS), "--chunk-interval-ms", str(CHUNK_INTERVAL_MS)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        [
+            "taskset",
+            "-c",
+            str(core),
+            sys.executable,
+            "-m",
+            "kvbench.harness.instrument",
+            "--port",
+            str(port),
+            "--first-token-ms",
+            str(FIRST_TOKEN_MS),
+            "--chunk-interval-ms",
+            str(CHUNK_INTERVAL_MS),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -89,9 +105,14 @@ def start_instrument(core: int) -> tuple[subprocess.Popen, str]:
 
 
 def measure(tree: Path, url: str, streams: int, core: int) -> dict:
-    done = subprocess.run(["taskset", "-c", str(core), sys.executable, "-c", DRIVER, url, str(streams)],
-                          capture_output=True, text=True, cwd=tree, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(tree)})
+    done = subprocess.run(
+        ["taskset", "-c", str(core), sys.executable, "-c", DRIVER, url, str(streams)],
+        capture_output=True,
+        text=True,
+        cwd=tree,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+    )
     if done.returncode != 0:
         raise RuntimeError(f"client run in {tree} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -99,8 +120,11 @@ def measure(tree: Path, url: str, streams: int, core: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--versions", default="pre-checks=17896db,main=main,this=.",
-                        help="NAME=REF,... (REF a git ref, or . for this checkout)")
+    parser.add_argument(
+        "--versions",
+        default="pre-checks=17896db,main=main,this=.",
+        help="NAME=REF,... (REF a git ref, or . for this checkout)",
+    )
     parser.add_argument("--streams", default="100,1000")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--instrument-core", type=int, default=0)
@@ -108,8 +132,10 @@ def main() -> None:
     args = parser.parse_args()
     versions = [tuple(item.split("=", 1)) for item in args.versions.split(",")]
     streams = [int(value) for value in args.streams.split(",")]
-    table = Table(title=f"client A/B against the instrument ({FIRST_TOKEN_MS:g} ms TTFT), alternated; "
-                        f"instrument on core {args.instrument_core}, client on core {args.client_core}")
+    table = Table(
+        title=f"client A/B against the instrument ({FIRST_TOKEN_MS:g} ms TTFT), alternated; "
+        f"instrument on core {args.instrument_core}, client on core {args.client_core}"
+    )
     for column in ("round", "streams", "version", "TTFT error p50 ms", "p99 ms", "req/s", "failed"):
         table.add_column(column, justify="right")
     with tempfile.TemporaryDirectory() as scratch:
@@ -121,8 +147,15 @@ def main() -> None:
                 for count in streams:
                     for name, _ in order:
                         result = measure(trees[name], url, count, args.client_core)
-                        table.add_row(str(round_index + 1), str(count), name, f"{result['p50']:.1f}",
-                                      f"{result['p99']:.1f}", f"{result['req_s']:,.0f}", str(result["failed"]))
+                        table.add_row(
+                            str(round_index + 1),
+                            str(count),
+                            name,
+                            f"{result['p50']:.1f}",
+                            f"{result['p99']:.1f}",
+                            f"{result['req_s']:,.0f}",
+                            str(result["failed"]),
+                        )
         finally:
             instrument.kill()
     Console(width=140).print(table)

@@ -37,11 +37,33 @@ SETUP_INFERENCE_PERF = ROOT / "benchmarks" / "inference_perf" / "setup_venv.sh"
 
 def vllm_flags(url: str, args) -> list[str]:
     """The `vllm bench serve` command line both kvbench and vLLM run."""
-    return ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "instrument",
-            "--dataset-name", "random", "--random-input-len", str(args.input_len), "--random-output-len",
-            str(args.output_len), "--num-prompts", str(round(args.rate * args.seconds)), "--request-rate",
-            str(args.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles",
-            "50,90,95,99", "--seed", "0"]
+    return [
+        "--backend",
+        "openai",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        "instrument",
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(round(args.rate * args.seconds)),
+        "--request-rate",
+        str(args.rate),
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,95,99",
+        "--seed",
+        "0",
+    ]
 
 
 def inference_perf_config(url: str, out: Path, args) -> dict:
@@ -51,8 +73,10 @@ def inference_perf_config(url: str, out: Path, args) -> dict:
         "api": {"type": "completion", "streaming": True},
         "server": {"type": "vllm", "model_name": "instrument", "base_url": url, "ignore_eos": True},
         "tokenizer": {"pretrained_model_name_or_path": str(TOKENIZER)},
-        "data": {"type": "random", **{key: {"min": n, "max": n, "mean": n, "std_dev": 0, "type": "fixed"}
-                                      for key, n in lengths.items()}},
+        "data": {
+            "type": "random",
+            **{key: {"min": n, "max": n, "mean": n, "std_dev": 0, "type": "fixed"} for key, n in lengths.items()},
+        },
         "report": {"request_lifecycle": {"summary": True, "per_stage": True, "per_request": False}},
         "storage": {"local_storage": {"path": str(out)}},
     }
@@ -62,7 +86,7 @@ def run(command: list[str], what: str, **kwargs) -> bool:
     print(f"{what}: {' '.join(command[:3])} ...", flush=True)
     done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900, **kwargs)
     if done.returncode != 0:
-        print(f"{what}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:] }", flush=True)
+        print(f"{what}: exit {done.returncode}: {done.stderr.strip().splitlines()[-1:]}", flush=True)
     return done.returncode == 0
 
 
@@ -81,23 +105,53 @@ def main() -> int:
     processes, url = start_instrument()
     results = []
     try:
-        run([sys.executable, "-m", "kvbench.cli", "run", *vllm_flags(url, args), "--out", str(args.out / "kvbench"),
-             "--overwrite"], "kvbench")
+        run(
+            [
+                sys.executable,
+                "-m",
+                "kvbench.cli",
+                "run",
+                *vllm_flags(url, args),
+                "--out",
+                str(args.out / "kvbench"),
+                "--overwrite",
+            ],
+            "kvbench",
+        )
         if (args.out / "kvbench" / "summary.json").exists():  # kept when invalid (client lag): the table says so
             results.append(args.out / "kvbench")
-        if args.vllm_python and run([args.vllm_python, str(VLLM_CLIENT), *vllm_flags(url, args), "--tokenizer",
-                                     str(TOKENIZER), "--disable-tqdm", "--save-result", "--result-dir", str(args.out),
-                                     "--result-filename", "vllm.json"], "vllm bench serve"):
+        if args.vllm_python and run(
+            [
+                args.vllm_python,
+                str(VLLM_CLIENT),
+                *vllm_flags(url, args),
+                "--tokenizer",
+                str(TOKENIZER),
+                "--disable-tqdm",
+                "--save-result",
+                "--result-dir",
+                str(args.out),
+                "--result-filename",
+                "vllm.json",
+            ],
+            "vllm bench serve",
+        ):
             results.append(args.out / "vllm.json")
         elif not args.vllm_python:
             print("vllm bench serve: left out (no --vllm-python or KVBENCH_VLLM_PYTHON)")
-        executable = args.inference_perf or subprocess.run(
-            ["bash", str(SETUP_INFERENCE_PERF)], capture_output=True, text=True).stdout.strip().splitlines()[-1:]
+        executable = (
+            args.inference_perf
+            or subprocess.run(["bash", str(SETUP_INFERENCE_PERF)], capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()[-1:]
+        )
         executable = executable if isinstance(executable, str) else (executable[0] if executable else "")
         if executable and Path(executable).exists():
             config = args.out / "inference-perf.yml"
             config.write_text(yaml.safe_dump(inference_perf_config(url, args.out / "inference-perf", args)))
-            if run([executable, "--config_file", str(config)], "inference-perf", env={**os.environ, "HF_HUB_OFFLINE": "1"}):
+            if run(
+                [executable, "--config_file", str(config)], "inference-perf", env={**os.environ, "HF_HUB_OFFLINE": "1"}
+            ):
                 results.append(args.out / "inference-perf" / "summary_lifecycle_metrics.json")
         else:
             print("inference-perf: left out (benchmarks/inference_perf/setup_venv.sh found no Python 3.12)")
@@ -105,8 +159,12 @@ def main() -> int:
         for process in processes:
             process.terminate()
             process.wait(timeout=10)
-    report = subprocess.run([sys.executable, "-m", "kvbench.cli", "report", *map(str, results), "--format", "md"],
-                            check=True, capture_output=True, text=True).stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "kvbench.cli", "report", *map(str, results), "--format", "md"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     (args.out / "side_by_side.md").write_text(report)
     print(report)
     return 0

@@ -1,10 +1,13 @@
 """Combine per-router comparisons (`kvbench validate-published --router R --out DIR`) into one with the targets:
 `python benchmarks/combine_published.py CASE.yaml OUT_DIR DIR1 DIR2 ...`."""
+
 import json
 import sys
 from pathlib import Path
+
 from kvbench.sim.published import Row, parse_case
 from kvbench.sim.published_report import check_targets, write_comparison
+
 case = parse_case(Path(sys.argv[1]))
 out = Path(sys.argv[2])
 rows, header, fitted = [], [], set()

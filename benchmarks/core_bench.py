@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.trace_replay import replay_prefix_hits
 
@@ -52,8 +52,10 @@ def bench_index(total_tokens: int, prompt_tokens: int = 2048, page_size: int = 1
     rng = np.random.default_rng(0)
     n_prompts = total_tokens // prompt_tokens
     prefixes = rng.integers(0, VOCAB, (64, 512), dtype=np.int32)
-    prompts = [np.concatenate([prefixes[i % 64], rng.integers(0, VOCAB, prompt_tokens - 512, dtype=np.int32)])
-               for i in range(n_prompts)]
+    prompts = [
+        np.concatenate([prefixes[i % 64], rng.integers(0, VOCAB, prompt_tokens - 512, dtype=np.int32)])
+        for i in range(n_prompts)
+    ]
     pool = PagePool(1 + total_tokens // page_size + 64, page_size)
     index = PrefixIndex(pool)
     ns, tenant = Namespace("bench"), TenantId("bench")
@@ -99,8 +101,10 @@ def main() -> None:
     stats = replay_prefix_hits(mooncake_prompts(args.trace), page_size=16, capacities_tokens=caps)
     dt = time.perf_counter() - t0
     print()
-    print(f"Trace replay: {args.trace.name}, {stats.requests:,} requests, {stats.prompt_tokens:,} prompt tokens, "
-          f"{dt:.2f} s (including JSON parsing and token expansion)")
+    print(
+        f"Trace replay: {args.trace.name}, {stats.requests:,} requests, {stats.prompt_tokens:,} prompt tokens, "
+        f"{dt:.2f} s (including JSON parsing and token expansion)"
+    )
     print()
     print("| cache | token hit rate |")
     print("|---|---|")

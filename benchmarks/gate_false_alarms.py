@@ -36,8 +36,23 @@ def busy() -> None:
 
 
 def run(out: Path, url: str) -> Path:
-    code = main(["run", "--workload", "rag-chat-mini", "--num-sessions", "6", "--concurrency", "3", "--repeat", "2",
-                 "--url", url, "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--workload",
+            "rag-chat-mini",
+            "--num-sessions",
+            "6",
+            "--concurrency",
+            "3",
+            "--repeat",
+            "2",
+            "--url",
+            url,
+            "--out",
+            str(out),
+        ]
+    )
     if code != 0:
         raise SystemExit(f"kvbench run exited {code}")
     return out
@@ -53,8 +68,19 @@ def main_bench() -> None:
     for hog in hogs:
         hog.start()
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port),
-                               "--first-token-ms", str(args.first_token_ms), "--chunk-interval-ms", "2"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.harness.instrument",
+            "--port",
+            str(port),
+            "--first-token-ms",
+            str(args.first_token_ms),
+            "--chunk-interval-ms",
+            "2",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30

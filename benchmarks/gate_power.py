@@ -39,9 +39,12 @@ except ImportError:  # a checkout from before kvbench/verdicts/
 METRICS = ("ttft_p50", "itl_p50", "tpot_p50", "e2e_p50", "output_tok_s")
 BASE = "none"
 # change name -> (first-token factor, inter-token factor, output share)
-CHANGES = {BASE: (1.0, 1.0, 1.0), **{f"TTFT +{p}%": (1 + p / 100, 1.0, 1.0) for p in (5, 10, 20)},
-           **{f"ITL +{p}%": (1.0, 1 + p / 100, 1.0) for p in (5, 10, 20)},
-           **{f"output -{p}%": (1.0, 1.0, 1 - p / 100) for p in (5, 10, 20)}}
+CHANGES = {
+    BASE: (1.0, 1.0, 1.0),
+    **{f"TTFT +{p}%": (1 + p / 100, 1.0, 1.0) for p in (5, 10, 20)},
+    **{f"ITL +{p}%": (1.0, 1 + p / 100, 1.0) for p in (5, 10, 20)},
+    **{f"output -{p}%": (1.0, 1.0, 1 - p / 100) for p in (5, 10, 20)},
+}
 FIRST_TOKEN_MS, CHUNK_INTERVAL_MS = 40.0, 10.0
 
 
@@ -53,27 +56,49 @@ def make_runs(root: Path, args: argparse.Namespace) -> None:
     from tests.harness.instrument_fixture import app_in_thread
 
     for index, (change, (ttft, itl, share)) in enumerate(CHANGES.items()):
-        behaviour = InstrumentBehaviour(first_token_ms=FIRST_TOKEN_MS * ttft, chunk_interval_ms=CHUNK_INTERVAL_MS * itl,
-                                        output_share=share)
+        behaviour = InstrumentBehaviour(
+            first_token_ms=FIRST_TOKEN_MS * ttft, chunk_interval_ms=CHUNK_INTERVAL_MS * itl, output_share=share
+        )
         runner = web.AppRunner(make_app(behaviour, InstrumentLog()), access_log=None, shutdown_timeout=0.5)
         with app_in_thread(runner) as url:  # a new port per change: the gate must not care
             for run in range(args.runs):
                 out = root / f"c{index}" / f"r{run}"
-                argv = ["run", "--workload", "rag-chat-mini", "--num-sessions", str(args.sessions), "--concurrency",
-                        str(args.concurrency), "--repeat", str(args.repeat), "--url", url,
-                        "--out", str(out), "--progress-every", "600", "--max-lag-ms", "100"]
+                argv = [
+                    "run",
+                    "--workload",
+                    "rag-chat-mini",
+                    "--num-sessions",
+                    str(args.sessions),
+                    "--concurrency",
+                    str(args.concurrency),
+                    "--repeat",
+                    str(args.repeat),
+                    "--url",
+                    url,
+                    "--out",
+                    str(out),
+                    "--progress-every",
+                    "600",
+                    "--max-lag-ms",
+                    "100",
+                ]
                 if main(argv) != 0:
                     raise SystemExit(f"kvbench run exited non-zero for {change} run {run}")
 
 
 def judge(root: Path) -> list[list]:
-    folders = {change: [read_run_folder(path) for path in sorted((root / f"c{index}").iterdir())]
-               for index, change in enumerate(CHANGES)}
+    folders = {
+        change: [read_run_folder(path) for path in sorted((root / f"c{index}").iterdir())]
+        for index, change in enumerate(CHANGES)
+    }
     options = CompareOptions(metrics=METRICS)
     table = []
     for change, runs in folders.items():
-        pairs = (list(itertools.combinations(folders[BASE], 2)) if change == BASE
-                 else list(itertools.product(folders[BASE], runs)))
+        pairs = (
+            list(itertools.combinations(folders[BASE], 2))
+            if change == BASE
+            else list(itertools.product(folders[BASE], runs))
+        )
         called = {metric: 0 for metric in METRICS}
         mdes: dict[str, list[float]] = {metric: [] for metric in METRICS}
         for base, new in pairs:
@@ -84,9 +109,14 @@ def judge(root: Path) -> list[list]:
                         mdes[row.metric].append(row.mde)
         if not pairs:
             continue
-        table.append([change, len(pairs)] + [
-            f"{called[metric] / len(pairs):.0%}" + (f" ({100 * np.median(mdes[metric]):.0f}%)" if mdes[metric] else "")
-            for metric in METRICS])
+        table.append(
+            [change, len(pairs)]
+            + [
+                f"{called[metric] / len(pairs):.0%}"
+                + (f" ({100 * np.median(mdes[metric]):.0f}%)" if mdes[metric] else "")
+                for metric in METRICS
+            ]
+        )
     return table
 
 
@@ -108,10 +138,12 @@ def main_bench() -> None:
     made = time.monotonic() - started
     table = judge(root)
     print(tabulate(table, headers=["change", "pairs", *METRICS]))
-    print(f"share of pairs called a change (median MDE the rows state); row '{BASE}': false alarms on identical "
-          f"pairs. {args.runs} runs per change, {args.sessions} sessions, concurrency {args.concurrency}, "
-          f"{args.repeat} repetitions; runs made in {made / 60:.1f} min, judged in "
-          f"{(time.monotonic() - started - made) / 60:.1f} min")
+    print(
+        f"share of pairs called a change (median MDE the rows state); row '{BASE}': false alarms on identical "
+        f"pairs. {args.runs} runs per change, {args.sessions} sessions, concurrency {args.concurrency}, "
+        f"{args.repeat} repetitions; runs made in {made / 60:.1f} min, judged in "
+        f"{(time.monotonic() - started - made) / 60:.1f} min"
+    )
 
 
 if __name__ == "__main__":

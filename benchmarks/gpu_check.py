@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the working tree
 
 import torch  # noqa: E402
 
-from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.core.kv_format import KVFormat  # noqa: E402
 from kvbench.engines.kvengine.model import fp8  # noqa: E402
 from kvbench.engines.kvengine.model.attention import ReferenceAttention  # noqa: E402
@@ -44,12 +43,31 @@ from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: 
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.runtime.tiny import EOS_ID, byte_tokenizer  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 
-SMOLLM2 = ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
-                      num_kv_heads=3, head_dim=64, rope_theta=100000.0, tie_word_embeddings=True)
-LLAMA3_8B = ModelConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
-                        num_kv_heads=8, head_dim=128, rope_theta=500000.0,
-                        rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192), max_position_embeddings=131072)
+SMOLLM2 = ModelConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+)
+LLAMA3_8B = ModelConfig(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    rope_theta=500000.0,
+    rope_scaling=RopeScaling(8.0, 1.0, 4.0, 8192),
+    max_position_embeddings=131072,
+)
 FORMATS = [("bf16", None), ("fp8_e4m3", "tensor"), ("fp8_e5m2", "tensor")]
 CHECK_FORMATS = FORMATS + [("fp8_e4m3", "channel"), ("fp8_e5m2", "channel")]
 
@@ -111,12 +129,16 @@ def attention_error(config: ModelConfig, fmt: KVFormat, device: str, dtype: torc
         scales = [fp8.calibrate_scale(fmt, x.float()) for x in kv]
         cache.set_scales(KVScales(scales[0][None], scales[1][None]))
     cache.write(0, slots, *kv)
-    batch = ForwardBatch.build([
-        SequenceChunk([1], 300, list(range(1, 20))),  # decode, 301 keys
-        SequenceChunk([1] * 40, 0, [20, 21, 22]),  # prompt from 0
-        SequenceChunk([1] * 7, 160, list(range(1, 11)) + [23]),  # chunk after a prefix shared with row 0
-        SequenceChunk([1], 33, [24, 25, 26]),  # decode, 34 keys
-    ], ps, device=device)
+    batch = ForwardBatch.build(
+        [
+            SequenceChunk([1], 300, list(range(1, 20))),  # decode, 301 keys
+            SequenceChunk([1] * 40, 0, [20, 21, 22]),  # prompt from 0
+            SequenceChunk([1] * 7, 160, list(range(1, 11)) + [23]),  # chunk after a prefix shared with row 0
+            SequenceChunk([1], 33, [24, 25, 26]),  # decode, 34 keys
+        ],
+        ps,
+        device=device,
+    )
     q = torch.randn(len(batch.input_ids), one.num_heads, one.head_dim, generator=gen).to(device, dtype)
     backend = attention_for(device, fmt, dtype)
     reference = ReferenceAttention()
@@ -184,8 +206,10 @@ def codec_rows(device: str, tokens: int) -> list[str]:
         return nbytes / best / 1e9
 
     copy = gbs(lambda: dst.copy_(x))
-    rows = [f"codec ({tokens} tokens x {c.num_kv_heads} x {c.head_dim} fp32 = {nbytes / 1e6:.0f} MB, {device}): "
-            f"device copy {copy:.1f} GB/s"]
+    rows = [
+        f"codec ({tokens} tokens x {c.num_kv_heads} x {c.head_dim} fp32 = {nbytes / 1e6:.0f} MB, {device}): "
+        f"device copy {copy:.1f} GB/s"
+    ]
     for names in CHECK_FORMATS[1:]:
         fmt = KVFormat.parse(*names)
         scale = torch.full(fmt.scale_shape(c.num_kv_heads, c.head_dim), 0.05, device=device)
@@ -193,8 +217,9 @@ def codec_rows(device: str, tokens: int) -> list[str]:
         out = (torch.empty_like(payload), None if shift is None else torch.empty_like(shift))
         enc = gbs(lambda: fp8.encode(fmt, x, scale, out=out))
         dec = gbs(lambda: fp8.decode(fmt, payload, shift, scale, torch.float32, out=dst))
-        rows.append(f"  {fmt.label:<18} encode {enc:7.1f} GB/s ({enc / copy:4.0%})   decode {dec:7.1f} GB/s "
-                    f"({dec / copy:4.0%})")
+        rows.append(
+            f"  {fmt.label:<18} encode {enc:7.1f} GB/s ({enc / copy:4.0%})   decode {dec:7.1f} GB/s ({dec / copy:4.0%})"
+        )
     return rows
 
 
@@ -216,14 +241,20 @@ def main() -> None:
     batches = (1, 2) if args.quick else (1, 8, 64)
     prefill_len, context, steps = (64, 48, 3) if args.quick else (2048, 512, 16)
     device_name = torch.cuda.get_device_name() if on_gpu else "cpu"
-    print(f"kvengine device check: {device_name}, torch {torch.__version__}, {compute} compute, "
-          f"{'quick, ' if args.quick else ''}page size 16")
+    print(
+        f"kvengine device check: {device_name}, torch {torch.__version__}, {compute} compute, "
+        f"{'quick, ' if args.quick else ''}page size 16"
+    )
     models = [smollm2(args, dtype)]
     if not args.quick:
-        models.append(("Llama-3-8B shapes, random", random_model(LLAMA3_8B, "llama3-8b-shaped-random",
-                                                                 args.device, dtype)))
-    header = (f"{'model':<36}{'kv':<18}{'backend':<22}{'attn err':>10}{'B/token':>10}{'prefill tok/s':>15}"
-              + "".join(f"{f'ITL ms b={b}':>13}" for b in batches) + f"{f'tok/s b={batches[-1]}':>12}")
+        models.append(
+            ("Llama-3-8B shapes, random", random_model(LLAMA3_8B, "llama3-8b-shaped-random", args.device, dtype))
+        )
+    header = (
+        f"{'model':<36}{'kv':<18}{'backend':<22}{'attn err':>10}{'B/token':>10}{'prefill tok/s':>15}"
+        + "".join(f"{f'ITL ms b={b}':>13}" for b in batches)
+        + f"{f'tok/s b={batches[-1]}':>12}"
+    )
     print(header)
     print("-" * len(header))
     for label, loaded in models:
@@ -234,16 +265,28 @@ def main() -> None:
                 print(f"{label:<36}{fmt.label:<18}{backend:<22}{error:>10.1e}")
                 continue
             capacity = max(batches) * (context + steps + 32) + prefill_len + 64
-            engine = build_engine(EngineConfig(model=str(loaded.folder), kv_dtype=names[0], kv_scale=names[1] or "tensor",
-                                         kv_capacity=capacity, max_num_seqs=max(batches), max_step_tokens=prefill_len,
-                                         device=args.device, compute_dtype=compute, cuda_graphs=args.cuda_graphs,
-                                         max_model_len=max(prefill_len, context + steps) + 64), loaded)
+            engine = build_engine(
+                EngineConfig(
+                    model=str(loaded.folder),
+                    kv_dtype=names[0],
+                    kv_scale=names[1] or "tensor",
+                    kv_capacity=capacity,
+                    max_num_seqs=max(batches),
+                    max_step_tokens=prefill_len,
+                    device=args.device,
+                    compute_dtype=compute,
+                    cuda_graphs=args.cuda_graphs,
+                    max_model_len=max(prefill_len, context + steps) + 64,
+                ),
+                loaded,
+            )
             prefill = prefill_tok_s(engine, prefill_len, loaded.config.vocab_size)
             itl = [decode_itl_ms(engine, b, context, steps, loaded.config.vocab_size) for b in batches]
             engine.close()
-            print(f"{label:<36}{fmt.label:<18}{backend:<22}{error:>10.1e}{engine.bytes_per_token:>10,}"
-                  f"{prefill:>15,.0f}" + "".join(f"{ms:>13.2f}" for ms in itl)
-                  + f"{1e3 * batches[-1] / itl[-1]:>12,.0f}")
+            print(
+                f"{label:<36}{fmt.label:<18}{backend:<22}{error:>10.1e}{engine.bytes_per_token:>10,}"
+                f"{prefill:>15,.0f}" + "".join(f"{ms:>13.2f}" for ms in itl) + f"{1e3 * batches[-1] / itl[-1]:>12,.0f}"
+            )
             del engine
             if on_gpu:
                 torch.cuda.empty_cache()

@@ -32,8 +32,9 @@ CLI_ANSWER_S, CLI_GRACE_S, RSS_CAP_KB = 10.0, 5.0, 2 << 20
 async def post(session: aiohttp.ClientSession, url: str, data: bytes, timeout_s: float = 300) -> tuple[int, int]:
     """(status, body bytes) of one POST of raw bytes; status 0 when it failed."""
     try:
-        async with session.post(url, data=data, headers={"Content-Type": "application/json"},
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+        async with session.post(
+            url, data=data, headers={"Content-Type": "application/json"}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as reply:
             return reply.status, len(await reply.read())
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return 0, 0
@@ -75,8 +76,11 @@ async def stalled_streams(session, base, port, seen):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         socks.append(sock)
     try:
         deadline = time.monotonic() + 20
@@ -95,9 +99,14 @@ async def big_values(session, base, port, seen):
         seen[f"{name}: {status}, {size:,} B error body"] += 1
 
 
-ENGINE_CASES = {"stop list of 300,000": stop_300k, "UTF-16 nested 100,000 deep": utf16_deep,
-                "UTF-16 holding 300,000 {}": utf16_objects, "40 x 30,000-char prompts": long_prompts,
-                "16 streams never read": stalled_streams, "3 MB / 4,000-digit values": big_values}
+ENGINE_CASES = {
+    "stop list of 300,000": stop_300k,
+    "UTF-16 nested 100,000 deep": utf16_deep,
+    "UTF-16 holding 300,000 {}": utf16_objects,
+    "40 x 30,000-char prompts": long_prompts,
+    "16 streams never read": stalled_streams,
+    "3 MB / 4,000-digit values": big_values,
+}
 
 
 async def engine_rows(base: str, port: int) -> list[dict]:
@@ -126,37 +135,78 @@ def engine_table(label: str, rows: list[dict]) -> list[str]:
         times = np.array(row["normal"])
         worst = times.max() if times.size else float("nan")
         seen = ", ".join(f"{k} x{v}" for k, v in sorted(row["seen"].items())) or "-"
-        lines.append(f"| {label} | {row['case']} | {times.size} ok, {row['failed']} failed | "
-                     f"{np.median(times):,.0f} | {worst:,.0f} | {worst / idle:,.1f}x | {seen} |")
+        lines.append(
+            f"| {label} | {row['case']} | {times.size} ok, {row['failed']} failed | "
+            f"{np.median(times):,.0f} | {worst:,.0f} | {worst / idle:,.1f}x | {seen} |"
+        )
     return lines
 
 
 # --- command lines ------------------------------------------------------------------------------------------
 
+
 def make_data(folder: Path) -> dict[str, Path]:
     """The hostile files, written once into `folder`."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = {name: folder / name for name in ("big-message.json", "million.json", "vllm-deep.json",
-                                              "aiperf-unit.json", "guidellm-totals.json", "vllm-label.json",
-                                              "guidellm-100k.json")}
+    files = {
+        name: folder / name
+        for name in (
+            "big-message.json",
+            "million.json",
+            "vllm-deep.json",
+            "aiperf-unit.json",
+            "guidellm-totals.json",
+            "vllm-label.json",
+            "guidellm-100k.json",
+        )
+    }
     repo = Path(__file__).resolve().parents[1] / "tests" / "data"
     vllm = json.loads((repo / "vllm_bench" / "serve_result.json").read_text())
     aiperf = json.loads((repo / "aiperf" / "profile_export_aiperf.json").read_text())
     guidellm = json.loads((repo / "guidellm" / "benchmarks.json").read_text())
     writers = {
-        "big-message.json": lambda: json.dumps([{"id": "big", "conversations": [
-            {"from": "human", "value": "hello " * 17_000_000}, {"from": "gpt", "value": "ok"}]}]),
-        "million.json": lambda: json.dumps([{"id": f"c{i}", "conversations": [
-            {"from": "human", "value": f"hello world {i}"}, {"from": "gpt", "value": "the cache"}]}
-            for i in range(1_000_000)]),
+        "big-message.json": lambda: json.dumps(
+            [
+                {
+                    "id": "big",
+                    "conversations": [
+                        {"from": "human", "value": "hello " * 17_000_000},
+                        {"from": "gpt", "value": "ok"},
+                    ],
+                }
+            ]
+        ),
+        "million.json": lambda: json.dumps(
+            [
+                {
+                    "id": f"c{i}",
+                    "conversations": [
+                        {"from": "human", "value": f"hello world {i}"},
+                        {"from": "gpt", "value": "the cache"},
+                    ],
+                }
+                for i in range(1_000_000)
+            ]
+        ),
         "vllm-deep.json": lambda: json.dumps(vllm)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
-        "aiperf-unit.json": lambda: json.dumps({**aiperf, "time_to_first_token": {
-            **aiperf["time_to_first_token"], "unit": ["ms"]}}),
-        "guidellm-totals.json": lambda: json.dumps({**guidellm, "benchmarks": [{
-            **guidellm["benchmarks"][0], "metrics": {**guidellm["benchmarks"][0]["metrics"], "request_totals": "x"}}]}),
+        "aiperf-unit.json": lambda: json.dumps(
+            {**aiperf, "time_to_first_token": {**aiperf["time_to_first_token"], "unit": ["ms"]}}
+        ),
+        "guidellm-totals.json": lambda: json.dumps(
+            {
+                **guidellm,
+                "benchmarks": [
+                    {
+                        **guidellm["benchmarks"][0],
+                        "metrics": {**guidellm["benchmarks"][0]["metrics"], "request_totals": "x"},
+                    }
+                ],
+            }
+        ),
         "vllm-label.json": lambda: json.dumps({**vllm, "label": "L" * 5_000_000}),
-        "guidellm-100k.json": lambda: json.dumps({**guidellm, "benchmarks": [
-            {"metrics": {"request_totals": {"successful": 1, "errored": 0}}}] * 100_000}),
+        "guidellm-100k.json": lambda: json.dumps(
+            {**guidellm, "benchmarks": [{"metrics": {"request_totals": {"successful": 1, "errored": 0}}}] * 100_000}
+        ),
     }
     for name, path in files.items():
         if not path.exists():
@@ -176,8 +226,8 @@ def cli_cases(url: str, files: dict[str, Path], tokenizer: Path, port: int) -> d
         "sharegpt: one 100 MB message": [*data, "--workload", f"sharegpt:{files['big-message.json']}"],
         "sharegpt: 10^6 conversations, 3 requests": [*data, "--workload", f"sharegpt:{files['million.json']}"],
         "report: vLLM nested 100,000 deep": ["report", str(files["vllm-deep.json"])],
-        "report: AIPerf unit [\"ms\"]": ["report", str(files["aiperf-unit.json"])],
-        "report: guidellm request_totals \"x\"": ["report", str(files["guidellm-totals.json"])],
+        'report: AIPerf unit ["ms"]': ["report", str(files["aiperf-unit.json"])],
+        'report: guidellm request_totals "x"': ["report", str(files["guidellm-totals.json"])],
         "report: vLLM 5 MB label": ["report", str(files["vllm-label.json"])],
         "report: guidellm 100,000 benchmarks": ["report", str(files["guidellm-100k.json"])],
         "serve --tier-secret S": ["serve", "--model", "tiny-random", "--port", str(port), "--tier-secret", "S"],
@@ -190,8 +240,14 @@ def run_cli(source: Path, argv: list[str], workdir: Path) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     err_path = workdir / "stderr.txt"
     with err_path.open("wb") as err:
-        child = subprocess.Popen([sys.executable, "-m", "kvbench.cli", *argv], cwd=workdir, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.cli", *argv],
+            cwd=workdir,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     start, termed, killed, status, peak_kb = time.monotonic(), None, None, None, 0
     while status is None:
         pid, status_code, _ = os.wait4(child.pid, os.WNOHANG)

@@ -51,9 +51,21 @@ def free_port() -> int:
 
 def start_server(source: Path, port: int, max_model_len: int, log: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(source), "OMP_WAIT_POLICY": "PASSIVE"}
-    command = [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", "tiny-random",
-               "--port", str(port), "--max-model-len", str(max_model_len), "--kv-capacity", str(4 * max_model_len),
-               "--threads", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "kvbench.engines.kvengine.server.main",
+        "--model",
+        "tiny-random",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        "--kv-capacity",
+        str(4 * max_model_len),
+        "--threads",
+        "1",
+    ]
     return subprocess.Popen(command, env=env, cwd=source, stdout=log.open("wb"), stderr=subprocess.STDOUT)
 
 
@@ -73,12 +85,18 @@ async def wait_healthy(session: aiohttp.ClientSession, base: str, process: subpr
 
 async def normal_request(session: aiohttp.ClientSession, base: str) -> float | None:
     """TTFT in ms of one streaming completion; None when it failed."""
-    body = {"model": "default", "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
-            "stream": True, "return_token_ids": True}  # the tiny model's ids mostly decode to no text
+    body = {
+        "model": "default",
+        "prompt": PROMPT,
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }  # the tiny model's ids mostly decode to no text
     sent = time.perf_counter_ns()
     try:
-        async with session.post(base + "/v1/completions", json=body,
-                                timeout=aiohttp.ClientTimeout(total=600)) as reply:
+        async with session.post(base + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=600)) as reply:
             if reply.status != 200:
                 return None
             parser, first = SSEParser(), None
@@ -100,13 +118,22 @@ def hostile_bodies(max_model_len: int) -> list[tuple[str, bytes]]:
     per_message = max_model_len * 64 // 2000 - 40  # just under the characters the context is given, templated
     near = {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "z" * per_message}] * 2000}
     deep = 100_000
-    return [("chat-100k-messages", json.dumps(flood, **compact).encode()),
-            ("chat-2000-long", json.dumps(near, **compact).encode()),
-            ("deep-body", b"[" * deep + b"]" * deep)]
+    return [
+        ("chat-100k-messages", json.dumps(flood, **compact).encode()),
+        ("chat-2000-long", json.dumps(near, **compact).encode()),
+        ("deep-body", b"[" * deep + b"]" * deep),
+    ]
 
 
-async def hostile_client(session: aiohttp.ClientSession, base: str, port: int, bodies, stop: asyncio.Event,
-                         statuses: collections.Counter, offset: int) -> None:
+async def hostile_client(
+    session: aiohttp.ClientSession,
+    base: str,
+    port: int,
+    bodies,
+    stop: asyncio.Event,
+    statuses: collections.Counter,
+    offset: int,
+) -> None:
     kinds = [*bodies, ("leaver", b""), ("huge-header", b"")]
     turn = offset
     while not stop.is_set():
@@ -116,8 +143,11 @@ async def hostile_client(session: aiohttp.ClientSession, base: str, port: int, b
             if name == "leaver":
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 body = json.dumps({"prompt": PROMPT, "max_tokens": 2000, "stream": True, "ignore_eos": True}).encode()
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
                 line = await asyncio.wait_for(reader.readline(), 600)
                 writer.close()
                 statuses[f"{name} {line.split(b' ')[1].decode() if line else 'closed'}"] += 1
@@ -128,8 +158,12 @@ async def hostile_client(session: aiohttp.ClientSession, base: str, port: int, b
                     statuses[f"{name} {reply.status}"] += 1
                 continue
             path = "/v1/chat/completions" if name.startswith("chat") else "/v1/completions"
-            async with session.post(base + path, data=raw, headers={"Content-Type": "application/json"},
-                                    timeout=aiohttp.ClientTimeout(total=600)) as reply:
+            async with session.post(
+                base + path,
+                data=raw,
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=600),
+            ) as reply:
                 await reply.read()
                 statuses[f"{name} {reply.status}"] += 1
         except (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError, ValueError):
@@ -141,8 +175,9 @@ async def run_load(base: str, port: int, args, hostile: int) -> dict:
     async with aiohttp.ClientSession(connector=connector, max_line_size=1 << 20, max_field_size=1 << 20) as session:
         stop, statuses = asyncio.Event(), collections.Counter()
         bodies = hostile_bodies(args.max_model_len)
-        attackers = [asyncio.create_task(hostile_client(session, base, port, bodies, stop, statuses, i))
-                     for i in range(hostile)]
+        attackers = [
+            asyncio.create_task(hostile_client(session, base, port, bodies, stop, statuses, i)) for i in range(hostile)
+        ]
         if attackers:
             await asyncio.sleep(1.0)  # the hostile load is under way before the first normal request
         queue = list(range(args.normal))
@@ -186,8 +221,13 @@ def error_lines(log: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--source", action="append", default=[], metavar="LABEL=DIR",
-                        help="a kvbench checkout to serve from (repeatable; default: this one, labelled 'this')")
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="LABEL=DIR",
+        help="a kvbench checkout to serve from (repeatable; default: this one, labelled 'this')",
+    )
     parser.add_argument("--normal", type=int, default=24, help="normal requests per load")
     parser.add_argument("--concurrency", type=int, default=4, help="normal requests in flight")
     parser.add_argument("--hostile", type=int, default=5, help="hostile clients in the mixed load")
@@ -208,8 +248,10 @@ def main() -> None:
         ttft = np.array(row["ttft"])
         p50, p99 = (f"{np.percentile(ttft, q):,.0f}" if ttft.size else "n/a" for q in (50, 99))
         hostile = ", ".join(f"{k}: {v}" for k, v in row["hostile"].items()) or "-"
-        print(f"| {row['source']} | {row['load']} | {ttft.size} | {row['failed']} | {p50} | {p99} | "
-              f"{row.get('log_errors', 'n/a')} | {hostile} |")
+        print(
+            f"| {row['source']} | {row['load']} | {ttft.size} | {row['failed']} | {p50} | {p99} | "
+            f"{row.get('log_errors', 'n/a')} | {hostile} |"
+        )
 
 
 def issue46(sources: list[list[str]], args) -> None:
@@ -221,9 +263,14 @@ def issue46(sources: list[list[str]], args) -> None:
     for label, folder in sources:
         source = Path(folder).resolve()
         port = free_port()
-        process = None if args.cli_only else start_server(source, port, args.max_model_len, Path(args.log_dir) / f"hostile46_{label}.log")
+        process = (
+            None
+            if args.cli_only
+            else start_server(source, port, args.max_model_len, Path(args.log_dir) / f"hostile46_{label}.log")
+        )
         base = f"http://127.0.0.1:{port}"
         try:
+
             async def engine() -> list[dict]:
                 async with aiohttp.ClientSession() as session:
                     await wait_healthy(session, base, process)
@@ -235,13 +282,20 @@ def issue46(sources: list[list[str]], args) -> None:
                 process.terminate()
                 process.wait(30)
         instrument_port = free_port()
-        instrument = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port",
-                                       str(instrument_port)], env={**os.environ, "PYTHONPATH": str(this)},
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        instrument = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(instrument_port)],
+            env={**os.environ, "PYTHONPATH": str(this)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             time.sleep(2)
-            argvs = cases.cli_cases(f"http://127.0.0.1:{instrument_port}", files,
-                                    this / "tests" / "data" / "datasets" / "tokenizer", free_port())
+            argvs = cases.cli_cases(
+                f"http://127.0.0.1:{instrument_port}",
+                files,
+                this / "tests" / "data" / "datasets" / "tokenizer",
+                free_port(),
+            )
             for name, argv in argvs.items():
                 row = cases.run_cli(source, argv, Path(args.log_dir) / f"hostile46-{label}" / str(len(cli_lines)))
                 rss = f"{row['rss_mb']:,.0f}" if row["rss_mb"] is not None else "n/a"

@@ -42,8 +42,13 @@ CONFIGS = [
     ("llama-3.3-70b", "meta-llama/Meta-Llama-3.1-70B", "h100", 4, "bf16"),
 ]
 # (label, batch of decodes, their context, prefill tokens)
-STEPS = [("decode 1 @ 2K", 1, 2048, 0), ("decode 64 @ 8K", 64, 8192, 0), ("decode 256 @ 4K", 256, 4096, 0),
-         ("prefill 2K", 0, 0, 2048), ("prefill 8K", 0, 0, 8192)]
+STEPS = [
+    ("decode 1 @ 2K", 1, 2048, 0),
+    ("decode 64 @ 8K", 64, 8192, 0),
+    ("decode 256 @ 4K", 256, 4096, 0),
+    ("prefill 2K", 0, 0, 2048),
+    ("prefill 8K", 0, 0, 8192),
+]
 
 
 def ours(model: str, gpu: str, tp: int, kv: str, batch: int, context: int, prefill: int) -> dict[str, float]:
@@ -52,45 +57,69 @@ def ours(model: str, gpu: str, tp: int, kv: str, batch: int, context: int, prefi
     tokens, seqs = (batch, batch) if batch else (prefill, 1)
     attention = k.decode_seconds(batch, batch * context) if batch else k.prefill_seconds(0, prefill)
     total = config.cost.step([SeqWork(0, prefill)] if prefill else [], [context - 1] * batch).seconds
-    return {"total": (total - config.hardware.step_overhead_s) * 1e3, "gemm": (k.gemm_seconds(tokens) + float(k.lm_head.at(seqs))) * 1e3,
-            "attention": float(attention) * 1e3, "allreduce": k.allreduce_seconds(tokens) * 1e3}
+    return {
+        "total": (total - config.hardware.step_overhead_s) * 1e3,
+        "gemm": (k.gemm_seconds(tokens) + float(k.lm_head.at(seqs))) * 1e3,
+        "attention": float(attention) * 1e3,
+        "allreduce": k.allreduce_seconds(tokens) * 1e3,
+    }
 
 
 def theirs(path: str, gpu: str, tp: int, kv: str, batch: int, context: int, prefill: int) -> dict[str, float]:
     from aiconfigurator_core.sdk import common, config
     from aiconfigurator_core.sdk.models import get_model
     from aiconfigurator_core.sdk.perf_database import get_database
-    from aiconfigurator_core.sdk.rust_engine_step import (estimate_decode_step_breakdown_with_rust,
-                                                          estimate_mixed_step_breakdown_with_rust)
+    from aiconfigurator_core.sdk.rust_engine_step import (
+        estimate_decode_step_breakdown_with_rust,
+        estimate_mixed_step_breakdown_with_rust,
+    )
 
     db = get_database(GPUS[gpu], "vllm", BACKEND_VERSIONS["vllm"])
     mode = common.KVCacheQuantMode.fp8 if kv == "fp8" else common.KVCacheQuantMode.bfloat16
     fmha = common.FMHAQuantMode.bfloat16  # the tables' attn_dtype: FA3 keeps bf16 queries over fp8 KV
-    model = get_model(path, config.ModelConfig(tp_size=tp, moe_tp_size=tp, moe_ep_size=1, kvcache_quant_mode=mode,
-                                                fmha_quant_mode=fmha), "vllm")
+    model = get_model(
+        path,
+        config.ModelConfig(tp_size=tp, moe_tp_size=tp, moe_ep_size=1, kvcache_quant_mode=mode, fmha_quant_mode=fmha),
+        "vllm",
+    )
     if batch:  # their decode context is isl + osl // 2 + 1
         per_op = estimate_decode_step_breakdown_with_rust(model, db, gen_tokens=batch, isl=context - 2, osl=2)[2]
     else:
-        per_op = estimate_mixed_step_breakdown_with_rust(model, db, ctx_tokens=prefill, gen_tokens=0, isl=prefill,
-                                                         osl=1, prefix=0)["per_op_latency_ms"]
+        per_op = estimate_mixed_step_breakdown_with_rust(
+            model, db, ctx_tokens=prefill, gen_tokens=0, isl=prefill, osl=1, prefix=0
+        )["per_op_latency_ms"]
     parts = {"gemm": 0.0, "attention": 0.0, "allreduce": 0.0, "other": 0.0}
     for name, ms in per_op.items():
-        part = ("attention" if "attention" in name else "gemm" if "gemm" in name or "moe" in name
-                else "allreduce" if name.endswith("_ar") or "_ar_" in name else "other")
+        part = (
+            "attention"
+            if "attention" in name
+            else "gemm"
+            if "gemm" in name or "moe" in name
+            else "allreduce"
+            if name.endswith("_ar") or "_ar_" in name
+            else "other"
+        )
         parts[part] += ms
     return parts | {"total": sum(parts.values())}
 
 
 # vLLM PR #43232: (context, seconds) of FLASH_ATTN decode at batch 1, BF16 and FP8 KV.
 PUBLISHED_BF16 = ((1024, 11.0296e-6), (4096, 14.5236e-6), (16384, 27.1784e-6), (32768, 43.4756e-6))
-PUBLISHED_FP8 = ((1024, 11.17e-6), (2048, 12.5292e-6), (4096, 13.8224e-6), (8192, 17.0784e-6), (16384, 23.04e-6),
-                 (32768, 34.5076e-6))
+PUBLISHED_FP8 = (
+    (1024, 11.17e-6),
+    (2048, 12.5292e-6),
+    (4096, 13.8224e-6),
+    (8192, 17.0784e-6),
+    (16384, 23.04e-6),
+    (32768, 34.5076e-6),
+)
 
 
 def break_even_table() -> Table:
     contexts = [c for c, _ in PUBLISHED_FP8]
-    bf16_line = BreakEven.of(1, [c for c, _ in PUBLISHED_BF16], [t for _, t in PUBLISHED_BF16],
-                             [t for _, t in PUBLISHED_BF16])
+    bf16_line = BreakEven.of(
+        1, [c for c, _ in PUBLISHED_BF16], [t for _, t in PUBLISHED_BF16], [t for _, t in PUBLISHED_BF16]
+    )
     fp8_line = BreakEven.of(1, contexts, [t for _, t in PUBLISHED_FP8], [t for _, t in PUBLISHED_FP8])
     published = BreakEven(1, bf16_line.bf16, fp8_line.fp8, None)
     from kvbench.sim.fp8_break_even import break_even
@@ -103,7 +132,9 @@ def break_even_table() -> Table:
     def line(b) -> str:
         return f"{b.intercept_s * 1e6:.2f} us + {b.slope_s * 1e9:.3f} us/1K"
 
-    table.add_row("vLLM PR #43232 (FLASH_ATTN)", line(published.bf16), line(published.fp8), f"{published_context:,.0f}", "1.00")
+    table.add_row(
+        "vLLM PR #43232 (FLASH_ATTN)", line(published.bf16), line(published.fp8), f"{published_context:,.0f}", "1.00"
+    )
     for gpu in GPUS:
         for backend in BACKEND_VERSIONS:
             tables = load_kernel_tables(gpu, backend)
@@ -127,17 +158,35 @@ def main() -> None:
         return
     logging.disable(logging.WARNING)
     table = Table(title="one step, ms: kvbench's kernel pricing / aiconfigurator 0.12.0's estimator (vLLM 0.24 tables)")
-    for column in ("config", "step", "kvbench", "aic", "aic w/o other", "ratio (w/o other)", "GEMM+MoE k/a",
-                   "attention k/a", "all-reduce k/a", "aic other"):
+    for column in (
+        "config",
+        "step",
+        "kvbench",
+        "aic",
+        "aic w/o other",
+        "ratio (w/o other)",
+        "GEMM+MoE k/a",
+        "attention k/a",
+        "all-reduce k/a",
+        "aic other",
+    ):
         table.add_column(column, justify="right")
     for model, path, gpu, tp, kv in CONFIGS:
         for label, batch, context, prefill in STEPS:
             k, a = ours(model, gpu, tp, kv, batch, context, prefill), theirs(path, gpu, tp, kv, batch, context, prefill)
             bare = a["total"] - a["other"]
-            table.add_row(f"{model} {gpu} TP{tp} {kv}", label, f"{k['total']:.2f}", f"{a['total']:.2f}", f"{bare:.2f}",
-                          f"{k['total'] / bare:.2f}", f"{k['gemm']:.2f} / {a['gemm']:.2f}",
-                          f"{k['attention']:.2f} / {a['attention']:.2f}", f"{k['allreduce']:.2f} / {a['allreduce']:.2f}",
-                          f"{a['other']:.2f}")
+            table.add_row(
+                f"{model} {gpu} TP{tp} {kv}",
+                label,
+                f"{k['total']:.2f}",
+                f"{a['total']:.2f}",
+                f"{bare:.2f}",
+                f"{k['total'] / bare:.2f}",
+                f"{k['gemm']:.2f} / {a['gemm']:.2f}",
+                f"{k['attention']:.2f} / {a['attention']:.2f}",
+                f"{k['allreduce']:.2f} / {a['allreduce']:.2f}",
+                f"{a['other']:.2f}",
+            )
     console.print(table)
 
 

@@ -23,11 +23,18 @@ from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 
 SMOLLM2 = ModelConfig(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-    head_dim=64, tie_word_embeddings=True,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
 )
 ALL_FORMATS = [KVFormat.parse(dtype.value) for dtype in KVDtype if not dtype.quantized] + [
-    KVFormat.parse(dtype.value, mode) for dtype in KVDtype if dtype.quantized for mode in SCALE_MODES]
+    KVFormat.parse(dtype.value, mode) for dtype in KVDtype if dtype.quantized for mode in SCALE_MODES
+]
 
 
 def best_seconds(fn, repeats: int) -> float:
@@ -51,9 +58,11 @@ def codec_table(tokens: int, repeats: int, device: str) -> None:
     dst = torch.empty_like(x)
     copy_gbs = nbytes / best_seconds(lambda: dst.copy_(x), repeats) / 1e9
     path = "C kernel (cpu_kernels)" if device == "cpu" and cpu_kernels.library() else "torch"
-    print(f"{tokens} tokens x {c.num_kv_heads} heads x {c.head_dim} = {nbytes / 1e6:.1f} MB fp32 per pass, "
-          f"best of {repeats}, device {device}, {torch.get_num_threads()} thread(s), codec: {path} "
-          f"(channel encode: the shift in torch, then {path})")
+    print(
+        f"{tokens} tokens x {c.num_kv_heads} heads x {c.head_dim} = {nbytes / 1e6:.1f} MB fp32 per pass, "
+        f"best of {repeats}, device {device}, {torch.get_num_threads()} thread(s), codec: {path} "
+        f"(channel encode: the shift in torch, then {path})"
+    )
     print(f"{'format':<22}{'encode GB/s':>12}{'decode GB/s':>12}{'copy GB/s':>11}{'enc/copy':>10}{'dec/copy':>10}")
     for fmt in (f for f in ALL_FORMATS if f.quantized):
         shape = fmt.scale_shape(c.num_kv_heads, c.head_dim)
@@ -61,10 +70,10 @@ def codec_table(tokens: int, repeats: int, device: str) -> None:
         payload, shift = fp8.encode(fmt, x, scale)
         encoded = (torch.empty_like(payload), None if shift is None else torch.empty_like(shift))
         enc = nbytes / best_seconds(lambda: fp8.encode(fmt, x, scale, out=encoded), repeats) / 1e9
-        dec = nbytes / best_seconds(lambda: fp8.decode(fmt, payload, shift, scale, torch.float32, out=dst),
-                                    repeats) / 1e9
-        print(f"{fmt.label:<22}{enc:>12.2f}{dec:>12.2f}{copy_gbs:>11.2f}"
-              f"{enc / copy_gbs:>9.0%}{dec / copy_gbs:>10.0%}")
+        dec = (
+            nbytes / best_seconds(lambda: fp8.decode(fmt, payload, shift, scale, torch.float32, out=dst), repeats) / 1e9
+        )
+        print(f"{fmt.label:<22}{enc:>12.2f}{dec:>12.2f}{copy_gbs:>11.2f}{enc / copy_gbs:>9.0%}{dec / copy_gbs:>10.0%}")
 
 
 def bytes_table() -> None:

@@ -50,8 +50,10 @@ def main() -> None:
         parser.error("the row kernel is not built here (no C compiler, KVBENCH_CPU_CODEC=0, or no AVX2+FMA)")
     torch.set_num_threads(args.threads)
     pack = torch.ops.mkldnn._reorder_linear_weight
-    table = Table(title=f"linears of a few rows, GB/s of weights read ({args.threads} threads, "
-                        f"{torch.backends.cpu.get_cpu_capability()})")
+    table = Table(
+        title=f"linears of a few rows, GB/s of weights read ({args.threads} threads, "
+        f"{torch.backends.cpu.get_cpu_capability()})"
+    )
     for column in ("rows", "weight", "shape", "F.linear", "oneDNN prepacked", "row kernel", "max |diff|"):
         table.add_column(column, justify="right")
     for rows in (int(r) for r in args.rows.split(",")):
@@ -59,12 +61,21 @@ def main() -> None:
             weights = [torch.randn(n, k) for _ in range(max(2, int(64e6 // (n * k * 4))))]
             packed = {w.data_ptr(): pack(w, 8) for w in weights}
             x = torch.randn(rows, k)
-            calls = (lambda w: F.linear(x, w),
-                     lambda w: torch.ops.mkldnn._linear_pointwise(x, packed[w.data_ptr()], None, "none", [], ""),
-                     lambda w: cpu_kernels.linear_rows(x, w, None, args.threads))
+            calls = (
+                lambda w: F.linear(x, w),
+                lambda w: torch.ops.mkldnn._linear_pointwise(x, packed[w.data_ptr()], None, "none", [], ""),
+                lambda w: cpu_kernels.linear_rows(x, w, None, args.threads),
+            )
             rates = [n * k * 4 / median_s(call, weights, args.repeats) / 1e9 for call in calls]
-            diff = (cpu_kernels.linear_rows(x, weights[0], None, args.threads).double()
-                    - x.double() @ weights[0].double().T).abs().max().item()
+            diff = (
+                (
+                    cpu_kernels.linear_rows(x, weights[0], None, args.threads).double()
+                    - x.double() @ weights[0].double().T
+                )
+                .abs()
+                .max()
+                .item()
+            )
             table.add_row(str(rows), name, f"{n}x{k}", *(f"{r:.1f}" for r in rates), f"{diff:.1e}")
     Console(width=160).print(table)
 

@@ -26,10 +26,20 @@ from kvbench.harness.bench_loadgen import measure_burst, vllm_burst
 
 
 def canned_stream() -> str:
-    events = [{"choices": [{"index": 0, "text": f" t{i}", "token_ids": [1000 + i], "finish_reason": None}]}
-              for i in range(4)]
-    events.append({"choices": [], "usage": {"prompt_tokens": 32, "completion_tokens": 4, "total_tokens": 36,
-                                            "prompt_tokens_details": {"cached_tokens": 0}}})
+    events = [
+        {"choices": [{"index": 0, "text": f" t{i}", "token_ids": [1000 + i], "finish_reason": None}]} for i in range(4)
+    ]
+    events.append(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 32,
+                "completion_tokens": 4,
+                "total_tokens": 36,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            },
+        }
+    )
     return "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
 
 

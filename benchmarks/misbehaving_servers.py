@@ -56,8 +56,13 @@ def free_port() -> int:
 def run_case(name: str, flags: list[str], client: dict, client_src: Path, work: Path, timeout_s: float) -> list[str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(HERE)}
-    server = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port), *flags],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port), *flags],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=HERE,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -68,18 +73,28 @@ def run_case(name: str, flags: list[str], client: dict, client_src: Path, work: 
                 time.sleep(0.1)
         settings = {"request_timeout_s": 10, "stall_timeout_s": 5, "max_lag_ms": 1000, **client}
         config = work / f"{abs(hash(name))}.yaml"
-        config.write_text(yaml.safe_dump({
-            "engines": [{"engine": "endpoint", "settings": {"url": url}}],
-            "workloads": [{"name": "rag-chat-mini", "num_sessions": 3}],
-            "loads": [{"concurrency": 1}, {"concurrency": 2}], "client": settings,
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "engines": [{"engine": "endpoint", "settings": {"url": url}}],
+                    "workloads": [{"name": "rag-chat-mini", "num_sessions": 3}],
+                    "loads": [{"concurrency": 1}, {"concurrency": 2}],
+                    "client": settings,
+                }
+            )
+        )
         out = work / f"{abs(hash(name))}-run"
         start = time.perf_counter()
         try:
             # cwd: not this checkout (`python -m` puts the working directory first on sys.path)
-            done = subprocess.run([sys.executable, "-m", "kvbench.cli", "run", str(config), "--out", str(out)],
-                                  env={**os.environ, "PYTHONPATH": str(client_src), "COLUMNS": "200"},
-                                  capture_output=True, text=True, timeout=timeout_s, cwd=work)
+            done = subprocess.run(
+                [sys.executable, "-m", "kvbench.cli", "run", str(config), "--out", str(out)],
+                env={**os.environ, "PYTHONPATH": str(client_src), "COLUMNS": "200"},
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                cwd=work,
+            )
             code, stderr = str(done.returncode), done.stderr
         except subprocess.TimeoutExpired:
             code, stderr = f"killed at {timeout_s:g} s", ""
@@ -103,8 +118,13 @@ def describe(out: Path, stderr: str) -> list[str]:
     hit = first["cache"]["cache_hit_rate"]
     reasons = [reason for entry in entries for reason in entry.get("invalid_reasons") or []]
     note = reasons[0][:110] if reasons else (last or "all valid")
-    return [f"{valid}/{len(entries)}", f"{first['completed']}/{first['requests']}",
-            "n/a" if tok_s is None else f"{tok_s:.3g}", "n/a" if hit is None else f"{hit:.0%}", note]
+    return [
+        f"{valid}/{len(entries)}",
+        f"{first['completed']}/{first['requests']}",
+        "n/a" if tok_s is None else f"{tok_s:.3g}",
+        "n/a" if hit is None else f"{hit:.0%}",
+        note,
+    ]
 
 
 def main() -> None:

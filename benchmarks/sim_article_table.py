@@ -43,20 +43,37 @@ def main() -> None:
     parser.add_argument("--corpus", type=int, default=1000, help="documents in the corpus")
     parser.add_argument("--kv-dtype", default="fp8")
     parser.add_argument("--presets", default=",".join(ARTICLE), help="presets to simulate, comma-separated")
-    parser.add_argument("--hardware", default="8xh200", help="node profile: a name, or a fitted .json (as "
-                        "benchmarks/sim_plan_article.py takes)")
+    parser.add_argument(
+        "--hardware",
+        default="8xh200",
+        help="node profile: a name, or a fitted .json (as benchmarks/sim_plan_article.py takes)",
+    )
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
     console = Console()
     console.print(hardware.assumptions())
     for rate in [float(r) for r in args.rates.split(",")]:
-        workload = load_workload("rag-chat", num_sessions=args.sessions,
-                                 overrides={"session_rate": rate, "think_time_median_s": args.think,
-                                            "corpus_docs": args.corpus})
-        table = Table(title=f"rag-chat, {args.sessions} sessions at {rate:g}/s, think median {args.think:g} s, "
-                      f"corpus {args.corpus}, {args.kv_dtype} KV: simulated (article)")
-        for column in ("system", "out tok/s per node", "TTFT p50 ms", "TTFT p99 ms", "recompute", "hit rate",
-                       "oracle hit", "preempted", "restored tokens", "sim wall s"):
+        workload = load_workload(
+            "rag-chat",
+            num_sessions=args.sessions,
+            overrides={"session_rate": rate, "think_time_median_s": args.think, "corpus_docs": args.corpus},
+        )
+        table = Table(
+            title=f"rag-chat, {args.sessions} sessions at {rate:g}/s, think median {args.think:g} s, "
+            f"corpus {args.corpus}, {args.kv_dtype} KV: simulated (article)"
+        )
+        for column in (
+            "system",
+            "out tok/s per node",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "recompute",
+            "hit rate",
+            "oracle hit",
+            "preempted",
+            "restored tokens",
+            "sim wall s",
+        ):
             table.add_column(column, justify="right")
         for name in args.presets.split(","):
             preset = PRESETS[name]
@@ -69,11 +86,18 @@ def main() -> None:
             for n in result.nodes:
                 for k, v in n["restored_tokens"].items():
                     restored[k] = restored.get(k, 0) + v
-            table.add_row(name, f"{s.output_tok_s / preset.num_nodes:,.0f} ({tok})", f"{s.ttft_ms.p50:,.0f} ({p50})",
-                          f"{s.ttft_ms.p99:,.0f} ({p99})", f"{s.cache.prefill_recompute_rate:.1%} ({'-' if rec is None else f'{rec:.0%}'})",
-                          f"{s.cache.cache_hit_rate:.1%}", f"{s.cache.oracle_hit_rate:.1%}",
-                          str(sum(n["preempted"] for n in result.nodes)),
-                          ", ".join(f"{k} {v:,}" for k, v in restored.items()) or "-", f"{result.wall_s:.1f}")
+            table.add_row(
+                name,
+                f"{s.output_tok_s / preset.num_nodes:,.0f} ({tok})",
+                f"{s.ttft_ms.p50:,.0f} ({p50})",
+                f"{s.ttft_ms.p99:,.0f} ({p99})",
+                f"{s.cache.prefill_recompute_rate:.1%} ({'-' if rec is None else f'{rec:.0%}'})",
+                f"{s.cache.cache_hit_rate:.1%}",
+                f"{s.cache.oracle_hit_rate:.1%}",
+                str(sum(n["preempted"] for n in result.nodes)),
+                ", ".join(f"{k} {v:,}" for k, v in restored.items()) or "-",
+                f"{result.wall_s:.1f}",
+            )
         console.print(table)
 
 

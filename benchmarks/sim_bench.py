@@ -89,8 +89,10 @@ def conversation_trace(path: Path, requests: int = 12000, seed: int = 0, duratio
                 if len(open_talks) > 400:
                     open_talks.pop(0)
             output = int(rng.lognormal(np.log(343 * 0.6), 0.9)) + 1
-            out.write(json.dumps({"timestamp": int(t), "input_length": length, "output_length": output,
-                                  "hash_ids": ids}) + "\n")
+            out.write(
+                json.dumps({"timestamp": int(t), "input_length": length, "output_length": output, "hash_ids": ids})
+                + "\n"
+            )
     return path
 
 
@@ -109,21 +111,34 @@ def timed(argv: list[str], pythonpath: Path) -> tuple[float, float, str]:
 
 
 def speed_rows(trace: Path, args: argparse.Namespace) -> list[list[str]]:
-    stats_wall, stats_cpu, _ = timed([sys.executable, "-m", "kvbench.cli.main", "trace", "stats", str(trace), "--json"],
-                                     ROOT)
+    stats_wall, stats_cpu, _ = timed(
+        [sys.executable, "-m", "kvbench.cli.main", "trace", "stats", str(trace), "--json"], ROOT
+    )
     sides = [("now", ROOT)] + ([("baseline", args.baseline)] if args.baseline else [])
     runs = {}
     for name, path in sides:
-        wall, cpu, out = timed([sys.executable, "-c", SIMULATE, str(trace), args.model, args.hardware, args.preset,
-                                "fp8"], path)
+        wall, cpu, out = timed(
+            [sys.executable, "-c", SIMULATE, str(trace), args.model, args.hardware, args.preset, "fp8"], path
+        )
         runs[name] = (wall, cpu, json.loads(out.strip().splitlines()[-1]))
     rows = []
     for name, (wall, cpu, result) in runs.items():
-        same = "-" if "baseline" not in runs else (
-            "yes" if result["digest"] == runs["baseline"][2]["digest"] else "NO")
-        rows.append([trace.name, name, f"{result['requests']:,}", f"{result['steps']:,}",
-                     f"{stats_cpu:.1f} ({stats_wall:.1f})", f"{cpu:.1f} ({wall:.1f})", f"{result['sim_s']:.1f}",
-                     f"{cpu / stats_cpu:.1f}x", f"{wall / stats_wall:.1f}x", same, result["digest"][:12]])
+        same = "-" if "baseline" not in runs else ("yes" if result["digest"] == runs["baseline"][2]["digest"] else "NO")
+        rows.append(
+            [
+                trace.name,
+                name,
+                f"{result['requests']:,}",
+                f"{result['steps']:,}",
+                f"{stats_cpu:.1f} ({stats_wall:.1f})",
+                f"{cpu:.1f} ({wall:.1f})",
+                f"{result['sim_s']:.1f}",
+                f"{cpu / stats_cpu:.1f}x",
+                f"{wall / stats_wall:.1f}x",
+                same,
+                result["digest"][:12],
+            ]
+        )
     return rows
 
 
@@ -137,32 +152,61 @@ def results_table(trace: Path, args: argparse.Namespace) -> Table:
     from kvbench.workloads.profiles import load_workload
 
     workload = load_workload(str(trace))
-    table = Table(title=f"{trace.name} ({workload.num_requests} requests) on {args.hardware}, {args.model}, {args.preset}")
-    for column in ("kv", "device pages", "virtual s", "TTFT p50 ms", "TTFT p99 ms", "out tok/s", "hit rate",
-                   "oracle hit", "recompute", "steps", "sim wall s"):
+    table = Table(
+        title=f"{trace.name} ({workload.num_requests} requests) on {args.hardware}, {args.model}, {args.preset}"
+    )
+    for column in (
+        "kv",
+        "device pages",
+        "virtual s",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "out tok/s",
+        "hit rate",
+        "oracle hit",
+        "recompute",
+        "steps",
+        "sim wall s",
+    ):
         table.add_column(column, justify="right")
     for kv in ("fp16", "fp8"):
         config = SimConfig(load_geometry(args.model), load_hardware(args.hardware), get_preset(args.preset), kv, "fp8")
         result = simulate(workload, LoadSpec(), config)
         s = summarize_run(result.records).overall
-        table.add_row(kv, f"{result.device_pages:,}", f"{result.virtual_s:,.0f}", f"{s.ttft_ms.p50:,.0f}",
-                      f"{s.ttft_ms.p99:,.0f}", f"{s.output_tok_s:,.0f}", f"{s.cache.cache_hit_rate:.1%}",
-                      f"{s.cache.oracle_hit_rate:.1%}", f"{s.cache.prefill_recompute_rate:.1%}",
-                      f"{sum(n['steps'] for n in result.nodes):,}", f"{result.wall_s:.1f}")
+        table.add_row(
+            kv,
+            f"{result.device_pages:,}",
+            f"{result.virtual_s:,.0f}",
+            f"{s.ttft_ms.p50:,.0f}",
+            f"{s.ttft_ms.p99:,.0f}",
+            f"{s.output_tok_s:,.0f}",
+            f"{s.cache.cache_hit_rate:.1%}",
+            f"{s.cache.oracle_hit_rate:.1%}",
+            f"{s.cache.prefill_recompute_rate:.1%}",
+            f"{sum(n['steps'] for n in result.nodes):,}",
+            f"{result.wall_s:.1f}",
+        )
         del result  # a live result's ~600k chunk lists make every GC of the next simulation walk them
     return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trace", type=Path, action="append", default=[],
-                        help="trace(s) to time (default: the shipped synthetic trace and the generated 12K one)")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        default=[],
+        help="trace(s) to time (default: the shipped synthetic trace and the generated 12K one)",
+    )
     parser.add_argument("--model", default="qwen2.5-72b")
     parser.add_argument("--hardware", default="8xh200")
     parser.add_argument("--preset", default="vllm-prefix")
     parser.add_argument("--baseline", type=Path, help="a checkout of an older kvbench to time (and compare) too")
     parser.add_argument("--results", action="store_true", help="also print TTFT/throughput/hit rates per KV dtype")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/kvbench-sim-bench"), help="where the trace is generated")
+    parser.add_argument(
+        "--work", type=Path, default=Path("/tmp/kvbench-sim-bench"), help="where the trace is generated"
+    )
     args = parser.parse_args()
     traces = args.trace
     if not traces:
@@ -173,17 +217,32 @@ def main() -> None:
         traces = [TRACE, generated]
     console = Console()
     load = os.getloadavg()
-    table = Table(title=f"simulate ({args.preset}, {args.model}, {args.hardware}, fp8 KV) vs `kvbench trace stats`, "
-                  f"each in a fresh process; load average at start {load[0]:.1f} on {os.cpu_count()} CPUs")
-    for column in ("trace", "simulator", "requests", "steps", "trace stats CPU s (wall)", "simulate CPU s (wall)",
-                   "of it simulating, wall s", "ratio CPU", "ratio wall", "same records", "records sha256"):
+    table = Table(
+        title=f"simulate ({args.preset}, {args.model}, {args.hardware}, fp8 KV) vs `kvbench trace stats`, "
+        f"each in a fresh process; load average at start {load[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    for column in (
+        "trace",
+        "simulator",
+        "requests",
+        "steps",
+        "trace stats CPU s (wall)",
+        "simulate CPU s (wall)",
+        "of it simulating, wall s",
+        "ratio CPU",
+        "ratio wall",
+        "same records",
+        "records sha256",
+    ):
         table.add_column(column, justify="right")
     for trace in traces:
         for row in speed_rows(trace, args):
             table.add_row(*row)
     console.print(table)
-    console.print("ratio = the simulating process (load the trace + simulate) over the trace stats process, by "
-                  f"CPU seconds and by wall seconds; load average at the end {os.getloadavg()[0]:.1f}")
+    console.print(
+        "ratio = the simulating process (load the trace + simulate) over the trace stats process, by "
+        f"CPU seconds and by wall seconds; load average at the end {os.getloadavg()[0]:.1f}"
+    )
     if args.results:
         for trace in traces:
             console.print(results_table(trace, args))

@@ -24,19 +24,34 @@ from kvbench.sim.kv_offload import parse_kv_offload
 from kvbench.sim.presets import get_preset
 
 # meta-llama/Llama-3.1-8B's config.json fields the geometry reads (128 KiB of bf16 KV a token).
-LLAMA_31_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-               "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "tie_word_embeddings": False,
-               "torch_dtype": "bfloat16"}
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 # K tokens -> (recompute ms, load from CPU ms), Figure 1.
 PUBLISHED = {1: (30, 15), 10: (260, 40), 30: (1100, 100), 50: (2290, 160), 80: (4790, 250), 100: (6850, 310)}
 
 
 def ttft_ms(k_tokens: int, from_cpu: bool) -> float:
     spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 400e9})
-    config = SimConfig(geometry_from_config(LLAMA_31_8B, "llama-3.1-8b"), load_hardware("h100"),
-                       dataclasses.replace(get_preset("vllm-prefix"), max_step_tokens=8192), "bf16", "bf16",
-                       200_000, kv_offload=spec)
+    config = SimConfig(
+        geometry_from_config(LLAMA_31_8B, "llama-3.1-8b"),
+        load_hardware("h100"),
+        dataclasses.replace(get_preset("vllm-prefix"), max_step_tokens=8192),
+        "bf16",
+        "bf16",
+        200_000,
+        kv_offload=spec,
+    )
     [node] = build_nodes(config)
     prompt = np.arange(1, k_tokens * 1000 + 1, dtype=np.int32)
     request = Request(RequestId("r"), prompt, 1, tenant=TenantId("t"))
@@ -59,8 +74,10 @@ def main() -> None:
     print("prompt | recompute: sim / published (ratio) | load from cpu: sim / published (ratio) | gain sim / pub")
     for k, (recompute, load) in PUBLISHED.items():
         sim_re, sim_load = ttft_ms(k, False), ttft_ms(k, True)
-        print(f"{k:4d}K  | {sim_re:7.0f} / {recompute:5d} ms ({sim_re / recompute:.2f}) | {sim_load:5.0f} / {load:4d} ms "
-              f"({sim_load / load:.2f}) | {sim_re / sim_load:5.1f} / {recompute / load:5.1f}")
+        print(
+            f"{k:4d}K  | {sim_re:7.0f} / {recompute:5d} ms ({sim_re / recompute:.2f}) | {sim_load:5.0f} / {load:4d} ms "
+            f"({sim_load / load:.2f}) | {sim_re / sim_load:5.1f} / {recompute / load:5.1f}"
+        )
 
 
 if __name__ == "__main__":

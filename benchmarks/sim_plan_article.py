@@ -43,34 +43,54 @@ def main() -> None:
     parser.add_argument("--think", type=float, default=30.0, help="median think time between turns, seconds")
     parser.add_argument("--max-nodes", type=int, default=16)
     parser.add_argument("--presets", default=",".join(ARTICLE), help="rows to plan, comma-separated")
-    parser.add_argument("--hardware", default="8xh200",
-                        help="node profile (a name, or a fitted .json: results/sim/published/llm-d-precise-prefix/"
-                        "8xh200-fitted.json carries the efficiencies fitted on llm-d's H100 case)")
+    parser.add_argument(
+        "--hardware",
+        default="8xh200",
+        help="node profile (a name, or a fitted .json: results/sim/published/llm-d-precise-prefix/"
+        "8xh200-fitted.json carries the efficiencies fitted on llm-d's H100 case)",
+    )
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
     console = Console()
     console.print(hardware.assumptions())
-    table = Table(title=f"rag-chat, {args.sessions} sessions, think median {args.think:g} s, Qwen2.5-72B fp8 on "
-                  "8xH200 nodes: fewest nodes with TTFT p99 <= the article's")
-    for column in ("sessions/s", "system", "article p99 ms", "TTFT p99 ms by nodes tried", "nodes needed",
-                   "out tok/s per node (article)", "plan s"):
+    table = Table(
+        title=f"rag-chat, {args.sessions} sessions, think median {args.think:g} s, Qwen2.5-72B fp8 on "
+        "8xH200 nodes: fewest nodes with TTFT p99 <= the article's"
+    )
+    for column in (
+        "sessions/s",
+        "system",
+        "article p99 ms",
+        "TTFT p99 ms by nodes tried",
+        "nodes needed",
+        "out tok/s per node (article)",
+        "plan s",
+    ):
         table.add_column(column, justify="right")
     for rate in [float(r) for r in args.rates.split(",")]:
-        workload = load_workload("rag-chat", num_sessions=args.sessions,
-                                 overrides={"session_rate": rate, "think_time_median_s": args.think})
+        workload = load_workload(
+            "rag-chat", num_sessions=args.sessions, overrides={"session_rate": rate, "think_time_median_s": args.think}
+        )
         for name in args.presets.split(","):
             p99, tok = ARTICLE[name]
             started = time.perf_counter()
             config = SimConfig(geometry, hardware, PRESETS[name], "fp8", "fp8")
             targets = (SloTarget("ttft", "p99", float(p99)),)
-            search = search_nodes(lambda n, c=config: plan_point(workload, LoadSpec(), c, n, targets),
-                                  args.max_nodes, targets)
+            search = search_nodes(
+                lambda n, c=config: plan_point(workload, LoadSpec(), c, n, targets), args.max_nodes, targets
+            )
             tried = ", ".join(f"{p.nodes}: {p.values['ttft_p99_ms']:,.0f}" for p in search.points)
             at = next((p for p in search.points if p.nodes == search.answer), None)
             per_node = "-" if at is None or at.output_tok_s is None else f"{at.output_tok_s / at.nodes:,.0f}"
-            table.add_row(f"{rate:g}", name, str(p99), tried,
-                          f"> {args.max_nodes}" if search.answer is None else str(search.answer),
-                          f"{per_node} ({tok})", f"{time.perf_counter() - started:.0f}")
+            table.add_row(
+                f"{rate:g}",
+                name,
+                str(p99),
+                tried,
+                f"> {args.max_nodes}" if search.answer is None else str(search.answer),
+                f"{per_node} ({tok})",
+                f"{time.perf_counter() - started:.0f}",
+            )
             for finding in search.non_monotone:
                 console.print(f"non-monotone {name} at {rate:g}/s: {finding}")
             console.print(f"{rate:g}/s {name}: {tried} -> {search.answer}", highlight=False)

@@ -40,10 +40,27 @@ def main() -> int:
         shutil.rmtree(out / name, ignore_errors=True)  # kvbench run appends to an existing folder
     profile = out / "cpu-calibrated.json"
     steps = [
-        ["run", *SETTINGS, "--workload", "rag-chat-mini", "--num-sessions", "10", "--seed", "1",
-         "--concurrency", "2", "--out", str(out / "calibration-run")],
-        ["calibrate", "--steps", str(engine_dir(out / "calibration-run", "kvengine") / STEP_LOG),
-         "--out", str(profile)],
+        [
+            "run",
+            *SETTINGS,
+            "--workload",
+            "rag-chat-mini",
+            "--num-sessions",
+            "10",
+            "--seed",
+            "1",
+            "--concurrency",
+            "2",
+            "--out",
+            str(out / "calibration-run"),
+        ],
+        [
+            "calibrate",
+            "--steps",
+            str(engine_dir(out / "calibration-run", "kvengine") / STEP_LOG),
+            "--out",
+            str(profile),
+        ],
         ["run", str(HERE / "sim_validate.yaml"), "--out", str(out / "validation-run")],
     ]
     for argv in steps:

@@ -71,36 +71,48 @@ def run_case(path: Path, fit_path: Path, seed: int) -> tuple[list[str], list[str
         started = time.perf_counter()
         run = compare_arm(case, arm, fit, seed=seed)
         wall = time.perf_counter() - started
-        header.append(f"{arm}: {len(run.result.records):,} requests, {run.result.virtual_s:,.0f} s virtual, "
-                      f"simulated in {wall:.0f} s")
+        header.append(
+            f"{arm}: {len(run.result.records):,} requests, {run.result.virtual_s:,.0f} s virtual, "
+            f"simulated in {wall:.0f} s"
+        )
         arm_rows = list(run.rows)
         rows += arm_rows
         out = throughput_rows(arm_rows)
         worst = max(out, key=lambda r: abs(r.ratio - 1), default=None)
         ttft = ttft_rows(arm_rows)
         off = [(r, f) for r, f in ttft if not 1 / f <= r.ratio <= f]
-        tp = "-" if worst is None else (f"{worst.metric} {worst.stage}: {worst.published:,.4g} / "
-                                        f"{worst.simulated:,.4g} = {worst.ratio:.2f}")
-        tt = ", ".join(f"{r.stage} {r.ratio:.2f}" for r, _ in off[:4]) or (
-            "all within" if ttft else "not published")
+        tp = (
+            "-"
+            if worst is None
+            else (f"{worst.metric} {worst.stage}: {worst.published:,.4g} / {worst.simulated:,.4g} = {worst.ratio:.2f}")
+        )
+        tt = ", ".join(f"{r.stage} {r.ratio:.2f}" for r, _ in off[:4]) or ("all within" if ttft else "not published")
         whole_ttft = next((r for r, _ in ttft if r.stage == WHOLE), None)
-        wt = "-" if whole_ttft is None else f"{whole_ttft.published:.3g} / {whole_ttft.simulated:.3g} = " \
-                                            f"{whole_ttft.ratio:.2f}"
-        lines.append(f"| {case.name} | {arm} | {tp} | {verdict(None if worst is None else all(0.8 <= r.ratio <= 1.2 for r in out))} "
-                     f"| {wt} | {verdict(None if not ttft else not off)} ({tt}) | {wall:.0f} s |")
+        wt = (
+            "-"
+            if whole_ttft is None
+            else f"{whole_ttft.published:.3g} / {whole_ttft.simulated:.3g} = {whole_ttft.ratio:.2f}"
+        )
+        lines.append(
+            f"| {case.name} | {arm} | {tp} | {verdict(None if worst is None else all(0.8 <= r.ratio <= 1.2 for r in out))} "
+            f"| {wt} | {verdict(None if not ttft else not off)} ({tt}) | {wall:.0f} s |"
+        )
     effects = effect_rows(case, rows)
     effect_table = []
     for e in effects:
         ok = None if e.size_ratio is None else bool(e.same_direction and 0.7 <= e.size_ratio <= 1.3)
-        effect_table.append(f"| {case.name} | {e.arm} over {e.over} | {e.stage} | {e.metric} | "
-                            f"{e.published_change * 100:+.1f}% | "
-                            f"{'-' if e.simulated_change is None else f'{e.simulated_change * 100:+.1f}%'} | "
-                            f"{verdict(ok)} |")
+        effect_table.append(
+            f"| {case.name} | {e.arm} over {e.over} | {e.stage} | {e.metric} | "
+            f"{e.published_change * 100:+.1f}% | "
+            f"{'-' if e.simulated_change is None else f'{e.simulated_change * 100:+.1f}%'} | "
+            f"{verdict(ok)} |"
+        )
     fitted = fit.rows_of(case.name)
     # The shipped case's own comparison (its single-case fit) stays; a fit across cases writes beside it.
     folder = CASES / case.name / "fit-across" if (CASES / case.name / "fit.json").exists() else CASES / case.name
-    write_comparison(folder, case.name, rows, check_targets(rows, list(case.stage_labels), fitted),
-                     header, fitted, effects=effects)
+    write_comparison(
+        folder, case.name, rows, check_targets(rows, list(case.stage_labels), fitted), header, fitted, effects=effects
+    )
     print("\n".join(header + lines + effect_lines(effects)), flush=True)
     return lines, effect_table
 
@@ -113,14 +125,27 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     cases = args.case or sorted(CASES.glob("*.yaml"))
-    head = ["# Targets over the published cases (issue 44)", "",
-            (f"fit: {args.fit}; seed {args.seed}; `python benchmarks/sim_validate_published.py` (module docstring: "
-             "the targets)"), "",
-            ("| case | arm | throughput (published / simulated = ratio, worst) | +-20% | TTFT mean whole run | "
-             "TTFT mean (1.5x; 2x saturated) | simulated in |"), "|---|---|---|---|---|---|---|"]
-    effects_head = ["", "## effects", "",
-                    "| case | arms | stage | metric | published | simulated | direction and +-30% |",
-                    "|---|---|---|---|---|---|---|"]
+    head = [
+        "# Targets over the published cases (issue 44)",
+        "",
+        (
+            f"fit: {args.fit}; seed {args.seed}; `python benchmarks/sim_validate_published.py` (module docstring: "
+            "the targets)"
+        ),
+        "",
+        (
+            "| case | arm | throughput (published / simulated = ratio, worst) | +-20% | TTFT mean whole run | "
+            "TTFT mean (1.5x; 2x saturated) | simulated in |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    effects_head = [
+        "",
+        "## effects",
+        "",
+        "| case | arms | stage | metric | published | simulated | direction and +-30% |",
+        "|---|---|---|---|---|---|---|",
+    ]
     table, effects = [], []
     for path in cases:
         lines, effect_table = run_case(path, args.fit, args.seed)

@@ -22,16 +22,34 @@ from rich.table import Table
 PARTS = (
     ("KV gather", ("PagedKVCache.gather", "VarlenAttention.prepare", "lut_decode")),
     ("KV write", ("PagedKVCache.write",)),
-    ("attention", ("VarlenAttention.attend", "VarlenAttention.__call__", "scaled_dot_product_attention",
-                   "CpuPagedAttention", "decode_attention")),
+    (
+        "attention",
+        (
+            "VarlenAttention.attend",
+            "VarlenAttention.__call__",
+            "scaled_dot_product_attention",
+            "CpuPagedAttention",
+            "decode_attention",
+        ),
+    ),
     ("sampling", ("sample (", "token_logprobs", "_inverse_cdf")),
     ("batch build", ("ForwardBatch.build", "chunks_of", "SequenceChunk")),
     ("model", ("LlamaForCausalLM.forward", "ModelRunner.execute", "FusedLinear")),
     ("scheduler", ("Scheduler.", "CompactSteps.")),
     ("detokenise", ("TextStream", "tokenizers", "_decode (", "decode (transformers")),
     ("SSE write", ("StreamResponse.write", "StreamWriter", "_SelectorSocketTransport.write", "sse")),
-    ("hand-off", ("call_soon_threadsafe", "_write_to_self", "Queue.get", "Queue.put", "AsyncEngine.",
-                  "run_coroutine_threadsafe", "Future.set_result")),
+    (
+        "hand-off",
+        (
+            "call_soon_threadsafe",
+            "_write_to_self",
+            "Queue.get",
+            "Queue.put",
+            "AsyncEngine.",
+            "run_coroutine_threadsafe",
+            "Future.set_result",
+        ),
+    ),
     ("rest of step", ("Engine.",)),
 )
 

@@ -22,12 +22,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, RedisStore  # noqa: E402
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 
 
 def disk_vs_plain(root: Path, pages: list[bytes]) -> list[tuple[str, float]]:
@@ -52,8 +52,10 @@ def disk_vs_plain(root: Path, pages: list[bytes]) -> list[tuple[str, float]]:
         while f.read(len(pages[0])):
             pass
     plain_read = total / (time.perf_counter() - t)
-    return [("host->disk write MB/s (pages | plain | ratio)", store_write, plain_write),
-            ("disk->host read MB/s (pages | plain | ratio)", store_read, plain_read)]
+    return [
+        ("host->disk write MB/s (pages | plain | ratio)", store_write, plain_write),
+        ("disk->host read MB/s (pages | plain | ratio)", store_read, plain_read),
+    ]
 
 
 def restore_latency(root: Path, redis_url: str | None) -> list[tuple[str, float]]:
@@ -68,10 +70,17 @@ def restore_latency(root: Path, redis_url: str | None) -> list[tuple[str, float]
     rows = []
     for tier in ("recompute", "device", "host", "disk", "remote"):
         clock = Clock()
-        settings = dict(kv_capacity=16384, max_step_tokens=4096, tier_interval_s=0.0,
-                        host_capacity=8192 if tier == "host" else 0,
-                        disk_capacity=8192 if tier == "disk" else 0, disk_dir=str(root / f"d-{tier}"))
-        engine = build_engine(EngineConfig(**settings, remote_url=redis_url if tier == "remote" else None), loaded, clock)
+        settings = dict(
+            kv_capacity=16384,
+            max_step_tokens=4096,
+            tier_interval_s=0.0,
+            host_capacity=8192 if tier == "host" else 0,
+            disk_capacity=8192 if tier == "disk" else 0,
+            disk_dir=str(root / f"d-{tier}"),
+        )
+        engine = build_engine(
+            EngineConfig(**settings, remote_url=redis_url if tier == "remote" else None), loaded, clock
+        )
         if tier != "recompute":
             _ttft(engine, GenerationRequest("warm", prompt, 1, ignore_eos=True))
         if tier in ("host", "disk"):
@@ -83,8 +92,13 @@ def restore_latency(root: Path, redis_url: str | None) -> list[tuple[str, float]
         if tier == "remote":
             engine.close()
             engine = build_engine(EngineConfig(**settings, remote_url=redis_url), loaded, clock)
-        rows.append((f"4K-token session TTFT from {tier} (ms)", 1000 * _ttft(engine, GenerationRequest(
-            "r", prompt + (7,), 1, ignore_eos=True)), None))
+        rows.append(
+            (
+                f"4K-token session TTFT from {tier} (ms)",
+                1000 * _ttft(engine, GenerationRequest("r", prompt + (7,), 1, ignore_eos=True)),
+                None,
+            )
+        )
         engine.close()
     return rows
 

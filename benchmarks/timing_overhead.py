@@ -61,7 +61,8 @@ async def open_round() -> list[float]:
     load = LoadSpec(rate=40.0)
     async with serving(InstrumentBehaviour(first_token_ms=300, chunk_interval_ms=5)) as (url, _):
         result = await LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="bench").run(
-            workload(sessions=12, max_tokens=3))
+            workload(sessions=12, max_tokens=3)
+        )
     offsets = sorted(session_offsets(load, [0.0] * 12, seed=0))
     sent = sorted(rec.sent_ns for rec in result.records)
     return [abs((t - sent[0]) / 1e6 - 1e3 * planned) for t, planned in zip(sent, offsets)]
@@ -71,8 +72,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--busy", type=int, default=0, help="busy-looping processes beside the rounds")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="closed rounds on N load worker processes (tests/harness/test_workers.py's two-worker run)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="closed rounds on N load worker processes (tests/harness/test_workers.py's two-worker run)",
+    )
     args = parser.parse_args()
     hogs = [multiprocessing.Process(target=busy, daemon=True) for _ in range(args.busy)]
     for hog in hogs:
@@ -89,11 +94,18 @@ def main() -> None:
     finally:
         for hog in hogs:
             hog.terminate()
-    print(f"{args.rounds} rounds, {args.workers} load worker(s), {args.busy} busy process(es) beside them; "
-          "overhead in ms (measured - injected)")
+    print(
+        f"{args.rounds} rounds, {args.workers} load worker(s), {args.busy} busy process(es) beside them; "
+        "overhead in ms (measured - injected)"
+    )
     print(f"{'quantity':<36} {'min':>8} {'p50':>8} {'p99':>8} {'max':>8}")
-    for name, values in (("median TTFT of a round", medians), ("median ITL of a round", itls),
-                         ("one request's TTFT", ttfts), ("one ITL gap", gaps), ("one send's |lateness|", sends)):
+    for name, values in (
+        ("median TTFT of a round", medians),
+        ("median ITL of a round", itls),
+        ("one request's TTFT", ttfts),
+        ("one ITL gap", gaps),
+        ("one send's |lateness|", sends),
+    ):
         v = np.asarray(values)
         print(f"{name:<36} {v.min():8.2f} {np.percentile(v, 50):8.2f} {np.percentile(v, 99):8.2f} {v.max():8.2f}")
 

@@ -32,7 +32,6 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 from kvbench.engines.kvengine.model.config import ModelConfig  # noqa: E402
 from kvbench.engines.kvengine.model.tiny import tiny_model  # noqa: E402
 from kvbench.engines.kvengine.model.weights import cache_root, resolve_source  # noqa: E402
@@ -40,9 +39,19 @@ from kvbench.engines.kvengine.runtime.budget_probe import build_engine  # noqa: 
 from kvbench.engines.kvengine.runtime.engine import Engine  # noqa: E402
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest  # noqa: E402
 from kvbench.engines.kvengine.server.ranks import RankProcesses  # noqa: E402
+from kvbench.engines.kvengine.settings.config import EngineConfig  # noqa: E402
 
-BENCH_MODEL = ModelConfig(vocab_size=49152, hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12,
-                          num_kv_heads=4, head_dim=64, tie_word_embeddings=True, max_position_embeddings=8192)
+BENCH_MODEL = ModelConfig(
+    vocab_size=49152,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=4,
+    head_dim=64,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
@@ -84,12 +93,18 @@ def step_times(engine: Engine, requests: list[GenerationRequest], skip_first: in
 
 
 def measure(engine: Engine, args: argparse.Namespace) -> dict[str, float]:
-    prefills = [seconds for i in range(args.prefills) for seconds in
-                step_times(engine, [GenerationRequest(f"p{i}", prompt(100 + i, args.prompt), 1, ignore_eos=True)])]
+    prefills = [
+        seconds
+        for i in range(args.prefills)
+        for seconds in step_times(
+            engine, [GenerationRequest(f"p{i}", prompt(100 + i, args.prompt), 1, ignore_eos=True)]
+        )
+    ]
     out = {"prefill": statistics.median(prefills)}
     for batch in (1, 8):
-        requests = [GenerationRequest(f"d{i}", prompt(i + 1, 256), args.decode_steps, ignore_eos=True)
-                    for i in range(batch)]
+        requests = [
+            GenerationRequest(f"d{i}", prompt(i + 1, 256), args.decode_steps, ignore_eos=True) for i in range(batch)
+        ]
         # prefill of the batch takes ceil(256 * batch / max_step_tokens) steps; the decode steps follow
         out[f"decode b{batch}"] = statistics.median(step_times(engine, requests, -(-256 * batch // args.prompt) + 1))
     return out
@@ -117,9 +132,11 @@ def main() -> None:
     if died:
         raise SystemExit(f"a worker rank died: {died}")
     load = os.getloadavg()
-    table = Table(title=f"kvengine step time: TP=2 (2 ranks x 1 thread, shared memory) vs TP=1 (1 process, 2 threads)\n"
-                        f"{folder.name}, fp32, {os.cpu_count()} cores, load average after the run "
-                        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    table = Table(
+        title=f"kvengine step time: TP=2 (2 ranks x 1 thread, shared memory) vs TP=1 (1 process, 2 threads)\n"
+        f"{folder.name}, fp32, {os.cpu_count()} cores, load average after the run "
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
     for column in ("step", "TP=1 ms", "TP=2 ms", "TP=2 / TP=1"):
         table.add_column(column, justify="right")
     for name, seconds in single.items():

@@ -36,7 +36,7 @@ _SHOWN.maxlist = _SHOWN.maxdict = 4
 def shown(value: object) -> str:
     """`value` as an error message quotes it: its repr, cut to at most MAX_SHOWN_CHARS characters."""
     text = _SHOWN.repr(value)
-    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS - 3] + "..."
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 3] + "..."
 
 
 # A settings document's values counted with every alias expanded: kvbench's own configs hold a few hundred;
@@ -70,8 +70,10 @@ def check_expanded_size(document: Any, where: str, max_values: int = MAX_YAML_VA
         value = stack.pop()
         count += 1
         if count > max_values:
-            raise SettingsError(f"{where}: expands to more than {max_values:,} values (YAML aliases repeated inside "
-                                "aliases?); write the values out or use fewer nested aliases")
+            raise SettingsError(
+                f"{where}: expands to more than {max_values:,} values (YAML aliases repeated inside "
+                "aliases?); write the values out or use fewer nested aliases"
+            )
         if isinstance(value, Mapping):
             stack.extend(value.keys())
             stack.extend(value.values())
@@ -89,18 +91,32 @@ class Bounds:
     unit: str = ""
 
     def describe(self) -> str:
-        parts = [f"> {self.gt:g}" if self.gt is not None else "", f">= {self.ge:g}" if self.ge is not None else "",
-                 f"<= {self.le:g}" if self.le is not None else ""]
+        parts = [
+            f"> {self.gt:g}" if self.gt is not None else "",
+            f">= {self.ge:g}" if self.ge is not None else "",
+            f"<= {self.le:g}" if self.le is not None else "",
+        ]
         text = " and ".join(part for part in parts if part)
         return f"{text} {self.unit}".rstrip()
 
     def admits(self, value: float) -> bool:
-        return ((self.gt is None or value > self.gt) and (self.ge is None or value >= self.ge)
-                and (self.le is None or value <= self.le))
+        return (
+            (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.le is None or value <= self.le)
+        )
 
 
-def bounded(default: Any = dataclasses.MISSING, *, gt: float | None = None, ge: float | None = None,
-            le: float | None = None, unit: str = "", help: str = "", choices: tuple[str, ...] | None = None) -> Any:
+def bounded(
+    default: Any = dataclasses.MISSING,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    unit: str = "",
+    help: str = "",
+    choices: tuple[str, ...] | None = None,
+) -> Any:
     """A dataclass field whose value (when not None) must lie in the range; `build` enforces it. `help` and
     `choices` are its flag's (cli/config_flags.py derives `kvbench run`'s flags from the config's sections)."""
     metadata = {"bounds": Bounds(gt, ge, le, unit), "help": help, "choices": choices}
@@ -149,7 +165,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     belongs, NaN or infinity where a number belongs)."""
     if hint is None or value is None:
         return value
-    options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    options = (
+        typing.get_args(hint)
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        else (hint,)
+    )
     options = tuple(option for option in options if option is not type(None))
     for option in options:
         if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -189,9 +209,11 @@ def _mapping(value: Any, hint: Any, where: str) -> Mapping:
     """A mapping whose keys and values have the hinted simple types (str keys to str values, say)."""
     if not isinstance(value, Mapping):
         raise SettingsError(f"{where}: expected a mapping (key: value), got {value!r:.80}")
-    key_hint, value_hint = (typing.get_args(hint) or (Any, Any))
-    return {_coerce(key, key_hint, f"{where} key"): _coerce(item, value_hint, f"{where}.{key}")
-            for key, item in value.items()}
+    key_hint, value_hint = typing.get_args(hint) or (Any, Any)
+    return {
+        _coerce(key, key_hint, f"{where} key"): _coerce(item, value_hint, f"{where}.{key}")
+        for key, item in value.items()
+    }
 
 
 def _type_name(hint: Any) -> str:

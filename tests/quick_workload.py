@@ -19,9 +19,16 @@ def quick_mini(folder: Path) -> str:
     path = folder / "rag-chat-mini-quick.yaml"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump({
-            "profile": "rag-chat-mini", "name": "rag-chat-mini-quick", "session_rate": 2.0 * SPEED_UP,
-            "think_time_median_s": 0.6 / SPEED_UP, "think_time_min_s": 0.2 / SPEED_UP,
-            "think_time_max_s": 2.0 / SPEED_UP,
-        }))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "profile": "rag-chat-mini",
+                    "name": "rag-chat-mini-quick",
+                    "session_rate": 2.0 * SPEED_UP,
+                    "think_time_median_s": 0.6 / SPEED_UP,
+                    "think_time_min_s": 0.2 / SPEED_UP,
+                    "think_time_max_s": 2.0 / SPEED_UP,
+                }
+            )
+        )
     return str(path)

@@ -62,8 +62,14 @@ RULES = (
 
 # The only kvbench rooms a verdicts module may import: it reads run folders, it runs nothing.
 VERDICTS = "kvbench.verdicts"
-VERDICTS_MAY_IMPORT = (VERDICTS, "kvbench.measure", "kvbench.distribution", "kvbench.harness.config_schema",
-                       "kvbench.harness.env", "kvbench.evals.tasks")
+VERDICTS_MAY_IMPORT = (
+    VERDICTS,
+    "kvbench.measure",
+    "kvbench.distribution",
+    "kvbench.harness.config_schema",
+    "kvbench.harness.env",
+    "kvbench.evals.tasks",
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +107,8 @@ def module_files() -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(module: str, path: Path, modules: set[str]) -> list[Import]:
@@ -161,9 +168,15 @@ def violations(imports: list[Import]) -> list[str]:
         for importer, imported, why in RULES:
             if within(imp.module, importer) and within(imp.target, imported):
                 out.append(f"{imp}  ({importer} may not import {imported}: {why})")
-        if within(imp.module, VERDICTS) and within(imp.target, "kvbench") and imp.target != "kvbench" and \
-                not any(within(imp.target, room) for room in VERDICTS_MAY_IMPORT):
-            out.append(f"{imp}  (kvbench.verdicts imports only {', '.join(VERDICTS_MAY_IMPORT)}: it judges run folders)")
+        if (
+            within(imp.module, VERDICTS)
+            and within(imp.target, "kvbench")
+            and imp.target != "kvbench"
+            and not any(within(imp.target, room) for room in VERDICTS_MAY_IMPORT)
+        ):
+            out.append(
+                f"{imp}  (kvbench.verdicts imports only {', '.join(VERDICTS_MAY_IMPORT)}: it judges run folders)"
+            )
         if within(imp.target, "kvbench.cli") and not within(imp.module, "kvbench.cli"):
             out.append(f"{imp}  (only kvbench.cli imports kvbench.cli: the CLI sits at the edge)")
     return out
@@ -213,8 +226,12 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def _counts(imp: Import) -> bool:
     """An import that can run (module level or in a function), of another kvbench module."""
-    return not imp.type_checking and imp.target.startswith("kvbench") and imp.target != imp.module and \
-        imp.target != OPEN_CALL
+    return (
+        not imp.type_checking
+        and imp.target.startswith("kvbench")
+        and imp.target != imp.module
+        and imp.target != OPEN_CALL
+    )
 
 
 def cycles(imports: list[Import]) -> list[str]:
@@ -228,8 +245,9 @@ def cycles(imports: list[Import]) -> list[str]:
     out = []
     for component in strongly_connected(graph):
         members = set(component)
-        edges = sorted({str(imp) for imp in imports
-                        if _counts(imp) and imp.module in members and imp.target in members})
+        edges = sorted(
+            {str(imp) for imp in imports if _counts(imp) and imp.module in members and imp.target in members}
+        )
         out.append("cycle between " + ", ".join(component) + ":\n    " + "\n    ".join(edges))
     return out
 
@@ -245,10 +263,16 @@ def test_the_walk_sees_every_kind_of_import():
     assert strongly_connected({"a": {"b"}, "b": set()}) == []
     # A cycle closed only by a function-level import counts; one closed under TYPE_CHECKING does not.
     top, in_function = Import("kvbench.a", 1, "kvbench.b", True), Import("kvbench.b", 9, "kvbench.a", False)
-    assert cycles([top, in_function]) == ["cycle between kvbench.a, kvbench.b:\n    kvbench.a:1: import kvbench.b\n"
-                                          "    kvbench.b:9: import kvbench.a"]
+    assert cycles([top, in_function]) == [
+        "cycle between kvbench.a, kvbench.b:\n    kvbench.a:1: import kvbench.b\n    kvbench.b:9: import kvbench.a"
+    ]
     assert cycles([top, Import("kvbench.b", 9, "kvbench.a", False, type_checking=True)]) == []
-    assert cycles([Import("kvbench.sim.engine", 1, "kvbench.sim", True), Import("kvbench.sim", 1, "kvbench.sim.engine", True)]) == []
+    assert (
+        cycles(
+            [Import("kvbench.sim.engine", 1, "kvbench.sim", True), Import("kvbench.sim", 1, "kvbench.sim.engine", True)]
+        )
+        == []
+    )
     # A room rule counts an import inside a function and one under TYPE_CHECKING alike.
     assert violations([Import("kvbench.harness.a", 5, "kvbench.evals.b", False)])
     assert violations([Import("kvbench.evals.b", 3, "kvbench.harness.a", False, type_checking=True)])

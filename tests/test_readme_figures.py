@@ -19,7 +19,8 @@ SENTENCE = re.compile(
     r"`kvbench run ci/nightly-gpu\.yaml`: (?P<cells>\d+) cells x (?P<loads>\d+) loads x (?P<repeat>\d+) repeats of "
     r"(?P<minutes>\d+) min, ~(?P<cell_min>\d+) min of load a\s+cell and ~(?P<total_min>\d+) min in all by the dry "
     r"run's figures\); `ci/github-nightly\.yml` runs it as one GPU job per cell, each\s+with a (?P<timeout>\d+)-minute "
-    r"timeout and `--budget (?P<budget>\d+)`")
+    r"timeout and `--budget (?P<budget>\d+)`"
+)
 
 
 @pytest.fixture(scope="module")

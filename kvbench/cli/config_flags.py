@@ -38,8 +38,16 @@ class Section:
 
 
 SECTIONS = (
-    Section("stop", StopSpec, {"num_requests": ("--num-requests", "--num-prompts"), "duration_s": ("--duration",),
-                               "warmup_requests": ("--warmup",)}, exclusive=("num_requests", "duration_s")),
+    Section(
+        "stop",
+        StopSpec,
+        {
+            "num_requests": ("--num-requests", "--num-prompts"),
+            "duration_s": ("--duration",),
+            "warmup_requests": ("--warmup",),
+        },
+        exclusive=("num_requests", "duration_s"),
+    ),
     Section("client", ClientSpec, {"api": (), "tokenizer": (), "ignore_eos": (), "max_lag_ms": (), "workers": ()}),
     Section("slo", SLO, {"ttft_ms": ("--slo-ttft-ms",), "tpot_ms": ("--slo-tpot-ms",), "e2e_ms": ("--slo-e2el-ms",)}),
     Section("", TopScalars, {"seed": (), "repeat": ()}),
@@ -102,4 +110,3 @@ def _ranged(base: type, bounds) -> Callable[[str], Any]:
     if base is float and low is not None:
         return number_above(low, inclusive=bounds.ge is not None, maximum=bounds.le)
     return base
-

@@ -28,8 +28,9 @@ class Column:
     numeric: bool  # right-aligned and never cut; labels fold
 
 
-def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], keys: int = 1,
-                title: str | None = None) -> None:
+def print_table(
+    console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], keys: int = 1, title: str | None = None
+) -> None:
     """Print `rows` (cells already formatted; rich markup escaped) under `columns`, in as many parts as the
     console's width needs, each part with the first `keys` columns."""
     cells = [[row[index] for row in rows] for index in range(len(columns))]
@@ -40,12 +41,18 @@ def print_table(console: Console, columns: Sequence[Column], rows: Sequence[Sequ
         parts = _parts(widths, keys, console.width)
     for number, part in enumerate(parts, 1):
         suffix = f" ({number}/{len(parts)})" if len(parts) > 1 else ""
-        table = Table(title=f"{title or ''}{suffix}".strip() or None, box=box.SIMPLE_HEAD, title_justify="left",
-                      pad_edge=True, collapse_padding=False)
+        table = Table(
+            title=f"{title or ''}{suffix}".strip() or None,
+            box=box.SIMPLE_HEAD,
+            title_justify="left",
+            pad_edge=True,
+            collapse_padding=False,
+        )
         for index in part:
             column = columns[index]
-            table.add_column(column.title, justify="right" if column.numeric else "left", width=widths[index],
-                             overflow="fold")  # a number fits its width; a title or a long label wraps
+            table.add_column(
+                column.title, justify="right" if column.numeric else "left", width=widths[index], overflow="fold"
+            )  # a number fits its width; a title or a long label wraps
         for row in rows:
             table.add_row(*[row[index] for index in part])
         console.print(table)
@@ -62,8 +69,11 @@ def _width(column: Column, cells: Sequence[str], whole_title: bool) -> int:
     """A number column: its widest cell and its title (`whole_title`) or the title's longest word; a label:
     that, up to LABEL_WIDTH. A cell or title of several lines (stacked values) counts its longest line."""
     widest = max((len(line) for cell in cells for line in cell.split("\n")), default=0)
-    title_word = (max(len(line) for line in column.title.split("\n")) if whole_title
-                  else max((len(word) for word in column.title.split()), default=1))
+    title_word = (
+        max(len(line) for line in column.title.split("\n"))
+        if whole_title
+        else max((len(word) for word in column.title.split()), default=1)
+    )
     if column.numeric:
         return max(widest, title_word)
     return max(min(widest, LABEL_WIDTH), min(title_word, LABEL_WIDTH), 1)

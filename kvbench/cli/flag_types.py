@@ -26,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if message.startswith(UNRECOGNIZED):
-            message += self._suggestions(message[len(UNRECOGNIZED):].split())
+            message += self._suggestions(message[len(UNRECOGNIZED) :].split())
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _suggestions(self, unknown: list[str]) -> str:
@@ -75,8 +75,12 @@ def number_above(bound: float, inclusive: bool = False, maximum: float | None = 
 
     def parse(text: str) -> float:
         value = _number(text)
-        if (not math.isfinite(value) or value < bound or (value == bound and not inclusive)
-                or (maximum is not None and value > maximum)):
+        if (
+            not math.isfinite(value)
+            or value < bound
+            or (value == bound and not inclusive)
+            or (maximum is not None and value > maximum)
+        ):
             wanted = f"{'>=' if inclusive else '>'} {bound:g}" + (f" and <= {maximum:g}" if maximum is not None else "")
             raise argparse.ArgumentTypeError(f"must be a number {wanted}, got {_cut(text)}")
         return value

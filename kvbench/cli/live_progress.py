@@ -77,11 +77,14 @@ def live_progress(bar: Progress, every_s: float = DEFAULT_EVERY_S, clock=time.mo
         status = f"TTFT p50 {ttft['p50']:.0f} ms" if ttft else "no successful request"
         bar.update(point.task, status=status)
         if plain:
-            _plain_line(bar, f"{entry.run_id}: done, {point.done}/{point.total} requests, {status}, "
-                             f"{clock() - point.started:.0f} s")
+            _plain_line(
+                bar,
+                f"{entry.run_id}: done, {point.done}/{point.total} requests, {status}, {clock() - point.started:.0f} s",
+            )
 
-    return RunProgress(on_point_start=start, on_record=record, on_point_end=end,
-                       on_message=lambda text: _plain_line(bar, text))
+    return RunProgress(
+        on_point_start=start, on_record=record, on_point_end=end, on_message=lambda text: _plain_line(bar, text)
+    )
 
 
 def _plain_line(bar: Progress, text: str) -> None:

@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich_argparse import RichHelpFormatter
 
-from kvbench.engines.base import EngineError
 from kvbench.cli.flag_types import OneLineParser
+from kvbench.engines.base import EngineError
 from kvbench.settings import SettingsError
 from kvbench.workloads.spec import WorkloadError
 
@@ -31,7 +31,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return args.handler(args)
-    except (SettingsError, WorkloadError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+    except (
+        SettingsError,
+        WorkloadError,
+        FileNotFoundError,
+        IsADirectoryError,
+        NotADirectoryError,
+        PermissionError,
+    ) as exc:
         # One line, whatever the message embeds (a YAML parser's multi-line report, say).
         errors.print(f"[bold red]error:[/bold red] {escape(' '.join(str(exc).split()))}", highlight=False)
         return EXIT_USAGE

@@ -13,10 +13,22 @@ console = Console()
 
 
 SUMMARY_COLUMNS = {
-    "engine": "engine", "kv_dtype": "kv", "workload": "workload", "load": "load", "cache": "cache", "tenant": "tenant",
-    "requests": "req", "errors": "err", "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms",
-    "ttft_from_schedule_p99_ms": "sched. TTFT p99", "itl_p50_ms": "ITL p50 ms", "output_tok_s": "out tok/s", "cache_hit_rate": "hit",
-    "oracle_hit_rate": "oracle", "prefill_recompute_rate": "recompute",
+    "engine": "engine",
+    "kv_dtype": "kv",
+    "workload": "workload",
+    "load": "load",
+    "cache": "cache",
+    "tenant": "tenant",
+    "requests": "req",
+    "errors": "err",
+    "ttft_p50_ms": "TTFT p50 ms",
+    "ttft_p99_ms": "TTFT p99 ms",
+    "ttft_from_schedule_p99_ms": "sched. TTFT p99",
+    "itl_p50_ms": "ITL p50 ms",
+    "output_tok_s": "out tok/s",
+    "cache_hit_rate": "hit",
+    "oracle_hit_rate": "oracle",
+    "prefill_recompute_rate": "recompute",
 }
 
 
@@ -86,21 +98,37 @@ def print_tradeoff(frame, baseline: str, other: str, same: str) -> None:
     if baseline not in rows.index or other not in rows.index:
         return
     a, b = rows.loc[baseline], rows.loc[other]
-    changes = ", ".join(f"{title} {_fmt(column, a[column])} -> {_fmt(column, b[column])}"
-                        for column, title in TRADEOFF_COLUMNS.items())
+    changes = ", ".join(
+        f"{title} {_fmt(column, a[column])} -> {_fmt(column, b[column])}" for column, title in TRADEOFF_COLUMNS.items()
+    )
     _wide().print(f"{escape(other)} against {escape(baseline)} in {same}: {changes}", highlight=False)
 
 
-TRADEOFF_COLUMNS = {"cache_hit_rate": "cache hit", "prefill_recompute_rate": "prefill recompute",
-                    "ttft_p50_ms": "TTFT p50 ms", "ttft_p99_ms": "TTFT p99 ms", "output_tok_s": "out tok/s"}
+TRADEOFF_COLUMNS = {
+    "cache_hit_rate": "cache hit",
+    "prefill_recompute_rate": "prefill recompute",
+    "ttft_p50_ms": "TTFT p50 ms",
+    "ttft_p99_ms": "TTFT p99 ms",
+    "output_tok_s": "out tok/s",
+}
 
 
 def results_line(run_dir: Path) -> str:
     from kvbench.measure.run_folder import (
-        LLMD_RESULTS_DIR, REQUESTS_JSONL, REQUESTS_METRICS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, VLLM_RESULTS_DIR,
+        LLMD_RESULTS_DIR,
+        REQUESTS_JSONL,
+        REQUESTS_METRICS_JSONL,
+        SUMMARY_CSV,
+        SUMMARY_JSON,
+        SUMMARY_MD,
+        VLLM_RESULTS_DIR,
     )
 
-    exports = f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/, {LLMD_RESULTS_DIR}/" if (run_dir / REQUESTS_METRICS_JSONL).exists() else ""
+    exports = (
+        f", {REQUESTS_METRICS_JSONL}, {VLLM_RESULTS_DIR}/, {LLMD_RESULTS_DIR}/"
+        if (run_dir / REQUESTS_METRICS_JSONL).exists()
+        else ""
+    )
     return f"results: {run_dir}/{SUMMARY_MD}, {SUMMARY_CSV}, {SUMMARY_JSON}, {REQUESTS_JSONL}{exports}"
 
 

@@ -31,14 +31,21 @@ from kvbench.settings import SettingsError
 
 VLLM_DEFAULT_URL = "http://127.0.0.1:8000"
 # vLLM's dataset names -> kvbench's workload name (a prefix where --dataset-path follows).
-DATASETS = {"random": "random", "prefix_repetition": "prefix_repetition", "sharegpt": "sharegpt:",
-            "hf": "dataset:", "custom": "dataset:"}
+DATASETS = {
+    "random": "random",
+    "prefix_repetition": "prefix_repetition",
+    "sharegpt": "sharegpt:",
+    "hf": "dataset:",
+    "custom": "dataset:",
+}
 BACKENDS = {"vllm": "completions", "openai": "completions", "openai-chat": "chat"}
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 # A dataset flag -> (the datasets it applies to, the workload option it sets).
 DATASET_OPTIONS = {
-    "random_input_len": (("random",), "input_len"), "random_output_len": (("random",), "output_len"),
-    "random_range_ratio": (("random",), "range_ratio"), "random_prefix_len": (("random",), "prefix_len"),
+    "random_input_len": (("random",), "input_len"),
+    "random_output_len": (("random",), "output_len"),
+    "random_range_ratio": (("random",), "range_ratio"),
+    "random_prefix_len": (("random",), "prefix_len"),
     "prefix_repetition_prefix_len": (("prefix_repetition",), "prefix_len"),
     "prefix_repetition_suffix_len": (("prefix_repetition",), "suffix_len"),
     "prefix_repetition_num_prefixes": (("prefix_repetition",), "num_prefixes"),
@@ -46,35 +53,51 @@ DATASET_OPTIONS = {
     "sharegpt_output_len": (("sharegpt",), "output_len"),
     "input_len": (("random",), "input_len"),
     "output_len": (("random", "prefix_repetition", "sharegpt", "hf", "custom"), "output_len"),
-    "hf_output_len": (("hf",), "output_len"), "custom_output_len": (("custom",), "output_len"),
+    "hf_output_len": (("hf",), "output_len"),
+    "custom_output_len": (("custom",), "output_len"),
     "hf_split": (("hf",), "split"),
 }
 _OPTION_TYPES = {"range_ratio": float, "split": str}  # the others are token counts
 # kvbench's own sampling: greedy, so that runs repeat; vLLM's sampling flags are accepted at these values.
 SAMPLING = {"temperature": 0.0, "top_p": 1.0}
-DETAILED = {"input_lens": "prompt_tokens", "output_lens": "output_tokens", "start_times": "sent_at",
-            "ttfts": "ttft_ms", "itls": "itl_ms", "errors": "error"}
+DETAILED = {
+    "input_lens": "prompt_tokens",
+    "output_lens": "output_tokens",
+    "start_times": "sent_at",
+    "ttfts": "ttft_ms",
+    "itls": "itl_ms",
+    "errors": "error",
+}
 
 _INSTEAD_ENGINE = "set it on the server you measure"
-_OTHER_DATASET = ("an option of a dataset kvbench does not read; use --dataset-name random, prefix_repetition, "
-                  "sharegpt or hf/custom (a local file: --dataset-path), or --workload (a trace: its path)")
+_OTHER_DATASET = (
+    "an option of a dataset kvbench does not read; use --dataset-name random, prefix_repetition, "
+    "sharegpt or hf/custom (a local file: --dataset-path), or --workload (a trace: its path)"
+)
 REFUSED = {
     "--num-warmups": "kvbench's warm-up requests are measured and left out: use --warmup N",
     "--ramp-up-strategy": "use --stages R:S,... (a Poisson ladder) or --find-max request-rate",
-    "--ramp-up-start-rps": "use --stages R:S,...", "--ramp-up-end-rps": "use --stages R:S,...",
+    "--ramp-up-start-rps": "use --stages R:S,...",
+    "--ramp-up-end-rps": "use --stages R:S,...",
     "--profile": "kvbench does not drive vLLM's profiler; profile the server itself",
-    "--use-beam-search": "kvbench measures sampled streams only", "--logprobs": "kvbench asks for no logprobs",
-    "--lora-modules": _INSTEAD_ENGINE, "--lora-assignment": _INSTEAD_ENGINE,
-    "--top-k": "kvbench samples greedily (temperature 0)", "--min-p": "kvbench samples greedily (temperature 0)",
-    "--frequency-penalty": "kvbench samples greedily", "--presence-penalty": "kvbench samples greedily",
+    "--use-beam-search": "kvbench measures sampled streams only",
+    "--logprobs": "kvbench asks for no logprobs",
+    "--lora-modules": _INSTEAD_ENGINE,
+    "--lora-assignment": _INSTEAD_ENGINE,
+    "--top-k": "kvbench samples greedily (temperature 0)",
+    "--min-p": "kvbench samples greedily (temperature 0)",
+    "--frequency-penalty": "kvbench samples greedily",
+    "--presence-penalty": "kvbench samples greedily",
     "--repetition-penalty": "kvbench samples greedily",
     "--header": "give --api-key for a Bearer token; other headers are not sent",
-    "--extra-body": "kvbench sends its own request body", "--chat-template-kwargs": "kvbench sends its own request body",
+    "--extra-body": "kvbench sends its own request body",
+    "--chat-template-kwargs": "kvbench sends its own request body",
     "--request-id-prefix": "kvbench names requests itself (requests.jsonl)",
     "--self-timed": "use --trace-times to replay a trace's own times",
     "--probe-request-rate": "use --find-max request-rate",
     "--tokenizer-mode": "give --tokenizer DIR (a local Hugging Face tokenizer folder)",
-    "--skip-tokenizer-init": "give --tokenizer DIR or none", "--insecure": "use an http:// --url or a trusted https one",
+    "--skip-tokenizer-init": "give --tokenizer DIR or none",
+    "--insecure": "use an http:// --url or a trusted https one",
     "--ready-check-timeout-sec": "kvbench waits for the server itself (client.health_timeout_s in CONFIG.yaml)",
     "--plot-timeline": "kvbench writes its plots in the run folder (kvbench report RUN_DIR --format html)",
     "--plot-dataset-stats": "see the workload with kvbench workload NAME --stats",
@@ -83,14 +106,34 @@ REFUSED = {
     "--enable-multimodal-chat": "kvbench sends text prompts only",
     "--random-batch-size": "kvbench measures generation, not embeddings or rerank batches",
     "--no-reranker": "kvbench measures generation, not rerank",
-    **{flag: _OTHER_DATASET for flag in (
-        "--asr-max-audio-len-sec", "--asr-min-audio-len-sec", "--bfcl-categories", "--blazedit-max-distance",
-        "--blazedit-min-distance", "--custom-ensure-client-side-data", "--hf-name", "--hf-subset",
-        "--random-mm-base-items-per-request", "--random-mm-bucket-config", "--random-mm-limit-mm-per-prompt",
-        "--random-mm-num-mm-items-range-ratio", "--spec-bench-category", "--spec-bench-output-len",
-        "--speed-bench-category", "--speed-bench-dataset-subset", "--speed-bench-output-len",
-        "--timed-trace-chunk-hash-size", "--timed-trace-label-hash-ids", "--timed-trace-label-input-length",
-        "--timed-trace-label-output-length", "--timed-trace-label-timestamp", "--timed-trace-sec-multiplier")},
+    **{
+        flag: _OTHER_DATASET
+        for flag in (
+            "--asr-max-audio-len-sec",
+            "--asr-min-audio-len-sec",
+            "--bfcl-categories",
+            "--blazedit-max-distance",
+            "--blazedit-min-distance",
+            "--custom-ensure-client-side-data",
+            "--hf-name",
+            "--hf-subset",
+            "--random-mm-base-items-per-request",
+            "--random-mm-bucket-config",
+            "--random-mm-limit-mm-per-prompt",
+            "--random-mm-num-mm-items-range-ratio",
+            "--spec-bench-category",
+            "--spec-bench-output-len",
+            "--speed-bench-category",
+            "--speed-bench-dataset-subset",
+            "--speed-bench-output-len",
+            "--timed-trace-chunk-hash-size",
+            "--timed-trace-label-hash-ids",
+            "--timed-trace-label-input-length",
+            "--timed-trace-label-output-length",
+            "--timed-trace-label-timestamp",
+            "--timed-trace-sec-multiplier",
+        )
+    },
 }
 
 
@@ -101,29 +144,47 @@ class Refused(argparse.Action):
         super().__init__(option_strings, dest, nargs="*", default=None, help=argparse.SUPPRESS)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} (vllm bench serve's) is not supported by kvbench run: {REFUSED[self.option_strings[0]]}")
+        parser.error(
+            f"{option_string} (vllm bench serve's) is not supported by kvbench run: {REFUSED[self.option_strings[0]]}"
+        )
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("vllm bench serve's flags (with their meanings in vLLM; see "
-                                      "kvbench/cli/vllm_bench_flags.py)")
-    group.add_argument("--dataset-name", choices=tuple(DATASETS), help="vLLM's dataset: random and prefix_repetition "
-                       "are generated, sharegpt/hf/custom read --dataset-path (kvbench's --workload)")
+    group = parser.add_argument_group(
+        "vllm bench serve's flags (with their meanings in vLLM; see kvbench/cli/vllm_bench_flags.py)"
+    )
+    group.add_argument(
+        "--dataset-name",
+        choices=tuple(DATASETS),
+        help="vLLM's dataset: random and prefix_repetition "
+        "are generated, sharegpt/hf/custom read --dataset-path (kvbench's --workload)",
+    )
     group.add_argument("--dataset-path", help="the sharegpt JSON(L) or dataset file or folder")
     for name, (datasets, option) in DATASET_OPTIONS.items():
         kind = _OPTION_TYPES.get(option, int)
-        group.add_argument("--" + name.replace("_", "-"), type=kind, metavar={int: "N", float: "R", str: "NAME"}[kind],
-                           help=f"workload option {option} of --dataset-name {'/'.join(datasets)}")
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            metavar={int: "N", float: "R", str: "NAME"}[kind],
+            help=f"workload option {option} of --dataset-name {'/'.join(datasets)}",
+        )
     group.add_argument("--base-url", help="a running server's base URL (kvbench's --url)")
     group.add_argument("--host", help=f"a running server's host (with --port; default of {VLLM_DEFAULT_URL})")
     group.add_argument("--port", type=int, help="a running server's port")
-    group.add_argument("--backend", choices=tuple(BACKENDS), help="a running server's API: vllm/openai are "
-                       f"completions, openai-chat is chat (default URL {VLLM_DEFAULT_URL})")
+    group.add_argument(
+        "--backend",
+        choices=tuple(BACKENDS),
+        help="a running server's API: vllm/openai are "
+        f"completions, openai-chat is chat (default URL {VLLM_DEFAULT_URL})",
+    )
     group.add_argument("--endpoint", choices=tuple(ENDPOINTS), help="the API path (kvbench's --api)")
     group.add_argument("--served-model-name", help="the model name sent in requests (default --model)")
     for name, value in SAMPLING.items():
-        group.add_argument("--" + name.replace("_", "-"), type=float, help=f"accepted at {value:g}: kvbench samples "
-                           "greedily, so that runs repeat")
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            type=float,
+            help=f"accepted at {value:g}: kvbench samples greedily, so that runs repeat",
+        )
     group.add_argument("--save-result", action="store_true", help="also write the vLLM result JSON where vLLM would")
     group.add_argument("--append-result", action="store_true", help="append it to that file (one JSON a line)")
     group.add_argument("--save-detailed", action="store_true", help="with the per-request lists")
@@ -131,8 +192,14 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--result-filename", help="its name (default: vLLM's)")
     group.add_argument("--label", help="the result's label (default: --backend)")
     group.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE", help="keys added to the result")
-    for flag in ("--disable-tqdm", "--trust-remote-code", "--no-stream", "--disable-shuffle", "--no-oversample",
-                 "--skip-chat-template"):
+    for flag in (
+        "--disable-tqdm",
+        "--trust-remote-code",
+        "--no-stream",
+        "--disable-shuffle",
+        "--no-oversample",
+        "--skip-chat-template",
+    ):
         group.add_argument(flag, action="store_true", help="accepted; no effect in kvbench")
     for flag in REFUSED:
         group.add_argument(flag, action=Refused)
@@ -143,8 +210,10 @@ def check(args: argparse.Namespace) -> None:
     for name, value in SAMPLING.items():
         given = getattr(args, name)
         if given is not None and given != value:
-            raise SettingsError(f"--{name.replace('_', '-')} {given:g}: kvbench samples greedily so that runs repeat "
-                                f"(temperature 0, top-p 1); leave it out or give {value:g}")
+            raise SettingsError(
+                f"--{name.replace('_', '-')} {given:g}: kvbench samples greedily so that runs repeat "
+                f"(temperature 0, top-p 1); leave it out or give {value:g}"
+            )
     for item in args.metadata:
         if "=" not in item:
             raise SettingsError(f"--metadata {item!r}: expected KEY=VALUE, e.g. --metadata version=0.3.3 tp=1")
@@ -153,16 +222,18 @@ def check(args: argparse.Namespace) -> None:
         raise SettingsError("--dataset-name and --workload both name the workload: give one of them")
     for name, (datasets, _) in DATASET_OPTIONS.items():
         if getattr(args, name) is not None and (dataset or "random") not in datasets:
-            raise SettingsError(f"--{name.replace('_', '-')}: applies to --dataset-name {'/'.join(datasets)}, "
-                                f"not {dataset or 'random'}")
+            raise SettingsError(
+                f"--{name.replace('_', '-')}: applies to --dataset-name {'/'.join(datasets)}, not {dataset or 'random'}"
+            )
     if dataset is not None and DATASETS[dataset].endswith(":") and not args.dataset_path:
         raise SettingsError(f"--dataset-name {dataset}: give --dataset-path FILE")
 
 
 def workload(args: argparse.Namespace) -> dict | None:
     """The workload entry vLLM's dataset flags name, or None when they name none."""
-    options = {option: getattr(args, name) for name, (_, option) in DATASET_OPTIONS.items()
-               if getattr(args, name) is not None}
+    options = {
+        option: getattr(args, name) for name, (_, option) in DATASET_OPTIONS.items() if getattr(args, name) is not None
+    }
     if args.dataset_name is None and not options:
         return None
     kind = DATASETS[args.dataset_name or "random"]
@@ -199,7 +270,8 @@ def save_results(args: argparse.Namespace, run_dir: Path, run_ids: Sequence[str]
     written = []
     for index, run_id in enumerate(run_ids):
         path = run_dir / VLLM_RESULTS_DIR / (engine_dir(Path(), run_id).name + ".json")
-        result = {**json.loads(path.read_text(encoding="utf-8")), "label": args.label or args.backend or result["backend"]}
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        result = {**saved, "label": args.label or args.backend or saved.get("backend")}
         result.update(dict(item.split("=", 1) for item in args.metadata))
         if args.save_detailed:
             result.update(_detailed(rows.get(run_id, [])))
@@ -220,8 +292,10 @@ def _detailed(rows: Sequence[dict]) -> dict:
     for key, column in DETAILED.items():
         values = [row[column] for row in rows]
         if key in seconds:
-            values = [[v / 1e3 for v in value] if isinstance(value, list) else None if value is None else value / 1e3
-                      for value in values]
+            values = [
+                [v / 1e3 for v in value] if isinstance(value, list) else None if value is None else value / 1e3
+                for value in values
+            ]
         lists[key] = ["" if key == "errors" and value is None else value for value in values]
     return lists
 

@@ -42,8 +42,9 @@ def request_rate(text: str) -> float:
     except ValueError:
         value = math.nan
     if not 0 < value <= MAX_RATE:
-        raise argparse.ArgumentTypeError(f"must be a number > 0 and <= {MAX_RATE:g} (requests/s) or inf, got "
-                                         f"{text[:40]!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a number > 0 and <= {MAX_RATE:g} (requests/s) or inf, got {text[:40]!r}"
+        )
     return value
 
 
@@ -54,7 +55,8 @@ def goodput_pair(text: str) -> dict[str, float]:
         name, sep, value = pair.partition(":")
         if not sep or name not in GOODPUT_KEYS:
             raise argparse.ArgumentTypeError(
-                f"expected KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)} (e.g. ttft:500), got {pair[:40]!r}")
+                f"expected KEY:MS with KEY one of {', '.join(GOODPUT_KEYS)} (e.g. ttft:500), got {pair[:40]!r}"
+            )
         if GOODPUT_KEYS[name] in slo:
             raise argparse.ArgumentTypeError(f"{name} is given twice; give each key once")
         try:
@@ -71,8 +73,9 @@ def metric_names(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     unknown = [name for name in names if name not in PERCENTILE_METRICS]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(PERCENTILE_METRICS)}, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated list of {', '.join(PERCENTILE_METRICS)}, got {text!r}"
+        )
     return names
 
 
@@ -84,8 +87,9 @@ def percentiles(text: str) -> tuple[float, ...]:
         except ValueError:
             value = math.nan
         if not 0 < value < 100:
-            raise argparse.ArgumentTypeError(f"each percentile must be a number between 0 and 100 (exclusive), e.g. "
-                                             f"50,90,99.9; got {part!r}")
+            raise argparse.ArgumentTypeError(
+                f"each percentile must be a number between 0 and 100 (exclusive), e.g. 50,90,99.9; got {part!r}"
+            )
         values.append(value)
     if not values:
         raise argparse.ArgumentTypeError(f"expected percentiles, e.g. 50,90,99, got {text!r}")
@@ -94,26 +98,47 @@ def percentiles(text: str) -> tuple[float, ...]:
 
 def add_load_flags(load: argparse._MutuallyExclusiveGroup, parser: argparse.ArgumentParser) -> None:
     """vLLM's load flags: `--request-rate` beside our `--rate`/`--concurrency` (one of them), and the cap."""
-    load.add_argument("--request-rate", type=request_rate, metavar="R",
-                      help="open loop: requests per second, Poisson (gamma with --burstiness), as vLLM's "
-                      "--request-rate; each arrival sends the next ready request, a session's next turn first; "
-                      "inf sends every request as soon as it is ready")
-    parser.add_argument("--max-concurrency", type=at_least(1, MAX_CONCURRENCY), metavar="C",
-                        help="at most C requests in flight, a cap that combines with --request-rate or --rate (as "
-                        "vLLM's); requests past it wait, and TTFT from schedule counts the wait")
+    load.add_argument(
+        "--request-rate",
+        type=request_rate,
+        metavar="R",
+        help="open loop: requests per second, Poisson (gamma with --burstiness), as vLLM's "
+        "--request-rate; each arrival sends the next ready request, a session's next turn first; "
+        "inf sends every request as soon as it is ready",
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=at_least(1, MAX_CONCURRENCY),
+        metavar="C",
+        help="at most C requests in flight, a cap that combines with --request-rate or --rate (as "
+        "vLLM's); requests past it wait, and TTFT from schedule counts the wait",
+    )
 
 
 def add_report_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--goodput", nargs="+", type=goodput_pair, metavar="KEY:MS",
-                        help="goodput SLOs as vLLM's: ttft:MS tpot:MS e2el:MS (spaces or commas between); the "
-                        "table and summary.md show goodput req/s and the share of requests meeting them")
-    parser.add_argument("--percentile-metrics", type=metric_names, metavar="LIST",
-                        help=f"metrics whose percentiles the table shows: {','.join(PERCENTILE_METRICS)} "
-                        f"(default {','.join(DEFAULT_PERCENTILE_METRICS)}, as vLLM)")
-    parser.add_argument("--metric-percentiles", type=percentiles, metavar="LIST",
-                        help="percentiles shown for them, any 0 < p < 100 (default 99, as vLLM; the table then shows "
-                        "the median beside it, as vLLM's console does); 50, 90, 95 and 99 are in summary.json, "
-                        "others come from requests_metrics.jsonl")
+    parser.add_argument(
+        "--goodput",
+        nargs="+",
+        type=goodput_pair,
+        metavar="KEY:MS",
+        help="goodput SLOs as vLLM's: ttft:MS tpot:MS e2el:MS (spaces or commas between); the "
+        "table and summary.md show goodput req/s and the share of requests meeting them",
+    )
+    parser.add_argument(
+        "--percentile-metrics",
+        type=metric_names,
+        metavar="LIST",
+        help=f"metrics whose percentiles the table shows: {','.join(PERCENTILE_METRICS)} "
+        f"(default {','.join(DEFAULT_PERCENTILE_METRICS)}, as vLLM)",
+    )
+    parser.add_argument(
+        "--metric-percentiles",
+        type=percentiles,
+        metavar="LIST",
+        help="percentiles shown for them, any 0 < p < 100 (default 99, as vLLM; the table then shows "
+        "the median beside it, as vLLM's console does); 50, 90, 95 and 99 are in summary.json, "
+        "others come from requests_metrics.jsonl",
+    )
 
 
 def goodput_slo(args: argparse.Namespace) -> dict[str, float]:
@@ -133,8 +158,10 @@ def load_point(args: argparse.Namespace) -> dict | None:
     loop is refused (that cap is `--concurrency` itself)."""
     cap = {"max_concurrency": args.max_concurrency} if args.max_concurrency is not None else {}
     if args.max_concurrency is not None and args.concurrency is not None:
-        raise SettingsError("--max-concurrency caps an open loop (--request-rate or --rate); --concurrency is a "
-                            "closed loop's cap already: give one of them")
+        raise SettingsError(
+            "--max-concurrency caps an open loop (--request-rate or --rate); --concurrency is a "
+            "closed loop's cap already: give one of them"
+        )
     if args.request_rate is not None:
         rate = "inf" if math.isinf(args.request_rate) else args.request_rate
         return {"request_rate": rate, "burstiness": args.burstiness, **cap}
@@ -151,4 +178,6 @@ def percentile_columns(args: argparse.Namespace) -> dict[str, str]:
     """Summary-frame column -> table title for the percentiles the flags select, e.g. ttft_p99_ms: TTFT p99 ms."""
     names = args.percentile_metrics or DEFAULT_PERCENTILE_METRICS
     shown = args.metric_percentiles or TABLE_PERCENTILES
-    return {percentile_column(PERCENTILE_METRICS[name], p): f"{name.upper()} p{p:g} ms" for name in names for p in shown}
+    return {
+        percentile_column(PERCENTILE_METRICS[name], p): f"{name.upper()} p{p:g} ms" for name in names for p in shown
+    }

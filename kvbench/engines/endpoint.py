@@ -16,7 +16,6 @@ from kvbench.engines.http import request
 from kvbench.engines.prometheus import parse_samples
 from kvbench.settings import build
 
-
 # Where the engines kvbench knows reset their prefix cache, in the order probed (all POST): vLLM's (served with
 # VLLM_SERVER_DEV_MODE=1; our engine's is the same path, behind its admin key), then SGLang's.
 KNOWN_RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")
@@ -75,9 +74,14 @@ class EndpointAdapter:
         )
 
     def describe(self) -> Mapping[str, object]:
-        return {"kv_dtype": self.settings.kv_dtype, "url": self._base, "model": self._model,
-                "model_source": self._model_source, "reset_path": self._reset_path,
-                **({"cache_reset_note": self.reset_note} if self.reset_note else {})}
+        return {
+            "kv_dtype": self.settings.kv_dtype,
+            "url": self._base,
+            "model": self._model,
+            "model_source": self._model_source,
+            "reset_path": self._reset_path,
+            **({"cache_reset_note": self.reset_note} if self.reset_note else {}),
+        }
 
     @property
     def _admin_key(self) -> str | None:
@@ -90,7 +94,9 @@ class EndpointAdapter:
         deadline = time.monotonic() + min(timeout_s, self.settings.reachable_within_s)
         reply = None
         while True:
-            reply = request("GET", self._base + "/v1/models", timeout_s=min(5.0, timeout_s), api_key=self.settings.api_key)
+            reply = request(
+                "GET", self._base + "/v1/models", timeout_s=min(5.0, timeout_s), api_key=self.settings.api_key
+            )
             if reply.status is not None and reply.status < 500:
                 # It answers HTTP; a 401/404 here is the server's business, not unreachability, unless the
                 # model has to come from that answer.
@@ -112,8 +118,12 @@ class EndpointAdapter:
         server does not answer a list (wait_healthy reports an unreachable one)."""
         if self._model is None:
             return None
-        reply = request("GET", self._base + "/v1/models", timeout_s=min(5.0, self.settings.reachable_within_s),
-                        api_key=self.settings.api_key)
+        reply = request(
+            "GET",
+            self._base + "/v1/models",
+            timeout_s=min(5.0, self.settings.reachable_within_s),
+            api_key=self.settings.api_key,
+        )
         if reply.status != 200:
             return None
         try:
@@ -122,18 +132,23 @@ class EndpointAdapter:
             return None
         if self._model in served:
             return None
-        return (f"model {self._model!r} is not served at {self._base} (its /v1/models lists "
-                f"{', '.join(repr(name) for name in served)}): give --model {served[0]}")
+        return (
+            f"model {self._model!r} is not served at {self._base} (its /v1/models lists "
+            f"{', '.join(repr(name) for name in served)}): give --model {served[0]}"
+        )
 
     def _served_model(self, status: int, body: str) -> str:
         if status != 200:
-            raise EngineError(f"engine.endpoint: no model given and {self._base}/v1/models answered HTTP {status}; "
-                              "give --model (or settings.model)")
+            raise EngineError(
+                f"engine.endpoint: no model given and {self._base}/v1/models answered HTTP {status}; "
+                "give --model (or settings.model)"
+            )
         try:
             return served_models(body)[0]
         except ValueError as exc:
-            raise EngineError(f"engine.endpoint: no model given and {self._base}/v1/models {exc}; give --model "
-                              "(or settings.model)") from None
+            raise EngineError(
+                f"engine.endpoint: no model given and {self._base}/v1/models {exc}; give --model (or settings.model)"
+            ) from None
 
     def reset_cache(self) -> bool:
         """Empty the server's prefix cache; False when it cannot (no reset path, or none of the known ones
@@ -146,7 +161,9 @@ class EndpointAdapter:
             return False
         reply = request("POST", self._base + self._reset_path, api_key=self._admin_key)
         if not reply.ok or _refused(reply):
-            raise EngineError(f"cache reset {self._reset_path} failed: {reply.error or reply.status} {reply.body[:200]}")
+            raise EngineError(
+                f"cache reset {self._reset_path} failed: {reply.error or reply.status} {reply.body[:200]}"
+            )
         return True
 
     def _probe_reset_paths(self) -> str | None:

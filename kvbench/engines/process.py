@@ -27,8 +27,14 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 class ManagedProcess:
     """One server process. Its stdout and stderr go to `log_path`, which stays in the run folder."""
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None,
-                 scrub_prefixes: Sequence[str] = ()):
+    def __init__(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        cwd: Path | None = None,
+        scrub_prefixes: Sequence[str] = (),
+    ):
         self.command = list(command)
         self.env = dict(env)
         self.scrub_prefixes = tuple(scrub_prefixes)
@@ -103,7 +109,9 @@ class ManagedProcess:
         return process.returncode
 
 
-def child_environment(parent: Mapping[str, str], env: Mapping[str, str], scrub_prefixes: Sequence[str] = ()) -> dict[str, str]:
+def child_environment(
+    parent: Mapping[str, str], env: Mapping[str, str], scrub_prefixes: Sequence[str] = ()
+) -> dict[str, str]:
     """What a child sees: the parent's variables minus those starting with a scrubbed prefix, then `env` on top."""
     kept = {key: value for key, value in parent.items() if not key.startswith(tuple(scrub_prefixes))}
     return {**kept, **env}

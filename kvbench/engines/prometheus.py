@@ -34,7 +34,9 @@ def parse_samples(text: str) -> dict[str, float]:
     return samples
 
 
-def counter_deltas(before: Mapping[str, float], after: Mapping[str, float], prefixes: tuple[str, ...]) -> dict[str, float]:
+def counter_deltas(
+    before: Mapping[str, float], after: Mapping[str, float], prefixes: tuple[str, ...]
+) -> dict[str, float]:
     """after - before for the `_total` samples whose names start with one of `prefixes`.
 
     A counter present only after the run counts from zero (it was created during the run).

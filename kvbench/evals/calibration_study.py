@@ -37,7 +37,9 @@ def main() -> None:
     fp8 = [KVDtype.FP8_E4M3.value, KVDtype.FP8_E5M2.value]
     settings = [s for s in kv_settings([KVDtype.FP32.value, *fp8], SCALE_MODES) if s.quantized]
     baseline = kv_settings([KVDtype.FP32.value], [DEFAULT_SCALE_MODE.value])[0]
-    print(f"model {args.model}, {sum(len(w) - 1 for w in token_windows)} scored positions in windows of {args.window}\n")
+    print(
+        f"model {args.model}, {sum(len(w) - 1 for w in token_windows)} scored positions in windows of {args.window}\n"
+    )
     print("| calibration | margin | kv setting | KL (nats) | top-1 agreement | perplexity delta |")
     print("|---|---|---|---|---|---|")
     for source in args.sources.split(","):
@@ -46,8 +48,11 @@ def main() -> None:
             stats = divergence_pass(loaded, baseline, settings, token_windows, Calibration(source, margin))
             for setting in settings:
                 s = stats.get(setting.label, EMPTY)
-                print(f"| {source} | {margin:g} | {setting.label} | {s.kl:.2e} | {100 * s.top1_agreement:.1f}% | "
-                      f"{100 * s.perplexity_delta:+.2f}% |", flush=True)
+                print(
+                    f"| {source} | {margin:g} | {setting.label} | {s.kl:.2e} | {100 * s.top1_agreement:.1f}% | "
+                    f"{100 * s.perplexity_delta:+.2f}% |",
+                    flush=True,
+                )
             print(f"<!-- {source} margin {margin:g}: {time.monotonic() - started:.0f} s -->", flush=True)
 
 

@@ -1,13 +1,13 @@
 """How far a quantized-KV model's outputs drift from the unquantized one's: pure measures on logits and tokens.
 
-    exact (full vocabulary, in-process):   KL(P_base || P_kv) per position, summed in nats
-    approximate (top-k logprobs, HTTP):    KL over the baseline's top-k tokens plus one "rest" bucket; a token
-                                           missing from the other side's top-k gets that side's rest mass spread
-                                           over the vocabulary's remaining tokens (a lower bound on its logprob
-                                           would overstate KL; this is the even-spread guess)
-    top-1 agreement:                       argmax equal at a position
-    perplexity:                            exp(mean NLL of the true next token) under the KV setting
-    greedy generations:                    exact-match rate of whole generations, first divergent position
+exact (full vocabulary, in-process):   KL(P_base || P_kv) per position, summed in nats
+approximate (top-k logprobs, HTTP):    KL over the baseline's top-k tokens plus one "rest" bucket; a token
+                                       missing from the other side's top-k gets that side's rest mass spread
+                                       over the vocabulary's remaining tokens (a lower bound on its logprob
+                                       would overstate KL; this is the even-spread guess)
+top-1 agreement:                       argmax equal at a position
+perplexity:                            exp(mean NLL of the true next token) under the KV setting
+greedy generations:                    exact-match rate of whole generations, first divergent position
 """
 
 from __future__ import annotations
@@ -48,9 +48,13 @@ class DivergenceStats:
         return math.exp((self.nll_sum - self.base_nll_sum) / self.positions) - 1.0
 
     def __add__(self, other: DivergenceStats) -> DivergenceStats:
-        return DivergenceStats(self.positions + other.positions, self.kl_sum + other.kl_sum,
-                               self.top1_matches + other.top1_matches, self.nll_sum + other.nll_sum,
-                               self.base_nll_sum + other.base_nll_sum)
+        return DivergenceStats(
+            self.positions + other.positions,
+            self.kl_sum + other.kl_sum,
+            self.top1_matches + other.top1_matches,
+            self.nll_sum + other.nll_sum,
+            self.base_nll_sum + other.base_nll_sum,
+        )
 
 
 EMPTY = DivergenceStats(0, 0.0, 0, 0.0, 0.0)
@@ -72,8 +76,13 @@ class PositionScores:
 
     @property
     def stats(self) -> DivergenceStats:
-        return DivergenceStats(int(self.position.size), float(self.kl.sum()), int(self.top1_match.sum()),
-                               float(self.nll.sum()), float(self.base_nll.sum()))
+        return DivergenceStats(
+            int(self.position.size),
+            float(self.kl.sum()),
+            int(self.top1_match.sum()),
+            float(self.nll.sum()),
+            float(self.base_nll.sum()),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,13 +104,17 @@ class Reference:
         return cls(log_probs, log_probs.exp(), base.argmax(-1), targets, (-log_probs[rows, targets]).numpy())
 
 
-def compare_positions(base: torch.Tensor | Reference, new: torch.Tensor, targets: torch.Tensor | None = None) -> PositionScores:
+def compare_positions(
+    base: torch.Tensor | Reference, new: torch.Tensor, targets: torch.Tensor | None = None
+) -> PositionScores:
     """Exact per-position measures from full logits `[n, vocab]`; `targets [n]` are the true next tokens
     (or `base` is a `Reference` that holds them)."""
     ref = base if isinstance(base, Reference) else Reference.of(base, targets)
     if ref.log_probs.shape != new.shape:
-        raise ValueError(f"logits {tuple(ref.log_probs.shape)} vs {tuple(new.shape)} and targets "
-                         f"{tuple(ref.targets.shape)} must align")
+        raise ValueError(
+            f"logits {tuple(ref.log_probs.shape)} vs {tuple(new.shape)} and targets "
+            f"{tuple(ref.targets.shape)} must align"
+        )
     new_lp = torch.log_softmax(new.double(), dim=-1)
     kl = (ref.probs * (ref.log_probs - new_lp)).sum(-1).clamp_min(0.0)  # rounding can make an exact 0 slightly < 0
     rows = torch.arange(ref.targets.shape[0])
@@ -181,5 +194,9 @@ def compare_generations(base: Sequence[Sequence[int]], new: Sequence[Sequence[in
         matches += list(reference) == list(other)
         firsts.append(first)
         compared += len(reference)
-        prefix += len(reference) if first is None and len(reference) == len(other) else (first if first is not None else length)
+        prefix += (
+            len(reference)
+            if first is None and len(reference) == len(other)
+            else (first if first is not None else length)
+        )
     return GreedyStats(len(base), matches, tuple(firsts), compared, prefix)

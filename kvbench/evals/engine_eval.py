@@ -21,8 +21,8 @@ from pathlib import Path
 from kvbench.engines.base import EngineError
 from kvbench.evals.divergence import DivergenceStats
 from kvbench.evals.engine_kv import EngineKVSetting
-from kvbench.evals.kv_settings import baseline_of
 from kvbench.evals.http_divergence import METHOD, PromptLogprobs, compare_prompt_logprobs, fetch_prompt_logprobs
+from kvbench.evals.kv_settings import baseline_of
 from kvbench.evals.lm_eval_run import LMEvalOptions, TaskScore, run_lm_eval
 from kvbench.measure.run_folder import engine_dir
 from kvbench.settings import SettingsError
@@ -59,8 +59,14 @@ class EngineEvalResult:
 
 
 def run_engine_settings(
-    config, settings: Sequence[EngineKVSetting], build_adapter: Callable, tokenizer: Path, windows: Sequence[Sequence[int]],
-    vocab_size: int, run_dir: Path, progress: Callable[[str], None],
+    config,
+    settings: Sequence[EngineKVSetting],
+    build_adapter: Callable,
+    tokenizer: Path,
+    windows: Sequence[Sequence[int]],
+    vocab_size: int,
+    run_dir: Path,
+    progress: Callable[[str], None],
 ) -> EngineEvalResult:
     """Serve every setting in turn and measure it; `build_adapter(setting)` makes its adapter."""
     result = EngineEvalResult()
@@ -86,21 +92,29 @@ def run_engine_settings(
                 continue
             if config.lm_eval:
                 progress(f"lm-eval: {setting.label}")
-                options = LMEvalOptions(tokenizer=tokenizer, model_name=adapter.endpoint.model, limit=config.limit,
-                                        num_concurrent=config.num_concurrent)
-                result.scores[setting.label] = tuple(run_lm_eval(adapter.endpoint.base_url, config.tasks, options,
-                                                                 engine_dir(run_dir, setting.label)))
+                options = LMEvalOptions(
+                    tokenizer=tokenizer,
+                    model_name=adapter.endpoint.model,
+                    limit=config.limit,
+                    num_concurrent=config.num_concurrent,
+                )
+                result.scores[setting.label] = tuple(
+                    run_lm_eval(adapter.endpoint.base_url, config.tasks, options, engine_dir(run_dir, setting.label))
+                )
             if wants_logprobs:
                 progress(f"divergence: prompt logprobs of {len(windows)} windows, {setting.label}")
-                logprobs[setting.label] = [fetch_prompt_logprobs(adapter.endpoint.base_url, adapter.endpoint.model, w)
-                                           for w in windows]
+                logprobs[setting.label] = [
+                    fetch_prompt_logprobs(adapter.endpoint.base_url, adapter.endpoint.model, w) for w in windows
+                ]
         finally:
             adapter.stop()
             if server is not None and server.help_text:
                 helps.setdefault(help_key, server.help_text)
     if logprobs:
-        result.divergence = {label: compare_prompt_logprobs(logprobs[baseline.label], values, vocab_size)
-                             for label, values in logprobs.items()}
+        result.divergence = {
+            label: compare_prompt_logprobs(logprobs[baseline.label], values, vocab_size)
+            for label, values in logprobs.items()
+        }
         result.method = METHOD
     elif config.divergence:
         progress(f"divergence: skipped, {config.engine} returns no prompt logprobs (lm-eval results only)")
@@ -115,5 +129,6 @@ def _start(adapter, config, setting: EngineKVSetting, run_dir: Path) -> None:
         log = engine_dir(run_dir, setting.label) / "engine.log"
         reason = refusal_reason(log.read_text(errors="replace")) if log.exists() else None
         reason = reason or str(exc).splitlines()[0]
-        raise EngineRefused(f"{config.engine} cannot serve {setting.setting}={setting.kv_dtype}: {reason} "
-                            f"(its log: {log})") from None
+        raise EngineRefused(
+            f"{config.engine} cannot serve {setting.setting}={setting.kv_dtype}: {reason} (its log: {log})"
+        ) from None

@@ -53,8 +53,9 @@ def vocabulary_of(engine: str) -> KVVocabulary:
 
     vocabulary = getattr(engine_factory(engine), "kv_vocabulary", None)
     if vocabulary is None:
-        raise SettingsError(f"engine: {engine} has no KV settings kvbench eval can vary; use kvengine, vllm, "
-                            "sglang, lmcache or trtllm")
+        raise SettingsError(
+            f"engine: {engine} has no KV settings kvbench eval can vary; use kvengine, vllm, sglang, lmcache or trtllm"
+        )
     return vocabulary
 
 
@@ -68,10 +69,15 @@ def settings_for(engine: str, dtypes: Sequence[str], scales: Sequence[str]) -> t
         dtypes = (vocabulary.unquantized[0], *(d for d in ("fp8", "fp8_e4m3", "fp8_e5m2") if d in vocabulary.dtypes))
     bad = [dtype for dtype in dtypes if dtype not in vocabulary.dtypes]
     if bad or not dtypes:
-        raise SettingsError(f"kv_dtype: {', '.join(bad) or 'empty list'} not valid for {engine}; use some of "
-                            f"{', '.join(vocabulary.dtypes)} ({engine}'s {vocabulary.setting})")
+        raise SettingsError(
+            f"kv_dtype: {', '.join(bad) or 'empty list'} not valid for {engine}; use some of "
+            f"{', '.join(vocabulary.dtypes)} ({engine}'s {vocabulary.setting})"
+        )
     if not any(dtype in vocabulary.unquantized for dtype in dtypes):
-        raise SettingsError(f"kv_dtype: {', '.join(dtypes)} has no unquantized baseline for {engine}; add "
-                            f"{' or '.join(vocabulary.unquantized)} (first, normally)")
-    return tuple(EngineKVSetting(dtype, vocabulary.setting, vocabulary.quantized(dtype)) for dtype in dict.fromkeys(dtypes))
-
+        raise SettingsError(
+            f"kv_dtype: {', '.join(dtypes)} has no unquantized baseline for {engine}; add "
+            f"{' or '.join(vocabulary.unquantized)} (first, normally)"
+        )
+    return tuple(
+        EngineKVSetting(dtype, vocabulary.setting, vocabulary.quantized(dtype)) for dtype in dict.fromkeys(dtypes)
+    )

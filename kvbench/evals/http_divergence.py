@@ -40,9 +40,13 @@ def parse_prompt_logprobs(tokens: Sequence[int], answer: Mapping, top_k: int = T
     try:
         positions = answer["choices"][0]["prompt_logprobs"]
     except (KeyError, IndexError, TypeError):
-        raise EngineError("the engine's answer has no choices[0].prompt_logprobs (does it support prompt_logprobs?)") from None
+        raise EngineError(
+            "the engine's answer has no choices[0].prompt_logprobs (does it support prompt_logprobs?)"
+        ) from None
     if positions is None or len(positions) != len(tokens):
-        raise EngineError(f"prompt_logprobs: expected {len(tokens)} positions, got {None if positions is None else len(positions)}")
+        raise EngineError(
+            f"prompt_logprobs: expected {len(tokens)} positions, got {None if positions is None else len(positions)}"
+        )
     top, own = [], []
     for token, entries in zip(tokens[1:], positions[1:]):
         parsed = {int(key): value for key, value in entries.items()}
@@ -51,16 +55,21 @@ def parse_prompt_logprobs(tokens: Sequence[int], answer: Mapping, top_k: int = T
     return PromptLogprobs(tuple(tokens), tuple(top), tuple(own))
 
 
-def fetch_prompt_logprobs(base_url: str, model: str, tokens: Sequence[int], top_k: int = TOP_K,
-                          api_key: str | None = None) -> PromptLogprobs:
+def fetch_prompt_logprobs(
+    base_url: str, model: str, tokens: Sequence[int], top_k: int = TOP_K, api_key: str | None = None
+) -> PromptLogprobs:
     body = {"model": model, "prompt": list(tokens), "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": top_k}
     reply = request("POST", f"{base_url}/v1/completions", timeout_s=600, api_key=api_key, json_body=body)
     if not reply.ok:
-        raise EngineError(f"prompt logprobs request failed: {reply.error or ''} HTTP {reply.status} {reply.body[:300]!r}")
+        raise EngineError(
+            f"prompt logprobs request failed: {reply.error or ''} HTTP {reply.status} {reply.body[:300]!r}"
+        )
     return parse_prompt_logprobs(tokens, json.loads(reply.body), top_k)
 
 
-def compare_prompt_logprobs(base: Sequence[PromptLogprobs], new: Sequence[PromptLogprobs], vocab_size: int) -> DivergenceStats:
+def compare_prompt_logprobs(
+    base: Sequence[PromptLogprobs], new: Sequence[PromptLogprobs], vocab_size: int
+) -> DivergenceStats:
     """Divergence of `new` from `base`, window by window (the same windows, in order)."""
     total = EMPTY
     for reference, other in zip(base, new, strict=True):

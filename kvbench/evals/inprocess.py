@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.model import fp8
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
@@ -24,6 +23,7 @@ from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.evals.divergence import EMPTY, DivergenceStats, PositionScores, Reference, compare_positions
 from kvbench.evals.kv_settings import KVSetting
 from kvbench.evals.passkey import PasskeyPrompt, retrieved
@@ -46,16 +46,22 @@ class Calibration:
 ENGINE_CALIBRATION = Calibration()
 
 
-def setting_scales(loaded: LoadedModel, setting: KVSetting, calibration: Calibration = ENGINE_CALIBRATION,
-                   ids: Sequence[int] = ()) -> KVScales:
+def setting_scales(
+    loaded: LoadedModel, setting: KVSetting, calibration: Calibration = ENGINE_CALIBRATION, ids: Sequence[int] = ()
+) -> KVScales:
     """The static scales `setting` is served with: from the engine's calibration text, or (source "window")
     from `ids`. Computed once per setting and pass: each is a forward over the calibration text."""
     calib_ids = calibration_token_ids(loaded.tokenizer) if calibration.source == "engine" else list(ids)
     return calibrate_kv_scales(loaded.model, calib_ids, setting.kv_format, margin=calibration.margin)
 
 
-def window_logits(loaded: LoadedModel, setting: KVSetting, ids: Sequence[int],
-                  calibration: Calibration = ENGINE_CALIBRATION, scales: KVScales | None = None) -> torch.Tensor:
+def window_logits(
+    loaded: LoadedModel,
+    setting: KVSetting,
+    ids: Sequence[int],
+    calibration: Calibration = ENGINE_CALIBRATION,
+    scales: KVScales | None = None,
+) -> torch.Tensor:
     """Logits `[len(ids), vocab]` (fp32) of one window run from an empty cache in `setting`'s KV format.
 
     A setting with a `new_cache(config, num_pages, page_size, device, compute_dtype)` method (a test
@@ -69,8 +75,9 @@ def window_logits(loaded: LoadedModel, setting: KVSetting, ids: Sequence[int],
     if hasattr(setting, "new_cache"):
         cache = setting.new_cache(loaded.config, num_pages, DEFAULT_PAGE_SIZE, device, dtype)
     else:
-        cache = PagedKVCache(loaded.config, num_pages, DEFAULT_PAGE_SIZE, setting.kv_format, device, scales=scales,
-                             compute_dtype=dtype)
+        cache = PagedKVCache(
+            loaded.config, num_pages, DEFAULT_PAGE_SIZE, setting.kv_format, device, scales=scales, compute_dtype=dtype
+        )
     chunk = SequenceChunk(list(ids), 0, range(num_pages))
     batch = ForwardBatch.build([chunk], DEFAULT_PAGE_SIZE, all_logits=True, device=device)
     with torch.inference_mode():
@@ -130,14 +137,21 @@ def divergence_pass(
 EVAL_PREFILL_BESIDE_DECODES = 128
 
 
-def greedy_generations(loaded: LoadedModel, model_name: str, setting: KVSetting,
-                       prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
+def greedy_generations(
+    loaded: LoadedModel, model_name: str, setting: KVSetting, prompts: Sequence[Sequence[int]], max_tokens: int
+) -> list[list[int]]:
     """Greedy (temperature 0) outputs of `prompts` from a fresh `Engine` in `setting`, exactly `max_tokens` each."""
     longest = max(len(prompt) for prompt in prompts) + max_tokens
     engine = Engine(
-        EngineConfig(model=model_name, kv_dtype=setting.kv_dtype, kv_scale=setting.kv_scale,
-                     kv_capacity=max(longest * len(prompts), 1024), prefix_caching=False,
-                     max_model_len=max(longest, 64), max_prefill_beside_decodes=EVAL_PREFILL_BESIDE_DECODES),
+        EngineConfig(
+            model=model_name,
+            kv_dtype=setting.kv_dtype,
+            kv_scale=setting.kv_scale,
+            kv_capacity=max(longest * len(prompts), 1024),
+            prefix_caching=False,
+            max_model_len=max(longest, 64),
+            max_prefill_beside_decodes=EVAL_PREFILL_BESIDE_DECODES,
+        ),
         loaded=loaded,
     )
     outputs: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
@@ -163,9 +177,14 @@ def corpus_prompts(ids: Sequence[int], count: int, prompt_tokens: int) -> list[l
     return [ids[start % span : start % span + prompt_tokens] for start in starts]
 
 
-def passkey_pass(loaded: LoadedModel, baseline: KVSetting, settings: Sequence[KVSetting],
-                 prompts: Sequence[PasskeyPrompt], keep: Callable[[Sequence[bool]], bool],
-                 on_prompt: Callable[[str], None] | None = None) -> dict[str, dict[int, list[bool]]]:
+def passkey_pass(
+    loaded: LoadedModel,
+    baseline: KVSetting,
+    settings: Sequence[KVSetting],
+    prompts: Sequence[PasskeyPrompt],
+    keep: Callable[[Sequence[bool]], bool],
+    on_prompt: Callable[[str], None] | None = None,
+) -> dict[str, dict[int, list[bool]]]:
     """Retrieval of every prompt, per setting and length. The baseline runs first on every length; the other
     settings run only on the lengths whose baseline outcomes `keep` accepts (a length the baseline fails at
     says nothing about a KV format)."""

@@ -48,8 +48,9 @@ class Items:
         return int(self.positions.size)
 
 
-def make_items(scores: Sequence[PositionScores], block: int = DEFAULT_BLOCK, low: int = 0,
-               high: int | None = None) -> Items:
+def make_items(
+    scores: Sequence[PositionScores], block: int = DEFAULT_BLOCK, low: int = 0, high: int | None = None
+) -> Items:
     """Blocks of `block` positions of every window, keeping positions in [low, high) only."""
     sums: list[list[float]] = [[] for _ in range(7)]
     flips_base, flips_new = [], []
@@ -58,8 +59,18 @@ def make_items(scores: Sequence[PositionScores], block: int = DEFAULT_BLOCK, low
         index = np.flatnonzero(keep)
         for start in range(0, index.size, block):
             part = index[start : start + block]
-            for column, values in zip(sums, (np.ones(part.size), window.kl[part], window.nll[part], window.base_nll[part],
-                                             window.top1_match[part], window.correct[part], window.base_correct[part])):
+            for column, values in zip(
+                sums,
+                (
+                    np.ones(part.size),
+                    window.kl[part],
+                    window.nll[part],
+                    window.base_nll[part],
+                    window.top1_match[part],
+                    window.correct[part],
+                    window.base_correct[part],
+                ),
+            ):
                 column.append(float(np.sum(values)))
         flips_base.append(window.base_correct[index])
         flips_new.append(window.correct[index])
@@ -90,16 +101,32 @@ def direct_metrics(items: Items) -> list[DirectMetric]:
     base_acc = items.base_correct.sum() / n
     out = [
         DirectMetric("kl", float(items.kl.sum() / n), 0.0, paired_ratio(items.kl, items.positions), "value"),
-        DirectMetric("top1_agreement", float(items.matches.sum() / n), 1.0,
-                     paired_ratio(items.matches - items.positions, items.positions, transform=_pct), "delta_pct"),
-        DirectMetric("perplexity", float(np.exp(items.nll.sum() / n)), float(np.exp(items.base_nll.sum() / n)),
-                     paired_ratio(nll_diff, items.positions, transform=lambda x: 100.0 * np.expm1(-x)),
-                     "delta_pct"),
+        DirectMetric(
+            "top1_agreement",
+            float(items.matches.sum() / n),
+            1.0,
+            paired_ratio(items.matches - items.positions, items.positions, transform=_pct),
+            "delta_pct",
+        ),
+        DirectMetric(
+            "perplexity",
+            float(np.exp(items.nll.sum() / n)),
+            float(np.exp(items.base_nll.sum() / n)),
+            paired_ratio(nll_diff, items.positions, transform=lambda x: 100.0 * np.expm1(-x)),
+            "delta_pct",
+        ),
     ]
     if items.base_correct.sum() > 0:
-        out.append(DirectMetric("next_token_acc", float(items.correct.sum() / n), float(base_acc),
-                                paired_ratio(items.correct - items.base_correct, items.base_correct, transform=_pct),
-                                "delta_pct", mcnemar_exact(items.flips_base, items.flips_new)))
+        out.append(
+            DirectMetric(
+                "next_token_acc",
+                float(items.correct.sum() / n),
+                float(base_acc),
+                paired_ratio(items.correct - items.base_correct, items.base_correct, transform=_pct),
+                "delta_pct",
+                mcnemar_exact(items.flips_base, items.flips_new),
+            )
+        )
     return out
 
 

@@ -45,10 +45,13 @@ def exact_kv(loaded: LoadedModel, ids: Sequence[int]) -> tuple[torch.Tensor, tor
     config, model = loaded.config, loaded.model
     num_pages = -(-len(ids) // DEFAULT_PAGE_SIZE)
     device = model.lm_head.weight.device
-    cache = PagedKVCache(config, num_pages, DEFAULT_PAGE_SIZE, KVFormat(KVDtype.FP32), device,
-                         compute_dtype=model.lm_head.weight.dtype)
+    cache = PagedKVCache(
+        config, num_pages, DEFAULT_PAGE_SIZE, KVFormat(KVDtype.FP32), device, compute_dtype=model.lm_head.weight.dtype
+    )
     with torch.inference_mode():
-        model(ForwardBatch.build([SequenceChunk(list(ids), 0, range(num_pages))], DEFAULT_PAGE_SIZE, device=device), cache)
+        model(
+            ForwardBatch.build([SequenceChunk(list(ids), 0, range(num_pages))], DEFAULT_PAGE_SIZE, device=device), cache
+        )
     L, H, D = config.num_layers, config.num_kv_heads, config.head_dim
     n = len(ids)
     return cache.k_data.reshape(L, -1, H, D)[:, :n].float(), cache.v_data.reshape(L, -1, H, D)[:, :n].float()
@@ -66,9 +69,13 @@ def layer_errors(loaded: LoadedModel, settings: Sequence[KVSetting], ids: Sequen
             for layer in range(x.shape[0]):
                 payload, shift = fp8.encode(setting.kv_format, x[layer], scale[layer])
                 back = fp8.decode(setting.kv_format, payload, shift, scale[layer], torch.float32)
-                err = (back - x[layer]).pow(2).sum(dim=(0, 2)).sqrt() / x[layer].pow(2).sum(dim=(0, 2)).sqrt().clamp_min(1e-12)
+                err = (back - x[layer]).pow(2).sum(dim=(0, 2)).sqrt() / x[layer].pow(2).sum(
+                    dim=(0, 2)
+                ).sqrt().clamp_min(1e-12)
                 rms = x[layer].pow(2).mean(dim=(0, 2)).sqrt().clamp_min(1e-12)
                 peak = x[layer].abs().amax(dim=(0, 2))
                 for head in range(x.shape[2]):
-                    out.append(LayerError(setting.label, name, layer, head, float(err[head]), float(peak[head] / rms[head])))
+                    out.append(
+                        LayerError(setting.label, name, layer, head, float(err[head]), float(peak[head] / rms[head]))
+                    )
     return out

@@ -101,7 +101,8 @@ def load_tasks(names: Sequence[str], manager) -> list:
                 f"lm-eval task {name}: its data is not in this machine's Hugging Face datasets cache and the hub "
                 f"cannot give it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}). Fix: run this eval once "
                 "where huggingface.co is reachable (the cache is then reused offline), or copy a filled cache here "
-                f"and set HF_DATASETS_CACHE to it, or use a shipped task: {', '.join(TASKS)}") from None
+                f"and set HF_DATASETS_CACHE to it, or use a shipped task: {', '.join(TASKS)}"
+            ) from None
         loaded.extend([name] if found.get("groups") else found["tasks"].values())
     return loaded
 
@@ -122,8 +123,17 @@ def scores_from_results(results: Mapping) -> list[TaskScore]:
             stderr = values.get(f"{metric}_stderr,{filter_name}")
             stderr = float(stderr) if isinstance(stderr, (int, float)) and math.isfinite(stderr) else None
             better = directions.get(metric)
-            out.append(TaskScore(task, metric, float(value), stderr, samples, _per_doc(logged, metric, filter_name),
-                                 better if isinstance(better, bool) else None))
+            out.append(
+                TaskScore(
+                    task,
+                    metric,
+                    float(value),
+                    stderr,
+                    samples,
+                    _per_doc(logged, metric, filter_name),
+                    better if isinstance(better, bool) else None,
+                )
+            )
     return out
 
 

@@ -53,8 +53,15 @@ class PairedDelta:
         return self.ci_low is not None and self.ci_high is not None and (self.ci_low > 0 or self.ci_high < 0)
 
 
-def paired_ratio(numerator: np.ndarray, denominator: np.ndarray, *, transform=None, resamples: int = RESAMPLES,
-                 confidence: float = CONFIDENCE, seed: int = SEED) -> PairedDelta:
+def paired_ratio(
+    numerator: np.ndarray,
+    denominator: np.ndarray,
+    *,
+    transform=None,
+    resamples: int = RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = SEED,
+) -> PairedDelta:
     """sum(numerator) / sum(denominator) over items (per-item arrays), optionally through `transform`
     (e.g. `lambda x: np.expm1(x)` for a relative perplexity change from a mean NLL difference), with a
     bootstrap interval over items. The numerator is already the paired difference where a delta is wanted."""
@@ -80,8 +87,9 @@ def paired_mean_difference(new: np.ndarray, base: np.ndarray, **options) -> Pair
     return paired_ratio(new - base, np.ones_like(new), **options)
 
 
-def paired_binary_difference(base_correct: np.ndarray, new_correct: np.ndarray,
-                             confidence: float = CONFIDENCE) -> PairedDelta:
+def paired_binary_difference(
+    base_correct: np.ndarray, new_correct: np.ndarray, confidence: float = CONFIDENCE
+) -> PairedDelta:
     """mean(new) - mean(base) over paired 0/1 outcomes, with Bonett & Price's (2012) adjusted Wald interval.
 
     The bootstrap of paired 0/1 items has no width when nothing flipped: 40 documents without a flip would read

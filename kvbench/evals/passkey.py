@@ -15,8 +15,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-INSTRUCTION = ("There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
-               "memorize it. I will quiz you about it.\n\n")
+INSTRUCTION = (
+    "There is an important piece of information hidden inside a lot of irrelevant text. Find it and "
+    "memorize it. I will quiz you about it.\n\n"
+)
 NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key. "
 QUESTION = "\n\nWhat is the pass key? The pass key is "  # the space is its own token before digits
 ANSWER = "{key}"
@@ -34,8 +36,13 @@ class PasskeyPrompt:
     answer_start: int
 
 
-def passkey_prompts(encode: Callable[[str], list[int]], haystack: Sequence[int], lengths: Sequence[int],
-                    depths: Sequence[float] = DEPTHS, seed: int = 0) -> list[PasskeyPrompt]:
+def passkey_prompts(
+    encode: Callable[[str], list[int]],
+    haystack: Sequence[int],
+    lengths: Sequence[int],
+    depths: Sequence[float] = DEPTHS,
+    seed: int = 0,
+) -> list[PasskeyPrompt]:
     """One prompt per (length, depth), each with its own 5-digit key and its own stretch of the haystack.
 
     `encode` turns text into token ids without special tokens; `haystack` is the corpus as token ids."""

@@ -30,8 +30,11 @@ def _figure(path: Path, panels: int, title: str, width: float = 4.2, tight: bool
 def position_plot(rows: Sequence, path: Path) -> None:
     """KL, top-1 agreement and perplexity change (each with its 95% interval) per context-position bucket,
     one line per setting, from MetricRows whose source is "pos LOW-HIGH"."""
-    panels = (("kl", "KL (nats)", "value"), ("top1_agreement", "top-1 agreement delta %", "delta_pct"),
-              ("perplexity", "perplexity change % (neg = worse)", "delta_pct"))
+    panels = (
+        ("kl", "KL (nats)", "value"),
+        ("top1_agreement", "top-1 agreement delta %", "delta_pct"),
+        ("perplexity", "perplexity change % (neg = worse)", "delta_pct"),
+    )
     settings = list(dict.fromkeys(row.setting for row in rows))
     with _figure(path, len(panels), "Quality by context position (95% paired bootstrap intervals)") as (_, axes):
         for axis, (name, label, kind) in zip(axes, panels):
@@ -43,8 +46,15 @@ def position_plot(rows: Sequence, path: Path) -> None:
                 value = np.array([(r.value if kind == "value" else r.delta_pct) or 0.0 for r in mine])
                 low = np.array([r.ci_low if r.ci_low is not None else np.nan for r in mine])
                 high = np.array([r.ci_high if r.ci_high is not None else np.nan for r in mine])
-                axis.errorbar(mids, value, yerr=[np.abs(value - low), np.abs(high - value)], marker="o", ms=3,
-                              capsize=2, label=setting)
+                axis.errorbar(
+                    mids,
+                    value,
+                    yerr=[np.abs(value - low), np.abs(high - value)],
+                    marker="o",
+                    ms=3,
+                    capsize=2,
+                    label=setting,
+                )
             axis.set_xscale("log", base=2)
             axis.set_xlabel("context position (tokens seen)")
             axis.set_ylabel(label)

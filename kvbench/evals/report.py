@@ -14,13 +14,25 @@ import pandas as pd
 
 from kvbench.evals.paired import CLAIM_PCT
 from kvbench.evals.results import (
-    SettingResult, baseline_frame, claims_frame, eval_json, layer_frames, metric_rows, position_rows, summary_frame,
+    SettingResult,
+    baseline_frame,
+    claims_frame,
+    eval_json,
+    layer_frames,
+    metric_rows,
+    position_rows,
+    summary_frame,
 )
 from kvbench.measure.run_folder import EVAL_CSV, EVAL_JSON, EVAL_MD, EVAL_POSITIONS_PNG, EVAL_SUMMARY_CSV
 
 
-def write_tables(results: Sequence[SettingResult], baseline: str, run_dir: Path,
-                 notes: Mapping[str, str] | None = None, sections: Sequence[str] = ()) -> dict[str, Path]:
+def write_tables(
+    results: Sequence[SettingResult],
+    baseline: str,
+    run_dir: Path,
+    notes: Mapping[str, str] | None = None,
+    sections: Sequence[str] = (),
+) -> dict[str, Path]:
     """Write eval.md, eval.csv, eval_summary.csv, eval.json (and eval_positions.png when there are position
     buckets) into `run_dir`; `sections` are extra markdown blocks placed before "Every metric"."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -37,42 +49,76 @@ def write_tables(results: Sequence[SettingResult], baseline: str, run_dir: Path,
     lines += ["", "## Summary", "", _markdown(summary, _summary_format), ""]
     refused = [r for r in results if r.refused]
     if refused:
-        lines += ["## Settings the engine refused", "", "Nothing was measured for them; the reason is the engine's.",
-                  "", *[f"- {r.label}: {r.refused}" for r in refused], ""]
+        lines += [
+            "## Settings the engine refused",
+            "",
+            "Nothing was measured for them; the reason is the engine's.",
+            "",
+            *[f"- {r.label}: {r.refused}" for r in refused],
+            "",
+        ]
     base_table = baseline_frame(results, baseline)
     if not base_table.empty:
-        lines += ["## The baseline's own scores", "", "A task whose baseline is at or below chance cannot show a "
-                  "loss; passkey lengths where the baseline fails are not run for the other settings.", "",
-                  _markdown(base_table, _row_format), ""]
+        lines += [
+            "## The baseline's own scores",
+            "",
+            "A task whose baseline is at or below chance cannot show a "
+            "loss; passkey lengths where the baseline fails are not run for the other settings.",
+            "",
+            _markdown(base_table, _row_format),
+            "",
+        ]
     claims = claims_frame(all_rows, baseline)
     if not claims.empty:
-        lines += [f"## Paired deltas with 95% intervals (the claim tested: loss < {CLAIM_PCT:g}%)", "",
-                  "delta % is signed (negative = worse). `detectable_pct` is the interval's half-width: roughly the "
-                  "smallest change this run can tell from zero; `items_for_claim`: the items a run needs for a half-width of "
-                  f"{CLAIM_PCT:g}% at the observed per-item variance. An interval wider than the claim reads "
-                  "'cannot resolve', never 'no loss'. p_mcnemar: exact test on items that flipped.", "",
-                  _markdown(claims, _row_format), ""]
+        lines += [
+            f"## Paired deltas with 95% intervals (the claim tested: loss < {CLAIM_PCT:g}%)",
+            "",
+            "delta % is signed (negative = worse). `detectable_pct` is the interval's half-width: roughly the "
+            "smallest change this run can tell from zero; `items_for_claim`: the items a run needs for a half-width of "
+            f"{CLAIM_PCT:g}% at the observed per-item variance. An interval wider than the claim reads "
+            "'cannot resolve', never 'no loss'. p_mcnemar: exact test on items that flipped.",
+            "",
+            _markdown(claims, _row_format),
+            "",
+        ]
     if positions:
         paths[EVAL_POSITIONS_PNG] = run_dir / EVAL_POSITIONS_PNG
         from kvbench.evals.plots import position_plot
 
         position_plot(positions, paths[EVAL_POSITIONS_PNG])
         frame = pd.DataFrame([row.__dict__ for row in positions])
-        lines += ["## By context position (tokens already seen)", "", f"![positions]({EVAL_POSITIONS_PNG})", "",
-                  _markdown(frame[["setting", "source", "name", "value", "delta_pct", "ci_low", "ci_high", "ci_of",
-                                   "items"]], _row_format), ""]
+        lines += [
+            "## By context position (tokens already seen)",
+            "",
+            f"![positions]({EVAL_POSITIONS_PNG})",
+            "",
+            _markdown(
+                frame[["setting", "source", "name", "value", "delta_pct", "ci_low", "ci_high", "ci_of", "items"]],
+                _row_format,
+            ),
+            "",
+        ]
     lines += list(sections)
-    lines += ["## Every metric", "",
-              "delta % is signed: negative = worse than the baseline (perplexity and KL: lower is better). ci_low/"
-              "ci_high bound `ci_of` (the delta % where there is one, else the value).", "",
-              _markdown(rows, _row_format), ""]
+    lines += [
+        "## Every metric",
+        "",
+        "delta % is signed: negative = worse than the baseline (perplexity and KL: lower is better). ci_low/"
+        "ci_high bound `ci_of` (the delta % where there is one, else the value).",
+        "",
+        _markdown(rows, _row_format),
+        "",
+    ]
     paths[EVAL_MD].write_text("\n".join(lines))
     return paths
 
 
 def _summary_format(column: str, value: object) -> str:
-    if column in ("top1_agreement", "greedy_exact_match", "next_token_acc") or column.endswith("/acc") \
-            or column.endswith("/acc_norm") or column.endswith("/exact_match"):
+    if (
+        column in ("top1_agreement", "greedy_exact_match", "next_token_acc")
+        or column.endswith("/acc")
+        or column.endswith("/acc_norm")
+        or column.endswith("/exact_match")
+    ):
         return f"{100 * value:.1f}%"
     if column.endswith("_pct"):
         return f"{value:+.2f}%"
@@ -100,8 +146,10 @@ def _markdown(frame: pd.DataFrame, fmt) -> str:
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
     body = []
     for _, row in frame.iterrows():
-        cells = ["n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt(column, value)
-                 for column, value in row.items()]
+        cells = [
+            "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt(column, value)
+            for column, value in row.items()
+        ]
         body.append("| " + " | ".join(cells) + " |")
     return "\n".join([header, rule, *body])
 
@@ -120,13 +168,22 @@ def write_layer_profile(errors: Sequence, run_dir: Path) -> str:
         maps[f"{setting} {tensor}"] = group.pivot(index="layer", columns="head", values="rel_error").to_numpy()
     layer_plot(maps, run_dir / EVAL_LAYERS_PNG, "Relative K/V quantisation error per layer (rows) and KV head")
     summary, gains = layer_frames(errors)
-    lines = ["## Where the quantisation error lives (per layer and KV head)", "",
-             f"![layers]({EVAL_LAYERS_PNG}) (every value: {EVAL_LAYERS_CSV}). rel_error = ||decoded - exact|| / "
-             "||exact|| over one window of real text; outlier = max|x| / rms(x) of the head.", "",
-             _markdown(summary, _row_format), ""]
+    lines = [
+        "## Where the quantisation error lives (per layer and KV head)",
+        "",
+        f"![layers]({EVAL_LAYERS_PNG}) (every value: {EVAL_LAYERS_CSV}). rel_error = ||decoded - exact|| / "
+        "||exact|| over one window of real text; outlier = max|x| / rms(x) of the head.",
+        "",
+        _markdown(summary, _row_format),
+        "",
+    ]
     if not gains.empty:
-        lines += ["Layers that gain most from channel scales (mean over heads; tensor-scale error / channel-scale "
-                  "error):", "", _markdown(gains.reset_index(drop=True), _row_format), ""]
+        lines += [
+            "Layers that gain most from channel scales (mean over heads; tensor-scale error / channel-scale error):",
+            "",
+            _markdown(gains.reset_index(drop=True), _row_format),
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -140,13 +197,21 @@ def write_tradeoff(frame: pd.DataFrame, run_dir: Path, source: Path) -> str:
     shown = frame.copy()
     for prefix in [c[: -len("_delta_pct")] for c in frame.columns if c.endswith("_delta_pct")]:
         shown[f"{prefix} delta % [95% CI]"] = [
-            _with_interval(d, lo, hi) for d, lo, hi in zip(frame[f"{prefix}_delta_pct"], frame[f"{prefix}_ci_low"],
-                                                           frame[f"{prefix}_ci_high"])]
+            _with_interval(d, lo, hi)
+            for d, lo, hi in zip(frame[f"{prefix}_delta_pct"], frame[f"{prefix}_ci_low"], frame[f"{prefix}_ci_high"])
+        ]
         shown = shown.drop(columns=[f"{prefix}_delta_pct", f"{prefix}_ci_low", f"{prefix}_ci_high"])
-    section = "\n".join([
-        "## Quality beside performance", "",
-        f"Performance from the `kvbench run` folder {source} (mean over its valid points per KV setting), quality "
-        f"from this eval. ![tradeoff]({EVAL_TRADEOFF_PNG})", "", _markdown(shown, _tradeoff_format), ""])
+    section = "\n".join(
+        [
+            "## Quality beside performance",
+            "",
+            f"Performance from the `kvbench run` folder {source} (mean over its valid points per KV setting), quality "
+            f"from this eval. ![tradeoff]({EVAL_TRADEOFF_PNG})",
+            "",
+            _markdown(shown, _tradeoff_format),
+            "",
+        ]
+    )
     (run_dir / EVAL_TRADEOFF_MD).write_text(section)
     return section
 

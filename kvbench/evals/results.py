@@ -24,19 +24,24 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
-import numpy as np
-
-from kvbench.verdicts.directions import higher_is_better
 from kvbench.evals.divergence import DivergenceStats, GreedyStats
 from kvbench.evals.items import DirectMetric
 from kvbench.evals.lm_eval_run import TaskScore
 from kvbench.evals.paired import (
-    CLAIM_PCT, McNemar, PairedDelta, mcnemar_exact, paired_binary_difference, paired_ratio, proportion_ci, verdict,
+    CLAIM_PCT,
+    McNemar,
+    PairedDelta,
+    mcnemar_exact,
+    paired_binary_difference,
+    paired_ratio,
+    proportion_ci,
+    verdict,
 )
 from kvbench.evals.tasks import TASKS
-
+from kvbench.verdicts.directions import higher_is_better
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,18 @@ def _binomial_stderr(p: float, n: int) -> float | None:
     return math.sqrt(p * (1 - p) / (n - 1)) if n > 1 else None
 
 
-def _row(setting, source, name, value, base, stderr=None, delta_pct: PairedDelta | None = None,
-         value_ci: tuple[float, float] | None = None, mcnemar: McNemar | None = None, items=None) -> MetricRow:
+def _row(
+    setting,
+    source,
+    name,
+    value,
+    base,
+    stderr=None,
+    delta_pct: PairedDelta | None = None,
+    value_ci: tuple[float, float] | None = None,
+    mcnemar: McNemar | None = None,
+    items=None,
+) -> MetricRow:
     delta = None if value is None or base is None else value - base
     pct = delta_pct.delta if delta_pct is not None else signed_change_pct(name, value, base)
     low = high = of = judged = None
@@ -112,8 +127,22 @@ def _row(setting, source, name, value, base, stderr=None, delta_pct: PairedDelta
         low, high, of = value_ci[0], value_ci[1], "value"
     if delta_pct is not None:
         judged = verdict(delta_pct)
-    return MetricRow(setting, source, name, value, stderr, base, delta, pct, low, high, of,
-                     None if mcnemar is None else mcnemar.p_value, items, judged)
+    return MetricRow(
+        setting,
+        source,
+        name,
+        value,
+        stderr,
+        base,
+        delta,
+        pct,
+        low,
+        high,
+        of,
+        None if mcnemar is None else mcnemar.p_value,
+        items,
+        judged,
+    )
 
 
 def _task_rows(result: SettingResult, base: SettingResult) -> list[MetricRow]:
@@ -133,8 +162,19 @@ def _task_rows(result: SettingResult, base: SettingResult) -> list[MetricRow]:
                 paired = paired_ratio(new - old, old, transform=lambda x: 100.0 * x)
             if binary:
                 mcnemar = mcnemar_exact(old, new)
-        rows.append(_row(result.label, "lm-eval", name, score.value, None if other is None else other.value,
-                         score.stderr, paired, mcnemar=mcnemar, items=len(score.per_doc) or score.samples))
+        rows.append(
+            _row(
+                result.label,
+                "lm-eval",
+                name,
+                score.value,
+                None if other is None else other.value,
+                score.stderr,
+                paired,
+                mcnemar=mcnemar,
+                items=len(score.per_doc) or score.samples,
+            )
+        )
     return rows
 
 
@@ -145,8 +185,9 @@ def _direct_rows(label: str, source: str, metrics: Sequence[DirectMetric]) -> li
             interval = None if m.delta.ci_low is None else (m.delta.ci_low, m.delta.ci_high)
             rows.append(_row(label, source, m.name, m.value, m.baseline, value_ci=interval, items=m.delta.items))
         else:
-            row = _row(label, source, m.name, m.value, m.baseline, delta_pct=m.delta, mcnemar=m.mcnemar,
-                       items=m.delta.items)
+            row = _row(
+                label, source, m.name, m.value, m.baseline, delta_pct=m.delta, mcnemar=m.mcnemar, items=m.delta.items
+            )
             # agreement measures drift, not quality: the "loss < 0.5%" claim is about perplexity and accuracy
             rows.append(dataclasses.replace(row, verdict=None) if m.name in DRIFT_ONLY else row)
     return rows
@@ -156,9 +197,17 @@ def _greedy_rows(label: str, g: GreedyStats) -> list[MetricRow]:
     # The baseline matches itself on every prompt, so every mismatch is a flip "right -> wrong".
     mcnemar = mcnemar_exact(np.ones(g.prompts), np.arange(g.prompts) < g.exact_matches)
     return [
-        _row(label, "greedy", "greedy_exact_match", g.exact_match_rate, 1.0,
-             _binomial_stderr(g.exact_match_rate, g.prompts), value_ci=proportion_ci(g.exact_matches, g.prompts),
-             mcnemar=mcnemar, items=g.prompts),
+        _row(
+            label,
+            "greedy",
+            "greedy_exact_match",
+            g.exact_match_rate,
+            1.0,
+            _binomial_stderr(g.exact_match_rate, g.prompts),
+            value_ci=proportion_ci(g.exact_matches, g.prompts),
+            mcnemar=mcnemar,
+            items=g.prompts,
+        ),
         _row(label, "greedy", "greedy_first_diff_pos", g.mean_first_divergence, None),
         _row(label, "greedy", "greedy_matching_prefix", g.matching_prefix_rate, 1.0),
     ]
@@ -171,10 +220,18 @@ def _passkey_rows(result: SettingResult, base: SettingResult) -> list[MetricRow]
         ref = base_by_length.get(outcome.length)
         hits = sum(outcome.retrieved)
         mcnemar = None if ref is None else mcnemar_exact(ref.retrieved, outcome.retrieved)
-        rows.append(_row(result.label, "passkey", f"passkey@{outcome.length}", hits / len(outcome.retrieved),
-                         None if ref is None else sum(ref.retrieved) / len(ref.retrieved),
-                         value_ci=proportion_ci(hits, len(outcome.retrieved)), mcnemar=mcnemar,
-                         items=len(outcome.retrieved)))
+        rows.append(
+            _row(
+                result.label,
+                "passkey",
+                f"passkey@{outcome.length}",
+                hits / len(outcome.retrieved),
+                None if ref is None else sum(ref.retrieved) / len(ref.retrieved),
+                value_ci=proportion_ci(hits, len(outcome.retrieved)),
+                mcnemar=mcnemar,
+                items=len(outcome.retrieved),
+            )
+        )
     return rows
 
 
@@ -188,8 +245,16 @@ def metric_rows(results: Sequence[SettingResult], baseline: str) -> list[MetricR
         elif result.divergence is not None:  # sums only (no per-position scores): no interval
             d, b = result.divergence, base.divergence
             rows.append(_row(result.label, "direct", "kl", d.kl, 0.0))
-            rows.append(_row(result.label, "direct", "top1_agreement", d.top1_agreement, 1.0,
-                             _binomial_stderr(d.top1_agreement, d.positions)))
+            rows.append(
+                _row(
+                    result.label,
+                    "direct",
+                    "top1_agreement",
+                    d.top1_agreement,
+                    1.0,
+                    _binomial_stderr(d.top1_agreement, d.positions),
+                )
+            )
             rows.append(_row(result.label, "direct", "perplexity", d.perplexity, None if b is None else b.perplexity))
         if result.greedy is not None:
             rows += _greedy_rows(result.label, result.greedy)
@@ -247,12 +312,26 @@ def summary_frame(results: Sequence[SettingResult], baseline: str) -> pd.DataFra
 def claims_frame(rows: Sequence[MetricRow], baseline: str) -> pd.DataFrame:
     """Every delta with an interval, for the settings against the baseline: what the run can resolve."""
     picked = [row for row in rows if row.setting != baseline and row.ci_of == "delta_pct"]
-    return pd.DataFrame([{
-        "setting": row.setting, "source": row.source, "metric": row.name, "value": row.value,
-        "baseline": row.baseline, "delta_pct": row.delta_pct, "ci_low": row.ci_low, "ci_high": row.ci_high,
-        "detectable_pct": (row.ci_high - row.ci_low) / 2.0, "p_mcnemar": row.p_value, "items": row.items,
-        "items_for_claim": items_for_claim(row), "verdict": row.verdict,
-    } for row in picked])
+    return pd.DataFrame(
+        [
+            {
+                "setting": row.setting,
+                "source": row.source,
+                "metric": row.name,
+                "value": row.value,
+                "baseline": row.baseline,
+                "delta_pct": row.delta_pct,
+                "ci_low": row.ci_low,
+                "ci_high": row.ci_high,
+                "detectable_pct": (row.ci_high - row.ci_low) / 2.0,
+                "p_mcnemar": row.p_value,
+                "items": row.items,
+                "items_for_claim": items_for_claim(row),
+                "verdict": row.verdict,
+            }
+            for row in picked
+        ]
+    )
 
 
 def items_for_claim(row: MetricRow, claim_pct: float = CLAIM_PCT) -> int | None:
@@ -274,12 +353,27 @@ def baseline_frame(results: Sequence[SettingResult], baseline: str) -> pd.DataFr
             continue
         chance = task.chance
         above = None if chance is None else score.value > chance
-        out.append({"task": score.task, "metric": score.metric, "baseline": score.value, "chance": chance,
-                    "documents": score.samples, "above_chance": above})
+        out.append(
+            {
+                "task": score.task,
+                "metric": score.metric,
+                "baseline": score.value,
+                "chance": chance,
+                "documents": score.samples,
+                "above_chance": above,
+            }
+        )
     for outcome in base.passkey:
-        out.append({"task": f"passkey@{outcome.length}", "metric": "retrieved", "baseline":
-                    sum(outcome.retrieved) / len(outcome.retrieved), "chance": 0.0,
-                    "documents": len(outcome.retrieved), "above_chance": any(outcome.retrieved)})
+        out.append(
+            {
+                "task": f"passkey@{outcome.length}",
+                "metric": "retrieved",
+                "baseline": sum(outcome.retrieved) / len(outcome.retrieved),
+                "chance": 0.0,
+                "documents": len(outcome.retrieved),
+                "above_chance": any(outcome.retrieved),
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -293,8 +387,14 @@ def eval_json(results: Sequence[SettingResult], baseline: str) -> dict:
         metrics["aggregate_delta_pct"] = aggregate_delta_pct(rows, result.label)
         lm_eval = {f"{score.task}/{score.metric}": score.higher_is_better for score in result.task_scores}
         directions = {name: higher_is_better(name, lm_eval) for name in metrics}
-        settings.append({"kv_setting": result.label, "metrics": metrics, "higher_is_better": directions,
-                         **({"refused": result.refused} if result.refused else {})})
+        settings.append(
+            {
+                "kv_setting": result.label,
+                "metrics": metrics,
+                "higher_is_better": directions,
+                **({"refused": result.refused} if result.refused else {}),
+            }
+        )
     return {"baseline": baseline, "settings": settings}
 
 
@@ -308,17 +408,32 @@ def layer_frames(errors: Sequence) -> tuple[pd.DataFrame, pd.DataFrame]:
     for (setting, tensor), group in frame.groupby(["setting", "tensor"], sort=False):
         worst = group.loc[group["rel_error"].idxmax()]
         peak = group.loc[group["outlier"].idxmax()]
-        rows.append({"setting": setting, "tensor": tensor, "mean_rel_error": group["rel_error"].mean(),
-                     "worst_rel_error": worst["rel_error"], "worst_at": f"layer {worst['layer']} head {worst['head']}",
-                     "max_outlier": peak["outlier"], "outlier_at": f"layer {peak['layer']} head {peak['head']}"})
+        rows.append(
+            {
+                "setting": setting,
+                "tensor": tensor,
+                "mean_rel_error": group["rel_error"].mean(),
+                "worst_rel_error": worst["rel_error"],
+                "worst_at": f"layer {worst['layer']} head {worst['head']}",
+                "max_outlier": peak["outlier"],
+                "outlier_at": f"layer {peak['layer']} head {peak['head']}",
+            }
+        )
     frame["dtype"] = frame["setting"].str.split("/").str[0]
     frame["scale"] = frame["setting"].str.split("/").str[1]
-    per_layer = (frame.rename(columns={"tensor": "kv"}).groupby(["dtype", "kv", "layer", "scale"])["rel_error"]
-                 .mean().unstack("scale"))
+    per_layer = (
+        frame.rename(columns={"tensor": "kv"})
+        .groupby(["dtype", "kv", "layer", "scale"])["rel_error"]
+        .mean()
+        .unstack("scale")
+    )
     gains = pd.DataFrame()
     if {"tensor", "channel"} <= set(per_layer.columns):
-        per_layer = per_layer[["tensor", "channel"]].rename(columns={"tensor": "tensor_scale_err",
-                                                                     "channel": "channel_scale_err"}).reset_index()
+        per_layer = (
+            per_layer[["tensor", "channel"]]
+            .rename(columns={"tensor": "tensor_scale_err", "channel": "channel_scale_err"})
+            .reset_index()
+        )
         per_layer["tensor_over_channel"] = per_layer["tensor_scale_err"] / per_layer["channel_scale_err"]
         gains = per_layer.sort_values("tensor_over_channel", ascending=False).groupby(["dtype", "kv"]).head(3)
     return pd.DataFrame(rows), gains

@@ -81,8 +81,14 @@ class EvalConfig:
             raise SettingsError(f"passkey_depths: each must be in [0, 1], got {list(self.passkey_depths)}")
         if any(length < 128 for length in self.passkey_lengths):
             raise SettingsError(f"passkey_lengths: each must be >= 128 tokens, got {list(self.passkey_lengths)}")
-        for name in ("divergence_tokens", "divergence_window", "greedy_prompts", "greedy_prompt_tokens", "greedy_tokens",
-                     "item_tokens"):
+        for name in (
+            "divergence_tokens",
+            "divergence_window",
+            "greedy_prompts",
+            "greedy_prompt_tokens",
+            "greedy_tokens",
+            "item_tokens",
+        ):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.limit is not None and self.limit < 1:
@@ -96,10 +102,19 @@ class EvalConfig:
 # The documented full run (results/evals/; its measured time and what it resolves: results/evals/README.md):
 # the direct pass over 4 windows of the model's whole 8K window of real text (256 paired items of 128 positions,
 # position buckets to 8K), passkey at 1K-8K, 24 greedy prompts, and the lm-eval tasks on 40 documents each.
-FULL_RUN = {"lm_eval": True, "limit": 40, "tasks": ["kvb_plays_mc", "kvb_britannica_cloze"],
-            "kv_dtypes": [KVDtype.FP32.value, KVDtype.FP8_E4M3.value, KVDtype.FP8_E5M2.value], "divergence_tokens": 32768, "divergence_window": 8192,
-            "greedy_prompts": 24, "greedy_prompt_tokens": 192, "greedy_tokens": 16,
-            "passkey_lengths": [1024, 2048, 4096, 8192], "passkey_depths": [0.1, 0.5, 0.9]}
+FULL_RUN = {
+    "lm_eval": True,
+    "limit": 40,
+    "tasks": ["kvb_plays_mc", "kvb_britannica_cloze"],
+    "kv_dtypes": [KVDtype.FP32.value, KVDtype.FP8_E4M3.value, KVDtype.FP8_E5M2.value],
+    "divergence_tokens": 32768,
+    "divergence_window": 8192,
+    "greedy_prompts": 24,
+    "greedy_prompt_tokens": 192,
+    "greedy_tokens": 16,
+    "passkey_lengths": [1024, 2048, 4096, 8192],
+    "passkey_depths": [0.1, 0.5, 0.9],
+}
 # A passkey length is used for the KV settings when the baseline retrieves at least this share of its prompts.
 PASSKEY_BASELINE_MIN = 0.8
 LAYERS = "layers"  # the key of the per-layer profile's markdown section among the in-process results
@@ -143,8 +158,9 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
         measured = _in_process(config, settings, baseline, progress, run_dir)
         method = "exact (full-vocabulary logits, in-process)"
     sections = [measured.pop(LAYERS)] if LAYERS in measured else []
-    results = [SettingResult(s.label, scores[s.label], divergence_method=method, **measured.get(s.label, {}))
-               for s in settings]
+    results = [
+        SettingResult(s.label, scores[s.label], divergence_method=method, **measured.get(s.label, {})) for s in settings
+    ]
     if config.perf_run is not None:
         from kvbench.evals.report import write_tradeoff
         from kvbench.evals.results import metric_rows
@@ -154,19 +170,29 @@ def run_eval(config: EvalConfig, run_dir: Path, progress: Progress = lambda mess
         frame = tradeoff_frame(perf, metric_rows(results, baseline.label), [s.label for s in settings])
         sections.insert(0, write_tradeoff(frame, run_dir, Path(config.perf_run)))
     notes = {
-        "engine": config.engine, "model": config.model, "tasks": ", ".join(config.tasks),
+        "engine": config.engine,
+        "model": config.model,
+        "tasks": ", ".join(config.tasks),
         "lm-eval limit": "all documents" if config.limit is None else f"{config.limit} documents per task",
         "divergence": f"{method or 'not run'}; {config.divergence_tokens} corpus tokens in windows of "
-                      f"{config.divergence_window}, paired in blocks of {config.item_tokens} positions; greedy: "
-                      + (f"{config.greedy_prompts} real-text prompts of {config.greedy_prompt_tokens} tokens x "
-                         f"{config.greedy_tokens} tokens" if config.engine in IN_PROCESS_ENGINES else "in-process only"),
-        "passkey": (f"lengths {', '.join(map(str, config.passkey_lengths))} x depths "
-                    f"{', '.join(f'{d:g}' for d in config.passkey_depths)}; a length is used for the KV settings "
-                    f"when the baseline retrieves >= {PASSKEY_BASELINE_MIN:.0%}")
-                   if config.passkey_lengths and config.engine in IN_PROCESS_ENGINES else "not run",
+        f"{config.divergence_window}, paired in blocks of {config.item_tokens} positions; greedy: "
+        + (
+            f"{config.greedy_prompts} real-text prompts of {config.greedy_prompt_tokens} tokens x "
+            f"{config.greedy_tokens} tokens"
+            if config.engine in IN_PROCESS_ENGINES
+            else "in-process only"
+        ),
+        "passkey": (
+            f"lengths {', '.join(map(str, config.passkey_lengths))} x depths "
+            f"{', '.join(f'{d:g}' for d in config.passkey_depths)}; a length is used for the KV settings "
+            f"when the baseline retrieves >= {PASSKEY_BASELINE_MIN:.0%}"
+        )
+        if config.passkey_lengths and config.engine in IN_PROCESS_ENGINES
+        else "not run",
         "intervals": "95% percentile bootstrap over paired items (2000 resamples); McNemar exact on flips",
         "scales": f"static, from the engine's calibration text (margin {DEFAULT_MARGIN:g}), as the engine serves"
-                  if config.engine in IN_PROCESS_ENGINES else f"{config.engine}'s own (kv_scale does not apply)",
+        if config.engine in IN_PROCESS_ENGINES
+        else f"{config.engine}'s own (kv_scale does not apply)",
         "wall time": f"{time.monotonic() - started:.0f} s",
     }
     return write_tables(results, baseline.label, run_dir, notes, sections)
@@ -186,8 +212,12 @@ def _lm_eval_setting(config: EvalConfig, setting: KVSetting, tokenizer: Path, ru
     adapter.start()
     try:
         adapter.wait_healthy(config.startup_timeout_s)
-        options = LMEvalOptions(tokenizer=tokenizer, model_name=adapter.endpoint.model, limit=config.limit,
-                                num_concurrent=config.num_concurrent)
+        options = LMEvalOptions(
+            tokenizer=tokenizer,
+            model_name=adapter.endpoint.model,
+            limit=config.limit,
+            num_concurrent=config.num_concurrent,
+        )
         return run_lm_eval(adapter.endpoint.base_url, config.tasks, options, engine_dir(run_dir, setting.label))
     finally:
         adapter.stop()
@@ -208,8 +238,10 @@ def _engine_tokenizer(config: EvalConfig, run_dir: Path) -> Path:
 
         folder = Path(resolve_model(config.model))  # the model's local folder holds its tokenizer
         if not (folder / "tokenizer_config.json").exists():
-            raise SettingsError(f"tokenizer: {config.engine} needs a local tokenizer folder for lm-eval and divergence; "
-                                "set tokenizer: PATH")
+            raise SettingsError(
+                f"tokenizer: {config.engine} needs a local tokenizer folder for lm-eval and divergence; "
+                "set tokenizer: PATH"
+            )
         return folder
     from kvbench.engines.kvengine.model.weights import resolve_source
 
@@ -226,12 +258,24 @@ def _served_by_engine(config: EvalConfig, settings, run_dir: Path, progress: Pro
 
     tokenizer = Path(config.tokenizer) if config.tokenizer else _engine_tokenizer(config, run_dir)
     codec = AutoTokenizer.from_pretrained(str(tokenizer))
-    windows = inprocess.windows(list(codec(corpus_text())["input_ids"]), config.divergence_window, config.divergence_tokens)
-    return run_engine_settings(config, settings, lambda setting: _adapter(config, setting, run_dir), tokenizer,
-                               windows, len(codec), run_dir, progress)
+    windows = inprocess.windows(
+        list(codec(corpus_text())["input_ids"]), config.divergence_window, config.divergence_tokens
+    )
+    return run_engine_settings(
+        config,
+        settings,
+        lambda setting: _adapter(config, setting, run_dir),
+        tokenizer,
+        windows,
+        len(codec),
+        run_dir,
+        progress,
+    )
 
 
-def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Progress, run_dir: Path) -> dict[str, dict]:
+def _in_process(
+    config: EvalConfig, settings, baseline: KVSetting, progress: Progress, run_dir: Path
+) -> dict[str, dict]:
     """Direct measures, position buckets, passkey and greedy divergence: SettingResult fields per label."""
     from kvbench.engines.kvengine.model.loader import load_model
     from kvbench.engines.kvengine.runtime.engine import TINY_RANDOM
@@ -242,15 +286,20 @@ def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Pro
 
     loaded = tiny_loaded_model() if config.model == TINY_RANDOM else load_model(config.model)
     window_max = loaded.config.max_position_embeddings
-    for name, longest in (("divergence_window", config.divergence_window),
-                          ("passkey_lengths", max(config.passkey_lengths, default=0))):
+    for name, longest in (
+        ("divergence_window", config.divergence_window),
+        ("passkey_lengths", max(config.passkey_lengths, default=0)),
+    ):
         if longest > window_max:
             raise SettingsError(f"{name}: {longest} tokens exceed the model's {window_max}-position window")
     text = corpus_text()
     ids = list(loaded.tokenizer(text)["input_ids"])
     token_windows = inprocess.windows(ids, config.divergence_window, config.divergence_tokens)
     scored = inprocess.position_pass(
-        loaded, baseline, settings, token_windows,
+        loaded,
+        baseline,
+        settings,
+        token_windows,
         on_window=lambda done, total: progress(f"divergence: window {done}/{total}"),
     )
     out: dict[str, dict] = {}
@@ -260,8 +309,10 @@ def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Pro
         out[setting.label] = {
             "divergence": sum((w.stats for w in windows_of), EMPTY),
             "direct": tuple(direct_metrics(make_items(windows_of, config.item_tokens))),
-            "positions": tuple((low, high, tuple(direct_metrics(make_items(windows_of, config.item_tokens, low, high))))
-                               for low, high in spans),
+            "positions": tuple(
+                (low, high, tuple(direct_metrics(make_items(windows_of, config.item_tokens, low, high))))
+                for low, high in spans
+            ),
         }
     if config.layer_profile:
         from kvbench.evals.layers import layer_errors
@@ -272,13 +323,19 @@ def _in_process(config: EvalConfig, settings, baseline: KVSetting, progress: Pro
     if config.passkey_lengths:
         encode = lambda t: list(loaded.tokenizer(t, add_special_tokens=False)["input_ids"])  # noqa: E731
         prompts = passkey_prompts(encode, ids, config.passkey_lengths, config.passkey_depths)
-        outcomes = inprocess.passkey_pass(loaded, baseline, settings, prompts,
-                                          keep=lambda hits: sum(hits) >= PASSKEY_BASELINE_MIN * len(hits),
-                                          on_prompt=progress)
+        outcomes = inprocess.passkey_pass(
+            loaded,
+            baseline,
+            settings,
+            prompts,
+            keep=lambda hits: sum(hits) >= PASSKEY_BASELINE_MIN * len(hits),
+            on_prompt=progress,
+        )
         for setting in settings:
             out[setting.label]["passkey"] = tuple(
                 PasskeyOutcome(length, config.passkey_depths, tuple(hits))
-                for length, hits in outcomes.get(setting.label, {}).items())
+                for length, hits in outcomes.get(setting.label, {}).items()
+            )
     prompts = inprocess.corpus_prompts(ids, config.greedy_prompts, config.greedy_prompt_tokens)
     reference = inprocess.greedy_generations(loaded, config.model, baseline, prompts, config.greedy_tokens)
     for setting in settings:

@@ -57,9 +57,10 @@ def check_tasks(names: Sequence[str]) -> tuple[str, ...]:
     unknown = [name for name in own if name not in registry]
     if unknown:
         close = [match for name in unknown for match in difflib.get_close_matches(name, registry, n=2)]
-        raise SettingsError(f"tasks: unknown {', '.join(unknown)}; shipped tasks: {', '.join(TASKS)}; or one of "
-                            f"lm-eval's {len(registry)} tasks (`lm-eval ls tasks`)"
-                            + (f", e.g. {', '.join(close)}" if close else ""))
+        raise SettingsError(
+            f"tasks: unknown {', '.join(unknown)}; shipped tasks: {', '.join(TASKS)}; or one of "
+            f"lm-eval's {len(registry)} tasks (`lm-eval ls tasks`)" + (f", e.g. {', '.join(close)}" if close else "")
+        )
     return tuple(names)
 
 
@@ -71,8 +72,10 @@ def lm_eval_task_names() -> frozenset[str]:
     try:
         distribution = importlib.metadata.distribution("lm_eval")
     except importlib.metadata.PackageNotFoundError:
-        raise SettingsError("tasks: lm-eval is not installed; install kvbench's eval extra (pip install "
-                            "'kvbench[eval]') or use the shipped tasks " + ", ".join(TASKS)) from None
+        raise SettingsError(
+            "tasks: lm-eval is not installed; install kvbench's eval extra (pip install "
+            "'kvbench[eval]') or use the shipped tasks " + ", ".join(TASKS)
+        ) from None
     path = registry_cache_file(distribution)
     try:
         return frozenset(json.loads(path.read_text()))
@@ -111,7 +114,9 @@ def render_tasks(names: Sequence[str], folder: Path, data_dir: Path = DATA_DIR) 
     for name in (name for name in names if name in TASKS):
         config = yaml.safe_load((data_dir / f"{name}.yaml").read_text())
         files = config["dataset_kwargs"]["data_files"]
-        config["dataset_kwargs"]["data_files"] = {split: str((data_dir / path).resolve()) for split, path in files.items()}
+        config["dataset_kwargs"]["data_files"] = {
+            split: str((data_dir / path).resolve()) for split, path in files.items()
+        }
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return folder
 

@@ -1,10 +1,10 @@
 """Quality beside performance: a `kvbench run` folder's numbers next to this eval's, per KV setting.
 
-    kvbench run  -> RUN_DIR/summary.json (read by kvbench.measure.run_folder)  throughput, TTFT p99, hit rate,
-                                                                              prefill recomputation
-    kvbench eval -> MetricRows                                               KL, top-1, deltas with intervals
-    -> one row per KV setting (matched by the KV format's label, "fp8_e4m3/tensor"): the trade-off a user
-       decides on. A run point's setting missing from the eval (or the reverse) is shown with n/a, not dropped.
+kvbench run  -> RUN_DIR/summary.json (read by kvbench.measure.run_folder)  throughput, TTFT p99, hit rate,
+                                                                          prefill recomputation
+kvbench eval -> MetricRows                                               KL, top-1, deltas with intervals
+-> one row per KV setting (matched by the KV format's label, "fp8_e4m3/tensor"): the trade-off a user
+   decides on. A run point's setting missing from the eval (or the reverse) is shown with n/a, not dropped.
 """
 
 from __future__ import annotations
@@ -47,9 +47,14 @@ def perf_by_setting(run_dir: Path, engine: str | None = None) -> dict[str, dict]
         row["loads"].update(f"{w} {ld}" for w, ld in zip(group["workload"], group["load"]))
         for column in PERF_COLUMNS:
             row[column] += [v for v in group[column] if pd.notna(v)]
-    return {label: {"points": row["points"], "loads": ", ".join(sorted(row["loads"])),
-                    **{c: (sum(row[c]) / len(row[c]) if row[c] else None) for c in PERF_COLUMNS}}
-            for label, row in out.items()}
+    return {
+        label: {
+            "points": row["points"],
+            "loads": ", ".join(sorted(row["loads"])),
+            **{c: (sum(row[c]) / len(row[c]) if row[c] else None) for c in PERF_COLUMNS},
+        }
+        for label, row in out.items()
+    }
 
 
 def tradeoff_frame(perf: dict[str, dict], rows: Sequence, settings: Sequence[str]) -> pd.DataFrame:
@@ -64,8 +69,10 @@ def tradeoff_frame(perf: dict[str, dict], rows: Sequence, settings: Sequence[str
         entry["kl"] = None if kl is None else kl.value
         top1 = by.get((label, "direct", "top1_agreement"))
         entry["top1_agreement"] = None if top1 is None else top1.value
-        for prefix, key in (("perplexity", (label, "direct", "perplexity")),
-                            *((task, (label, "lm-eval", f"{task}/{spec.headline}")) for task, spec in TASKS.items())):
+        for prefix, key in (
+            ("perplexity", (label, "direct", "perplexity")),
+            *((task, (label, "lm-eval", f"{task}/{spec.headline}")) for task, spec in TASKS.items()),
+        ):
             row = by.get(key)
             if row is None:
                 continue

@@ -55,8 +55,13 @@ class StreamsResult:
 def single_turn_workload(count: int, prompt_tokens: int = 32, max_tokens: int = 4) -> Workload:
     rng = np.random.default_rng(0)
     sessions = tuple(
-        Session(f"s{index}", "t", 0.0, token_array(rng.integers(1000, 30000, size=prompt_tokens)),
-                (Turn(token_array([]), max_tokens),))
+        Session(
+            f"s{index}",
+            "t",
+            0.0,
+            token_array(rng.integers(1000, 30000, size=prompt_tokens)),
+            (Turn(token_array([]), max_tokens),),
+        )
         for index in range(count)
     )
     return Workload("bench-single-turn", sessions, vocab_size=32000)
@@ -69,16 +74,29 @@ def measure_rate(url: str, rate: float, seconds: float) -> RateResult:
     lag = result.client.schedule_lag_ms
     sent = [record.sent_ns for record in result.records if record.sent_ns]
     span = (max(sent) - min(sent)) / 1e9 if len(sent) > 1 else float("nan")
-    return RateResult(rate, len(result.records), sum(not r.ok for r in result.records), lag.p50, lag.p99,
-                      (len(sent) - 1) / span if span else float("nan"))
+    return RateResult(
+        rate,
+        len(result.records),
+        sum(not r.ok for r in result.records),
+        lag.p50,
+        lag.p99,
+        (len(sent) - 1) / span if span else float("nan"),
+    )
 
 
 def measure_streams(url: str, streams: int) -> StreamsResult:
-    generator = LoadGenerator(EndpointConfig(url, "instrument"), LoadSpec(concurrency=streams), run_id=f"conc={streams}")
+    generator = LoadGenerator(
+        EndpointConfig(url, "instrument"), LoadSpec(concurrency=streams), run_id=f"conc={streams}"
+    )
     result = eventloop.run(generator.run(single_turn_workload(streams, max_tokens=8)))
     errors = np.array([ttft_ms(r) - FIRST_TOKEN_MS for r in result.records if r.ok and ttft_ms(r) is not None])
-    return StreamsResult(streams, len(result.records), sum(not r.ok for r in result.records),
-                         float(np.percentile(errors, 50)), float(np.percentile(errors, 99)))
+    return StreamsResult(
+        streams,
+        len(result.records),
+        sum(not r.ok for r in result.records),
+        float(np.percentile(errors, 50)),
+        float(np.percentile(errors, 99)),
+    )
 
 
 @dataclass(frozen=True)
@@ -105,10 +123,16 @@ def measure_workers(url: str, streams: int, workers: int, rounds: int = 4) -> Wo
     ok = [r for r in result.records if r.ok and ttft_ms(r) is not None]
     errors = np.array([ttft_ms(r) - FIRST_TOKEN_MS for r in ok])
     span = (max(r.done_ns for r in ok) - min(r.sent_ns for r in ok)) / 1e9 if ok else float("nan")
-    return WorkersResult(streams, workers, len(result.records), len(result.records) - len(ok),
-                         float(np.percentile(errors, 50)) if ok else float("nan"),
-                         float(np.percentile(errors, 99)) if ok else float("nan"),
-                         len(ok) / span if ok else float("nan"), result.client.valid)
+    return WorkersResult(
+        streams,
+        workers,
+        len(result.records),
+        len(result.records) - len(ok),
+        float(np.percentile(errors, 50)) if ok else float("nan"),
+        float(np.percentile(errors, 99)) if ok else float("nan"),
+        len(ok) / span if ok else float("nan"),
+        result.client.valid,
+    )
 
 
 def run_workers_benchmark(streams: list[int], workers: list[int], instruments: int = 1) -> list[WorkersResult]:
@@ -139,12 +163,41 @@ def vllm_burst(python: str, url: str, tokenizer: str, count: int) -> float:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_bench_client.py"
     with tempfile.TemporaryDirectory() as folder:
         subprocess.run(
-            [python, str(script), "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-             "--model", "instrument", "--tokenizer", tokenizer, "--dataset-name", "random",
-             "--random-input-len", "32", "--random-output-len", "4", "--num-prompts", str(count),
-             "--request-rate", "inf", "--ignore-eos", "--disable-tqdm", "--save-result", "--result-dir", folder,
-             "--result-filename", "result.json"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600,
+            [
+                python,
+                str(script),
+                "--backend",
+                "openai",
+                "--base-url",
+                url,
+                "--endpoint",
+                "/v1/completions",
+                "--model",
+                "instrument",
+                "--tokenizer",
+                tokenizer,
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "32",
+                "--random-output-len",
+                "4",
+                "--num-prompts",
+                str(count),
+                "--request-rate",
+                "inf",
+                "--ignore-eos",
+                "--disable-tqdm",
+                "--save-result",
+                "--result-dir",
+                folder,
+                "--result-filename",
+                "result.json",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=600,
         )
         return float(json.loads((Path(folder) / "result.json").read_text())["request_throughput"])
 
@@ -154,11 +207,25 @@ def start_instrument(processes: int = 1) -> tuple[list[subprocess.Popen], str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    started = [subprocess.Popen(
-        [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port), "--reuse-port",
-         "--first-token-ms", str(FIRST_TOKEN_MS), "--chunk-interval-ms", str(CHUNK_INTERVAL_MS)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    ) for _ in range(processes)]
+    started = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kvbench.harness.instrument",
+                "--port",
+                str(port),
+                "--reuse-port",
+                "--first-token-ms",
+                str(FIRST_TOKEN_MS),
+                "--chunk-interval-ms",
+                str(CHUNK_INTERVAL_MS),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -178,9 +245,14 @@ class BurstResult:
     vllm_req_s: float | None
 
 
-def run_benchmark(rates: list[float], streams: list[int], seconds: float, burst: int = 0,
-                  vllm_python: str | None = None, tokenizer: str | None = None,
-                  ) -> tuple[list[RateResult], list[StreamsResult], BurstResult | None]:
+def run_benchmark(
+    rates: list[float],
+    streams: list[int],
+    seconds: float,
+    burst: int = 0,
+    vllm_python: str | None = None,
+    tokenizer: str | None = None,
+) -> tuple[list[RateResult], list[StreamsResult], BurstResult | None]:
     processes, url = start_instrument()
     try:
         rate_results = [measure_rate(url, rate, seconds) for rate in rates]

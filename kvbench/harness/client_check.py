@@ -59,8 +59,13 @@ def lag_bound_ms(max_lag_ms: float, ttft_p50_ms: float | None) -> float:
     return max(max_lag_ms, LAG_SHARE_OF_TTFT * ttft_p50_ms) if ttft_p50_ms is not None else max_lag_ms
 
 
-def check_lags(schedule_lags: Sequence[float], loop_lags: Sequence[float], max_lag_ms: float, mode: str,
-               ttft_p50_ms: float | None = None) -> ClientCheck:
+def check_lags(
+    schedule_lags: Sequence[float],
+    loop_lags: Sequence[float],
+    max_lag_ms: float,
+    mode: str,
+    ttft_p50_ms: float | None = None,
+) -> ClientCheck:
     """The self-check of these lags (ms) against `lag_bound_ms`, for a load point of this `mode` whose TTFT p50
     was `ttft_p50_ms`."""
     schedule = Distribution.of(list(schedule_lags))

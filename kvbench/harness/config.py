@@ -48,7 +48,6 @@ from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.spec import Workload
 from kvbench.workloads.text_datasets import needs_tokenizer
 
-
 # The config.yaml form's version: bump it when a key is added or a default changes, and say in
 # harness/config_schema.py what a config of the version before meant (compare fills it in before comparing).
 SCHEMA_VERSION = 6
@@ -80,8 +79,14 @@ class WorkloadSpec:
         num_sessions = self.num_sessions
         if num_sessions is None and needs_tokenizer(self.name):
             num_sessions = sessions_needed
-        return load_workload(self.name, seed=seed, num_sessions=num_sessions, overrides=self.overrides,
-                             vocab_size=vocab_size, time_scale=self.time_scale)
+        return load_workload(
+            self.name,
+            seed=seed,
+            num_sessions=num_sessions,
+            overrides=self.overrides,
+            vocab_size=vocab_size,
+            time_scale=self.time_scale,
+        )
 
 
 @dataclass(frozen=True)
@@ -105,8 +110,11 @@ class LoadPoint:
         if self.warmup_stage is not None and self.stages is None:
             raise ValueError("warmup_stage: needs stages (the measured stages after it)")
         if self.stages is not None:
-            given = [name for name in ("rate", "request_rate", "concurrency", "max_concurrency")
-                     if getattr(self, name) is not None]
+            given = [
+                name
+                for name in ("rate", "request_rate", "concurrency", "max_concurrency")
+                if getattr(self, name) is not None
+            ]
             if given:
                 raise ValueError(f"stages set the load (Poisson at each stage's rate): leave out {', '.join(given)}")
             self.plan  # noqa: B018 - parsed here, so that a bad stage is refused with the config
@@ -127,7 +135,9 @@ class LoadPoint:
 @dataclass(frozen=True)
 class StopSpec:
     num_requests: int | None = bounded(None, ge=1, le=MAX_COUNT, help="stop after this many requests")
-    duration_s: float | None = bounded(None, gt=0, le=MAX_DURATION_S, unit="s", help="stop sending after this many seconds")
+    duration_s: float | None = bounded(
+        None, gt=0, le=MAX_DURATION_S, unit="s", help="stop sending after this many seconds"
+    )
     warmup_requests: int = bounded(0, ge=0, le=MAX_COUNT, help="requests excluded from metrics at the start")
 
 
@@ -141,20 +151,29 @@ class ClientSpec:
     # Headers to the first body byte: queueing plus prefill, which for a long prompt on a loaded server takes minutes.
     first_byte_timeout_s: float = bounded(300.0, gt=0, unit="s")
     max_lag_ms: float = bounded(10.0, gt=0, unit="ms", help="client lag past which a point is invalid (exit 1)")
-    max_error_rate: float = bounded(0.1, ge=0, le=1)  # a point with a larger share of failed requests (or all) is invalid
+    max_error_rate: float = bounded(
+        0.1, ge=0, le=1
+    )  # a point with a larger share of failed requests (or all) is invalid
     # The oracle follows the engine's own isolation rule (its adapter says which); set this only to override
     # it: strict | shared-prefix | shared-all (any tenant's prefix reused); `shared` reads as shared-all.
     isolation: Isolation | None = None
-    tokenizer: str | None = bounded(None, help="local tokenizer folder (re-tokenizing answers, chat prompts, text "
-                                    "datasets)")
-    ignore_eos: bool = bounded(True, help="ask the server to generate every output token (vLLM's ignore_eos), so "
-                               "output lengths are the workload's")
+    tokenizer: str | None = bounded(
+        None, help="local tokenizer folder (re-tokenizing answers, chat prompts, text datasets)"
+    )
+    ignore_eos: bool = bounded(
+        True,
+        help="ask the server to generate every output token (vLLM's ignore_eos), so output lengths are the workload's",
+    )
     health_timeout_s: float = bounded(600.0, gt=0, unit="s")
     tenant_api_keys: Mapping[str, str] = field(default_factory=dict)  # tenant -> API key, for multi-tenant engines
     # Load-generator processes per point, each with its own event loop and whole sessions of one schedule
     # (harness/workers.py); 1 plays the point in the driver's own process.
-    workers: int = bounded(1, ge=1, help="load-generator processes per point, each with its own event loop and "
-                           "whole sessions of one schedule (1: this process)")
+    workers: int = bounded(
+        1,
+        ge=1,
+        help="load-generator processes per point, each with its own event loop and "
+        "whole sessions of one schedule (1: this process)",
+    )
 
     def __post_init__(self) -> None:
         if self.isolation is not None:
@@ -183,16 +202,18 @@ class ExperimentConfig:
             if point.plan is not None:
                 specs += [LoadSpec(rate=staged.stage.rate, stage=staged) for staged in point.plan.points()]
                 continue
-            specs.append(LoadSpec(
-                rate=point.rate,
-                concurrency=point.concurrency,
-                burstiness=point.burstiness,
-                request_rate=point.requests_per_s,
-                max_concurrency=point.max_concurrency,
-                num_requests=self.stop.num_requests,
-                duration_s=self.stop.duration_s,
-                warmup_requests=self.stop.warmup_requests,
-            ))
+            specs.append(
+                LoadSpec(
+                    rate=point.rate,
+                    concurrency=point.concurrency,
+                    burstiness=point.burstiness,
+                    request_rate=point.requests_per_s,
+                    max_concurrency=point.max_concurrency,
+                    num_requests=self.stop.num_requests,
+                    duration_s=self.stop.duration_s,
+                    warmup_requests=self.stop.warmup_requests,
+                )
+            )
         return specs
 
     def to_dict(self) -> dict:
@@ -210,6 +231,8 @@ class TopScalars:
     name: str = "run"
     seed: int = bounded(0, ge=0, help="workload and arrival seed")
     repeat: int = bounded(1, ge=1, help="repetitions of every load point")
+
+
 _ENGINE_KEYS = ("engine", "label", "settings", "sweep", "resources")
 
 
@@ -229,11 +252,15 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
             raise SettingsError(f"unknown key {key!r}; valid keys: {', '.join(_TOP_KEYS)}")
     version = data.get("schema_version", SCHEMA_VERSION)
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise SettingsError(f"schema_version: {version!r:.40} is not a config.yaml version this kvbench reads "
-                            f"(1..{SCHEMA_VERSION}); drop the key to read the file as today's form")
+        raise SettingsError(
+            f"schema_version: {version!r:.40} is not a config.yaml version this kvbench reads "
+            f"(1..{SCHEMA_VERSION}); drop the key to read the file as today's form"
+        )
     scalars = build(TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
     _check_matrix_size(data, scalars.repeat)
-    engines = tuple(spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]"))
+    engines = tuple(
+        spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]")
+    )
     if not engines:
         raise SettingsError("engines: give at least one engine, e.g. engines: [{engine: kvengine}]")
     workloads = tuple(
@@ -241,7 +268,8 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
         for index, raw in enumerate(_list(data, "workloads") or ["rag-chat-mini"])
     )
     loads = tuple(
-        build(LoadPoint, raw, f"loads[{index}]") for index, raw in enumerate(_list(data, "loads") or [{"concurrency": 1}])
+        build(LoadPoint, raw, f"loads[{index}]")
+        for index, raw in enumerate(_list(data, "loads") or [{"concurrency": 1}])
     )
     config = ExperimentConfig(
         engines=engines,
@@ -256,13 +284,20 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     )
     for index, load in enumerate(config.loads):
         try:
-            LoadSpec(rate=load.rate, concurrency=load.concurrency, burstiness=load.burstiness,
-                     request_rate=load.requests_per_s, max_concurrency=load.max_concurrency)
+            LoadSpec(
+                rate=load.rate,
+                concurrency=load.concurrency,
+                burstiness=load.burstiness,
+                request_rate=load.requests_per_s,
+                max_concurrency=load.max_concurrency,
+            )
         except ValueError as exc:
             raise SettingsError(f"loads[{index}]: {exc}") from None
     if config.client.workers > 1 and any(load.plan is not None for load in config.loads):
-        raise SettingsError("client.workers: load stages are played by one load process (the driver's own); "
-                            "set workers to 1 for a config with stages")
+        raise SettingsError(
+            "client.workers: load stages are played by one load process (the driver's own); "
+            "set workers to 1 for a config with stages"
+        )
     return config
 
 
@@ -279,20 +314,30 @@ def _check_matrix_size(data: Mapping[str, Any], repeat: int) -> None:
     settings = 0
     for index, raw in enumerate(_list(data, "engines")):
         sweep = raw.get("sweep") if isinstance(raw, Mapping) else None
-        lengths = [(f"engines[{index}].sweep.{key}", len(values)) for key, values in sweep.items()
-                   if isinstance(values, list) and values] if isinstance(sweep, Mapping) else []
+        lengths = (
+            [
+                (f"engines[{index}].sweep.{key}", len(values))
+                for key, values in sweep.items()
+                if isinstance(values, list) and values
+            ]
+            if isinstance(sweep, Mapping)
+            else []
+        )
         settings += math.prod(length for _, length in lengths)
         factors += lengths
-    loads = sum(str(raw["stages"]).count(",") + 1 if isinstance(raw, Mapping) and raw.get("stages") else 1
-                for raw in _list(data, "loads"))  # a staged load point is one cell per stage
-    factors += [("workloads", len(_list(data, "workloads")) or 1), ("loads", loads or 1),
-                ("repeat", repeat)]
+    loads = sum(
+        str(raw["stages"]).count(",") + 1 if isinstance(raw, Mapping) and raw.get("stages") else 1
+        for raw in _list(data, "loads")
+    )  # a staged load point is one cell per stage
+    factors += [("workloads", len(_list(data, "workloads")) or 1), ("loads", loads or 1), ("repeat", repeat)]
     cells = max(settings, 1) * math.prod(length for name, length in factors if not name.startswith("engines["))
     if cells > MAX_CELLS:
         largest = sorted((item for item in factors if item[1] > 1), key=lambda item: -item[1])[:3]
         named = ", ".join(f"{name} {length:,}" for name, length in largest)
-        raise SettingsError(f"the matrix has {cells:,} cells (engine settings x workloads x loads x repeat), more "
-                            f"than {MAX_CELLS:,}; largest factors: {named}; shorten those lists or split the config")
+        raise SettingsError(
+            f"the matrix has {cells:,} cells (engine settings x workloads x loads x repeat), more "
+            f"than {MAX_CELLS:,}; largest factors: {named}; shorten those lists or split the config"
+        )
 
 
 def load_config_file(path: Path) -> ExperimentConfig:
@@ -324,8 +369,14 @@ def _engines(raw: Any, where: str) -> list[EngineSpec]:
         swept = dict(zip(keys, combination))
         suffix = ",".join(f"{key}={value}" for key, value in swept.items())
         label = str(raw.get("label") or raw["engine"])
-        specs.append(EngineSpec(engine=str(raw["engine"]), settings={**settings, **swept},
-                                label=f"{label}[{suffix}]" if suffix else label, resources=resources))
+        specs.append(
+            EngineSpec(
+                engine=str(raw["engine"]),
+                settings={**settings, **swept},
+                label=f"{label}[{suffix}]" if suffix else label,
+                resources=resources,
+            )
+        )
     return specs
 
 

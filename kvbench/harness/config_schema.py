@@ -73,15 +73,22 @@ def kvengine_settings_as_run(settings: Mapping[str, Any], version: int) -> dict:
 
 
 def _kvengine_as_run(config: dict, version: int) -> dict:
-    engines = [{**entry, "settings": kvengine_settings_as_run(entry.get("settings") or {}, version)}
-               if isinstance(entry, Mapping) and entry.get("engine") == "kvengine" else entry
-               for entry in config.get("engines") or ()]
+    engines = [
+        {**entry, "settings": kvengine_settings_as_run(entry.get("settings") or {}, version)}
+        if isinstance(entry, Mapping) and entry.get("engine") == "kvengine"
+        else entry
+        for entry in config.get("engines") or ()
+    ]
     return {**config, "engines": engines}
 
 
 _UPGRADES: dict[int, Callable[[dict], dict]] = {
-    1: _v1_to_v2, 2: lambda config: _kvengine_as_run(config, 2), 3: lambda config: _kvengine_as_run(config, 3),
-    4: lambda config: config, 5: lambda config: _kvengine_as_run(config, 5)}
+    1: _v1_to_v2,
+    2: lambda config: _kvengine_as_run(config, 2),
+    3: lambda config: _kvengine_as_run(config, 3),
+    4: lambda config: config,
+    5: lambda config: _kvengine_as_run(config, 5),
+}
 
 
 def defaults() -> dict:
@@ -96,8 +103,10 @@ def current(stored: Mapping[str, Any]) -> CurrentConfig:
     """`stored` (a config.yaml mapping) upgraded to SCHEMA_VERSION, then its missing keys filled with defaults."""
     version = stored.get(VERSION_KEY, 1)
     if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
-        raise ValueError(f"{VERSION_KEY}: {version!r:.40} is not a config.yaml version this kvbench reads "
-                         f"(1..{SCHEMA_VERSION}); compare it with the kvbench that wrote it")
+        raise ValueError(
+            f"{VERSION_KEY}: {version!r:.40} is not a config.yaml version this kvbench reads "
+            f"(1..{SCHEMA_VERSION}); compare it with the kvbench that wrote it"
+        )
     config = dict(stored)
     for step in range(version, SCHEMA_VERSION):
         config = _UPGRADES[step](config)

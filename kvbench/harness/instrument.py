@@ -70,7 +70,9 @@ class InstrumentBehaviour:
 
     def __post_init__(self) -> None:
         if not 0 < self.output_share <= 1:
-            raise ValueError(f"output_share must be in (0, 1] (a server never sends past max_tokens), got {self.output_share}")
+            raise ValueError(
+                f"output_share must be in (0, 1] (a server never sends past max_tokens), got {self.output_share}"
+            )
         if self.fault not in FAULTS:
             raise ValueError(f"fault: unknown {self.fault!r}; use one of {', '.join(FAULTS)}")
         if self.tokens_per_chunk < 1:
@@ -167,7 +169,11 @@ async def _answer(
             return await _fault(request, response, behaviour.fault)
         due = arrival_ns + int((behaviour.first_token_ms + chunk_index * behaviour.chunk_interval_ms) * 1e6)
         await timer.sleep_until(due)
-        count = behaviour.tokens_per_chunk if behaviour.ignore_max_tokens else min(behaviour.tokens_per_chunk, max_tokens - sent)
+        count = (
+            behaviour.tokens_per_chunk
+            if behaviour.ignore_max_tokens
+            else min(behaviour.tokens_per_chunk, max_tokens - sent)
+        )
         ids = list(range(behaviour.first_token_id + sent, behaviour.first_token_id + sent + count))
         text = "".join(f" t{token}" for token in ids)
         finished = "length" if max_tokens == asked else "stop"
@@ -251,8 +257,6 @@ def _event(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the instrument as its own process (the load-generator benchmark uses it that way)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -263,13 +267,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
     parser.add_argument("--fault", choices=FAULTS, default=FAULT_NONE, help="injected into every request")
     parser.add_argument("--fault-after-chunks", type=int, default=0)
-    parser.add_argument("--reuse-port", action="store_true",
-                        help="share the port with other instrument processes (SO_REUSEPORT: the kernel spreads connections)")
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="share the port with other instrument processes (SO_REUSEPORT: the kernel spreads connections)",
+    )
     parser.add_argument("--served-model", help="answer only this model name (others: 404)")
     parser.add_argument("--metrics-body", help="what GET /metrics returns (default: no /metrics, a 404)")
     parser.add_argument("--max-model-len", type=int, help="the context window /v1/models states (default: none)")
-    parser.add_argument("--override", action="append", default=[], metavar="PATH=JSON",
-                        help="put this JSON value at this path of every event (e.g. usage.prompt_tokens='\"lots\"')")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="PATH=JSON",
+        help="put this JSON value at this path of every event (e.g. usage.prompt_tokens='\"lots\"')",
+    )
     parser.add_argument("--ignore-max-tokens", action="store_true", help="stream tokens until the client leaves")
     parser.add_argument("--first-event-bytes", type=int, default=0, help="pad the first token event to this size")
     args = parser.parse_args(argv)
@@ -288,8 +300,9 @@ def main(argv: list[str] | None = None) -> None:
         ignore_max_tokens=args.ignore_max_tokens,
         first_event_bytes=args.first_event_bytes,
     )
-    app = make_app(behaviour, served_model=args.served_model, metrics_body=args.metrics_body,
-                   max_model_len=args.max_model_len)
+    app = make_app(
+        behaviour, served_model=args.served_model, metrics_body=args.metrics_body, max_model_len=args.max_model_len
+    )
     web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, reuse_port=args.reuse_port or None)
 
 

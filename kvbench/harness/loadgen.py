@@ -43,6 +43,8 @@ from kvbench.harness.client import (
 from kvbench.harness.client_check import ClientCheck, check_lags, probe_loop
 from kvbench.harness.clock import PreciseTimer
 from kvbench.harness.pacing import Gate, OpenGate, gate_for
+from kvbench.measure import metrics
+from kvbench.measure.answer import Answer, FailureKind
 from kvbench.measure.conversation import (
     Ask,
     Conversation,
@@ -52,7 +54,6 @@ from kvbench.measure.conversation import (
     SharedPrefix,
     placeholder_tokens,
 )
-from kvbench.measure.answer import Answer, FailureKind
 from kvbench.measure.record_builder import NextTurn, build_record
 from kvbench.measure.records import (
     ANSWER_PLACEHOLDER,
@@ -61,7 +62,6 @@ from kvbench.measure.records import (
     RecordWriter,
     RequestRecord,
 )
-from kvbench.measure import metrics
 from kvbench.measure.schedule import LoadSpec, session_offsets
 from kvbench.workloads.spec import Session, Workload
 
@@ -215,7 +215,9 @@ class LoadGenerator:
         """An oracle that has observed nothing, under this engine's isolation rule."""
         return ReuseOracle.following(self.isolation, self.shared_prefixes, self.codec.encode if self.codec else None)
 
-    async def _play(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
+    async def _play(
+        self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState
+    ) -> None:
         """Start every session on its schedule and wait for all; an abort cancels them (and ends this quietly)."""
         arrivals = asyncio.create_task(self._arrivals(http, workload, offsets, state))
         state.cancel = arrivals.cancel
@@ -225,7 +227,9 @@ class LoadGenerator:
             if state.aborted is None:
                 raise  # cancelled from outside (Ctrl-C): not ours to swallow
 
-    async def _arrivals(self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState) -> None:
+    async def _arrivals(
+        self, http: aiohttp.ClientSession, workload: Workload, offsets: list[float], state: _RunState
+    ) -> None:
         order = sorted(range(len(workload.sessions)), key=lambda index: offsets[index])
         tasks: list[asyncio.Task] = []
         try:
@@ -264,7 +268,9 @@ class LoadGenerator:
             if record is None or not record.ok:
                 return  # the run is over, or a failed turn ended its session (the next prompt would not be real)
 
-    def _replay(self, record: RequestRecord, talk: Conversation, chat: _Chat | None, state: _RunState) -> RequestRecord | None:
+    def _replay(
+        self, record: RequestRecord, talk: Conversation, chat: _Chat | None, state: _RunState
+    ) -> RequestRecord | None:
         """Take a finished turn of the interrupted run as if it had just been answered again."""
         if not state.may_send():
             return None
@@ -277,8 +283,13 @@ class LoadGenerator:
         return record
 
     async def _send(
-        self, http: aiohttp.ClientSession, endpoint: EndpointConfig, talk: Conversation, chat: _Chat | None,
-        queued_ns: int, state: _RunState,
+        self,
+        http: aiohttp.ClientSession,
+        endpoint: EndpointConfig,
+        talk: Conversation,
+        chat: _Chat | None,
+        queued_ns: int,
+        state: _RunState,
     ) -> RequestRecord | None:
         """Send one turn once its gate lets it (a request arrival, a free slot under a cap); None when the run
         may send no more."""
@@ -320,7 +331,9 @@ class LoadGenerator:
 
         async def touch() -> None:
             try:
-                async with http.get(url, headers=self.endpoint.headers(), timeout=aiohttp.ClientTimeout(total=5)) as reply:
+                async with http.get(
+                    url, headers=self.endpoint.headers(), timeout=aiohttp.ClientTimeout(total=5)
+                ) as reply:
                     await reply.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 pass
@@ -336,8 +349,11 @@ class LoadGenerator:
         if self.codec is not None and answer.text:
             return NextTurn(ANSWER_RETOKENIZED, list(self.codec.encode(answer.text)), text)
         usage = answer.usage
-        length = (usage.completion_tokens if usage is not None and usage.completion_tokens is not None
-                  else sum(n for _, n in answer.chunks or ()))
+        length = (
+            usage.completion_tokens
+            if usage is not None and usage.completion_tokens is not None
+            else sum(n for _, n in answer.chunks or ())
+        )
         tokens = placeholder_tokens(ask.asked.session_id, ask.turn, length, vocab_size)
         return NextTurn(ANSWER_PLACEHOLDER, tokens.tolist(), text)
 
@@ -353,11 +369,14 @@ class LoadGenerator:
         elif record.error_kind in UNANSWERED_KINDS:
             state.unanswered_in_a_row += 1
             if state.unanswered_in_a_row >= self.abort_after_unanswered:
-                state.abort(f"engine unreachable: {state.unanswered_in_a_row} requests in a row got no answer "
-                            f"(last: {record.error})")
+                state.abort(
+                    f"engine unreachable: {state.unanswered_in_a_row} requests in a row got no answer "
+                    f"(last: {record.error})"
+                )
 
-    def check(self, schedule_lags: Sequence[float], loop_lags: Sequence[float],
-              records: Sequence[RequestRecord]) -> ClientCheck:
+    def check(
+        self, schedule_lags: Sequence[float], loop_lags: Sequence[float], records: Sequence[RequestRecord]
+    ) -> ClientCheck:
         """The self-check of these lags (ms) against a bound relative to the records' TTFT (see `client_check`)."""
         ttft = Distribution.of(metrics.ttft_values(records))
         return check_lags(schedule_lags, loop_lags, self.max_lag_ms, self.load.mode, ttft.p50 if ttft else None)
@@ -380,4 +399,3 @@ class _Chat:
 
     def answered(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
-

@@ -89,8 +89,14 @@ class ArrivalGate:
     arrival; once it says no, every waiter is let through with None (they then see the run is over) instead
     of each waiting for an arrival of its own."""
 
-    def __init__(self, gaps: Iterator[float], t0_ns: int, timer: PreciseTimer, may_send: Callable[[], bool],
-                 cap: int | None = None) -> None:
+    def __init__(
+        self,
+        gaps: Iterator[float],
+        t0_ns: int,
+        timer: PreciseTimer,
+        may_send: Callable[[], bool],
+        cap: int | None = None,
+    ) -> None:
         self._gaps = gaps
         self._t0_ns = t0_ns
         self._timer = timer
@@ -147,8 +153,9 @@ class ArrivalGate:
 def gate_for(load: LoadSpec, seed: int, t0_ns: int, timer: PreciseTimer, may_send: Callable[[], bool]) -> Gate:
     """The gate of `load`'s mode (see the module's docstring); an infinite request rate is no pacing at all."""
     if load.mode == MODE_REQUEST_RATE and not math.isinf(load.request_rate):
-        return ArrivalGate(request_gaps(load.request_rate, load.burstiness, seed), t0_ns, timer, may_send,
-                           cap=load.max_concurrency)
+        return ArrivalGate(
+            request_gaps(load.request_rate, load.burstiness, seed), t0_ns, timer, may_send, cap=load.max_concurrency
+        )
     if load.mode == MODE_CONCURRENCY or load.cap is not None:
         return SlotGate(load.cap)
     return OpenGate()

@@ -20,11 +20,15 @@ def possible_load(load: LoadSpec, workload: Workload) -> tuple[LoadSpec, tuple[s
     warnings = []
     if load.stage is None and load.cap is not None and load.cap > sessions:
         field = "concurrency" if load.concurrency is not None else "max_concurrency"
-        warnings.append(f"{workload.name}: {field} {load.cap} capped at {sessions}: its {sessions} sessions have at "
-                        f"most {sessions} requests in flight (more sessions: --num-sessions)")
+        warnings.append(
+            f"{workload.name}: {field} {load.cap} capped at {sessions}: its {sessions} sessions have at "
+            f"most {sessions} requests in flight (more sessions: --num-sessions)"
+        )
         load = dataclasses.replace(load, **{field: sessions})
     if load.stage is None and load.num_requests is not None and load.num_requests > requests:
-        warnings.append(f"{workload.name}: {load.num_requests} requests asked, its {sessions} sessions have "
-                        f"{requests}: {requests} are sent (more sessions: --num-sessions)")
+        warnings.append(
+            f"{workload.name}: {load.num_requests} requests asked, its {sessions} sessions have "
+            f"{requests}: {requests} are sent (more sessions: --num-sessions)"
+        )
         load = dataclasses.replace(load, num_requests=requests)
     return load, tuple(warnings)

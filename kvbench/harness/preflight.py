@@ -49,14 +49,18 @@ def start_problems(adapter, installed_help=None) -> list[str]:
     installed engine's --help (the dry run passes its cached one); None skips the flag check."""
     reasons = []
     plan = getattr(getattr(adapter, "server", None), "plan", None)
-    command = tuple(plan.command) if plan is not None else tuple(adapter.command()) if hasattr(adapter, "command") else ()
+    command = (
+        tuple(plan.command) if plan is not None else tuple(adapter.command()) if hasattr(adapter, "command") else ()
+    )
     if command:
         executable = command[0]
         if not (shutil.which(executable) or os.access(executable, os.X_OK)):
             reasons.append(f"{executable} is not there (the interpreter or executable of {adapter.name}'s command)")
         elif plan is not None and not _installed(adapter):
-            reasons.append(f"{adapter.name} is not installed for {executable}; point the cell's `python` setting "
-                           f"(or ${_python_variable(adapter)}) at the venv that has it")
+            reasons.append(
+                f"{adapter.name} is not installed for {executable}; point the cell's `python` setting "
+                f"(or ${_python_variable(adapter)}) at the venv that has it"
+            )
     served = getattr(adapter, "model_problem", None)
     problem = served() if served is not None else None
     if problem:
@@ -68,8 +72,10 @@ def start_problems(adapter, installed_help=None) -> list[str]:
         found = installed_help(plan)
         if found is not None:
             text, _ = found
-            reasons += [f"installed {adapter.name}: {problem}" for problem in
-                        command_problems(respell(plan.command, text, plan.spellings), text)]
+            reasons += [
+                f"installed {adapter.name}: {problem}"
+                for problem in command_problems(respell(plan.command, text, plan.spellings), text)
+            ]
     return reasons
 
 
@@ -87,8 +93,9 @@ def installed_help(plan) -> tuple[str, str] | None:
     return text, f"installed: {shlex.join(plan.help_command)}"
 
 
-def check_cells(config: ExperimentConfig, run_dir: Path,
-                helps: dict[tuple[str, ...], tuple[str, str] | None] | None = None) -> list[CellReadiness]:
+def check_cells(
+    config: ExperimentConfig, run_dir: Path, helps: dict[tuple[str, ...], tuple[str, str] | None] | None = None
+) -> list[CellReadiness]:
     """Every engine cell's readiness (adapters are built, which checks their settings; nothing starts). With
     `helps` (a cache by help command, filled here: the launch reuses it), each distinct installed engine's
     --help is run once and the cell's flags are checked against it (vLLM's takes tens of seconds)."""
@@ -112,8 +119,10 @@ def require_all_can_start(cells: Sequence[CellReadiness]) -> None:
     blocked = [cell for cell in cells if not cell.ready]
     if blocked:
         listed = "; ".join(f"{cell.label}: {', '.join(cell.reasons)}" for cell in blocked)
-        raise SettingsError(f"{len(blocked)} of {len(cells)} engine cells cannot start here ({listed}); fix them "
-                            "or remove those cells (`kvbench run CONFIG --dry-run` lists each)")
+        raise SettingsError(
+            f"{len(blocked)} of {len(cells)} engine cells cannot start here ({listed}); fix them "
+            "or remove those cells (`kvbench run CONFIG --dry-run` lists each)"
+        )
 
 
 # Adapters whose engine_version() lists several distributions, by the one that must be among them (LMCache runs
@@ -124,8 +133,9 @@ _REQUIRED_DISTRIBUTION = {"lmcache": "lmcache"}
 def _installed(adapter) -> bool:
     version = adapter.engine_version()
     required = _REQUIRED_DISTRIBUTION.get(adapter.name)
-    return version is not None and (required is None or any(
-        item.split()[0] == required for item in version.split(", ")))
+    return version is not None and (
+        required is None or any(item.split()[0] == required for item in version.split(", "))
+    )
 
 
 def _python_variable(adapter) -> str:

@@ -40,7 +40,13 @@ from kvbench.measure.metrics import ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
 from kvbench.measure.report import write_plots, write_summaries
 from kvbench.measure.run_folder import (
-    REQUESTS_JSONL, Resumed, RunEntry, RunMode, engine_dir, open_run_dir, write_config_and_env,
+    REQUESTS_JSONL,
+    Resumed,
+    RunEntry,
+    RunMode,
+    engine_dir,
+    open_run_dir,
+    write_config_and_env,
 )
 from kvbench.settings import SettingsError
 
@@ -67,8 +73,10 @@ def connect(address: str):
         try:
             ray.init(address=None if address == LOCAL else address, log_to_driver=False)
         except ConnectionError as exc:
-            raise SettingsError(f"--ray {address}: no Ray cluster found ({str(exc).splitlines()[0]}); start one "
-                                "(ray start --head, or a KubeRay RayCluster) or give --ray local") from None
+            raise SettingsError(
+                f"--ray {address}: no Ray cluster found ({str(exc).splitlines()[0]}); start one "
+                "(ray start --head, or a KubeRay RayCluster) or give --ray local"
+            ) from None
     return ray
 
 
@@ -135,10 +143,15 @@ class RayPool:
         pending = dict(self._streams)
         for stream, worker, batch in stream_batches(import_ray(), pending):
             if isinstance(batch, StopIteration):
-                yield Lost(worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) ended without a result")
+                yield Lost(
+                    worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) ended without a result"
+                )
             elif isinstance(batch, BaseException):
-                yield Lost(worker, f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) died: "
-                                   f"{type(batch).__name__}: {str(batch).splitlines()[0]}")
+                yield Lost(
+                    worker,
+                    f"load worker {worker} (Ray actor on {self._hosts.get(worker)}) died: "
+                    f"{type(batch).__name__}: {str(batch).splitlines()[0]}",
+                )
             else:
                 for message in batch:
                     if isinstance(message, (Done, Lost)):
@@ -201,13 +214,17 @@ def run_cell(config: ExperimentConfig, index: int, resumed: Resumed) -> Iterator
     def body() -> None:
         try:
             with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
-                Experiment(config, run_dir, writer, progress, resumed, outcome,
-                            pool=lambda: RayPool(node_id=node)).run_engine(index, engine)  # used for workers > 1
+                Experiment(
+                    config, run_dir, writer, progress, resumed, outcome, pool=lambda: RayPool(node_id=node)
+                ).run_engine(index, engine)  # used for workers > 1
         except Exception as exc:  # noqa: BLE001 - the cell fails alone, and says why
             outcome.failures.append(f"{engine.label}: {traceback.format_exception_only(exc)[-1].strip()}")
         folder = engine_dir(run_dir, engine.label)
-        files = {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()} \
-            if folder.exists() else {}
+        files = (
+            {str(path.relative_to(folder)): path.read_bytes() for path in folder.rglob("*") if path.is_file()}
+            if folder.exists()
+            else {}
+        )
         shutil.rmtree(run_dir, ignore_errors=True)  # everything in it went to the driver as events and files
         events.put(_CellEnd(tuple(outcome.failures), tuple(outcome.warnings), files))
 
@@ -232,8 +249,10 @@ def run_on_ray(config: ExperimentConfig, run_dir: Path, progress, mode: RunMode,
     for run_id, kept in resumed.records.items():  # the cells send only what they measure now
         _add_ttfts(ttfts, run_id, kept)
     cell = ray.remote(run_cell)
-    streams = {cell.options(**cell_options(engine, config.client.workers)).remote(config, index, resumed): engine
-               for index, engine in enumerate(config.engines)}
+    streams = {
+        cell.options(**cell_options(engine, config.client.workers)).remote(config, index, resumed): engine
+        for index, engine in enumerate(config.engines)
+    }
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:
         try:
             for stream, engine, batch in stream_batches(ray, streams):
@@ -311,4 +330,3 @@ def _cell_end(run_dir: Path, engine: EngineSpec, end: _CellEnd, outcome) -> None
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-

@@ -42,7 +42,9 @@ def reconcile(
     reported = [record.cached_tokens for record in records if record.cached_tokens is not None]
     client = sum(reported) if reported else None
     if before is None or after is None:
-        return Reconciliation(None, None, client, None, "engine counters not available (no /metrics, or not Prometheus text)")
+        return Reconciliation(
+            None, None, client, None, "engine counters not available (no /metrics, or not Prometheus text)"
+        )
     for name in CACHED_TOKEN_COUNTERS:
         end = sum_samples(after, name)
         if end is None:
@@ -70,6 +72,8 @@ def cache_reasons(summary: Mapping, cache_reset: bool | None) -> list[str]:
     hit, oracle = cache.get("cache_hit_rate"), cache.get("oracle_hit_rate")
     if not cache_reset or hit is None or oracle is None or hit <= oracle + HIT_OVER_ORACLE_TOLERANCE:
         return []
-    return [f"cache hit rate {hit:.1%} exceeds the oracle's {oracle:.1%} + {HIT_OVER_ORACLE_TOLERANCE:.0%} after a "
-            "cache reset: the server's cached_tokens are wrong, its reset did not empty the cache, or it shares "
-            "prefixes across tenants the oracle's isolation rule keeps apart"]
+    return [
+        f"cache hit rate {hit:.1%} exceeds the oracle's {oracle:.1%} + {HIT_OVER_ORACLE_TOLERANCE:.0%} after a "
+        "cache reset: the server's cached_tokens are wrong, its reset did not empty the cache, or it shares "
+        "prefixes across tenants the oracle's isolation rule keeps apart"
+    ]

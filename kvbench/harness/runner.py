@@ -25,9 +25,15 @@ from pathlib import Path
 from kvbench.engines.registry import engine_factory
 from kvbench.harness.config import ExperimentConfig, load_config_file
 from kvbench.harness.env import collect_env
+
 # Progress, RunOutcome, UnreachableEngine and invalid_reasons are the runner's API too (re-exported).
 from kvbench.harness.experiment import (  # noqa: F401
-    Experiment, Progress, RunOutcome, UnreachableEngine, invalid_reasons, records_entry,
+    Experiment,
+    Progress,
+    RunOutcome,
+    UnreachableEngine,
+    invalid_reasons,
+    records_entry,
 )
 from kvbench.harness.preflight import check_cells, require_all_can_start
 from kvbench.harness.ray_cluster import import_ray, run_on_ray
@@ -36,7 +42,15 @@ from kvbench.measure.folder_lock import locked_run_dir
 from kvbench.measure.records import PointId, RecordWriter
 from kvbench.measure.report import write_plots
 from kvbench.measure.run_folder import (
-    CONFIG_YAML, REBUILT, REQUESTS_JSONL, SUMMARY_JSON, RunEntry, RunMode, engine_dir, open_run_dir, records_by_run,
+    CONFIG_YAML,
+    REBUILT,
+    REQUESTS_JSONL,
+    SUMMARY_JSON,
+    RunEntry,
+    RunMode,
+    engine_dir,
+    open_run_dir,
+    records_by_run,
     write_config_and_env,
 )
 from kvbench.measure.write_errors import RunWriteError
@@ -66,7 +80,10 @@ def validate_experiment(config: ExperimentConfig) -> None:
 
 
 def run_experiment(
-    config: ExperimentConfig, run_dir: Path, progress: Progress = Progress(), mode: RunMode = RunMode.FRESH,
+    config: ExperimentConfig,
+    run_dir: Path,
+    progress: Progress = Progress(),
+    mode: RunMode = RunMode.FRESH,
     ray_address: str | None = None,
 ) -> RunOutcome:
     """Run the matrix into `run_dir`; the summary files are written after every point and on any stop.
@@ -100,8 +117,14 @@ def run_experiment(
         if outcome.entries:
             write_plots(run_dir, outcome.entries, experiment.ttfts)
             try:
-                write_exports(run_dir, outcome.entries, records_by_run(run_dir), _loads(config),
-                              config.client.api, config.client.tokenizer)
+                write_exports(
+                    run_dir,
+                    outcome.entries,
+                    records_by_run(run_dir),
+                    _loads(config),
+                    config.client.api,
+                    config.client.tokenizer,
+                )
             except Exception as exc:  # noqa: BLE001 - what was measured is written; an export must not fail the run
                 warning = f"requests_metrics / vllm exports not written: {type(exc).__name__}: {exc}"
                 outcome.warnings.append(warning)
@@ -124,7 +147,7 @@ def rebuild_entries(run_dir: Path) -> list[RunEntry]:
     if not (run_dir / REQUESTS_JSONL).exists():
         raise FileNotFoundError(f"{run_dir}: no {SUMMARY_JSON} and no {REQUESTS_JSONL} (is this a kvbench run folder?)")
     config = load_config_file(run_dir / CONFIG_YAML)
-    return [records_entry(PointId.parse(run_id), records, config, REBUILT)
-            for run_id, records in records_by_run(run_dir).items()]
-
-
+    return [
+        records_entry(PointId.parse(run_id), records, config, REBUILT)
+        for run_id, records in records_by_run(run_dir).items()
+    ]

@@ -77,8 +77,10 @@ class SSEParser:
     def _check(self, line_bytes: int) -> None:
         """Refuse a line of `line_bytes` that would take the event being read past the bound."""
         if self._data_bytes + line_bytes > self.max_event_bytes:
-            raise EventTooLarge(f"an SSE event is past {self.max_event_bytes:,} bytes "
-                                f"({self.max_event_bytes / 2**20:g} MiB, the client's max_event_bytes)")
+            raise EventTooLarge(
+                f"an SSE event is past {self.max_event_bytes:,} bytes "
+                f"({self.max_event_bytes / 2**20:g} MiB, the client's max_event_bytes)"
+            )
 
     def _line(self, raw: bytes, events: list[str]) -> None:
         if not raw:

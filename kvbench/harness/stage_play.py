@@ -41,8 +41,13 @@ class StageChain:
 
 
 def play_stage(
-    generator: LoadGenerator, workload: Workload, staged: StagedLoad, seed: int, oracle: ReuseOracle,
-    writer: RecordWriter | None, on_record: Callable[[RequestRecord], None] | None,
+    generator: LoadGenerator,
+    workload: Workload,
+    staged: StagedLoad,
+    seed: int,
+    oracle: ReuseOracle,
+    writer: RecordWriter | None,
+    on_record: Callable[[RequestRecord], None] | None,
     finished: Sequence[RequestRecord] = (),
 ) -> LoadResult:
     """Play `staged`'s parts (module docstring) with `generator`'s endpoint and run id; one result for the point.
@@ -54,8 +59,18 @@ def play_stage(
         sessions = part.sessions_of(workload.sessions)
         warmup = sum(len(session.turns) for session in sessions) if part.warmup else 0
         player = dataclasses.replace(generator, load=LoadSpec(rate=part.stage.rate, warmup_requests=warmup))
-        results.append(eventloop.run(player.run(dataclasses.replace(workload, sessions=tuple(sessions)), writer,
-                                                on_record, finished, offsets=part.offsets, oracle=oracle)))
+        results.append(
+            eventloop.run(
+                player.run(
+                    dataclasses.replace(workload, sessions=tuple(sessions)),
+                    writer,
+                    on_record,
+                    finished,
+                    offsets=part.offsets,
+                    oracle=oracle,
+                )
+            )
+        )
         if results[-1].aborted is not None:
             break
     return joined(generator, results)

@@ -40,8 +40,20 @@ MAX_TOKEN_ID = (1 << 31) - 1  # answers are kept as int32 token ids
 MAX_FINISH_REASON_CHARS = 64
 USAGE_TOLERANCE = 1  # tokens: an EOS token counted in usage but not streamed (or the reverse)
 
-__all__ = ["API_CHAT", "API_COMPLETIONS", "DEFAULT_MAX_CONTEXT", "AnswerLimits", "AnswerReader", "Chunk", "Failure",
-           "Usage", "breach_reason", "error_message", "parse_payload", "stated_context"]
+__all__ = [
+    "API_CHAT",
+    "API_COMPLETIONS",
+    "DEFAULT_MAX_CONTEXT",
+    "AnswerLimits",
+    "AnswerReader",
+    "Chunk",
+    "Failure",
+    "Usage",
+    "breach_reason",
+    "error_message",
+    "parse_payload",
+    "stated_context",
+]
 
 
 @dataclass(frozen=True)
@@ -145,8 +157,13 @@ def parse_payload(payload: str, api: str, limits: AnswerLimits) -> Chunk | Failu
     pieces = [_chunk(choice, api, None) for choice in choices]
     ids = [token for piece in pieces for token in piece.token_ids or ()]
     finish = [piece.finish_reason for piece in pieces if piece.finish_reason]
-    return Chunk("".join(piece.text for piece in pieces), ids or None, sum(piece.tokens for piece in pieces),
-                 finish[-1] if finish else None, usage)
+    return Chunk(
+        "".join(piece.text for piece in pieces),
+        ids or None,
+        sum(piece.tokens for piece in pieces),
+        finish[-1] if finish else None,
+        usage,
+    )
 
 
 def _chunk(choice: _CompletionChoice | _ChatChoice, api: str, usage: Usage | None) -> Chunk:
@@ -161,8 +178,11 @@ def _chunk(choice: _CompletionChoice | _ChatChoice, api: str, usage: Usage | Non
         tokens = len(ids)
     elif text or thought:
         logprobs = choice.logprobs
-        said = logprobs.tokens if logprobs is not None and logprobs.tokens is not None else (
-            logprobs.content if logprobs is not None else None)
+        said = (
+            logprobs.tokens
+            if logprobs is not None and logprobs.tokens is not None
+            else (logprobs.content if logprobs is not None else None)
+        )
         tokens = len(said) if said else 1
     else:
         tokens = 0
@@ -175,8 +195,11 @@ class _Bad(Exception):
 
 def _usage(usage: _Usage, limits: AnswerLimits) -> Usage:
     context = limits.max_context
-    completion_bound, completion_name = ((limits.max_tokens, f"max_tokens {limits.max_tokens}")
-                                         if limits.max_tokens is not None else (context, f"the context bound {context}"))
+    completion_bound, completion_name = (
+        (limits.max_tokens, f"max_tokens {limits.max_tokens}")
+        if limits.max_tokens is not None
+        else (context, f"the context bound {context}")
+    )
     details = usage.prompt_tokens_details
     cached = details.cached_tokens if details is not None else None
     tiers = details.cached_tokens_by_tier if details is not None else None
@@ -184,8 +207,12 @@ def _usage(usage: _Usage, limits: AnswerLimits) -> Usage:
     _bounded(usage.completion_tokens, "usage.completion_tokens", completion_bound, completion_name)
     _bounded(cached, "usage.prompt_tokens_details.cached_tokens", context, f"the context bound {context}")
     for tier, count in (tiers or {}).items():
-        _bounded(count, f"usage.prompt_tokens_details.cached_tokens_by_tier.{tier[:40]}", context,
-                 f"the context bound {context}")
+        _bounded(
+            count,
+            f"usage.prompt_tokens_details.cached_tokens_by_tier.{tier[:40]}",
+            context,
+            f"the context bound {context}",
+        )
     return Usage(usage.prompt_tokens, usage.completion_tokens, cached, tiers)
 
 
@@ -196,9 +223,15 @@ def _bounded(value: int | None, name: str, bound: int, bound_name: str) -> None:
 
 # What the decoder's "Expected `TYPE`[ CONSTRAINT]" says, in the reason's words.
 _EXPECTED = re.compile(r"Expected `(\w+)[^`]*`( >= 0| <=| of length)?")
-_WORDS = {"int": "not an integer", "str": "not a string", "array": "not a list", "object": "not an object",
-          " >= 0": "below 0", " <=": "past the largest token id",
-          " of length": f"not a string of at most {MAX_FINISH_REASON_CHARS} characters"}
+_WORDS = {
+    "int": "not an integer",
+    "str": "not a string",
+    "array": "not a list",
+    "object": "not an object",
+    " >= 0": "below 0",
+    " <=": "past the largest token id",
+    " of length": f"not a string of at most {MAX_FINISH_REASON_CHARS} characters",
+}
 _AT = re.compile(r" - at `\$(.*)`$")
 _STEP = re.compile(r"\.(\w+)|\[(\d+|\.\.\.)\]")
 
@@ -300,8 +333,10 @@ class AnswerReader:
             self.finish_reason = chunk.finish_reason
         max_tokens = self.limits.max_tokens
         if max_tokens is not None and self.streamed_tokens > max_tokens:
-            return Failure(FailureKind.BAD_ANSWER, f"server ignored max_tokens: {self.streamed_tokens} tokens "
-                                                   f"streamed, max_tokens {max_tokens}")
+            return Failure(
+                FailureKind.BAD_ANSWER,
+                f"server ignored max_tokens: {self.streamed_tokens} tokens streamed, max_tokens {max_tokens}",
+            )
         return None
 
     def finish(self, record: RequestRecord | None = None) -> Failure | None:
@@ -315,23 +350,39 @@ class AnswerReader:
         if prompt is not None and tiers > prompt:
             return _bad(f"cached_tokens_by_tier sum to {tiers} > usage.prompt_tokens {prompt}")
         if prompt is not None and completion is not None and prompt + completion > self.limits.max_context:
-            return _bad(f"usage.prompt_tokens + completion_tokens = {prompt + completion}, "
-                        f"past the context bound {self.limits.max_context}")
+            return _bad(
+                f"usage.prompt_tokens + completion_tokens = {prompt + completion}, "
+                f"past the context bound {self.limits.max_context}"
+            )
         if completion is not None:
             ids = self.token_ids
             if ids is not None and abs(completion - len(ids)) > USAGE_TOLERANCE:
-                return _bad(f"usage.completion_tokens {completion} disagrees with the {len(ids)} "
-                            f"token ids streamed (tolerance {USAGE_TOLERANCE})")
+                return _bad(
+                    f"usage.completion_tokens {completion} disagrees with the {len(ids)} "
+                    f"token ids streamed (tolerance {USAGE_TOLERANCE})"
+                )
             if ids is None and completion < self.streamed_tokens:
-                return _bad(f"usage.completion_tokens {completion} < the {self.streamed_tokens} tokens of text streamed")
+                return _bad(
+                    f"usage.completion_tokens {completion} < the {self.streamed_tokens} tokens of text streamed"
+                )
         return None
 
-    def answer(self, sent_ns: int | None, http_status: int | None, done_ns: int | None,
-               failure: Failure | None) -> Answer:
+    def answer(
+        self, sent_ns: int | None, http_status: int | None, done_ns: int | None, failure: Failure | None
+    ) -> Answer:
         """What was read, as the transport hands it on: sent at `sent_ns`, ended at `done_ns`, failed or not."""
-        return Answer(sent_ns=sent_ns, http_status=http_status, first_token_ns=self.first_token_ns, done_ns=done_ns,
-                      chunks=self.chunks, usage=self.usage, finish_reason=self.finish_reason, text=self.text,
-                      token_ids=self.token_ids, failure=failure)
+        return Answer(
+            sent_ns=sent_ns,
+            http_status=http_status,
+            first_token_ns=self.first_token_ns,
+            done_ns=done_ns,
+            chunks=self.chunks,
+            usage=self.usage,
+            finish_reason=self.finish_reason,
+            text=self.text,
+            token_ids=self.token_ids,
+            failure=failure,
+        )
 
 
 def _bad(reason: str) -> Failure:

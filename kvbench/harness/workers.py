@@ -120,10 +120,15 @@ def play(job: WorkerJob, start_at_s: float, emit: Callable[[Message], None]) -> 
         from kvbench.harness.tokenizer import load_codec
 
         generator = dataclasses.replace(generator, codec=load_codec(job.tokenizer))
-    result = eventloop.run(generator.run(
-        job.workload, on_record=lambda record: emit(Sent(job.worker, record)), finished=job.finished,
-        offsets=job.offsets, start_at_s=start_at_s,
-    ))
+    result = eventloop.run(
+        generator.run(
+            job.workload,
+            on_record=lambda record: emit(Sent(job.worker, record)),
+            finished=job.finished,
+            offsets=job.offsets,
+            start_at_s=start_at_s,
+        )
+    )
     emit(Done(job.worker, dataclasses.replace(result, records=(), replayed=())))
 
 
@@ -157,8 +162,9 @@ class ProcessPool:
         cpus = worker_cpus(len(jobs), sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
         for job, cpu in zip(jobs, cpus):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_process_main, args=(theirs, job, cpu), name=f"kvbench-load-{job.worker}",
-                                      daemon=True)
+            process = context.Process(
+                target=_process_main, args=(theirs, job, cpu), name=f"kvbench-load-{job.worker}", daemon=True
+            )
             process.start()
             theirs.close()
             self._workers.append((job, process, ours))
@@ -166,7 +172,9 @@ class ProcessPool:
         for job, process, pipe in self._workers:
             message = _receive(pipe, job.worker, process)
             if not isinstance(message, Ready):
-                raise WorkerStartError(message.reason if isinstance(message, Lost) else f"worker {job.worker}: {message}")
+                raise WorkerStartError(
+                    message.reason if isinstance(message, Lost) else f"worker {job.worker}: {message}"
+                )
             ready.append(message)
         return ready
 
@@ -239,8 +247,13 @@ def _process_main(pipe: multiprocessing.connection.Connection, job: WorkerJob, c
     pipe.close()
 
 
-def plan_jobs(generator: LoadGenerator, workload: Workload, workers: int, finished: Sequence[RequestRecord] = (),
-              tokenizer: str | None = None) -> list[WorkerJob]:
+def plan_jobs(
+    generator: LoadGenerator,
+    workload: Workload,
+    workers: int,
+    finished: Sequence[RequestRecord] = (),
+    tokenizer: str | None = None,
+) -> list[WorkerJob]:
     """The driver's one schedule dealt into one job per worker (see `split_schedule`)."""
     sessions = workload.sessions
     offsets = session_offsets(generator.load, [session.arrival_s for session in sessions], generator.seed)
@@ -248,15 +261,19 @@ def plan_jobs(generator: LoadGenerator, workload: Workload, workers: int, finish
     jobs = []
     for share in shares:
         own = {sessions[index].session_id for index in share.sessions}
-        jobs.append(WorkerJob(
-            worker=share.worker,
-            # Its own seed: at a request rate each worker draws its own arrivals (offsets are fixed above).
-            generator=dataclasses.replace(generator, load=share.load, codec=None, seed=generator.seed + share.worker),
-            workload=dataclasses.replace(workload, sessions=tuple(sessions[index] for index in share.sessions)),
-            offsets=share.offsets,
-            finished=tuple(record for record in finished if record.session_id in own),
-            tokenizer=tokenizer,
-        ))
+        jobs.append(
+            WorkerJob(
+                worker=share.worker,
+                # Its own seed: at a request rate each worker draws its own arrivals (offsets are fixed above).
+                generator=dataclasses.replace(
+                    generator, load=share.load, codec=None, seed=generator.seed + share.worker
+                ),
+                workload=dataclasses.replace(workload, sessions=tuple(sessions[index] for index in share.sessions)),
+                offsets=share.offsets,
+                finished=tuple(record for record in finished if record.session_id in own),
+                tokenizer=tokenizer,
+            )
+        )
     return jobs
 
 
@@ -307,22 +324,40 @@ def run_on_workers(
     return _pooled(generator, jobs, results, lost, records, finished)
 
 
-def _pooled(generator: LoadGenerator, jobs: Sequence[WorkerJob], results: dict[int, LoadResult], lost: list[str],
-            records: list[RequestRecord], finished: Sequence[RequestRecord]) -> LoadResult:
+def _pooled(
+    generator: LoadGenerator,
+    jobs: Sequence[WorkerJob],
+    results: dict[int, LoadResult],
+    lost: list[str],
+    records: list[RequestRecord],
+    finished: Sequence[RequestRecord],
+) -> LoadResult:
     """One point's result from its workers': lags pooled and per worker, the first abort, every loss."""
     done = [results[job.worker] for job in jobs if job.worker in results]
-    pooled = generator.check([lag for result in done for lag in result.schedule_lags_ms],
-                             [lag for result in done for lag in result.loop_lags_ms], records)
-    behind = [f"worker {job.worker}: {results[job.worker].client.reason}" for job in jobs
-              if job.worker in results and not results[job.worker].client.valid]
+    pooled = generator.check(
+        [lag for result in done for lag in result.schedule_lags_ms],
+        [lag for result in done for lag in result.loop_lags_ms],
+        records,
+    )
+    behind = [
+        f"worker {job.worker}: {results[job.worker].client.reason}"
+        for job in jobs
+        if job.worker in results and not results[job.worker].client.valid
+    ]
     starts = [result.client.start_offset_ms for result in done if result.client.start_offset_ms is not None]
     reason = pooled.reason or (behind[0] if behind else None)
     client = dataclasses.replace(
-        pooled, valid=reason is None, reason=reason, workers=tuple(result.client for result in done),
+        pooled,
+        valid=reason is None,
+        reason=reason,
+        workers=tuple(result.client for result in done),
         start_spread_ms=max(starts) - min(starts) if starts else None,
     )
-    aborts = lost + [f"worker {job.worker}: {results[job.worker].aborted}" for job in jobs
-                     if job.worker in results and results[job.worker].aborted]
+    aborts = lost + [
+        f"worker {job.worker}: {results[job.worker].aborted}"
+        for job in jobs
+        if job.worker in results and results[job.worker].aborted
+    ]
     sources: dict[str, int] = {}
     for result in done:
         for source, count in result.answer_sources.items():

@@ -73,8 +73,9 @@ class Isolation(enum.StrEnum):
 SharedPrefix = str | Sequence[int]  # as a tenants file declares one: a text or token ids
 
 
-def declared_prefix_ids(prefixes: Sequence[SharedPrefix],
-                        encode: Callable[[str], Sequence[int]] | None = None) -> tuple[np.ndarray, ...]:
+def declared_prefix_ids(
+    prefixes: Sequence[SharedPrefix], encode: Callable[[str], Sequence[int]] | None = None
+) -> tuple[np.ndarray, ...]:
     """A tenants file's `shared_prefixes` as token ids: token ids as given, a text through `encode` (the served
     model's tokenizer). Workloads are token ids, so without a tokenizer a text prefix cannot be found in a
     prompt: ValueError names it rather than silently sharing nothing."""
@@ -82,8 +83,10 @@ def declared_prefix_ids(prefixes: Sequence[SharedPrefix],
     for i, prefix in enumerate(prefixes):
         if isinstance(prefix, str):
             if encode is None:
-                raise ValueError(f"shared_prefixes[{i}]: the text {prefix[:30]!r} needs the served model's tokenizer "
-                                 "(the client's --tokenizer; the simulator has none): declare it as token ids")
+                raise ValueError(
+                    f"shared_prefixes[{i}]: the text {prefix[:30]!r} needs the served model's tokenizer "
+                    "(the client's --tokenizer; the simulator has none): declare it as token ids"
+                )
             prefix = encode(prefix)
         out.append(np.asarray(prefix, dtype=TOKEN_DTYPE))
     return tuple(out)
@@ -118,8 +121,12 @@ class ReuseOracle:
         self.isolation = Isolation.parse(self.isolation)  # a name from a caller's config is checked here
 
     @classmethod
-    def following(cls, isolation: Isolation | str, shared_prefixes: Sequence[SharedPrefix] = (),
-                  encode: Callable[[str], Sequence[int]] | None = None) -> ReuseOracle:
+    def following(
+        cls,
+        isolation: Isolation | str,
+        shared_prefixes: Sequence[SharedPrefix] = (),
+        encode: Callable[[str], Sequence[int]] | None = None,
+    ) -> ReuseOracle:
         """The oracle of an engine with `isolation` whose tenants file declares `shared_prefixes` (read only in
         shared-prefix isolation, where a text needs `encode`: see `declared_prefix_ids`)."""
         isolation = Isolation.parse(isolation)

@@ -41,7 +41,8 @@ def add_percentiles(frame: pd.DataFrame, rows: Iterable[Mapping], columns: Seque
     for metric, p in wanted:
         frame[percentile_column(metric, p)] = [
             _percentile(samples.get((run_id, tenant, metric), ()), p)
-            for run_id, tenant in zip(frame["run_id"], frame["tenant"])]
+            for run_id, tenant in zip(frame["run_id"], frame["tenant"])
+        ]
     return frame
 
 
@@ -51,4 +52,6 @@ def _parse(column: str) -> tuple[str, float]:
 
 
 def _percentile(values: Sequence[float], p: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), p, method=PERCENTILE_METHOD)) if len(values) else None
+    return (
+        float(np.percentile(np.asarray(values, dtype=np.float64), p, method=PERCENTILE_METHOD)) if len(values) else None
+    )

@@ -58,8 +58,10 @@ def _take(path: Path, run_dir: Path) -> int:
         except BlockingIOError:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise RunFolderLocked(f"{run_dir} is being written by another kvbench run (pid {holder}, lock {path}); "
-                                  "wait for it to finish or give another --out") from None
+            raise RunFolderLocked(
+                f"{run_dir} is being written by another kvbench run (pid {holder}, lock {path}); "
+                "wait for it to finish or give another --out"
+            ) from None
         try:
             current = os.stat(path).st_ino
         except FileNotFoundError:

@@ -35,40 +35,60 @@ from kvbench.measure import inference_perf_results, llmd_results
 from kvbench.settings import SettingsError, read_yaml
 
 AIPERF_JSON = "profile_export_aiperf.json"
-EXPECTED = (f"a kvbench run folder, a `vllm bench serve --save-result` JSON, AIPerf's {AIPERF_JSON} (or its "
-            "artifact folder), guidellm's benchmarks.json, an llm-d benchmark report (.yaml or .json) or "
-            "inference-perf's *_lifecycle_metrics.json")
+EXPECTED = (
+    f"a kvbench run folder, a `vllm bench serve --save-result` JSON, AIPerf's {AIPERF_JSON} (or its "
+    "artifact folder), guidellm's benchmarks.json, an llm-d benchmark report (.yaml or .json) or "
+    "inference-perf's *_lifecycle_metrics.json"
+)
 _METRICS = ("ttft", "tpot", "itl", "e2e")
 
 # Our summary column -> vLLM's key (times in ms, throughputs per second, as vLLM writes them). vLLM writes
 # p<P>_<metric>_ms only for its --metric-percentiles; the others are missing.
 VLLM_KEYS: dict[str, tuple[str, ...]] = {
-    **{f"{ours}_p{p}_ms": (f"p{p}_{theirs}_ms",) for ours, theirs in zip(_METRICS, ("ttft", "tpot", "itl", "e2el"))
-       for p in PERCENTILES},
+    **{
+        f"{ours}_p{p}_ms": (f"p{p}_{theirs}_ms",)
+        for ours, theirs in zip(_METRICS, ("ttft", "tpot", "itl", "e2el"))
+        for p in PERCENTILES
+    },
     **{f"{ours}_p50_ms": (f"median_{theirs}_ms",) for ours, theirs in zip(_METRICS, ("ttft", "tpot", "itl", "e2el"))},
-    "output_tok_s": ("output_throughput",), "total_tok_s": ("total_token_throughput",),
-    "req_s": ("request_throughput",), "goodput_req_s": ("request_goodput",),
+    "output_tok_s": ("output_throughput",),
+    "total_tok_s": ("total_token_throughput",),
+    "req_s": ("request_throughput",),
+    "goodput_req_s": ("request_goodput",),
 }
 # AIPerf (0.13, schema 1.4): each metric an object with its unit and avg/p1..p99. AIPerf's inter_token_latency
 # is a request's (latency - TTFT) / (tokens - 1), vLLM's and our TPOT; its inter_chunk_latency (the gaps
 # between streamed chunks) is the nearest to our ITL, which splits a chunk of k tokens into k gaps.
 AIPERF_KEYS: dict[str, tuple[str, ...]] = {
-    **{f"{ours}_p{p}_ms": (theirs, f"p{p}") for ours, theirs in zip(
-        _METRICS, ("time_to_first_token", "inter_token_latency", "inter_chunk_latency", "request_latency"))
-       for p in PERCENTILES},
-    "output_tok_s": ("output_token_throughput", "avg"), "total_tok_s": ("total_token_throughput", "avg"),
-    "req_s": ("request_throughput", "avg"), "goodput_req_s": ("goodput", "avg"),
+    **{
+        f"{ours}_p{p}_ms": (theirs, f"p{p}")
+        for ours, theirs in zip(
+            _METRICS, ("time_to_first_token", "inter_token_latency", "inter_chunk_latency", "request_latency")
+        )
+        for p in PERCENTILES
+    },
+    "output_tok_s": ("output_token_throughput", "avg"),
+    "total_tok_s": ("total_token_throughput", "avg"),
+    "req_s": ("request_throughput", "avg"),
+    "goodput_req_s": ("goodput", "avg"),
     "slo_attainment": ("good_request_fraction", "avg"),
 }
 # guidellm (0.8, benchmarks.json version 2): per benchmark, metrics.<name>.<status> distributions. Latencies of
 # successful requests; throughputs over all requests, as guidellm's own console shows them. guidellm's
 # inter_token_latency_ms excludes the first token (its goodput SLO compares vLLM's tpot with it) and is our TPOT
 # and ITL; its time_per_output_token_ms counts the first token and has no kvbench column.
-_GUIDELLM_LATENCY = {"ttft": "time_to_first_token_ms", "tpot": "inter_token_latency_ms",
-                     "itl": "inter_token_latency_ms", "e2e": "request_latency"}
+_GUIDELLM_LATENCY = {
+    "ttft": "time_to_first_token_ms",
+    "tpot": "inter_token_latency_ms",
+    "itl": "inter_token_latency_ms",
+    "e2e": "request_latency",
+}
 GUIDELLM_KEYS: dict[str, tuple[str, ...]] = {
-    **{f"{ours}_p{p}_ms": ("metrics", theirs, "successful", "percentiles", f"p{p}")
-       for ours, theirs in _GUIDELLM_LATENCY.items() for p in PERCENTILES},
+    **{
+        f"{ours}_p{p}_ms": ("metrics", theirs, "successful", "percentiles", f"p{p}")
+        for ours, theirs in _GUIDELLM_LATENCY.items()
+        for p in PERCENTILES
+    },
     "output_tok_s": ("metrics", "output_tokens_per_second", "total", "mean"),
     "total_tok_s": ("metrics", "tokens_per_second", "total", "mean"),
     "req_s": ("metrics", "requests_per_second", "total", "mean"),
@@ -119,8 +139,10 @@ def read_foreign(path: Path) -> list[dict]:
     try:
         size = file.stat().st_size
         if size > MAX_FOREIGN_BYTES:
-            raise ForeignResultError(f"{file}: {size:,} bytes, more than a result file holds ({MAX_FOREIGN_BYTES:,} "
-                                     f"at most); expected {EXPECTED}")
+            raise ForeignResultError(
+                f"{file}: {size:,} bytes, more than a result file holds ({MAX_FOREIGN_BYTES:,} "
+                f"at most); expected {EXPECTED}"
+            )
         if file.suffix in llmd_results.LLMD_SUFFIXES or file.suffix == ".json" and _other_tool(file):
             return [_point_row(point) for point in _other_tool_points(file)]
         raw = file.read_bytes()
@@ -146,8 +168,9 @@ def _raw_sniff(data) -> Sniff | None:
         return None
     present = {key: msgspec.Raw(b"1") for key in Sniff.__struct_fields__ if key in data}
     metadata = data.get("metadata")
-    present["metadata"] = msgspec.Raw(b'{"guidellm_version"}' if isinstance(metadata, dict)
-                                      and "guidellm_version" in metadata else b"")
+    present["metadata"] = msgspec.Raw(
+        b'{"guidellm_version"}' if isinstance(metadata, dict) and "guidellm_version" in metadata else b""
+    )
     return Sniff(**present)
 
 
@@ -175,13 +198,23 @@ def _other_tool_points(file: Path) -> list:
     if inference_perf_results.is_lifecycle(data):
         config = file.parent / inference_perf_results.CONFIG_YAML
         settings = read_yaml(config, "inference-perf config") if config.is_file() else None
-        return inference_perf_results.lifecycle_points(data, file.stem, str(file), settings if isinstance(settings, dict) else None)
+        return inference_perf_results.lifecycle_points(
+            data, file.stem, str(file), settings if isinstance(settings, dict) else None
+        )
     raise ForeignResultError(f"{file}: not a result file kvbench reads; expected {EXPECTED}")
 
 
 def _point_row(point) -> dict:
-    return _row(point.tool, point.values, engine=point.engine, workload=point.workload, load=point.load,
-                requests=point.requests, errors=point.errors, run_id=point.run_id)
+    return _row(
+        point.tool,
+        point.values,
+        engine=point.engine,
+        workload=point.workload,
+        load=point.load,
+        requests=point.requests,
+        errors=point.errors,
+        run_id=point.run_id,
+    )
 
 
 _PATH = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
@@ -208,13 +241,18 @@ def _vllm_row(data, name: str, where: str) -> list[dict]:
     completed, failed = _count(data.completed, "completed", where), _count(data.failed, "failed", where)
     rate, cap = data.request_rate, data.max_concurrency
     load = f"rps={rate}" if rate not in (None, "inf") else "rps=inf"
-    return [_row(
-        "vllm bench", {column: _finite(getattr(data, keys[0]), keys[0], where) for column, keys in VLLM_KEYS.items()},
-        engine=_label(data.label or data.backend or "vllm bench"),
-        workload=_label(data.dataset_name or data.model_id or name),
-        load=_label(load + (f",max={cap}" if cap is not None else "")), requests=completed + failed, errors=failed,
-        run_id=name,
-    )]
+    return [
+        _row(
+            "vllm bench",
+            {column: _finite(getattr(data, keys[0]), keys[0], where) for column, keys in VLLM_KEYS.items()},
+            engine=_label(data.label or data.backend or "vllm bench"),
+            workload=_label(data.dataset_name or data.model_id or name),
+            load=_label(load + (f",max={cap}" if cap is not None else "")),
+            requests=completed + failed,
+            errors=failed,
+            run_id=name,
+        )
+    ]
 
 
 def _aiperf_row(data, name: str, where: str) -> list[dict]:
@@ -224,8 +262,9 @@ def _aiperf_row(data, name: str, where: str) -> list[dict]:
         value = _finite(getattr(metric, stat) if metric is not None else None, f"{metric_name}.{stat}", where)
         if value is not None and column.endswith("_ms"):
             if metric.unit not in _AIPERF_TO_MS:
-                raise ForeignResultError(f"{where}: {metric_name}.unit is {metric.unit!r:.40}; expected one of "
-                                         f"{', '.join(_AIPERF_TO_MS)}")
+                raise ForeignResultError(
+                    f"{where}: {metric_name}.unit is {metric.unit!r:.40}; expected one of {', '.join(_AIPERF_TO_MS)}"
+                )
             value *= _AIPERF_TO_MS[metric.unit]
         values[column] = value
     good = _count(data.request_count.avg if data.request_count else None, "request_count.avg", where)
@@ -237,11 +276,18 @@ def _aiperf_row(data, name: str, where: str) -> list[dict]:
     models = (config.models.items if config.models else None) or []
     phase = next((phase for phase in config.phases or () if phase.kind == "profiling"), schemas.AiperfPhase())
     dataset = next(iter(config.datasets or ()), None)
-    return [_row(
-        f"aiperf {_label(data.aiperf_version)}", values, engine=_label(models[0].name or "aiperf") if models else "aiperf",
-        workload=_label(_aiperf_workload(dataset) or name), load=_label(_aiperf_load(phase)),
-        requests=good + errors, errors=errors, run_id=name,
-    )]
+    return [
+        _row(
+            f"aiperf {_label(data.aiperf_version)}",
+            values,
+            engine=_label(models[0].name or "aiperf") if models else "aiperf",
+            workload=_label(_aiperf_workload(dataset) or name),
+            load=_label(_aiperf_load(phase)),
+            requests=good + errors,
+            errors=errors,
+            run_id=name,
+        )
+    ]
 
 
 def _aiperf_load(phase) -> str:
@@ -267,8 +313,10 @@ def _guidellm_rows(data, name: str, where: str) -> list[dict]:
     version = _label(data.metadata.guidellm_version)
     sources = data.config.spec.data if data.config and data.config.spec else None
     workload = _label(_guidellm_workload(sources) or name)
-    return [_guidellm_row(benchmark, f"{name}#{index}", f"{where}: benchmarks[{index}]", version, workload)
-            for index, benchmark in enumerate(data.benchmarks)]
+    return [
+        _guidellm_row(benchmark, f"{name}#{index}", f"{where}: benchmarks[{index}]", version, workload)
+        for index, benchmark in enumerate(data.benchmarks)
+    ]
 
 
 def _guidellm_row(benchmark, name: str, where: str, version: str, workload: str) -> dict:
@@ -290,9 +338,14 @@ def _guidellm_row(benchmark, name: str, where: str, version: str, workload: str)
     errored = _count(totals.errored, "metrics.request_totals.errored", where)
     config = benchmark.config or schemas.GuidellmBenchmarkConfig()
     return _row(
-        f"guidellm {version}", values, engine=_label((config.backend.model if config.backend else None) or "guidellm"),
-        workload=workload, load=_label(_guidellm_load(config.strategy)),
-        requests=successful + errored, errors=errored, run_id=name,
+        f"guidellm {version}",
+        values,
+        engine=_label((config.backend.model if config.backend else None) or "guidellm"),
+        workload=workload,
+        load=_label(_guidellm_load(config.strategy)),
+        requests=successful + errored,
+        errors=errored,
+        run_id=name,
     )
 
 
@@ -322,13 +375,35 @@ def _guidellm_workload(sources) -> str | None:
     return f"{source.kind or 'data'}{shape}"
 
 
-def _row(tool: str, values: Mapping[str, float | None], *, engine: str, workload: str, load: str, requests: int,
-         errors: int, run_id: str) -> dict:
+def _row(
+    tool: str,
+    values: Mapping[str, float | None],
+    *,
+    engine: str,
+    workload: str,
+    load: str,
+    requests: int,
+    errors: int,
+    run_id: str,
+) -> dict:
     """One summary row in kvbench's columns (summary_frame's), with `tool` naming who measured it."""
     return {
-        **values, "tool": tool, "engine": engine, "kv_dtype": "unknown", "workload": workload, "load": load,
-        "tenant": "all", "requests": requests, "errors": errors, "cache_hit_rate": None, "oracle_hit_rate": None,
-        "prefill_recompute_rate": None, "run_id": run_id, "repeat": 0, "valid": errors == 0, "invalid_reasons": None,
+        **values,
+        "tool": tool,
+        "engine": engine,
+        "kv_dtype": "unknown",
+        "workload": workload,
+        "load": load,
+        "tenant": "all",
+        "requests": requests,
+        "errors": errors,
+        "cache_hit_rate": None,
+        "oracle_hit_rate": None,
+        "prefill_recompute_rate": None,
+        "run_id": run_id,
+        "repeat": 0,
+        "valid": errors == 0,
+        "invalid_reasons": None,
     }
 
 
@@ -342,7 +417,7 @@ def _grouped(pairs) -> dict[str, set[str]]:
 def _label(text: str) -> str:
     """A label from a file, cut to MAX_LABEL_CHARS (a table cell, not a payload)."""
     text = str(text)
-    return text if len(text) <= MAX_LABEL_CHARS else text[:MAX_LABEL_CHARS - 3] + "..."
+    return text if len(text) <= MAX_LABEL_CHARS else text[: MAX_LABEL_CHARS - 3] + "..."
 
 
 def _finite(value, key: str, where: str) -> float | None:
@@ -362,12 +437,18 @@ def _count(value, key: str, where: str) -> int:
 
 
 VLLM = schemas.vllm_schema(keys[0] for keys in VLLM_KEYS.values())
-AIPERF = schemas.aiperf_schema({name: set() for name in ("request_count", "error_request_count")}
-                               | _grouped((keys[0], keys[1]) for keys in AIPERF_KEYS.values()))
+AIPERF = schemas.aiperf_schema(
+    {name: set() for name in ("request_count", "error_request_count")}
+    | _grouped((keys[0], keys[1]) for keys in AIPERF_KEYS.values())
+)
 GUIDELLM = schemas.guidellm_schema(
-    {name: set(statuses) for name, statuses in _grouped((keys[1], keys[2]) for keys in GUIDELLM_KEYS.values()
-                                                       if len(keys) > 2).items()},
-    [f"p{p}" for p in PERCENTILES], MAX_GUIDELLM_BENCHMARKS)
+    {
+        name: set(statuses)
+        for name, statuses in _grouped((keys[1], keys[2]) for keys in GUIDELLM_KEYS.values() if len(keys) > 2).items()
+    },
+    [f"p{p}" for p in PERCENTILES],
+    MAX_GUIDELLM_BENCHMARKS,
+)
 
 READERS = (
     Reader("aiperf", lambda sniff: bool(sniff.aiperf_version), AIPERF, _aiperf_row),

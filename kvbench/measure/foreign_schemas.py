@@ -34,11 +34,20 @@ def _unique(fields: Iterable[tuple[str, object]]) -> list[tuple[str, object]]:
 
 def vllm_schema(keys: Iterable[str]) -> type[msgspec.Struct]:
     """`vllm bench serve --save-result`: the metric `keys` (numbers) beside what labels and counts a row."""
-    return _struct("VllmResult", [
-        ("completed", Count), ("failed", Count), ("label", str), ("backend", str), ("dataset_name", str),
-        ("model_id", str), ("request_rate", float | str), ("max_concurrency", int),
-        *((key, float) for key in keys),
-    ])
+    return _struct(
+        "VllmResult",
+        [
+            ("completed", Count),
+            ("failed", Count),
+            ("label", str),
+            ("backend", str),
+            ("dataset_name", str),
+            ("model_id", str),
+            ("request_rate", float | str),
+            ("max_concurrency", int),
+            *((key, float) for key in keys),
+        ],
+    )
 
 
 class AiperfModel(msgspec.Struct, **_OPTIONAL):
@@ -87,10 +96,15 @@ def aiperf_schema(metrics: dict[str, set[str]]) -> type[msgspec.Struct]:
     unit and those statistics."""
     stats = sorted({stat for wanted in metrics.values() for stat in wanted})
     metric = _struct("AiperfMetric", [("unit", str), *((stat, float) for stat in stats)])
-    return _struct("AiperfResult", [
-        ("aiperf_version", str), ("error_summary", list[AiperfError]), ("input_config", AiperfConfig),
-        *((name, metric) for name in metrics),
-    ])
+    return _struct(
+        "AiperfResult",
+        [
+            ("aiperf_version", str),
+            ("error_summary", list[AiperfError]),
+            ("input_config", AiperfConfig),
+            *((name, metric) for name in metrics),
+        ],
+    )
 
 
 class GuidellmModel(msgspec.Struct, **_OPTIONAL):
@@ -132,20 +146,31 @@ class GuidellmMetadata(msgspec.Struct, **_OPTIONAL):
     guidellm_version: str
 
 
-def guidellm_schema(metrics: dict[str, dict[str, set[str]]], percentiles: Iterable[str],
-                    max_benchmarks: int) -> type[msgspec.Struct]:
+def guidellm_schema(
+    metrics: dict[str, dict[str, set[str]]], percentiles: Iterable[str], max_benchmarks: int
+) -> type[msgspec.Struct]:
     """guidellm's benchmarks.json: per benchmark `metrics.<name>.<status>` distributions (mean, percentiles),
     request totals and the SLO attainment; at most `max_benchmarks` benchmarks."""
-    distribution = _struct("GuidellmDistribution", [
-        ("mean", float), ("percentiles", _struct("GuidellmPercentiles", [(p, float) for p in percentiles]))])
-    per_metric = {name: _struct(f"Guidellm_{name}", [(status, distribution) for status in statuses])
-                  for name, statuses in metrics.items()}
-    metric_fields = _struct("GuidellmMetrics", [
-        ("request_totals", GuidellmTotals), ("slo_attainment", float), *per_metric.items()])
-    benchmark = msgspec.defstruct("GuidellmBenchmark", [("metrics", metric_fields),
-                                                        ("config", GuidellmBenchmarkConfig | None, None)], **_OPTIONAL)
-    return msgspec.defstruct("GuidellmResult", [
-        ("metadata", GuidellmMetadata),
-        ("benchmarks", Annotated[list[benchmark], msgspec.Meta(min_length=1, max_length=max_benchmarks)]),
-        ("config", GuidellmConfig | None, None),
-    ], **_OPTIONAL)
+    distribution = _struct(
+        "GuidellmDistribution",
+        [("mean", float), ("percentiles", _struct("GuidellmPercentiles", [(p, float) for p in percentiles]))],
+    )
+    per_metric = {
+        name: _struct(f"Guidellm_{name}", [(status, distribution) for status in statuses])
+        for name, statuses in metrics.items()
+    }
+    metric_fields = _struct(
+        "GuidellmMetrics", [("request_totals", GuidellmTotals), ("slo_attainment", float), *per_metric.items()]
+    )
+    benchmark = msgspec.defstruct(
+        "GuidellmBenchmark", [("metrics", metric_fields), ("config", GuidellmBenchmarkConfig | None, None)], **_OPTIONAL
+    )
+    return msgspec.defstruct(
+        "GuidellmResult",
+        [
+            ("metadata", GuidellmMetadata),
+            ("benchmarks", Annotated[list[benchmark], msgspec.Meta(min_length=1, max_length=max_benchmarks)]),
+            ("config", GuidellmConfig | None, None),
+        ],
+        **_OPTIONAL,
+    )

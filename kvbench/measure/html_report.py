@@ -15,10 +15,9 @@ from __future__ import annotations
 import base64
 import html
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-
-import tempfile
 
 import pandas as pd
 
@@ -60,9 +59,11 @@ def report_html(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunE
     overlay = _overlay(run_dirs, entries_by_dir)
     if len(run_dirs) > 1:
         overlay = _combined(run_dirs, entries_by_dir) + overlay
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{overlay}{''.join(sections)}"
-            f"<script>{_CHECK_PLOTS}</script>\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{_STYLE}</style></head>\n<body>\n<h1>{html.escape(title)}</h1>\n{overlay}{''.join(sections)}"
+        f"<script>{_CHECK_PLOTS}</script>\n</body></html>\n"
+    )
 
 
 def _combined(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEntry]]) -> str:
@@ -74,14 +75,20 @@ def _combined(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEnt
         frames.append(frame[frame["tenant"] == "all"].assign(run_dir=run_dir.name))
     frame = pd.concat(frames, ignore_index=True)
     frame = frame[["run_dir", *[column for column in frame.columns if column != "run_dir"]]]
-    return f"<section id=\"all-runs\"><h2>All runs</h2>{_table(frame, leading=('run_dir',))}</section>\n"
+    return f'<section id="all-runs"><h2>All runs</h2>{_table(frame, leading=("run_dir",))}</section>\n'
 
 
 def _section(run_dir: Path, entries: Sequence[RunEntry]) -> str:
     frame = summary_frame(entries)
-    parts = [f"<section id=\"{html.escape(run_dir.name)}\"><h2>{html.escape(run_dir.name)}</h2>",
-             f"<p>{len(entries)} points; folder <code>{html.escape(str(run_dir))}</code></p>",
-             "<h3>Results</h3>", _table(frame), _flags(entries), "<h3>Plots</h3>", _plots(run_dir)]
+    parts = [
+        f'<section id="{html.escape(run_dir.name)}"><h2>{html.escape(run_dir.name)}</h2>',
+        f"<p>{len(entries)} points; folder <code>{html.escape(str(run_dir))}</code></p>",
+        "<h3>Results</h3>",
+        _table(frame),
+        _flags(entries),
+        "<h3>Plots</h3>",
+        _plots(run_dir),
+    ]
     for name, title in ((CONFIG_YAML, "Config"), (ENV_JSON, "Environment")):
         path = run_dir / name
         text = path.read_text() if path.exists() else f"({name} is missing)"
@@ -114,10 +121,14 @@ def _flags(entries: Sequence[RunEntry]) -> str:
     items = []
     for entry in entries:
         for reason in entry.invalid_reasons:
-            items.append(f'<li class="flag"><code>{html.escape(entry.run_id)}</code>: INVALID: {html.escape(reason)}</li>')
+            items.append(
+                f'<li class="flag"><code>{html.escape(entry.run_id)}</code>: INVALID: {html.escape(reason)}</li>'
+            )
         if entry.cache_reset is False:
-            items.append(f'<li class="warm"><code>{html.escape(entry.run_id)}</code>: warm cache: the engine\'s prefix '
-                         "cache was not reset before this point (hits may come from earlier points)</li>")
+            items.append(
+                f'<li class="warm"><code>{html.escape(entry.run_id)}</code>: warm cache: the engine\'s prefix '
+                "cache was not reset before this point (hits may come from earlier points)</li>"
+            )
     if not items:
         return "<p>No flags: every point is valid and started from a reset cache.</p>"
     return f"<h3>Flags</h3><ul>{''.join(items)}</ul>"
@@ -131,7 +142,11 @@ def _overlay(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEntr
         for entry in entries:
             values = ttft_values(records.get(entry.run_id, ()))
             if values:
-                samples[f"{run_dir.name}: {entry.engine} {entry.load}" if len(run_dirs) > 1 else f"{entry.engine} {entry.load}"] = values
+                samples[
+                    f"{run_dir.name}: {entry.engine} {entry.load}"
+                    if len(run_dirs) > 1
+                    else f"{entry.engine} {entry.load}"
+                ] = values
     if not samples:
         return ""
     with tempfile.TemporaryDirectory() as folder:
@@ -140,8 +155,10 @@ def _overlay(run_dirs: Sequence[Path], entries_by_dir: Sequence[Sequence[RunEntr
 
 
 def _image(path: Path) -> str:
-    return (f'<img class="plot" alt="{html.escape(path.name)}" title="{html.escape(path.name)}" '
-            f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">')
+    return (
+        f'<img class="plot" alt="{html.escape(path.name)}" title="{html.escape(path.name)}" '
+        f'src="data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}">'
+    )
 
 
 def _plots(run_dir: Path) -> str:

@@ -19,10 +19,17 @@ from kvbench.distribution import PERCENTILES
 from kvbench.measure.llmd_results import ForeignPoint
 from kvbench.settings import SettingsError
 
-LATENCY_NAMES = {"ttft": "time_to_first_token", "tpot": "time_per_output_token", "itl": "inter_token_latency",
-                 "e2e": "request_latency"}
-THROUGHPUT_NAMES = {"output_tok_s": "output_tokens_per_sec", "total_tok_s": "total_tokens_per_sec",
-                    "req_s": "requests_per_sec"}
+LATENCY_NAMES = {
+    "ttft": "time_to_first_token",
+    "tpot": "time_per_output_token",
+    "itl": "inter_token_latency",
+    "e2e": "request_latency",
+}
+THROUGHPUT_NAMES = {
+    "output_tok_s": "output_tokens_per_sec",
+    "total_tok_s": "total_tokens_per_sec",
+    "req_s": "requests_per_sec",
+}
 CONFIG_YAML = "config.yaml"  # what inference-perf writes beside its reports
 
 
@@ -78,11 +85,18 @@ def lifecycle_points(data, name: str, where: str, config: dict | None = None) ->
     rate = lifecycle.load_summary.requested_rate if lifecycle.load_summary else None
     server = (config or {}).get("server") if isinstance((config or {}).get("server"), dict) else {}
     data_config = (config or {}).get("data") if isinstance((config or {}).get("data"), dict) else {}
-    return [ForeignPoint(
-        tool="inference-perf", engine=str(server.get("model_name") or "inference-perf")[:120],
-        workload=str(data_config.get("type") or name)[:120], load=_load(rate, (config or {}).get("load")),
-        requests=lifecycle.successes.count + errors, errors=errors, run_id=name, values=values,
-    )]
+    return [
+        ForeignPoint(
+            tool="inference-perf",
+            engine=str(server.get("model_name") or "inference-perf")[:120],
+            workload=str(data_config.get("type") or name)[:120],
+            load=_load(rate, (config or {}).get("load")),
+            requests=lifecycle.successes.count + errors,
+            errors=errors,
+            run_id=name,
+            values=values,
+        )
+    ]
 
 
 def _load(rate: float | None, load_config) -> str:

@@ -28,10 +28,18 @@ from kvbench.measure.run_folder import RunEntry
 REPORT_VERSION = "0.2.1"
 COMPONENT_SCHEMA = "0.0.1"
 # kvbench's latency summaries (ms) -> the report's latency names (seconds).
-LATENCIES = {"ttft_ms": "time_to_first_token", "tpot_ms": "time_per_output_token", "itl_ms": "inter_token_latency",
-             "e2e_ms": "request_latency"}
-_LATENCY_UNITS = {"time_to_first_token": "s", "time_per_output_token": "s/token", "inter_token_latency": "s/token",
-                  "request_latency": "s"}
+LATENCIES = {
+    "ttft_ms": "time_to_first_token",
+    "tpot_ms": "time_per_output_token",
+    "itl_ms": "inter_token_latency",
+    "e2e_ms": "request_latency",
+}
+_LATENCY_UNITS = {
+    "time_to_first_token": "s",
+    "time_per_output_token": "s/token",
+    "inter_token_latency": "s/token",
+    "request_latency": "s",
+}
 
 
 def benchmark_report(entry: RunEntry, records: Sequence[RequestRecord], load: Mapping, version: str) -> dict:
@@ -42,15 +50,26 @@ def benchmark_report(entry: RunEntry, records: Sequence[RequestRecord], load: Ma
     duration = overall.get("duration_s")
     report = {
         "version": REPORT_VERSION,
-        "run": {"uid": entry.run_id, "description": f"kvbench run point {entry.run_id}", "keywords": ["kvbench"],
-                **({"time": _time(entry.started_at, duration)} if entry.started_at and duration else {})},
+        "run": {
+            "uid": entry.run_id,
+            "description": f"kvbench run point {entry.run_id}",
+            "keywords": ["kvbench"],
+            **({"time": _time(entry.started_at, duration)} if entry.started_at and duration else {}),
+        },
         "scenario": {"stack": [_engine(entry)], "load": _load(entry, measured, load, version)},
-        "results": {"request_performance": {"aggregate": {
-            "requests": _requests(overall, measured),
-            "latency": {name: _seconds(overall.get(key), _LATENCY_UNITS[name]) for key, name in LATENCIES.items()
-                        if overall.get(key)},
-            "throughput": _throughput(overall),
-        }}},
+        "results": {
+            "request_performance": {
+                "aggregate": {
+                    "requests": _requests(overall, measured),
+                    "latency": {
+                        name: _seconds(overall.get(key), _LATENCY_UNITS[name])
+                        for key, name in LATENCIES.items()
+                        if overall.get(key)
+                    },
+                    "throughput": _throughput(overall),
+                }
+            }
+        },
     }
     return report
 
@@ -65,19 +84,28 @@ def _engine(entry: RunEntry) -> dict:
     model = entry.engine_description.get("model") or entry.engine_settings.get("model") or "unknown"
     return {
         "metadata": {"schema_version": COMPONENT_SCHEMA, "label": entry.engine, "cfg_id": entry.run_id.split("|")[0]},
-        "standardized": {"kind": "generic", "tool": entry.engine_name or "unknown",
-                         "tool_version": str(entry.engine_description.get("version") or "unknown"),
-                         "model": str(model), "kv_dtype": entry.kv_dtype or "unknown"},
-        "native": {"config": {key: _plain(value) for key, value in entry.engine_settings.items()
-                              if key not in ("api_key",)}},
+        "standardized": {
+            "kind": "generic",
+            "tool": entry.engine_name or "unknown",
+            "tool_version": str(entry.engine_description.get("version") or "unknown"),
+            "model": str(model),
+            "kv_dtype": entry.kv_dtype or "unknown",
+        },
+        "native": {
+            "config": {key: _plain(value) for key, value in entry.engine_settings.items() if key not in ("api_key",)}
+        },
     }
 
 
 def _load(entry: RunEntry, records: Sequence[RequestRecord], load: Mapping, version: str) -> dict:
     rate = load.get("request_rate")
     concurrency = load.get("max_concurrency") or load.get("concurrency")
-    standardized = {"tool": "kvbench", "tool_version": version, "source": "random" if entry.workload == "random"
-                    else "sampled", "input_seq_len": _length([record.prompt_tokens for record in records])}
+    standardized = {
+        "tool": "kvbench",
+        "tool_version": version,
+        "source": "random" if entry.workload == "random" else "sampled",
+        "input_seq_len": _length([record.prompt_tokens for record in records]),
+    }
     outputs = [output_token_count(record) for record in records]
     if outputs:
         standardized["output_seq_len"] = _length(outputs)
@@ -88,9 +116,15 @@ def _load(entry: RunEntry, records: Sequence[RequestRecord], load: Mapping, vers
     stage = load.get("stage")
     if isinstance(stage, Mapping) and isinstance(stage.get("index"), int):
         standardized["stage"] = stage["index"]
-    return {"metadata": {"schema_version": COMPONENT_SCHEMA, "cfg_id": entry.workload,
-                         "description": f"kvbench workload {entry.workload} at {entry.load}"},
-            "standardized": standardized, "native": {"config": _plain(dict(load))}}
+    return {
+        "metadata": {
+            "schema_version": COMPONENT_SCHEMA,
+            "cfg_id": entry.workload,
+            "description": f"kvbench workload {entry.workload} at {entry.load}",
+        },
+        "standardized": standardized,
+        "native": {"config": _plain(dict(load))},
+    }
 
 
 def _length(values: Sequence[int]) -> dict:
@@ -115,10 +149,16 @@ def _requests(overall: Mapping, records: Sequence[RequestRecord]) -> dict:
 
 
 def _throughput(overall: Mapping) -> dict:
-    rates = {"output_token_rate": ("output_tok_s", "tokens/s"), "total_token_rate": ("total_tok_s", "tokens/s"),
-             "request_rate": ("req_s", "queries/s")}
-    throughput = {name: {"units": units, "mean": overall[key]} for name, (key, units) in rates.items()
-                  if overall.get(key) is not None}
+    rates = {
+        "output_token_rate": ("output_tok_s", "tokens/s"),
+        "total_token_rate": ("total_tok_s", "tokens/s"),
+        "request_rate": ("req_s", "queries/s"),
+    }
+    throughput = {
+        name: {"units": units, "mean": overall[key]}
+        for name, (key, units) in rates.items()
+        if overall.get(key) is not None
+    }
     if overall.get("total_tok_s") is not None and overall.get("output_tok_s") is not None:
         throughput["input_token_rate"] = {"units": "tokens/s", "mean": overall["total_tok_s"] - overall["output_tok_s"]}
     return throughput

@@ -24,8 +24,12 @@ from kvbench.settings import SettingsError
 REPORT_VERSIONS = ("0.2", "0.2.1")
 LLMD_SUFFIXES = (".yaml", ".yml")
 # kvbench's metric -> the report's aggregate latency name (seconds).
-LATENCY_NAMES = {"ttft": "time_to_first_token", "tpot": "time_per_output_token", "itl": "inter_token_latency",
-                 "e2e": "request_latency"}
+LATENCY_NAMES = {
+    "ttft": "time_to_first_token",
+    "tpot": "time_per_output_token",
+    "itl": "inter_token_latency",
+    "e2e": "request_latency",
+}
 THROUGHPUT_NAMES = {"output_tok_s": "output_token_rate", "total_tok_s": "total_token_rate", "req_s": "request_rate"}
 
 
@@ -116,7 +120,9 @@ class Report(msgspec.Struct, forbid_unknown_fields=False):
 
 def is_report(data) -> bool:
     """A decoded file that says it is an llm-d benchmark report (its version, run and results)."""
-    return isinstance(data, dict) and str(data.get("version")) in REPORT_VERSIONS and "results" in data and "run" in data
+    return (
+        isinstance(data, dict) and str(data.get("version")) in REPORT_VERSIONS and "results" in data and "run" in data
+    )
 
 
 def report_points(data, name: str, where: str) -> list[ForeignPoint]:
@@ -139,11 +145,18 @@ def report_points(data, name: str, where: str) -> list[ForeignPoint]:
     load = (report.scenario.load if report.scenario else None) or Load()
     standardized = load.standardized or LoadStandardized()
     stack = report.scenario.stack if report.scenario else []
-    return [ForeignPoint(
-        tool=f"llm-d report: {standardized.tool} {standardized.tool_version}".rstrip(),
-        engine=_engine(stack), workload=_workload(standardized), load=_load(standardized),
-        requests=requests.total, errors=requests.failures or 0, run_id=f"{name}#{standardized.stage}", values=values,
-    )]
+    return [
+        ForeignPoint(
+            tool=f"llm-d report: {standardized.tool} {standardized.tool_version}".rstrip(),
+            engine=_engine(stack),
+            workload=_workload(standardized),
+            load=_load(standardized),
+            requests=requests.total,
+            errors=requests.failures or 0,
+            run_id=f"{name}#{standardized.stage}",
+            values=values,
+        )
+    ]
 
 
 def _engine(stack: list[Component]) -> str:
@@ -164,5 +177,7 @@ def _workload(load: LoadStandardized) -> str:
 
 def _load(load: LoadStandardized) -> str:
     rate = f"rps={load.rate_qps:g}" if load.rate_qps is not None else ""
-    concurrency = f"conc={load.concurrency:g}" if load.concurrency is not None and load.concurrency != float("inf") else ""
+    concurrency = (
+        f"conc={load.concurrency:g}" if load.concurrency is not None and load.concurrency != float("inf") else ""
+    )
     return ",".join(part for part in (rate, concurrency) if part) or f"stage={load.stage}"

@@ -202,8 +202,12 @@ def completion_spans_s(records: Sequence[RequestRecord]) -> list[float]:
 
 def peak_in_flight(records: Iterable[RequestRecord]) -> int:
     """The most requests in flight at once (sent, not yet done; one without a done time counts to its end)."""
-    events = sorted(event for record in records if record.sent_ns is not None
-                    for event in ((record.sent_ns, 1), (record.done_ns if record.done_ns is not None else 1 << 62, -1)))
+    events = sorted(
+        event
+        for record in records
+        if record.sent_ns is not None
+        for event in ((record.sent_ns, 1), (record.done_ns if record.done_ns is not None else 1 << 62, -1))
+    )
     peak = level = 0
     for _, step in sorted(events, key=lambda event: (event[0], event[1])):  # an end before a start at one instant
         level += step
@@ -251,15 +255,22 @@ def played_duration_s(records: Sequence[RequestRecord], resumed_at_ns: Sequence[
     bounds = sorted(resumed_at_ns)
     total = 0.0
     for low, high in zip([None, *bounds], [*bounds, None]):
-        sitting = [record for record in records if record.sent_ns is not None and record.done_ns is not None
-                   and (low is None or record.sent_ns >= low) and (high is None or record.sent_ns < high)]
+        sitting = [
+            record
+            for record in records
+            if record.sent_ns is not None
+            and record.done_ns is not None
+            and (low is None or record.sent_ns >= low)
+            and (high is None or record.sent_ns < high)
+        ]
         if sitting:
             total += max(0, max(r.done_ns for r in sitting) - min(r.sent_ns for r in sitting)) / NS_PER_S
     return total or None
 
 
-def summarize(records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: SLO = SLO(),
-              resumed_at_ns: Sequence[int] = ()) -> Summary:
+def summarize(
+    records: Sequence[RequestRecord], tenant: str = ALL_TENANTS, slo: SLO = SLO(), resumed_at_ns: Sequence[int] = ()
+) -> Summary:
     """Summary of the measured (non-warm-up) records given (`resumed_at_ns`: see `played_duration_s`)."""
     measured = [record for record in records if not record.warmup]
     ok = completed(measured)

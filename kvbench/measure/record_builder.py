@@ -58,7 +58,9 @@ def build_record(asked: Asked, answer: Answer, next_turn: NextTurn | None = None
         prompt_tokens=usage.prompt_tokens if usage else None,
         output_tokens=usage.completion_tokens if usage else None,
         cached_tokens=usage.cached_tokens if usage else None,
-        cached_tokens_by_tier=dict(usage.cached_tokens_by_tier) if usage and usage.cached_tokens_by_tier is not None else None,
+        cached_tokens_by_tier=dict(usage.cached_tokens_by_tier)
+        if usage and usage.cached_tokens_by_tier is not None
+        else None,
         prompt_len_sent=asked.prompt_len_sent,
         reusable_tokens=asked.reusable_tokens,
         answer_source=next_turn.source if next_turn else None,

@@ -114,6 +114,8 @@ def _failure_kind(kind: str) -> FailureKind | str:
         return FailureKind(kind)
     except ValueError:
         return kind
+
+
 # What `to_json` and `jsonl_lines` write with. A record is a tree of plain values (never a cycle): without the
 # encoder's cycle check, half the time.
 _encode = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
@@ -139,7 +141,9 @@ def jsonl_lines(records: Iterable[RequestRecord]) -> Iterator[str]:
             chunk = chunks[k]
             parts[k] = texts[id(chunk)] = (
                 f"[{chunk[0]},{chunk[1]}]"  # what the encoder writes for two ints, without its setup per call
-                if len(chunk) == 2 and type(chunk[0]) is int and type(chunk[1]) is int else _encode(chunk))
+                if len(chunk) == 2 and type(chunk[0]) is int and type(chunk[1]) is int
+                else _encode(chunk)
+            )
         doc = record._fields()
         doc["chunks"] = _CHUNKS_MARK
         yield _encode(doc).replace(_CHUNKS_MARK_JSON, "[" + ",".join(parts) + "]", 1)
@@ -198,7 +202,7 @@ class RecordWriter:
             try:
                 view = memoryview(data)
                 while view:
-                    view = view[self._file.write(view):]
+                    view = view[self._file.write(view) :]
             except OSError:
                 with contextlib.suppress(OSError):
                     os.truncate(self._file.fileno(), self._end)

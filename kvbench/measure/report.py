@@ -17,30 +17,85 @@ import pandas as pd
 
 from kvbench.distribution import PERCENTILES
 from kvbench.measure.run_folder import (
-    SUMMARY_CSV, SUMMARY_MD, THROUGHPUT_PNG, TTFT_CDF_PNG, WARM_CACHE, RunEntry, replace_file, write_entries,
+    SUMMARY_CSV,
+    SUMMARY_MD,
+    THROUGHPUT_PNG,
+    TTFT_CDF_PNG,
+    WARM_CACHE,
+    RunEntry,
+    replace_file,
+    write_entries,
 )
 from kvbench.measure.write_errors import writing
 
 # The columns every summary.csv has, in this order (issue 2's contract), then a few more.
 COLUMNS = [
-    "engine", "kv_dtype", "workload", "load", "tenant", "requests", "errors",
-    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
-    "e2e_p50_ms", "e2e_p99_ms", "output_tok_s", "total_tok_s", "req_s", "goodput_req_s",
-    "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
+    "engine",
+    "kv_dtype",
+    "workload",
+    "load",
+    "tenant",
+    "requests",
+    "errors",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_p50_ms",
+    "e2e_p50_ms",
+    "e2e_p99_ms",
+    "output_tok_s",
+    "total_tok_s",
+    "req_s",
+    "goodput_req_s",
+    "cache_hit_rate",
+    "oracle_hit_rate",
+    "prefill_recompute_rate",
 ]
 # TTFT/E2E from the planned send time (coordinated-omission aware): apart from TTFT/E2E when the client or a
 # closed loop held requests back.
-SCHEDULE_COLUMNS = ["ttft_from_schedule_p50_ms", "ttft_from_schedule_p99_ms", "e2e_from_schedule_p50_ms",
-                    "e2e_from_schedule_p99_ms"]
+SCHEDULE_COLUMNS = [
+    "ttft_from_schedule_p50_ms",
+    "ttft_from_schedule_p99_ms",
+    "e2e_from_schedule_p50_ms",
+    "e2e_from_schedule_p99_ms",
+]
 # Every percentile a summary holds for each request metric, for `--percentile-metrics`/`--metric-percentiles`.
 PERCENTILE_COLUMNS = [f"{metric}_p{p}_ms" for metric in ("ttft", "tpot", "itl", "e2e") for p in PERCENTILES]
 # Goodput's SLO attainment: the share of measured requests meeting every SLO (None without an SLO).
 GOODPUT_COLUMNS = ["goodput_req_s", "slo_attainment"]
-EXTRA_COLUMNS = [*SCHEDULE_COLUMNS, "slo_attainment",
-                 *(column for column in PERCENTILE_COLUMNS if column not in COLUMNS), "cache", "run_id", "repeat", "valid", "server_cached_tokens", "reconciled", "ttft_fairness_jain", "invalid_reasons"]
+EXTRA_COLUMNS = [
+    *SCHEDULE_COLUMNS,
+    "slo_attainment",
+    *(column for column in PERCENTILE_COLUMNS if column not in COLUMNS),
+    "cache",
+    "run_id",
+    "repeat",
+    "valid",
+    "server_cached_tokens",
+    "reconciled",
+    "ttft_fairness_jain",
+    "invalid_reasons",
+]
 MD_COLUMNS = [
-    "engine", "kv_dtype", "workload", "load", "cache", "tenant", "requests", "errors", "ttft_p50_ms", "ttft_p99_ms",
-    "ttft_from_schedule_p99_ms", "itl_p50_ms", "tpot_p50_ms", "output_tok_s", "cache_hit_rate", "oracle_hit_rate", "prefill_recompute_rate",
+    "engine",
+    "kv_dtype",
+    "workload",
+    "load",
+    "cache",
+    "tenant",
+    "requests",
+    "errors",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "ttft_from_schedule_p99_ms",
+    "itl_p50_ms",
+    "tpot_p50_ms",
+    "output_tok_s",
+    "cache_hit_rate",
+    "oracle_hit_rate",
+    "prefill_recompute_rate",
 ]
 
 
@@ -82,8 +137,11 @@ def _row(entry: RunEntry, group: Mapping, fairness: float | None) -> dict:
         "req_s": group["req_s"],
         "goodput_req_s": group["goodput_req_s"],
         "slo_attainment": group.get("slo_attainment"),
-        **{f"{metric}_p{p}_ms": _pick(group, f"{metric}_ms", f"p{p}")
-           for metric in ("ttft", "tpot", "itl", "e2e") for p in PERCENTILES},
+        **{
+            f"{metric}_p{p}_ms": _pick(group, f"{metric}_ms", f"p{p}")
+            for metric in ("ttft", "tpot", "itl", "e2e")
+            for p in PERCENTILES
+        },
         "cache_hit_rate": cache["cache_hit_rate"],
         "oracle_hit_rate": cache["oracle_hit_rate"],
         "prefill_recompute_rate": cache["prefill_recompute_rate"],
@@ -153,11 +211,7 @@ def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[
         markdown_table(frame, md_columns(frame)),
         "",
     ]
-    flags = [
-        f"- `{entry.run_id}`: {reason}"
-        for entry in entries
-        for reason in _flags(entry)
-    ]
+    flags = [f"- `{entry.run_id}`: {reason}" for entry in entries for reason in _flags(entry)]
     if flags or notes:
         lines += ["## Flags", "", *flags, *[f"- {note}" for note in notes], ""]
     replace_file(run_dir / SUMMARY_MD, "\n".join(lines))
@@ -168,14 +222,19 @@ def _flags(entry: RunEntry) -> list[str]:
     flags = [f"INVALID: {reason}" for reason in entry.invalid_reasons]
     if entry.cache_state == WARM_CACHE:
         note = entry.engine_description.get("cache_reset_note")
-        flags.append(f"{WARM_CACHE}: the engine's prefix cache was not reset before this point"
-                     + (f" ({note})" if note else "") + "; its hit rate includes earlier points' prompts")
+        flags.append(
+            f"{WARM_CACHE}: the engine's prefix cache was not reset before this point"
+            + (f" ({note})" if note else "")
+            + "; its hit rate includes earlier points' prompts"
+        )
     reconciliation = entry.reconciliation or {}
     if reconciliation.get("agree") is False:
         flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
     sources = entry.answer_sources
     if sources.get("placeholder"):
-        flags.append(f"{sources['placeholder']} answers were placeholders (server gave neither ids nor a tokenizer was set)")
+        flags.append(
+            f"{sources['placeholder']} answers were placeholders (server gave neither ids nor a tokenizer was set)"
+        )
     return flags
 
 
@@ -186,19 +245,25 @@ def write_overlay_cdf(path: Path, samples: Mapping[str, Sequence[float]], title:
     return path
 
 
-def write_plots(run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Mapping[str, Sequence[float]]) -> list[Path]:
+def write_plots(
+    run_dir: Path, entries: Sequence[RunEntry], ttft_by_setting: Mapping[str, Sequence[float]]
+) -> list[Path]:
     """TTFT CDF per engine setting, and throughput vs TTFT p99 across load points. Returns the files."""
     written = []
     warm = f" ({WARM_CACHE})" if any(entry.cache_state == WARM_CACHE for entry in entries) else ""
     if ttft_by_setting:
-        with _figure(run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", f"TTFT CDF per engine setting{warm}") as axis:
+        with _figure(
+            run_dir / TTFT_CDF_PNG, "TTFT (ms)", "fraction of requests", f"TTFT CDF per engine setting{warm}"
+        ) as axis:
             draw_cdfs(axis, ttft_by_setting)
         written.append(run_dir / TTFT_CDF_PNG)
     frame = summary_frame(entries)
     overall = frame[frame["tenant"] == "all"]
     if not overall.empty:
         path = run_dir / THROUGHPUT_PNG
-        with _figure(path, "output tokens/s", "TTFT p99 (ms)", f"Throughput vs TTFT p99 across load points{warm}") as axis:
+        with _figure(
+            path, "output tokens/s", "TTFT p99 (ms)", f"Throughput vs TTFT p99 across load points{warm}"
+        ) as axis:
             draw_throughput_points(axis, overall)
         written.append(path)
     return written
@@ -229,8 +294,14 @@ def draw_cdfs(axis, samples: Mapping[str, Sequence[float]]) -> None:
     nearly coincide stay apart; the x axis is logarithmic when the samples span more than 20x."""
     curves = same_samples(samples)
     for index, (label, ordered) in enumerate(curves):
-        axis.step(ordered, np.arange(1, ordered.size + 1) / ordered.size, where="post", label=label,
-                  linestyle=_STYLES[index % len(_STYLES)], linewidth=2.2 - 0.3 * (index % 4))
+        axis.step(
+            ordered,
+            np.arange(1, ordered.size + 1) / ordered.size,
+            where="post",
+            label=label,
+            linestyle=_STYLES[index % len(_STYLES)],
+            linewidth=2.2 - 0.3 * (index % 4),
+        )
     positive = [ordered[ordered > 0] for _, ordered in curves]
     low = min((values.min() for values in positive if values.size), default=None)
     high = max((values.max() for values in positive if values.size), default=None)
@@ -249,8 +320,13 @@ def draw_throughput_points(axis, overall: pd.DataFrame) -> None:
         axis.plot(group["output_tok_s"], group["ttft_p99_ms"], marker="o", label=f"{engine} / {workload}")
         for _, row in group.iterrows():
             text = row["load"] if len(group) > 1 else f"{engine} {row['load']}"
-            axis.annotate(str(text), (row["output_tok_s"], row["ttft_p99_ms"]), textcoords="offset points",
-                          xytext=(4, 4), fontsize=7)
+            axis.annotate(
+                str(text),
+                (row["output_tok_s"], row["ttft_p99_ms"]),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=7,
+            )
 
 
 @contextlib.contextmanager

@@ -68,8 +68,18 @@ PLAN_MD = "plan.md"
 PLAN_PNG = "plan_slo_vs_nodes.png"
 LOCK_FILE = ".kvbench.lock"  # held by the run writing the folder (measure/folder_lock.py)
 # What `kvbench run` writes at the top of a run folder (ENGINES_DIR besides): what --overwrite removes.
-RUN_FILES = (REQUESTS_JSONL, SUMMARY_JSON, SUMMARY_CSV, SUMMARY_MD, CONFIG_YAML, ENV_JSON, TTFT_CDF_PNG, THROUGHPUT_PNG,
-             REQUESTS_METRICS_JSONL, REQUESTS_METRICS_PARQUET)
+RUN_FILES = (
+    REQUESTS_JSONL,
+    SUMMARY_JSON,
+    SUMMARY_CSV,
+    SUMMARY_MD,
+    CONFIG_YAML,
+    ENV_JSON,
+    TTFT_CDF_PNG,
+    THROUGHPUT_PNG,
+    REQUESTS_METRICS_JSONL,
+    REQUESTS_METRICS_PARQUET,
+)
 
 INTERRUPTED = "interrupted: the run was stopped before this point finished"
 REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
@@ -128,20 +138,37 @@ class RunEntry:
     prefill_beside_decodes: int | None = None
 
     @classmethod
-    def of(cls, point: PointId, records: Sequence[RequestRecord], slo: SLO, invalid_reasons: Sequence[str] = (),
-           aborted: str | None = None, resumed_at_ns: Sequence[int] = (), **known) -> "RunEntry":
+    def of(
+        cls,
+        point: PointId,
+        records: Sequence[RequestRecord],
+        slo: SLO,
+        invalid_reasons: Sequence[str] = (),
+        aborted: str | None = None,
+        resumed_at_ns: Sequence[int] = (),
+        **known,
+    ) -> "RunEntry":
         """The entry of one point, real or simulated: its identity, its records' summary and answer sources,
         valid when no reason speaks against it; `known` sets the other fields the caller knows. A resumed point's
         `resumed_at_ns` (when each later sitting began) keeps the time between sittings out of its throughput."""
-        return cls(run_id=point.run_id, engine=point.engine, workload=point.workload, load=point.load,
-                   repeat=point.repeat, summary=summarize_run(records, slo, resumed_at_ns).to_dict(),
-                   answer_sources=answer_sources(records), valid=not invalid_reasons,
-                   invalid_reasons=tuple(invalid_reasons), aborted=aborted,
-                   interrupted=aborted in (INTERRUPTED, REBUILT), **known)
+        return cls(
+            run_id=point.run_id,
+            engine=point.engine,
+            workload=point.workload,
+            load=point.load,
+            repeat=point.repeat,
+            summary=summarize_run(records, slo, resumed_at_ns).to_dict(),
+            answer_sources=answer_sources(records),
+            valid=not invalid_reasons,
+            invalid_reasons=tuple(invalid_reasons),
+            aborted=aborted,
+            interrupted=aborted in (INTERRUPTED, REBUILT),
+            **known,
+        )
 
     @property
     def cache_state(self) -> str | None:
-        """"warm cache" when the engine's cache was not reset before the point (its hit rate then includes
+        """ "warm cache" when the engine's cache was not reset before the point (its hit rate then includes
         earlier points' prompts, and may pass the oracle), "reset" when it was, None when unknown."""
         return None if self.cache_reset is None else "reset" if self.cache_reset else WARM_CACHE
 
@@ -194,7 +221,9 @@ def write_config_and_env(run_dir: Path, config: Mapping, env: Mapping) -> None:
 
 
 def write_entries(run_dir: Path, entries: Sequence[RunEntry]) -> None:
-    replace_file(run_dir / SUMMARY_JSON, json.dumps({"runs": [entry.to_json() for entry in entries]}, indent=2, default=str))
+    replace_file(
+        run_dir / SUMMARY_JSON, json.dumps({"runs": [entry.to_json() for entry in entries]}, indent=2, default=str)
+    )
 
 
 def replace_file(path: Path, text: str) -> None:
@@ -216,11 +245,15 @@ def replace_file(path: Path, text: str) -> None:
 def read_entries(run_dir: Path) -> list[RunEntry]:
     path = run_dir / SUMMARY_JSON
     if not path.exists():
-        raise RunFolderError(f"{run_dir}: no {SUMMARY_JSON}; is this a kvbench run folder? (`kvbench run ... --out DIR`)")
+        raise RunFolderError(
+            f"{run_dir}: no {SUMMARY_JSON}; is this a kvbench run folder? (`kvbench run ... --out DIR`)"
+        )
     try:
         return [RunEntry.from_json(entry) for entry in json.loads(path.read_text())["runs"]]
     except (ValueError, KeyError, TypeError) as exc:
-        raise RunFolderError(f"{path}: not a kvbench summary ({type(exc).__name__}: {exc}); rerun `kvbench report`") from None
+        raise RunFolderError(
+            f"{path}: not a kvbench summary ({type(exc).__name__}: {exc}); rerun `kvbench report`"
+        ) from None
 
 
 def records_by_run(run_dir: Path) -> dict[str, list[RequestRecord]]:
@@ -276,12 +309,14 @@ def read_eval_metrics(path: Path) -> dict[str, dict[str, float | None]] | None:
         return None
     try:
         return {
-            str(item["kv_setting"]): {str(name): None if value is None else float(value) for name, value in item["metrics"].items()}
+            str(item["kv_setting"]): {
+                str(name): None if value is None else float(value) for name, value in item["metrics"].items()
+            }
             for item in json.loads(path.read_text())["settings"]
         }
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunFolderError(
-            f"{path}: expected {{\"settings\": [{{\"kv_setting\": ..., \"metrics\": {{name: number}}}}]}} ({exc})"
+            f'{path}: expected {{"settings": [{{"kv_setting": ..., "metrics": {{name: number}}}}]}} ({exc})'
         ) from None
 
 
@@ -355,16 +390,24 @@ def _resumable(run_dir: Path, config: Mapping) -> Resumed:
     stored = yaml.safe_load((run_dir / CONFIG_YAML).read_text()) if (run_dir / CONFIG_YAML).exists() else None
     if stored != config:
         keys = sorted(key for key, value in config.items() if (stored or {}).get(key) != value)
-        raise RunFolderInUse(f"--resume: {run_dir / CONFIG_YAML} differs from this run's config "
-                             f"({', '.join(keys) or 'missing'}); resume with the same config, or give --overwrite")
+        raise RunFolderInUse(
+            f"--resume: {run_dir / CONFIG_YAML} differs from this run's config "
+            f"({', '.join(keys) or 'missing'}); resume with the same config, or give --overwrite"
+        )
     entries = read_entries(run_dir) if (run_dir / SUMMARY_JSON).exists() else []
     records = records_by_run(run_dir)
     # A finished point whose records did not all survive (a torn last line is cut) is finished again, so that
     # its summary counts the records the folder keeps.
-    finished = {entry.run_id: entry for entry in entries if not entry.interrupted
-                and entry.summary["overall"]["requests"] == sum(not r.warmup for r in records.get(entry.run_id, ()))}
+    finished = {
+        entry.run_id: entry
+        for entry in entries
+        if not entry.interrupted
+        and entry.summary["overall"]["requests"] == sum(not r.warmup for r in records.get(entry.run_id, ()))
+    }
     unfinished = (record for run_id, own in records.items() if run_id not in finished for record in own)
     if any(record.ok and record.answer_tokens is None for record in unfinished):
-        raise RunFolderInUse(f"--resume: {run_dir / REQUESTS_JSONL} was written before kvbench recorded answers, "
-                             "so its sessions cannot be continued; give --overwrite")
+        raise RunFolderInUse(
+            f"--resume: {run_dir / REQUESTS_JSONL} was written before kvbench recorded answers, "
+            "so its sessions cannot be continued; give --overwrite"
+        )
     return Resumed(finished, records)

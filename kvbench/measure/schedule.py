@@ -63,21 +63,26 @@ class LoadSpec:
     stage: StagedLoad | None = None
 
     def __post_init__(self) -> None:
-        if self.stage is not None and (self.rate != self.stage.stage.rate or self.cap is not None
-                                       or self.request_rate is not None):
+        if self.stage is not None and (
+            self.rate != self.stage.stage.rate or self.cap is not None or self.request_rate is not None
+        ):
             raise ValueError("load: a stage is Poisson at its own rate: give rate=stage.rate, nothing else")
         given = [name for name in ("rate", "request_rate", "concurrency") if getattr(self, name) is not None]
         if len(given) > 1:
-            raise ValueError(f"load: give one of rate (sessions/s), request_rate (requests/s) or concurrency, not "
-                             f"{' and '.join(given)}")
+            raise ValueError(
+                f"load: give one of rate (sessions/s), request_rate (requests/s) or concurrency, not "
+                f"{' and '.join(given)}"
+            )
         _check_range("load.rate", self.rate, 0, MAX_RATE, "sessions/s")
         if self.request_rate is not None and not math.isinf(self.request_rate):
             _check_range("load.request_rate", self.request_rate, 0, MAX_RATE, "requests/s (or inf)")
         if self.request_rate is not None and not self.request_rate > 0:
             raise ValueError(f"load.request_rate must be > 0 requests/s (or inf), got {self.request_rate}")
         if self.max_concurrency is not None and self.concurrency is not None:
-            raise ValueError("load: max_concurrency caps an open loop (rate or request_rate); concurrency is "
-                             "already a closed loop's cap: give one of them")
+            raise ValueError(
+                "load: max_concurrency caps an open loop (rate or request_rate); concurrency is "
+                "already a closed loop's cap: give one of them"
+            )
         _check_range("load.max_concurrency", self.max_concurrency, 1, MAX_CONCURRENCY, "requests", inclusive=True)
         _check_range("load.concurrency", self.concurrency, 1, MAX_CONCURRENCY, "requests", inclusive=True)
         _check_range("load.burstiness", self.burstiness, *BURSTINESS_RANGE, "(1.0 = Poisson)", inclusive=True)
@@ -212,8 +217,13 @@ def split_schedule(load: LoadSpec, offsets: list[float], turns: list[int], worke
     for worker, indices in enumerate(dealt):
         if budget[worker] == 0:
             continue  # a budget too small to reach this worker's sessions
-        share_load = dataclasses.replace(load, concurrency=concurrency[worker], num_requests=budget[worker],
-                                         warmup_requests=warmup[worker], max_concurrency=cap[worker],
-                                         request_rate=request_rate)
+        share_load = dataclasses.replace(
+            load,
+            concurrency=concurrency[worker],
+            num_requests=budget[worker],
+            warmup_requests=warmup[worker],
+            max_concurrency=cap[worker],
+            request_rate=request_rate,
+        )
         shares.append(WorkerShare(worker, tuple(indices), tuple(offsets[index] for index in indices), share_load))
     return shares

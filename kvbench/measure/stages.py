@@ -41,8 +41,9 @@ class Stage:
 
     def __post_init__(self) -> None:
         if not (self.rate > 0 and self.duration_s > 0):
-            raise ValueError(f"stage {self.rate:g}:{self.duration_s:g}: rate and seconds must both be > 0, "
-                             f"e.g. {STAGE_EXAMPLE}")
+            raise ValueError(
+                f"stage {self.rate:g}:{self.duration_s:g}: rate and seconds must both be > 0, e.g. {STAGE_EXAMPLE}"
+            )
 
     @property
     def requests(self) -> int:
@@ -101,9 +102,11 @@ class StagePlan:
     def require_sessions(self, available: int) -> None:
         """ValueError when a workload of `available` sessions is too short for the stages' requests."""
         if available < self.total_requests:
-            raise ValueError(f"the stages send {self.total_requests:,} requests but the workload has "
-                             f"{available:,} sessions: generate at least that many (--num-sessions "
-                             f"{self.total_requests}; shared-prefix cycles its prompts)")
+            raise ValueError(
+                f"the stages send {self.total_requests:,} requests but the workload has "
+                f"{available:,} sessions: generate at least that many (--num-sessions "
+                f"{self.total_requests}; shared-prefix cycles its prompts)"
+            )
 
     def points(self) -> tuple[StagedLoad, ...]:
         """The measured stages as load points, in order."""
@@ -131,7 +134,7 @@ class StagePart:
 
     def sessions_of(self, sessions: Sequence[T]) -> Sequence[T]:
         """This part's sessions of the workload's (all of them, in the workload's order)."""
-        return sessions[self.first: self.first + self.stage.requests]
+        return sessions[self.first : self.first + self.stage.requests]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,9 +160,15 @@ class StagedLoad:
         skip = 1 if self.plan.warmup is not None else 0
         positions = ([0] if skip and self.index == 0 else []) + [self.index + skip]
         bounds, arrivals = self.plan.first_request(), self.plan.arrivals(seed)
-        return tuple(StagePart(self.plan.all_stages[position], bounds[position],
-                               tuple(float(offset) for offset in arrivals[position]), warmup=position < skip)
-                     for position in positions)
+        return tuple(
+            StagePart(
+                self.plan.all_stages[position],
+                bounds[position],
+                tuple(float(offset) for offset in arrivals[position]),
+                warmup=position < skip,
+            )
+            for position in positions
+        )
 
 
 def parse_stage(text: str) -> Stage:

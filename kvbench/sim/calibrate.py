@@ -49,12 +49,22 @@ class Calibration:
     def at_bound(self) -> list[str]:
         """Fitted values pinned at a bound of the search: the profile's peak numbers are then off."""
         device = self.hardware.device
-        return [name for name, value in (("flops_efficiency", device.flops_efficiency),
-                                         ("bw_efficiency", device.bw_efficiency)) if value >= 1.0 - 1e-9]
+        return [
+            name
+            for name, value in (("flops_efficiency", device.flops_efficiency), ("bw_efficiency", device.bw_efficiency))
+            if value >= 1.0 - 1e-9
+        ]
 
 
-def fit_hardware(hardware: Hardware, geometry: ModelGeometry, kv_dtype: str, weight_dtype: str | None,
-                 steps: Sequence[TimedStep], padded_attention: bool = False, page_size: int = DEFAULT_PAGE_SIZE) -> Calibration:
+def fit_hardware(
+    hardware: Hardware,
+    geometry: ModelGeometry,
+    kv_dtype: str,
+    weight_dtype: str | None,
+    steps: Sequence[TimedStep],
+    padded_attention: bool = False,
+    page_size: int = DEFAULT_PAGE_SIZE,
+) -> Calibration:
     """The profile whose cost model best predicts `steps` (see the module docstring)."""
     steps = [s for s in steps if s.work and s.seconds > 0]
     if len(steps) < 3:

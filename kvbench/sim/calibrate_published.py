@@ -66,21 +66,44 @@ class PublishedFit:
     throughput_rates: tuple[float, ...] = ()
 
     def to_dict(self) -> dict:
-        return {"fit": dataclasses.asdict(self.fit), "fitted_on": {"route": self.route, "max_rate": self.max_rate,
-                                                                   "metrics": list(FIT_METRICS),
-                                                                   "throughput_rates": list(self.throughput_rates)},
-                "residuals": [{"stage": r.stage, "metric": r.metric, "published": r.published,
-                               "simulated": r.simulated, "ratio": r.ratio} for r in self.rows],
-                "evaluations": [{**{k: v for k, v in dataclasses.asdict(e.fit).items() if k != "fitted_rows"},
-                                 "cost": e.cost, "wall_s": e.wall_s}
-                                for e in self.evaluations],
-                "wall_s": self.wall_s}
+        return {
+            "fit": dataclasses.asdict(self.fit),
+            "fitted_on": {
+                "route": self.route,
+                "max_rate": self.max_rate,
+                "metrics": list(FIT_METRICS),
+                "throughput_rates": list(self.throughput_rates),
+            },
+            "residuals": [
+                {
+                    "stage": r.stage,
+                    "metric": r.metric,
+                    "published": r.published,
+                    "simulated": r.simulated,
+                    "ratio": r.ratio,
+                }
+                for r in self.rows
+            ],
+            "evaluations": [
+                {
+                    **{k: v for k, v in dataclasses.asdict(e.fit).items() if k != "fitted_rows"},
+                    "cost": e.cost,
+                    "wall_s": e.wall_s,
+                }
+                for e in self.evaluations
+            ],
+            "wall_s": self.wall_s,
+        }
 
 
 def _with_router(rows: Sequence[Row], latency_s: float) -> tuple[Row, ...]:
     """`rows` with `latency_s` added to every simulated TTFT (what a router's latency adds at light load)."""
-    return tuple(dataclasses.replace(r, simulated=r.simulated + latency_s)
-                 if r.metric.startswith("ttft") and r.simulated is not None else r for r in rows)
+    return tuple(
+        dataclasses.replace(r, simulated=r.simulated + latency_s)
+        if r.metric.startswith("ttft") and r.simulated is not None
+        else r
+        for r in rows
+    )
 
 
 def best_router_latency(rows: Sequence[Row]) -> float:
@@ -95,10 +118,16 @@ def best_router_latency(rows: Sequence[Row]) -> float:
     return float(grid[int(errors.argmin())])
 
 
-def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float = 20.0, start: Fit = START,
-                  max_evaluations: int = 24, seed: int = 0,
-                  on_evaluation: Callable[[Evaluation], None] | None = None,
-                  throughput_rates: Sequence[float] = ()) -> PublishedFit:
+def fit_published(
+    case: Case,
+    route: str = ROUTE_PRECISE_PREFIX,
+    max_rate: float = 20.0,
+    start: Fit = START,
+    max_evaluations: int = 24,
+    seed: int = 0,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+    throughput_rates: Sequence[float] = (),
+) -> PublishedFit:
     """The fit of the module docstring on `route`'s stages at rates <= `max_rate` (and the output tok/s of its
     stages at `throughput_rates`).
 
@@ -112,8 +141,9 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
         raise ValueError(f"no stage of {case.name} at <= {max_rate:g}/s to fit on")
     missing = [f"{r:g}" for r in throughput_rates if r not in rates]
     if missing:
-        raise ValueError(f"{case.name} has no stage at {', '.join(missing)}/s (its rates: "
-                         f"{', '.join(f'{r:g}' for r in rates)})")
+        raise ValueError(
+            f"{case.name} has no stage at {', '.join(missing)}/s (its rates: {', '.join(f'{r:g}' for r in rates)})"
+        )
     if route not in case.published:
         raise ValueError(f"{case.name} publishes nothing for {route!r}")
     throughput_only = {f"{r:g}" for r in throughput_rates if r > max_rate}
@@ -121,12 +151,17 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
     started = time.perf_counter()
     fitted_on = f"{case.name}: {route} stages <= {max_rate:g}/s ({case.path.name})"
     if throughput_only:
-        fitted_on = (f"{case.name}: {route} stages <= {max_rate:g}/s and the output tok/s at "
-                     f"{', '.join(sorted(throughput_only, key=float))}/s ({case.path.name})")
+        fitted_on = (
+            f"{case.name}: {route} stages <= {max_rate:g}/s and the output tok/s at "
+            f"{', '.join(sorted(throughput_only, key=float))}/s ({case.path.name})"
+        )
 
     def fitted(rows: Sequence[Row]) -> tuple[Row, ...]:
-        return tuple(r for r in rows if r.metric in FIT_METRICS
-                     and (r.stage not in throughput_only or r.metric == "output_tok_s"))
+        return tuple(
+            r
+            for r in rows
+            if r.metric in FIT_METRICS and (r.stage not in throughput_only or r.metric == "output_tok_s")
+        )
 
     workload = case_workload(case, case_config(case, route).geometry.vocab_size, seed)
     evaluations: list[Evaluation] = []
@@ -134,18 +169,22 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
     def cost(x: np.ndarray) -> float:
         fe, be, overhead_ms = float(math.exp(min(x[0], 0.0))), float(math.exp(min(x[1], 0.0))), max(float(x[2]), 0.0)
         t = time.perf_counter()
-        run = compare_arm(case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed,
-                            stage_subset=subset, workload=workload)
+        run = compare_arm(
+            case, route, Fit(fe, be, overhead_ms / 1e3, 0.0, fitted_on), seed, stage_subset=subset, workload=workload
+        )
         used = fitted(run.rows)
         latency = best_router_latency(used)
         rows = _with_router(used, latency)
         res = log_residuals(rows, FIT_METRICS)
-        priors = [PRIOR_WEIGHT * (math.log(fe) - math.log(START.flops_efficiency)),
-                  PRIOR_WEIGHT * (math.log(be) - math.log(START.bw_efficiency))]
+        priors = [
+            PRIOR_WEIGHT * (math.log(fe) - math.log(START.flops_efficiency)),
+            PRIOR_WEIGHT * (math.log(be) - math.log(START.bw_efficiency)),
+        ]
         total = float(sum(r * r for r in res + priors))
         keys = tuple(r.key for r in rows if r.ratio is not None)
-        evaluation = Evaluation(Fit(fe, be, overhead_ms / 1e3, latency, fitted_on, keys), rows, total,
-                                time.perf_counter() - t)
+        evaluation = Evaluation(
+            Fit(fe, be, overhead_ms / 1e3, latency, fitted_on, keys), rows, total, time.perf_counter() - t
+        )
         evaluations.append(evaluation)
         if on_evaluation is not None:
             on_evaluation(evaluation)
@@ -153,23 +192,32 @@ def fit_published(case: Case, route: str = ROUTE_PRECISE_PREFIX, max_rate: float
 
     x0 = np.array([math.log(start.flops_efficiency), math.log(start.bw_efficiency), start.step_overhead_s * 1e3])
     simplex = np.array([x0, x0 + [0.15, 0, 0], x0 + [0, 0.1, 0], x0 + [0, 0, 1.0]])
-    minimize(cost, x0, method="Nelder-Mead", options={"maxfev": max_evaluations, "initial_simplex": simplex,
-                                                       "xatol": 0.01, "fatol": 1e-3})
+    minimize(
+        cost,
+        x0,
+        method="Nelder-Mead",
+        options={"maxfev": max_evaluations, "initial_simplex": simplex, "xatol": 0.01, "fatol": 1e-3},
+    )
     best = min(evaluations, key=lambda e: e.cost)
-    return PublishedFit(best.fit, best.rows, tuple(evaluations), route, max_rate, time.perf_counter() - started,
-                        tuple(throughput_rates))
+    return PublishedFit(
+        best.fit, best.rows, tuple(evaluations), route, max_rate, time.perf_counter() - started, tuple(throughput_rates)
+    )
 
 
 def transfer(fit: Fit, hardware: Hardware) -> Hardware:
     """`hardware` (another device) with the fit's efficiencies of its own peaks and the fit's step overhead."""
     fitted = fit.apply(hardware)
-    return dataclasses.replace(fitted, fitted_on=f"efficiencies of {fit.fitted_on}, carried to {hardware.name} "
-                               "through its datasheet peaks")
+    return dataclasses.replace(
+        fitted, fitted_on=f"efficiencies of {fit.fitted_on}, carried to {hardware.name} through its datasheet peaks"
+    )
 
 
 def residual_lines(rows: Sequence[Row]) -> list[str]:
-    return [f"| {r.stage} | {r.metric} | {r.published:g} | {r.simulated:.4g} | {r.ratio:.3f} |"
-            for r in rows if r.ratio is not None]
+    return [
+        f"| {r.stage} | {r.metric} | {r.published:g} | {r.simulated:.4g} | {r.ratio:.3f} |"
+        for r in rows
+        if r.ratio is not None
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,21 +239,46 @@ class CasesFit:
     wall_s: float
 
     def to_dict(self) -> dict:
-        return {"fit": dataclasses.asdict(self.fit),
-                "fitted_on": [{"case": p.case.name, "arm": p.arm, "max_rate": p.max_rate, "file": str(p.case.path)}
-                              for p in self.parts],
-                "residuals": [{"arm": r.arm, "stage": r.stage, "metric": r.metric, "published": r.published,
-                               "simulated": r.simulated, "ratio": r.ratio} for r in self.rows],
-                "evaluations": [{"step_overhead_s": e.fit.step_overhead_s, "router_latency_s": e.fit.router_latency_s,
-                                 "cost": e.cost, "wall_s": e.wall_s} for e in self.evaluations],
-                "wall_s": self.wall_s}
+        return {
+            "fit": dataclasses.asdict(self.fit),
+            "fitted_on": [
+                {"case": p.case.name, "arm": p.arm, "max_rate": p.max_rate, "file": str(p.case.path)}
+                for p in self.parts
+            ],
+            "residuals": [
+                {
+                    "arm": r.arm,
+                    "stage": r.stage,
+                    "metric": r.metric,
+                    "published": r.published,
+                    "simulated": r.simulated,
+                    "ratio": r.ratio,
+                }
+                for r in self.rows
+            ],
+            "evaluations": [
+                {
+                    "step_overhead_s": e.fit.step_overhead_s,
+                    "router_latency_s": e.fit.router_latency_s,
+                    "cost": e.cost,
+                    "wall_s": e.wall_s,
+                }
+                for e in self.evaluations
+            ],
+            "wall_s": self.wall_s,
+        }
 
 
 CLOSED_LOOP_FIT_METRICS = ("output_tok_s", "total_tok_s", "ttft_mean_s")
 
 
-def fit_across(parts: Sequence[FitPart], max_evaluations: int = 8, seed: int = 0, start: Fit = START,
-               on_evaluation: Callable[[Evaluation], None] | None = None) -> CasesFit:
+def fit_across(
+    parts: Sequence[FitPart],
+    max_evaluations: int = 8,
+    seed: int = 0,
+    start: Fit = START,
+    on_evaluation: Callable[[Evaluation], None] | None = None,
+) -> CasesFit:
     """One fit for one GPU type across several cases: the step overhead searched (bounded, 0-20 ms) and the
     router latency solved exactly (`best_router_latency`) on every part's fitted values at once; the efficiencies
     stay `start`'s, as on a GPU whose kernel tables price the steps (sim/kernel_cost.py) they move nothing.
@@ -216,8 +289,9 @@ def fit_across(parts: Sequence[FitPart], max_evaluations: int = 8, seed: int = 0
     if len(devices) != 1:
         raise ValueError(f"one fit per GPU type: the cases run on {', '.join(sorted(devices))}; fit each apart")
     started = time.perf_counter()
-    fitted_on = "; ".join(f"{p.case.name}: {p.arm}" + (f" <= {p.max_rate:g}/s" if p.case.plan else " (whole run)")
-                          for p in parts)
+    fitted_on = "; ".join(
+        f"{p.case.name}: {p.arm}" + (f" <= {p.max_rate:g}/s" if p.case.plan else " (whole run)") for p in parts
+    )
     subsets, workloads = [], []
     for p in parts:
         if p.arm not in p.case.published:
@@ -238,21 +312,27 @@ def fit_across(parts: Sequence[FitPart], max_evaluations: int = 8, seed: int = 0
         for p, subset, workload in zip(parts, subsets, workloads):
             run = compare_arm(p.case, p.arm, trial, seed, stage_subset=subset, workload=workload)
             metrics = FIT_METRICS if subset is not None else CLOSED_LOOP_FIT_METRICS
-            used += [dataclasses.replace(r, arm=f"{p.case.name}/{r.arm}") for r in run.rows
-                     if r.metric in metrics and r.ratio is not None]
+            used += [
+                dataclasses.replace(r, arm=f"{p.case.name}/{r.arm}")
+                for r in run.rows
+                if r.metric in metrics and r.ratio is not None
+            ]
         latency = best_router_latency(used)
         rows = _with_router(used, latency)
         res = log_residuals(rows, FIT_METRICS + CLOSED_LOOP_FIT_METRICS)
         total = float(sum(r * r for r in res))
         keys = tuple(r.key for r in rows if r.ratio is not None)
-        evaluation = Evaluation(dataclasses.replace(trial, router_latency_s=latency, fitted_rows=keys), tuple(rows),
-                                total, time.perf_counter() - t)
+        evaluation = Evaluation(
+            dataclasses.replace(trial, router_latency_s=latency, fitted_rows=keys),
+            tuple(rows),
+            total,
+            time.perf_counter() - t,
+        )
         evaluations.append(evaluation)
         if on_evaluation is not None:
             on_evaluation(evaluation)
         return total
 
-    minimize_scalar(cost, bounds=(0.0, 20.0), method="bounded",
-                    options={"maxiter": max_evaluations, "xatol": 0.25})
+    minimize_scalar(cost, bounds=(0.0, 20.0), method="bounded", options={"maxiter": max_evaluations, "xatol": 0.25})
     best = min(evaluations, key=lambda e: e.cost)
     return CasesFit(best.fit, best.rows, tuple(evaluations), tuple(parts), time.perf_counter() - started)

@@ -68,8 +68,14 @@ class CapacityReport:
         return out
 
 
-def capacity_report(geometry: ModelGeometry, hardware: Hardware, kv_dtype: str, context_tokens: int,
-                    sessions: int, weight_dtype: str | None = None) -> CapacityReport:
+def capacity_report(
+    geometry: ModelGeometry,
+    hardware: Hardware,
+    kv_dtype: str,
+    context_tokens: int,
+    sessions: int,
+    weight_dtype: str | None = None,
+) -> CapacityReport:
     """KV sizes for `sessions` sessions of `context_tokens` each on `hardware` (all its devices together)."""
     if context_tokens < 1 or sessions < 1:
         raise ValueError(f"context={context_tokens}, sessions={sessions}: both must be >= 1")
@@ -84,16 +90,32 @@ def capacity_report(geometry: ModelGeometry, hardware: Hardware, kv_dtype: str, 
 
     tiers = (
         TierCapacity("device", device_bytes, fit(device_bytes), None),
-        TierCapacity("host", hardware.host_memory_bytes, fit(hardware.host_memory_bytes),
-                     cost.transfer_seconds(Tier.HOST, context_tokens)),
-        TierCapacity("disk", hardware.disk_bytes, fit(hardware.disk_bytes),
-                     cost.transfer_seconds(Tier.DISK, context_tokens)),
+        TierCapacity(
+            "host",
+            hardware.host_memory_bytes,
+            fit(hardware.host_memory_bytes),
+            cost.transfer_seconds(Tier.HOST, context_tokens),
+        ),
+        TierCapacity(
+            "disk", hardware.disk_bytes, fit(hardware.disk_bytes), cost.transfer_seconds(Tier.DISK, context_tokens)
+        ),
         TierCapacity("remote", math.inf, sessions, cost.transfer_seconds(Tier.REMOTE, context_tokens)),
     )
-    return CapacityReport(geometry.name, kv_dtype, cost.weights, context_tokens, sessions, hardware.num_devices,
-                          per_token, per_session, per_session * sessions, weights,
-                          hardware.device.memory_bytes * hardware.memory_fraction - hardware.activation_reserve_bytes,
-                          tiers, fp8_break_even(geometry, hardware))
+    return CapacityReport(
+        geometry.name,
+        kv_dtype,
+        cost.weights,
+        context_tokens,
+        sessions,
+        hardware.num_devices,
+        per_token,
+        per_session,
+        per_session * sessions,
+        weights,
+        hardware.device.memory_bytes * hardware.memory_fraction - hardware.activation_reserve_bytes,
+        tiers,
+        fp8_break_even(geometry, hardware),
+    )
 
 
 def kv_reduction(smaller: ModelGeometry, larger: ModelGeometry, kv_dtype: str = "fp16") -> float:
@@ -101,8 +123,9 @@ def kv_reduction(smaller: ModelGeometry, larger: ModelGeometry, kv_dtype: str = 
     return 1 - smaller.kv_bytes_per_token(kv_dtype) / larger.kv_bytes_per_token(kv_dtype)
 
 
-def fp8_break_even(geometry: ModelGeometry, hardware: Hardware, backend: str = "vllm",
-                   batches: tuple[int, ...] = (1, 32)) -> tuple[BreakEven, ...]:
+def fp8_break_even(
+    geometry: ModelGeometry, hardware: Hardware, backend: str = "vllm", batches: tuple[int, ...] = (1, 32)
+) -> tuple[BreakEven, ...]:
     """Where FP8 KV decode attention becomes faster than BF16 for `geometry` on `hardware` under `backend`'s
     measured kernels, one per batch size; empty where the tables do not cover them (`fp8_break_even.py`)."""
     tp, device = hardware.num_devices, hardware.device.name
@@ -110,5 +133,12 @@ def fp8_break_even(geometry: ModelGeometry, hardware: Hardware, backend: str = "
     if bf16 is None or fp8 is None:
         return ()
     contexts = [float(c) for c in BREAK_EVEN_CONTEXTS]
-    return tuple(BreakEven.of(b, contexts, [bf16.decode_seconds(b, b * c) for c in contexts],
-                              [fp8.decode_seconds(b, b * c) for c in contexts]) for b in batches)
+    return tuple(
+        BreakEven.of(
+            b,
+            contexts,
+            [bf16.decode_seconds(b, b * c) for c in contexts],
+            [fp8.decode_seconds(b, b * c) for c in contexts],
+        )
+        for b in batches
+    )

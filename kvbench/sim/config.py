@@ -57,17 +57,32 @@ class SimConfig:
 
     def vllm_memory(self) -> VllmMemory:
         hw, preset = self.hardware, self.preset
-        return vllm_memory(self.geometry, hw.device.memory_bytes, hw.num_devices, hw.memory_fraction,
-                           preset.page_size, preset.max_step_tokens, preset.max_num_seqs, self.kv_dtype,
-                           self.weight_dtype)
+        return vllm_memory(
+            self.geometry,
+            hw.device.memory_bytes,
+            hw.num_devices,
+            hw.memory_fraction,
+            preset.page_size,
+            preset.max_step_tokens,
+            preset.max_num_seqs,
+            self.kv_dtype,
+            self.weight_dtype,
+        )
 
     @property
     def cost(self) -> CostModel:
         hw = self.hardware if self.kv_offload is None else with_tier_links(self.hardware, self.kv_offload)
         backend = self.preset.kernel_backend if hw.device.kernel_tables else None
         kernels = step_kernels(self.geometry, hw.device.name, hw.num_devices, backend, self.kv_dtype, self.weight_dtype)
-        return CostModel(self.geometry, hw, self.kv_dtype, self.weight_dtype, self.preset.padded_attention,
-                         self.preset.page_size, kernels)
+        return CostModel(
+            self.geometry,
+            hw,
+            self.kv_dtype,
+            self.weight_dtype,
+            self.preset.padded_attention,
+            self.preset.page_size,
+            kernels,
+        )
 
     @property
     def isolation(self) -> Isolation:
@@ -90,16 +105,21 @@ class SimConfig:
         pages = int(budget // (cost.kv_bytes_per_token * ps)) if budget > 0 else 0
         if pages < 2:
             hw = self.hardware
-            raise ValueError(f"{self.geometry.name} weights ({weights / 1e9:.1f} GB) do not fit on {hw.name} with "
-                             f"room for KV ({hw.kv_budget_bytes(0) / 1e9:.1f} GB usable): use more devices or fp8 "
-                             "weights")
+            raise ValueError(
+                f"{self.geometry.name} weights ({weights / 1e9:.1f} GB) do not fit on {hw.name} with "
+                f"room for KV ({hw.kv_budget_bytes(0) / 1e9:.1f} GB usable): use more devices or fp8 "
+                "weights"
+            )
         return pages
 
     def memory_bytes(self, sessions: int) -> int:
         """An estimate of the memory simulating `sessions` sessions on this fleet takes (`SIM_*_BYTES`)."""
         nodes = self.preset.num_nodes
-        return (SIM_BASE_BYTES + nodes * (SIM_NODE_BYTES + SIM_DEVICE_PAGE_BYTES * self.device_pages())
-                + sessions * SIM_SESSION_BYTES)
+        return (
+            SIM_BASE_BYTES
+            + nodes * (SIM_NODE_BYTES + SIM_DEVICE_PAGE_BYTES * self.device_pages())
+            + sessions * SIM_SESSION_BYTES
+        )
 
     def check_memory(self, sessions: int, available_bytes: int) -> None:
         """ValueError naming the estimate when simulating `sessions` sessions needs more than `available_bytes`
@@ -109,7 +129,8 @@ class SimConfig:
             raise ValueError(
                 f"simulate: {self.preset.num_nodes:,} nodes x {self.device_pages():,} device pages and {sessions:,} "
                 f"sessions need about {need / 2**30:,.1f} GiB of memory; this machine has {available_bytes / 2**30:,.1f} "
-                "GiB available: use fewer --nodes, a smaller --device-kv-tokens or fewer --num-sessions")
+                "GiB available: use fewer --nodes, a smaller --device-kv-tokens or fewer --num-sessions"
+            )
 
     def tier_pages(self, nbytes: float) -> int:
         return int(nbytes // (self.cost.kv_bytes_per_token * self.preset.page_size))

@@ -103,11 +103,16 @@ class CostModel:
         # Attention FLOPs per attended token of the full layers, and per token in the sliding ones' windows.
         window = float(g.sliding_window or 0)
         per_context = g.attention_flops_per_token(window + 1) - g.attention_flops_per_token(window)
-        constants = {"_linear_flops": g.linear_flops_per_token(), "_attention_flops": per_context,
-                     "_window_flops": g.attention_flops_per_token(window) - window * per_context,
-                     "_window_kv_bytes": g.window_kv_bytes(self.kv_dtype, int(window)),
-                     "_kv_bytes": g.kv_bytes_per_token(self.kv_dtype), "_weight_bytes": g.weight_bytes(self.weight_dtype),
-                     "_flops_rate": tp * hw.device.flops(self.weights), "_bw_rate": tp * hw.device.effective_bw}
+        constants = {
+            "_linear_flops": g.linear_flops_per_token(),
+            "_attention_flops": per_context,
+            "_window_flops": g.attention_flops_per_token(window) - window * per_context,
+            "_window_kv_bytes": g.window_kv_bytes(self.kv_dtype, int(window)),
+            "_kv_bytes": g.kv_bytes_per_token(self.kv_dtype),
+            "_weight_bytes": g.weight_bytes(self.weight_dtype),
+            "_flops_rate": tp * hw.device.flops(self.weights),
+            "_bw_rate": tp * hw.device.effective_bw,
+        }
         for name, value in constants.items():
             object.__setattr__(self, name, value)
 
@@ -154,8 +159,19 @@ class CostModel:
             tokens, attn_ctx, kv_read, seqs = tokens + k, attn_ctx + total, kv_read + total, seqs + k
             longest_query, longest_context = max(longest_query, 1), max(longest_context, max(decode_starts) + 1)
             decodes, decode_context = decodes + k, decode_context + total
-        return StepCost(*self._parts(tokens, attn_ctx, kv_read, seqs, longest_query, longest_context,
-                                     decodes=decodes, decode_context=decode_context, prefill_s=prefill_s))
+        return StepCost(
+            *self._parts(
+                tokens,
+                attn_ctx,
+                kv_read,
+                seqs,
+                longest_query,
+                longest_context,
+                decodes=decodes,
+                decode_context=decode_context,
+                prefill_s=prefill_s,
+            )
+        )
 
     def decode_seconds(self, num_seqs: int, starts_sum: int, longest_start: int, steps: int = 1) -> list[float]:
         """`step((), starts).seconds` for `steps` decode steps in a row of `num_seqs` sequences whose decode
@@ -163,12 +179,32 @@ class CostModel:
         next step: the same floats, computed at once without a list of starts (a run of decode steps)."""
         j = np.arange(steps, dtype=np.int64)
         total = (starts_sum + num_seqs + num_seqs * j).astype(np.float64)  # sum of (s + 1), as `step` adds it
-        seconds = self._parts(float(num_seqs), total, total, num_seqs, 1, longest_start + 1 + j, np.maximum,
-                              decodes=num_seqs, decode_context=total)[0]
+        seconds = self._parts(
+            float(num_seqs),
+            total,
+            total,
+            num_seqs,
+            1,
+            longest_start + 1 + j,
+            np.maximum,
+            decodes=num_seqs,
+            decode_context=total,
+        )[0]
         return np.broadcast_to(seconds, (steps,)).tolist()
 
-    def _parts(self, tokens: float, attn_ctx, kv_read, seqs: int, longest_query: int, longest_context,
-               maximum=max, decodes: int = 0, decode_context=0.0, prefill_s: float = 0.0) -> tuple:
+    def _parts(
+        self,
+        tokens: float,
+        attn_ctx,
+        kv_read,
+        seqs: int,
+        longest_query: int,
+        longest_context,
+        maximum=max,
+        decodes: int = 0,
+        decode_context=0.0,
+        prefill_s: float = 0.0,
+    ) -> tuple:
         """StepCost's fields, in its order. `attn_ctx`, `kv_read`, `longest_context` and `decode_context` may
         be arrays (one step each, with `maximum=np.maximum`): numpy does the same IEEE operations, element by
         element. `decodes` of the sequences decode (contexts summing to `decode_context`); `prefill_s` is the
@@ -180,8 +216,7 @@ class CostModel:
             context = -(-longest_context // self.page_size) * self.page_size
             attn_ctx, kv_read = seqs * longest_query * context, seqs * context
         flops = tokens * (self._linear_flops + self._window_flops) + self._attention_flops * attn_ctx
-        nbytes = (self._weight_bytes_touched(tokens) + (kv_read + tokens) * self._kv_bytes
-                  + seqs * self._window_kv_bytes)
+        nbytes = self._weight_bytes_touched(tokens) + (kv_read + tokens) * self._kv_bytes + seqs * self._window_kv_bytes
         tp = hw.num_devices
         compute = flops / self._flops_rate
         memory = nbytes / self._bw_rate
@@ -229,8 +264,9 @@ class CostModel:
         kvb = self.kv_bytes_per_token
         to_device = sum(k for t, k in tokens_by_tier.items() if t not in (Tier.DEVICE, Tier.PEER))
         stages = [(self.link(Tier.HOST), to_device)] if to_device > 0 else []
-        stages += [(self.link(t), k) for t, k in tokens_by_tier.items()
-                   if t in (Tier.DISK, Tier.REMOTE, Tier.PEER) and k > 0]
+        stages += [
+            (self.link(t), k) for t, k in tokens_by_tier.items() if t in (Tier.DISK, Tier.REMOTE, Tier.PEER) and k > 0
+        ]
         if not stages:
             return 0.0
         times = [k * kvb / link.bandwidth for link, k in stages]
@@ -238,4 +274,3 @@ class CostModel:
         slowest = max(range(len(times)), key=times.__getitem__)
         fill = sum(c for i, c in enumerate(chunk) if i != slowest)
         return times[slowest] + fill + sum(link.latency_s for link, _ in stages)
-

@@ -32,18 +32,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.events import EventSink, NullEventLog
+from kvbench.engines.kvengine.core.events import EventSink
 from kvbench.engines.kvengine.core.namespaces import TenantId
-from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
     Request,
     RequestId,
-    Scheduler,
-    SchedulerConfig,
 )
-from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
-from kvbench.measure.conversation import Conversation, ConversationDriver, ReuseOracle, placeholder_tokens
 from kvbench.measure.answer import Answer, Failure, FailureKind, Usage
+from kvbench.measure.conversation import Conversation, ConversationDriver, ReuseOracle, placeholder_tokens
 from kvbench.measure.record_builder import Asked, NextTurn, build_record
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
@@ -177,8 +173,16 @@ class _Sim:
         self.node_of[rid] = node
         now += self.config.preset.router_latency_s
         restore = self.nodes[node].plan_restore(sent, now)
-        self.live[rid] = _Live(ask.asked, t_ns, session_index, prompt, answer, node,
-                               {t.name.lower(): k for t, k in restore.tokens_by_tier.items()}, request)
+        self.live[rid] = _Live(
+            ask.asked,
+            t_ns,
+            session_index,
+            prompt,
+            answer,
+            node,
+            {t.name.lower(): k for t, k in restore.tokens_by_tier.items()},
+            request,
+        )
         self.push(restore.ready_at, _ARRIVE, (node, sent, sent_answer, restore))
 
     def release_slot(self, now: float) -> None:
@@ -195,10 +199,18 @@ class _Sim:
         if live.prefill_cached is not None:  # the decode node's cache holds the handoff, not a hit
             cached, restored = live.prefill_cached, {}
         by_tier = live.restored | restored
-        usage = Usage(int(live.prompt.size), len(output), cached,
-                      by_tier | {"device": max(cached - sum(by_tier.values()), 0)})
-        answer = Answer(sent_ns=live.sent_ns, http_status=200, first_token_ns=live.first_token_ns,
-                        done_ns=int(round(now * NS)), chunks=live.chunks, usage=usage, finish_reason=reason)
+        usage = Usage(
+            int(live.prompt.size), len(output), cached, by_tier | {"device": max(cached - sum(by_tier.values()), 0)}
+        )
+        answer = Answer(
+            sent_ns=live.sent_ns,
+            http_status=200,
+            first_token_ns=live.first_token_ns,
+            done_ns=int(round(now * NS)),
+            chunks=live.chunks,
+            usage=usage,
+            finish_reason=reason,
+        )
         record = build_record(live.asked, answer, STREAMED)
         self.records.append(record)
         talk = self.talks[live.session]
@@ -288,8 +300,9 @@ class _Sim:
 
     def report_unfinished(self) -> None:
         for rid, live in sorted(self.live.items()):  # never fit: report as errors, not silently dropped
-            answer = Answer(sent_ns=live.sent_ns, first_token_ns=live.first_token_ns, chunks=live.chunks,
-                            failure=TOO_LONG)
+            answer = Answer(
+                sent_ns=live.sent_ns, first_token_ns=live.first_token_ns, chunks=live.chunks, failure=TOO_LONG
+            )
             self.records.append(build_record(live.asked, answer))
         self.live.clear()
 
@@ -315,8 +328,15 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str = "sim", seed: int = 0,
-             send_order: Sequence[str] | None = None, events: EventSink | None = None) -> SimResult:
+def simulate(
+    workload: Workload,
+    load: LoadSpec,
+    config: SimConfig,
+    run_id: str = "sim",
+    seed: int = 0,
+    send_order: Sequence[str] | None = None,
+    events: EventSink | None = None,
+) -> SimResult:
     """Replay `workload` at `load` on the simulated system. Deterministic: same inputs, same records.
 
     `send_order` (request ids `session_id/turn`, e.g. a real run's records sorted by send time) makes the
@@ -331,8 +351,15 @@ def simulate(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str 
     return sim_result(sim, started)
 
 
-def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, seed: int,
-            send_order: Sequence[str] | None = None, events: EventSink | None = None) -> _Sim:
+def new_sim(
+    workload: Workload,
+    load: LoadSpec,
+    config: SimConfig,
+    run_id: str,
+    seed: int,
+    send_order: Sequence[str] | None = None,
+    events: EventSink | None = None,
+) -> _Sim:
     """A simulation ready to play: the nodes, the router and one conversation per session."""
     nodes = build_nodes(config, events)
     # Token ids only: a text prefix in the tenants file needs a tokenizer the simulator does not have, so it
@@ -340,26 +367,55 @@ def new_sim(workload: Workload, load: LoadSpec, config: SimConfig, run_id: str, 
     oracle = ReuseOracle.following(config.isolation, config.tenants.shared_prefixes)
     driver = ConversationDriver(run_id, load, oracle)
     # A prefill's end (a step) sends work to a decode node: with a split, no node's run is independent.
-    independent = (len(nodes) > 1 and load.mode != MODE_CONCURRENCY and config.pd is None
-                   and all(len(s.turns) == 1 for s in workload.sessions))
+    independent = (
+        len(nodes) > 1
+        and load.mode != MODE_CONCURRENCY
+        and config.pd is None
+        and all(len(s.turns) == 1 for s in workload.sessions)
+    )
     pd = None if config.pd is None else Handoff(config.pd, config.preset.page_size, config.cost.kv_bytes_per_token)
     routed = nodes if pd is None else nodes[: config.pd.prefill_replicas]
-    return _Sim(config, workload, load, nodes, driver, [driver.start(s) for s in workload.sessions], seed,
-                slots_free=load.cap or 0, send_order=tuple(send_order) if send_order is not None else None,
-                router=Router(routed, config.preset.route, config.preset.page_size, scorers=config.preset.scorers,
-                              rng=np.random.default_rng(seed)),
-                nodes_independent=independent, pd=pd)
+    return _Sim(
+        config,
+        workload,
+        load,
+        nodes,
+        driver,
+        [driver.start(s) for s in workload.sessions],
+        seed,
+        slots_free=load.cap or 0,
+        send_order=tuple(send_order) if send_order is not None else None,
+        router=Router(
+            routed,
+            config.preset.route,
+            config.preset.page_size,
+            scorers=config.preset.scorers,
+            rng=np.random.default_rng(seed),
+        ),
+        nodes_independent=independent,
+        pd=pd,
+    )
 
 
 def sim_result(sim: _Sim, started: float) -> SimResult:
     nodes = sim.nodes
     end = max((r.done_ns or 0 for r in sim.records), default=0) / NS
-    stats = tuple({"node": n.node_id, "steps": n.stats.steps, "fast_forwarded": n.stats.fast_forwarded,
-                   "busy_s": n.stats.busy_s,
-                   "preempted": n.stats.preempted, "restored_tokens": dict(n.stats.restored_tokens),
-                   "restored_bytes": {t: k * n.cost.kv_bytes_per_token for t, k in n.stats.restored_tokens.items()},
-                   "tier_hits": dict(n.stats.tier_hits), "load_wait_s": n.stats.load_wait_s,
-                   "restore_link_s": n.stats.restore_s} for n in nodes)
+    stats = tuple(
+        {
+            "node": n.node_id,
+            "steps": n.stats.steps,
+            "fast_forwarded": n.stats.fast_forwarded,
+            "busy_s": n.stats.busy_s,
+            "preempted": n.stats.preempted,
+            "restored_tokens": dict(n.stats.restored_tokens),
+            "restored_bytes": {t: k * n.cost.kv_bytes_per_token for t, k in n.stats.restored_tokens.items()},
+            "tier_hits": dict(n.stats.tier_hits),
+            "load_wait_s": n.stats.load_wait_s,
+            "restore_link_s": n.stats.restore_s,
+        }
+        for n in nodes
+    )
     records = tuple(sorted(sim.records, key=lambda r: (r.queued_ns, r.request_id)))
-    return SimResult(records, nodes[0].scheduler.index.pool.capacity, stats, end, time.perf_counter() - started,
-                     sim.node_of)
+    return SimResult(
+        records, nodes[0].scheduler.index.pool.capacity, stats, end, time.perf_counter() - started, sim.node_of
+    )

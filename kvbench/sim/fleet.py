@@ -49,13 +49,19 @@ def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimN
     hw = config.hardware
 
     def pool(count: int, devices: int | None, kv_offload, **preset_changes) -> SimConfig:
-        return dataclasses.replace(config, hardware=hw if devices is None else hw.with_devices(devices), pd=None,
-                                   kv_offload=kv_offload,
-                                   preset=dataclasses.replace(config.preset, num_nodes=count, **preset_changes))
+        return dataclasses.replace(
+            config,
+            hardware=hw if devices is None else hw.with_devices(devices),
+            pd=None,
+            kv_offload=kv_offload,
+            preset=dataclasses.replace(config.preset, num_nodes=count, **preset_changes),
+        )
 
     prefill = _pool(pool(pd.prefill_replicas, pd.prefill_devices, config.kv_offload), events)
-    decode = _pool(pool(pd.decode_replicas, pd.decode_devices, None, host_fraction=0.0, disk_fraction=0.0,
-                        remote_bytes=0.0), events)
+    decode = _pool(
+        pool(pd.decode_replicas, pd.decode_devices, None, host_fraction=0.0, disk_fraction=0.0, remote_bytes=0.0),
+        events,
+    )
     for i, node in enumerate(decode):
         node.node_id = pd.prefill_replicas + i
     return prefill + decode
@@ -67,24 +73,35 @@ def _pool(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     if preset.remote_bytes > 0:  # one object: every node shares it
         remote = LowerTier.create(Tier.REMOTE, config.tier_pages(preset.remote_bytes), preset.page_size)
     host_pages, disk_pages, device_pages = config.host_pages(), config.disk_pages(), config.device_pages()
-    sched_config = SchedulerConfig(max_num_seqs=preset.max_num_seqs, max_step_tokens=preset.max_step_tokens,
-                                   max_prefill_beside_decodes=prefill_beside_decodes(config, device_pages),
-                                   strict_isolation=config.strict_isolation)
+    sched_config = SchedulerConfig(
+        max_num_seqs=preset.max_num_seqs,
+        max_step_tokens=preset.max_step_tokens,
+        max_prefill_beside_decodes=prefill_beside_decodes(config, device_pages),
+        strict_isolation=config.strict_isolation,
+    )
     ttl = TierTTL(preset.device_ttl_s, preset.host_ttl_s)
     sink = events if events is not None else NullEventLog()
     if config.kv_offload is not None:  # the tiers the case states, as its connector keeps them
-        indexes = [PrefixIndex(PagePool(1 + device_pages, preset.page_size), events=sink)
-                   for _ in range(preset.num_nodes)]
-        return [SimNode(i, Scheduler(index, sched_config, ledger=_ledger(config, index.pool.capacity)), config.cost, below,
-                        preset.admission, config.decode_runs)
-                for i, (index, below) in enumerate(zip(indexes, build_offload(config, indexes)))]
+        indexes = [
+            PrefixIndex(PagePool(1 + device_pages, preset.page_size), events=sink) for _ in range(preset.num_nodes)
+        ]
+        return [
+            SimNode(
+                i,
+                Scheduler(index, sched_config, ledger=_ledger(config, index.pool.capacity)),
+                config.cost,
+                below,
+                preset.admission,
+                config.decode_runs,
+            )
+            for i, (index, below) in enumerate(zip(indexes, build_offload(config, indexes)))
+        ]
     nodes = []
     for i in range(preset.num_nodes):
         pool = PagePool(1 + device_pages, preset.page_size)
         ledger = _ledger(config, pool.capacity)
         if preset.tier_policy == TIERS_TTL and (host_pages > 0 or disk_pages > 0):
-            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(), preset.tier_interval_s,
-                                    sink)
+            below = TtlTiers.create(host_pages, disk_pages, ttl, config.tenants.ttls(), preset.tier_interval_s, sink)
             index = PrefixIndex(pool, events=sink, journal=below.journal, key_salt=below.key_salt)
         else:
             tiers = []
@@ -96,8 +113,14 @@ def _pool(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
                 tiers.append(remote)
             below = WriteThroughTiers(tuple(tiers))
             index = PrefixIndex(pool, events=sink)
-        nodes.append(SimNode(i, Scheduler(index, sched_config, ledger=ledger), config.cost, below, preset.admission,
-                             config.decode_runs))
+        nodes.append(
+            SimNode(
+                i,
+                Scheduler(index, sched_config, ledger=ledger),
+                config.cost,
+                below,
+                preset.admission,
+                config.decode_runs,
+            )
+        )
     return nodes
-
-

@@ -62,8 +62,15 @@ class BreakEven:
         return cls(batch, bf16, fp8, break_even(bf16, fp8))
 
     def describe(self) -> str:
-        where = ("never, at any context" if self.context is None
-                 else "at every context" if self.context == 0 else f"past {self.context:,.0f} tokens of context")
-        return (f"batch {self.batch}: FP8 KV decodes faster than BF16 {where} (per step: BF16 "
-                f"{self.bf16.intercept_s * 1e6:.1f} us + {self.bf16.slope_s * 1e9:.2f} us/1K tokens, FP8 "
-                f"{self.fp8.intercept_s * 1e6:.1f} us + {self.fp8.slope_s * 1e9:.2f} us/1K tokens)")
+        where = (
+            "never, at any context"
+            if self.context is None
+            else "at every context"
+            if self.context == 0
+            else f"past {self.context:,.0f} tokens of context"
+        )
+        return (
+            f"batch {self.batch}: FP8 KV decodes faster than BF16 {where} (per step: BF16 "
+            f"{self.bf16.intercept_s * 1e6:.1f} us + {self.bf16.slope_s * 1e9:.2f} us/1K tokens, FP8 "
+            f"{self.fp8.intercept_s * 1e6:.1f} us + {self.fp8.slope_s * 1e9:.2f} us/1K tokens)"
+        )

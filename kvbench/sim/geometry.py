@@ -44,7 +44,13 @@ MODELS_DIR = Path(__file__).with_name("models")
 # dtypes, for models and engines we simulate but do not run (vLLM's and SGLang's --kv-cache-dtype `auto`,
 # `fp8`, `int8`; torch's weight dtype names; 4-bit weights). A strict superset: our engine's names mean the same.
 OTHER_ENGINES_DTYPE_BYTES: Mapping[str, float] = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "auto": 2, "fp8": 1, "int8": 1, "int4": 0.5,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "auto": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
     "mxfp4": 4.25 / 8,  # OCP microscaling: 4-bit e2m1 values, one 8-bit e8m0 scale per block of 32
 }
 DTYPE_BYTES: Mapping[str, float] = {
@@ -133,8 +139,10 @@ class ModelGeometry:
 
     def __post_init__(self) -> None:
         if not 0 <= self.sliding_layers <= self.num_layers or (self.sliding_layers and not self.sliding_window):
-            raise ModelConfigError(f"{self.name}: {self.sliding_layers} sliding layers of {self.num_layers} need a "
-                                   "sliding_window >= 1 (config.json's sliding_window)")
+            raise ModelConfigError(
+                f"{self.name}: {self.sliding_layers} sliding layers of {self.num_layers} need a "
+                "sliding_window >= 1 (config.json's sliding_window)"
+            )
 
     # ---- KV ----------------------------------------------------------------------------------------------
     @property
@@ -165,7 +173,12 @@ class ModelGeometry:
         count (0 without a full layer: then the sliding layers are the per-token count)."""
         if not self.sliding_layers or not self.full_layers:
             return 0.0
-        return self.sliding_layers * self._kv_elements_per_layer * min(context, self.sliding_window) * dtype_bytes(kv_dtype)
+        return (
+            self.sliding_layers
+            * self._kv_elements_per_layer
+            * min(context, self.sliding_window)
+            * dtype_bytes(kv_dtype)
+        )
 
     def kv_bytes(self, kv_dtype: str, context: int) -> float:
         """All the KV one sequence of `context` tokens stores."""
@@ -230,10 +243,12 @@ class ModelGeometry:
         """Bytes of the stored weights, each part at its dtype (`weight_dtypes`)."""
         d = self.weight_dtypes(weight_dtype)
         head = 0 if self.tie_word_embeddings else self.lm_head_params
-        return ((self.embedding_params + head) * dtype_bytes(d.embeddings)
-                + self.num_layers * self._attention_params() * dtype_bytes(d.attention)
-                + self._dense_mlp_params() * dtype_bytes(d.mlp)
-                + self._expert_params(False) * dtype_bytes(d.experts))
+        return (
+            (self.embedding_params + head) * dtype_bytes(d.embeddings)
+            + self.num_layers * self._attention_params() * dtype_bytes(d.attention)
+            + self._dense_mlp_params() * dtype_bytes(d.mlp)
+            + self._expert_params(False) * dtype_bytes(d.experts)
+        )
 
     # ---- FLOPs -------------------------------------------------------------------------------------------
     def linear_flops_per_token(self) -> float:
@@ -259,7 +274,9 @@ class ModelGeometry:
         """Bytes of one routed expert in one layer (0 for dense models)."""
         if self.moe is None:
             return 0.0
-        return 3 * self.hidden_size * self.moe.expert_intermediate * dtype_bytes(self.weight_dtypes(weight_dtype).experts)
+        return (
+            3 * self.hidden_size * self.moe.expert_intermediate * dtype_bytes(self.weight_dtypes(weight_dtype).experts)
+        )
 
 
 def geometry_from_config(config: Mapping[str, Any], name: str) -> ModelGeometry:
@@ -279,13 +296,21 @@ def geometry_from_config(config: Mapping[str, Any], name: str) -> ModelGeometry:
         sparse_step = int(config.get("decoder_sparse_step", 1))
         dense_only = set(config.get("mlp_only_layers") or ())
         moe_layers = sum(1 for i in range(dense_first, layers) if i not in dense_only and (i + 1) % sparse_step == 0)
-        moe = Moe(num_layers=moe_layers, num_experts=int(experts), top_k=int(need("num_experts_per_tok")),
-                  expert_intermediate=int(config.get("moe_intermediate_size") or need("intermediate_size")),
-                  shared_experts=int(config.get("n_shared_experts") or 0))
+        moe = Moe(
+            num_layers=moe_layers,
+            num_experts=int(experts),
+            top_k=int(need("num_experts_per_tok")),
+            expert_intermediate=int(config.get("moe_intermediate_size") or need("intermediate_size")),
+            shared_experts=int(config.get("n_shared_experts") or 0),
+        )
     if config.get("kv_lora_rank"):
-        mla = Mla(kv_lora_rank=int(config["kv_lora_rank"]), q_lora_rank=config.get("q_lora_rank"),
-                  qk_nope_head_dim=int(need("qk_nope_head_dim")), qk_rope_head_dim=int(need("qk_rope_head_dim")),
-                  v_head_dim=int(need("v_head_dim")))
+        mla = Mla(
+            kv_lora_rank=int(config["kv_lora_rank"]),
+            q_lora_rank=config.get("q_lora_rank"),
+            qk_nope_head_dim=int(need("qk_nope_head_dim")),
+            qk_rope_head_dim=int(need("qk_rope_head_dim")),
+            v_head_dim=int(need("v_head_dim")),
+        )
     window, sliding = _sliding_layers(config, name, layers)
     weight_dtype, weights = _weight_dtypes(config)
     return ModelGeometry(
@@ -316,14 +341,16 @@ def _sliding_layers(config: Mapping[str, Any], name: str, layers: int) -> tuple[
     if types is not None:
         unknown = sorted(set(types) - {SLIDING, FULL})
         if unknown or len(types) != layers:
-            raise ModelConfigError(f"{name}: layer_types must list {layers} of {SLIDING!r} / {FULL!r}, not "
-                                   f"{len(types)} with {unknown}")
+            raise ModelConfigError(
+                f"{name}: layer_types must list {layers} of {SLIDING!r} / {FULL!r}, not {len(types)} with {unknown}"
+            )
         sliding = types.count(SLIDING)
     else:
         sliding = layers if window and config.get("use_sliding_window", True) else 0
     if sliding and not (isinstance(window, int) and window >= 1):
-        raise ModelConfigError(f"{name}: {sliding} sliding layers but sliding_window is {window!r}; set it to the "
-                               "window's tokens")
+        raise ModelConfigError(
+            f"{name}: {sliding} sliding layers but sliding_window is {window!r}; set it to the window's tokens"
+        )
     return (window if sliding else None), sliding
 
 
@@ -353,8 +380,9 @@ def load_geometry(name_or_path: str) -> ModelGeometry:
     if not path.is_file():
         path = MODELS_DIR / f"{name_or_path.lower()}.json"
     if not path.is_file():
-        raise ModelConfigError(f"model {name_or_path!r}: not a shipped model ({', '.join(known_models())}) "
-                               "nor a config.json path")
+        raise ModelConfigError(
+            f"model {name_or_path!r}: not a shipped model ({', '.join(known_models())}) nor a config.json path"
+        )
     try:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as error:

@@ -110,13 +110,17 @@ class Hardware:
     def assumptions(self) -> str:
         """One line for a simulation's output: whether its device speeds are fitted or assumed."""
         d = self.device
-        speeds = (f"{d.name} efficiencies: FLOP/s {d.flops_efficiency:.2f} of peak, bandwidth {d.bw_efficiency:.2f} of "
-                  f"peak, step overhead {self.step_overhead_s * 1e3:.1f} ms")
+        speeds = (
+            f"{d.name} efficiencies: FLOP/s {d.flops_efficiency:.2f} of peak, bandwidth {d.bw_efficiency:.2f} of "
+            f"peak, step overhead {self.step_overhead_s * 1e3:.1f} ms"
+        )
         if self.fitted_on is not None:
             return f"{speeds}, fitted to {self.fitted_on}"
-        return (f"assumption: {speeds} are typical values, not fitted on a {d.name} (every simulated time scales "
-                f"with them); fit them to a GPU run's step log with `kvbench calibrate --steps "
-                f"RUN/engines/kvengine/steps.jsonl --hardware {self.name} --compute-dtype bfloat16`")
+        return (
+            f"assumption: {speeds} are typical values, not fitted on a {d.name} (every simulated time scales "
+            f"with them); fit them to a GPU run's step log with `kvbench calibrate --steps "
+            f"RUN/engines/kvengine/steps.jsonl --hardware {self.name} --compute-dtype bfloat16`"
+        )
 
     def with_devices(self, num_devices: int) -> Hardware:
         return dataclasses.replace(self, name=f"{num_devices}x{self.device.name}", num_devices=num_devices)
@@ -145,13 +149,32 @@ _H100_NODE = Hardware("8xh100", H100, 8, PCIE, NVME, NETWORK, host_memory_bytes=
 # This machine's CPU running our engine in fp32: peaks are 2 cores x 32 FLOP/cycle (two 8-wide FMA units) x
 # ~3 GHz and a guessed 20 GB/s. The efficiencies are those `kvbench calibrate --steps` fitted to our engine
 # serving SmolLM2-135M here (results/sim/validation/cpu-calibrated.json; the fitted step overhead was 0).
-CPU = Device("cpu", memory_bytes=24 * GB, memory_bw=20 * GB, flops_bf16=192e9, flops_fp8=192e9,
-             flops_efficiency=0.86, bw_efficiency=0.30, interconnect_bw=10 * GB, interconnect_latency_s=0.0,
-             overlap=False)
-_CPU_NODE = Hardware("cpu", CPU, 1, Link("memcpy", 10 * GB), Link("disk", 1 * GB, 1e-4), Link("redis", 1 * GB, 1e-4),
-                     host_memory_bytes=8 * GB, disk_bytes=50 * GB, memory_fraction=0.5, activation_reserve_bytes=1 * GB,
-                     step_overhead_s=0.0,
-                     fitted_on="our engine's steps serving SmolLM2-135M on kvbench's development CPU (kvbench calibrate)")
+CPU = Device(
+    "cpu",
+    memory_bytes=24 * GB,
+    memory_bw=20 * GB,
+    flops_bf16=192e9,
+    flops_fp8=192e9,
+    flops_efficiency=0.86,
+    bw_efficiency=0.30,
+    interconnect_bw=10 * GB,
+    interconnect_latency_s=0.0,
+    overlap=False,
+)
+_CPU_NODE = Hardware(
+    "cpu",
+    CPU,
+    1,
+    Link("memcpy", 10 * GB),
+    Link("disk", 1 * GB, 1e-4),
+    Link("redis", 1 * GB, 1e-4),
+    host_memory_bytes=8 * GB,
+    disk_bytes=50 * GB,
+    memory_fraction=0.5,
+    activation_reserve_bytes=1 * GB,
+    step_overhead_s=0.0,
+    fitted_on="our engine's steps serving SmolLM2-135M on kvbench's development CPU (kvbench calibrate)",
+)
 
 PROFILES: Mapping[str, Hardware] = {
     "h200": _H200_NODE.with_devices(1),
@@ -179,8 +202,9 @@ def load_hardware(name_or_path: str) -> Hardware:
         if isinstance(data, dict) and "fitted_on" not in data:  # written before profiles said what they were fitted to
             data["fitted_on"] = f"the profile {path.name}"
         return hardware_from_dict(data)
-    raise HardwareError(f"hardware {name_or_path!r}: use one of {', '.join(PROFILES)}, NxPROFILE (e.g. 4xh200) "
-                        "or a profile .json")
+    raise HardwareError(
+        f"hardware {name_or_path!r}: use one of {', '.join(PROFILES)}, NxPROFILE (e.g. 4xh200) or a profile .json"
+    )
 
 
 def hardware_to_dict(hardware: Hardware) -> dict:

@@ -93,13 +93,15 @@ class StepKernels:
         total = 0.0
         for layer in self.layers:
             p = layer.prefill
-            total += layer.count * max(float(p.at(end) - p.at(start)) if start else float(p.at(end)),
-                                       float(p.at(end - start)))
+            total += layer.count * max(
+                float(p.at(end) - p.at(start)) if start else float(p.at(end)), float(p.at(end - start))
+            )
         return total
 
     @classmethod
-    def for_model(cls, tables: KernelTables, g: ModelGeometry, tp: int, kv_dtype: str,
-                  weight_dtype: str | None = None) -> StepKernels | None:
+    def for_model(
+        cls, tables: KernelTables, g: ModelGeometry, tp: int, kv_dtype: str, weight_dtype: str | None = None
+    ) -> StepKernels | None:
         """The model's kernels on `tp` devices, or None where the tables cannot price every part of a step."""
         kv = kv_table_dtype(kv_dtype)
         if g.mla is not None or kv is None or g.num_heads % tp or (g.num_kv_heads % tp and tp % g.num_kv_heads):
@@ -124,12 +126,15 @@ class StepKernels:
         return cls(tables, tuple(layers), gemms, lm_head, allreduce, 2 * g.num_layers, g.hidden_size)
 
 
-def _gemms(tables: KernelTables, g: ModelGeometry, tp: int, attention: str, mlp: str,
-           experts: str) -> tuple[tuple[int, Curve], ...] | None:
+def _gemms(
+    tables: KernelTables, g: ModelGeometry, tp: int, attention: str, mlp: str, experts: str
+) -> tuple[tuple[int, Curve], ...] | None:
     """(times per step, curve) of every GEMM and MoE a step runs; None where one is unmeasured."""
     h, d = g.hidden_size, g.head_dim
-    shapes = [(g.num_layers, attention, (g.num_heads + 2 * g.num_kv_heads) * d // tp, h),
-              (g.num_layers, attention, h, g.num_heads * d // tp)]
+    shapes = [
+        (g.num_layers, attention, (g.num_heads + 2 * g.num_kv_heads) * d // tp, h),
+        (g.num_layers, attention, h, g.num_heads * d // tp),
+    ]
     moe_layers = g.moe.num_layers if g.moe else 0
     dense = g.num_layers - moe_layers
     if dense:

@@ -21,8 +21,17 @@ DATA_DIR = Path(__file__).with_name("kernel_data")
 GPUS = {"h100": "h100_sxm", "h200": "h200_sxm"}
 # The engine versions whose kernels were measured.
 BACKEND_VERSIONS = {"vllm": "0.24.0", "sglang": "0.5.14", "trtllm": "1.3.0rc20"}
-_ATTENTION = ("batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim", "kv_cache_dtype", "step",
-              "window_size", "latency")
+_ATTENTION = (
+    "batch_size",
+    "isl",
+    "num_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "kv_cache_dtype",
+    "step",
+    "window_size",
+    "latency",
+)
 TABLE_COLUMNS = {
     "generation_attention": _ATTENTION,
     "context_attention": _ATTENTION,
@@ -51,14 +60,20 @@ def load_kernel_tables(device: str, backend: str) -> KernelTables | None:
 
     gemm = read("gemm")
     return KernelTables(
-        gpu, backend, read("generation_attention"), read("context_attention"),
-        {dtype: GemmTable.from_frame(rows) for dtype, rows in gemm.groupby("gemm_dtype")}, read("moe"),
-        read("allreduce"))
+        gpu,
+        backend,
+        read("generation_attention"),
+        read("context_attention"),
+        {dtype: GemmTable.from_frame(rows) for dtype, rows in gemm.groupby("gemm_dtype")},
+        read("moe"),
+        read("allreduce"),
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def step_kernels(geometry: ModelGeometry, device: str, tp: int, backend: str | None, kv_dtype: str,
-                 weight_dtype: str | None) -> StepKernels | None:
+def step_kernels(
+    geometry: ModelGeometry, device: str, tp: int, backend: str | None, kv_dtype: str, weight_dtype: str | None
+) -> StepKernels | None:
     """The measured kernels of `geometry` on `tp` x `device` under `backend`, built once per setting (its
     curves and their caches are shared by every cost model of that setting); None: the roofline prices it."""
     tables = load_kernel_tables(device, backend) if backend is not None else None

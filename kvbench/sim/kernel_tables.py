@@ -104,11 +104,11 @@ class GemmTable:
         total = np.zeros(len(self.m))
         weight = 0.0
         for j, wj in ((n_lo, 1 - wn), (n_hi, wn)):
-            for l, wl in ((k_lo, 1 - wk), (k_hi, wk)):
+            for i, wl in ((k_lo, 1 - wk), (k_hi, wk)):
                 w = wj * wl
                 if w == 0:
                     continue
-                total += w * self.seconds[:, j, l] * (n * k) / (self.n[j] * self.k[l])
+                total += w * self.seconds[:, j, i] * (n * k) / (self.n[j] * self.k[i])
                 weight += w
         ok = np.isfinite(total)
         return Curve(self.m[ok], total[ok] / weight)
@@ -149,9 +149,13 @@ class DecodeAttention:
 
 
 def _shape_rows(frame: pd.DataFrame, shape: AttentionShape) -> pd.DataFrame:
-    return frame[(frame["num_heads"] == shape.heads) & (frame["num_key_value_heads"] == shape.kv_heads)
-                 & (frame["head_dim"] == shape.head_dim) & (frame["window_size"] == shape.window)
-                 & (frame["kv_cache_dtype"] == shape.kv_dtype)]
+    return frame[
+        (frame["num_heads"] == shape.heads)
+        & (frame["num_key_value_heads"] == shape.kv_heads)
+        & (frame["head_dim"] == shape.head_dim)
+        & (frame["window_size"] == shape.window)
+        & (frame["kv_cache_dtype"] == shape.kv_dtype)
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +176,9 @@ class KernelTables:
         if rows.empty:
             return None
         batches = sorted(rows["batch_size"].unique())
-        return DecodeAttention(np.array(batches, dtype=np.float64),
-                               tuple(curve(rows[rows["batch_size"] == b], "step") for b in batches))
+        return DecodeAttention(
+            np.array(batches, dtype=np.float64), tuple(curve(rows[rows["batch_size"] == b], "step") for b in batches)
+        )
 
     def prefill_attention(self, shape: AttentionShape) -> Curve | None:
         """Context attention of `shape` for one sequence over its prompt length, or None where unmeasured."""
@@ -190,8 +195,14 @@ class KernelTables:
         if self.moe is None:
             return None
         m = self.moe
-        rows = m[(m["moe_dtype"] == dtype) & (m["hidden_size"] == hidden) & (m["inter_size"] == inter)
-                 & (m["topk"] == topk) & (m["num_experts"] == experts) & (m["moe_tp_size"] == tp)]
+        rows = m[
+            (m["moe_dtype"] == dtype)
+            & (m["hidden_size"] == hidden)
+            & (m["inter_size"] == inter)
+            & (m["topk"] == topk)
+            & (m["num_experts"] == experts)
+            & (m["moe_tp_size"] == tp)
+        ]
         return None if rows.empty else curve(rows, "num_tokens")
 
     def allreduce_curve(self, gpus: int) -> Curve | None:

@@ -32,8 +32,8 @@ settings error the CLI prints as one line) naming the field and the fix.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -163,8 +163,10 @@ def parse_kv_offload(mapping: Mapping | Sequence, field: str = "engine.kv_offloa
     """The tier(s) `mapping` describes: one tier mapping, or a list of them fastest first (one connector)."""
     docs = list(mapping) if isinstance(mapping, (list, tuple)) else [mapping]
     if not docs:
-        raise TierSpecError(f"{field} is an empty list; give at least one tier, e.g. {{medium: cpu, "
-                            "connector: vllm-native, bytes_per_replica: 100.0e+9}")
+        raise TierSpecError(
+            f"{field} is an empty list; give at least one tier, e.g. {{medium: cpu, "
+            "connector: vllm-native, bytes_per_replica: 100.0e+9}"
+        )
     tiers, connectors = [], []
     block_tokens = min_pull = None
     for i, raw in enumerate(docs):
@@ -173,11 +175,13 @@ def parse_kv_offload(mapping: Mapping | Sequence, field: str = "engine.kv_offloa
         medium = _choice(Medium, doc.medium, f"{where}.medium")
         connectors.append(_choice(Connector, doc.connector, f"{where}.connector"))
         if medium != Medium.PEER and doc.bytes_per_replica is None:
-            raise TierSpecError(f"{where}.bytes_per_replica is missing; give the tier's size in bytes per replica, "
-                                "e.g. 100.0e+9")
+            raise TierSpecError(
+                f"{where}.bytes_per_replica is missing; give the tier's size in bytes per replica, e.g. 100.0e+9"
+            )
         if medium == Medium.PEER and doc.bytes_per_replica is not None:
-            raise TierSpecError(f"{where}.bytes_per_replica: a peer tier is the other replicas' own caches; "
-                                "leave it out")
+            raise TierSpecError(
+                f"{where}.bytes_per_replica: a peer tier is the other replicas' own caches; leave it out"
+            )
         if doc.min_pull_tokens is not None and medium != Medium.PEER:
             raise TierSpecError(f"{where}.min_pull_tokens applies to a peer tier only; leave it out")
         if medium == Medium.CPU and i > 0:
@@ -187,15 +191,20 @@ def parse_kv_offload(mapping: Mapping | Sequence, field: str = "engine.kv_offloa
         latency = None if doc.latency_ms is None else doc.latency_ms / 1e3
         tiers.append(OffloadTier(medium, doc.bytes_per_replica, doc.read_gb_s, doc.write_gb_s, latency))
     if len(set(connectors)) > 1:
-        raise TierSpecError(f"{field}: the tiers name connectors {', '.join(c.value for c in connectors)}; one "
-                            "engine drives all its tiers through one connector, give the same one to each")
+        raise TierSpecError(
+            f"{field}: the tiers name connectors {', '.join(c.value for c in connectors)}; one "
+            "engine drives all its tiers through one connector, give the same one to each"
+        )
     if len({t.medium for t in tiers}) < len(tiers):
         raise TierSpecError(f"{field}: a medium is listed twice; give each tier once")
-    spec = KVOffloadSpec(connectors[0], tuple(tiers), block_tokens,
-                         min_pull if min_pull is not None else PEER_MIN_PULL_TOKENS)
+    spec = KVOffloadSpec(
+        connectors[0], tuple(tiers), block_tokens, min_pull if min_pull is not None else PEER_MIN_PULL_TOKENS
+    )
     if spec.connector == Connector.VLLM_NATIVE and any(t.medium in (Medium.DISK, Medium.REMOTE) for t in tiers):
-        raise TierSpecError(f"{field}: vllm-native offloads to cpu (its CPUOffloadingSpec); use connector: lmcache "
-                            "for a disk or remote tier")
+        raise TierSpecError(
+            f"{field}: vllm-native offloads to cpu (its CPUOffloadingSpec); use connector: lmcache "
+            "for a disk or remote tier"
+        )
     return spec
 
 
@@ -205,16 +214,24 @@ def parse_pd(mapping: Mapping, field: str = "pd") -> PDSpec:
     for key, example in (("prefill_replicas", "8"), ("decode_replicas", "2"), ("link_gbps", "400 (a 400 Gb/s NIC)")):
         if getattr(doc, key) is None:
             raise TierSpecError(f"{field}.{key} is missing; give it, e.g. {key}: {example}")
-    return PDSpec(doc.prefill_replicas, doc.decode_replicas, doc.link_gbps, doc.latency_ms / 1e3,
-                  doc.prefill_devices, doc.decode_devices)
+    return PDSpec(
+        doc.prefill_replicas,
+        doc.decode_replicas,
+        doc.link_gbps,
+        doc.latency_ms / 1e3,
+        doc.prefill_devices,
+        doc.decode_devices,
+    )
 
 
 def check_block_tokens(spec: KVOffloadSpec, gpu_block_tokens: int, field: str = "engine.kv_offload") -> None:
     """vLLM stores whole GPU blocks: its offloaded block must be a multiple of the GPU block."""
     unit = spec.block_tokens_for(gpu_block_tokens)
     if spec.connector == Connector.VLLM_NATIVE and unit % gpu_block_tokens:
-        raise TierSpecError(f"{field}.block_tokens is {unit}; vLLM offloads whole GPU blocks, give a multiple of "
-                            f"the block size {gpu_block_tokens}")
+        raise TierSpecError(
+            f"{field}.block_tokens is {unit}; vLLM offloads whole GPU blocks, give a multiple of "
+            f"the block size {gpu_block_tokens}"
+        )
 
 
 def _link(link: Link, tier: OffloadTier) -> Link:
@@ -227,10 +244,16 @@ def with_tier_links(hardware: Hardware, spec: KVOffloadSpec) -> Hardware:
     """`hardware` with the links the spec's tiers state: cpu the host<->device link (per device), disk the
     disk, remote and peer the network."""
     by = {t.medium: t for t in spec.tiers}
-    if Medium.REMOTE in by and Medium.PEER in by and (by[Medium.REMOTE].read_gb_s, by[Medium.REMOTE].latency_s) \
-            != (by[Medium.PEER].read_gb_s, by[Medium.PEER].latency_s):
-        raise TierSpecError("engine.kv_offload: remote and peer tiers share the node's network link; give them "
-                            "the same read_gb_s and latency_ms")
+    if (
+        Medium.REMOTE in by
+        and Medium.PEER in by
+        and (by[Medium.REMOTE].read_gb_s, by[Medium.REMOTE].latency_s)
+        != (by[Medium.PEER].read_gb_s, by[Medium.PEER].latency_s)
+    ):
+        raise TierSpecError(
+            "engine.kv_offload: remote and peer tiers share the node's network link; give them "
+            "the same read_gb_s and latency_ms"
+        )
     changes = {}
     if Medium.CPU in by:
         changes["host_link"] = _link(hardware.host_link, by[Medium.CPU])

@@ -21,8 +21,8 @@ from typing import Protocol
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.tiers import Tier
 
@@ -43,8 +43,9 @@ class Lookup:
 class BelowDevice(Protocol):
     """The tiers under the device cache, as a node drives them (every `now` is the node's virtual time)."""
 
-    def lookup(self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int,
-               now: float) -> Lookup | None:
+    def lookup(
+        self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int, now: float
+    ) -> Lookup | None:
         """At arrival: pages of the prompt's first `limit` pages beyond the device match held below, or None."""
 
     def install_upto(self, lookup: Lookup, device_pages: int) -> int:
@@ -74,16 +75,24 @@ class BelowDevice(Protocol):
         """With `restores_at_admission`: True, the request waits for its load while other requests' steps run
         (vLLM's OffloadingConnector); False, the step that admits it waits (LMCache's retrieve)."""
 
-    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
-                 tenant: TenantId, now: float) -> None:
+    def computed(
+        self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int, tenant: TenantId, now: float
+    ) -> None:
         """A step ended at `now` having computed `tokens[:computed]` of a prefilling request."""
 
     def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:
         """Leading full pages of `prompt` the node's own tiers below device hold at `now` (what vLLM's KV
         events with a CPU medium tell a tier-aware router). A pure read."""
 
-    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
-              tenant: TenantId, now: float) -> None:
+    def store(
+        self,
+        request_id: str,
+        namespace: Namespace,
+        prompt: np.ndarray,
+        output: Sequence[int],
+        tenant: TenantId,
+        now: float,
+    ) -> None:
         """A request finished (write-through tiers copy its KV: the prompt and every output token but the
         last, which the engine sampled but never computed KV for)."""
 
@@ -128,8 +137,9 @@ class LowerTier:
         if take > 0:
             pages = pool.allocate(take)
             end = (match.num_pages + take) * pool.page_size
-            adopted = index.insert(namespace, tokens[:end], list(match.pages) + pages, tenant, now,
-                                   adopt_at=match.num_pages).num_adopted
+            adopted = index.insert(
+                namespace, tokens[:end], list(match.pages) + pages, tenant, now, adopt_at=match.num_pages
+            ).num_adopted
             pool.release(pages[adopted:])  # the index took over the references of the pages it adopted
             self.stored_pages += take
         index.unlock(match)
@@ -143,8 +153,9 @@ class WriteThroughTiers:
 
     tiers: tuple[LowerTier, ...] = ()  # fastest first; a shared remote tier is the same object on every node
 
-    def lookup(self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int,
-               now: float) -> Lookup | None:
+    def lookup(
+        self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int, now: float
+    ) -> Lookup | None:
         if not self.tiers:
             return None
         start = have = min(index.match(namespace, prompt).num_pages, limit)
@@ -176,15 +187,23 @@ class WriteThroughTiers:
     restores_at_admission = False
     async_load = False
 
-    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
-                 tenant: TenantId, now: float) -> None:
+    def computed(
+        self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int, tenant: TenantId, now: float
+    ) -> None:
         return None  # copies are written when a request finishes
 
     def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:
         return max((t.match_pages(namespace, prompt) for t in self.tiers), default=0)
 
-    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
-              tenant: TenantId, now: float) -> None:
+    def store(
+        self,
+        request_id: str,
+        namespace: Namespace,
+        prompt: np.ndarray,
+        output: Sequence[int],
+        tenant: TenantId,
+        now: float,
+    ) -> None:
         if not self.tiers:
             return
         tokens = np.concatenate([prompt, np.asarray(output[:-1], np.int32)])

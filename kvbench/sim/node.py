@@ -121,8 +121,7 @@ class SimNode:
         return (index.pool.num_used - index.evictable_pages) / max(index.pool.capacity, 1)
 
     def _namespace(self, request: Request):
-        return namespace_for(request.tenant, shareable=request.shareable,
-                             strict=self.scheduler.config.strict_isolation)
+        return namespace_for(request.tenant, shareable=request.shareable, strict=self.scheduler.config.strict_isolation)
 
     def cached_pages(self, request: Request) -> int:
         """Leading prompt pages this node's device cache holds now (what a cache-aware router asks)."""
@@ -212,9 +211,12 @@ class SimNode:
         while self._pending and self._queued < ADMIT_WINDOW:
             pick = 0
             if self.admission == ADMIT_LPM:
-                pick = max(range(len(self._pending)),
-                           key=lambda i: index.match(self._namespace(self._pending[i][0]),
-                                                     self._pending[i][0].prompt).num_pages)
+                pick = max(
+                    range(len(self._pending)),
+                    key=lambda i: (
+                        index.match(self._namespace(self._pending[i][0]), self._pending[i][0].prompt).num_pages
+                    ),
+                )
             if self._pending[pick][0].request_id in self._resumed and not self._may_resume(self._pending[pick][0]):
                 return
             request, restore = self._pending.pop(pick)
@@ -228,8 +230,9 @@ class SimNode:
         if self.scheduler.num_running == 0:
             return True
         index = self.scheduler.index
-        lacks = -(-len(request.prompt) // self.page_size) - index.match(self._namespace(request),
-                                                                        request.prompt).num_pages
+        lacks = (
+            -(-len(request.prompt) // self.page_size) - index.match(self._namespace(request), request.prompt).num_pages
+        )
         return lacks <= index.pool.num_free
 
     def _add(self, request: Request) -> None:
@@ -283,8 +286,11 @@ class SimNode:
             output = (first.output if first else ()) + part.output
             first = part if first is None else dataclasses.replace(first, output=output)
             self._resumed[rid] = (first, client)
-            again = dataclasses.replace(client, prompt=np.concatenate([client.prompt, np.asarray(output, np.int32)]),
-                                        max_new_tokens=client.max_new_tokens - len(output))
+            again = dataclasses.replace(
+                client,
+                prompt=np.concatenate([client.prompt, np.asarray(output, np.int32)]),
+                max_new_tokens=client.max_new_tokens - len(output),
+            )
             self._live[rid] = (again, self._live[rid][1])
             # Its decode blocks were stored as they filled (vLLM stores every computed block; the simulated
             # tiers take them at the finish, or here): all but the last token sampled have KV.
@@ -298,9 +304,12 @@ class SimNode:
         Each step is timed from three numbers instead of a plan; what `begin_step` and `end_step` one step at a
         time would do, to the bit. None when no step is certain (then `begin_step`). The tiers below must be
         passive (nothing to do at a step's fixed points)."""
-        if (not self.decode_runs or not self.below.passive
-                or (self._pending and self._queued < ADMIT_WINDOW)  # else `_feed` would admit
-                or (self._loading and self._loading[0][0] <= now)):  # ... or a load done would join
+        if (
+            not self.decode_runs
+            or not self.below.passive
+            or (self._pending and self._queued < ADMIT_WINDOW)  # else `_feed` would admit
+            or (self._loading and self._loading[0][0] <= now)
+        ):  # ... or a load done would join
             return None
         run = self.scheduler.decode_run()
         if run is None:
@@ -312,7 +321,7 @@ class SimNode:
         tokens = []
         for rid in run.request_ids:
             p = produced[rid]
-            tokens.append(live[rid][1][p: p + k - 1])
+            tokens.append(live[rid][1][p : p + k - 1])
             produced[rid] = p + k - 1
         plan = self.scheduler.commit_decode_run(run, begins, tokens)
         self.stats.steps += k
@@ -345,8 +354,14 @@ class SimNode:
         self.busy = False
         for e in plan.others:  # prefill chunks: their computed blocks may be stored now
             request = live[e.request_id][0]
-            self.below.computed(e.request_id, self._namespace(request), request.prompt,
-                                min(e.end, len(request.prompt)), request.tenant, now)
+            self.below.computed(
+                e.request_id,
+                self._namespace(request),
+                request.prompt,
+                min(e.end, len(request.prompt)),
+                request.tenant,
+                now,
+            )
         return tuple(self._finished(f, now) for f in finished)
 
     def _finished(self, f: FinishedRequest, now: float) -> FinishedRequest:
@@ -359,4 +374,3 @@ class SimNode:
             f = dataclasses.replace(first, output=first.output + f.output, finish_reason=f.finish_reason)
         self.below.store(f.request_id, self._namespace(request), request.prompt, f.output, request.tenant, now)
         return f
-

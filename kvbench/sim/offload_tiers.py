@@ -82,8 +82,9 @@ class ConnectorTiers:
         return tuple(lane.tier for lane in self.lanes)
 
     # ---- admission ---------------------------------------------------------------------------------------
-    def lookup(self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int,
-               now: float) -> Lookup | None:
+    def lookup(
+        self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int, now: float
+    ) -> Lookup | None:
         self._land(now)
         start = have = min(index.match(namespace, prompt).num_pages, limit)
         by_tier: dict[Tier, int] = {}
@@ -112,8 +113,9 @@ class ConnectorTiers:
         return None
 
     # ---- stores ------------------------------------------------------------------------------------------
-    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
-                 tenant: TenantId, now: float) -> None:
+    def computed(
+        self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int, tenant: TenantId, now: float
+    ) -> None:
         """A step computed `tokens[:computed]` of a request: its new full blocks are stored."""
         if not self.lanes:
             return
@@ -133,8 +135,15 @@ class ConnectorTiers:
             name = lane.tier.tier.name.lower()
             self.stored_tokens[name] = self.stored_tokens.get(name, 0) + new_tokens
 
-    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
-              tenant: TenantId, now: float) -> None:
+    def store(
+        self,
+        request_id: str,
+        namespace: Namespace,
+        prompt: np.ndarray,
+        output: Sequence[int],
+        tenant: TenantId,
+        now: float,
+    ) -> None:
         if self.store_output:  # every token but the last, which the engine sampled but never computed
             tokens = np.concatenate([prompt, np.asarray(output[:-1], np.int32)])
             self.computed(request_id, namespace, tokens, len(tokens), tenant, now)
@@ -175,8 +184,11 @@ def build_offload(config: SimConfig, indexes: Sequence[PrefixIndex]) -> list[Bel
     by = {t.medium: t for t in spec.tiers}
     cpu = by.get(Medium.CPU)
     to_host = _write_link(cost.link(Tier.HOST), cpu.write_gb_s if cpu else None, devices)
-    shared = {t.medium: LowerTier.create(Tier.REMOTE, config.tier_pages(t.bytes_per_replica), page_size)
-              for t in spec.tiers if t.medium == Medium.REMOTE}
+    shared = {
+        t.medium: LowerTier.create(Tier.REMOTE, config.tier_pages(t.bytes_per_replica), page_size)
+        for t in spec.tiers
+        if t.medium == Medium.REMOTE
+    }
     native = spec.connector == Connector.VLLM_NATIVE
     min_pull_pages = -(-spec.min_pull_tokens // page_size)
     belows: list[BelowDevice] = []
@@ -185,12 +197,24 @@ def build_offload(config: SimConfig, indexes: Sequence[PrefixIndex]) -> list[Bel
         for t in spec.tiers:
             if t.medium not in TIER_OF:
                 continue
-            tier = shared.get(t.medium) or LowerTier.create(TIER_OF[t.medium], config.tier_pages(t.bytes_per_replica),
-                                                            page_size)
+            tier = shared.get(t.medium) or LowerTier.create(
+                TIER_OF[t.medium], config.tier_pages(t.bytes_per_replica), page_size
+            )
             link = None if t.medium == Medium.CPU else _write_link(cost.link(tier.tier), t.write_gb_s)
             lanes.append(StoreLane(tier, link))
         peers = tuple(x for j, x in enumerate(indexes) if j != i) if Medium.PEER in by else ()
-        belows.append(ConnectorTiers(tuple(lanes), page_size, block_pages, to_host, cost.kv_bytes_per_token,
-                                     async_load=native or bool(peers), store_output=native, min_block=native,
-                                     peers=peers, min_pull_pages=min_pull_pages))
+        belows.append(
+            ConnectorTiers(
+                tuple(lanes),
+                page_size,
+                block_pages,
+                to_host,
+                cost.kv_bytes_per_token,
+                async_load=native or bool(peers),
+                store_output=native,
+                min_block=native,
+                peers=peers,
+                min_pull_pages=min_pull_pages,
+            )
+        )
     return belows

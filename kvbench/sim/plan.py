@@ -97,19 +97,34 @@ def meets_all(targets: Sequence[SloTarget], values: Mapping[str, float | None], 
     return errors == 0 and all(values.get(t.name) is not None and values[t.name] <= t.limit_ms for t in targets)
 
 
-def plan_point(workload: Workload, load: LoadSpec, config: SimConfig, nodes: int, targets: Sequence[SloTarget],
-               seed: int = 0) -> PlanPoint:
+def plan_point(
+    workload: Workload, load: LoadSpec, config: SimConfig, nodes: int, targets: Sequence[SloTarget], seed: int = 0
+) -> PlanPoint:
     """Simulate `config` on `nodes` nodes (its preset's routing) and judge the SLO targets."""
     preset = dataclasses.replace(config.preset, num_nodes=nodes)
-    result = simulate(workload, load, dataclasses.replace(config, preset=preset), seed=seed,
-                      run_id=f"plan:{preset.name}/{config.kv_dtype}/{nodes}")
+    result = simulate(
+        workload,
+        load,
+        dataclasses.replace(config, preset=preset),
+        seed=seed,
+        run_id=f"plan:{preset.name}/{config.kv_dtype}/{nodes}",
+    )
     summary = summarize_run(result.records).overall
     values = {t.name: t.value(summary) for t in targets}
     errors = summary.requests - summary.completed  # failed or never finished
     hours = nodes * result.virtual_s / 3600
-    return PlanPoint(nodes, values, meets_all(targets, values, errors), summary.requests, errors,
-                     summary.output_tok_s, result.virtual_s, hours, hours * config.hardware.num_devices,
-                     result.wall_s)
+    return PlanPoint(
+        nodes,
+        values,
+        meets_all(targets, values, errors),
+        summary.requests,
+        errors,
+        summary.output_tok_s,
+        result.virtual_s,
+        hours,
+        hours * config.hardware.num_devices,
+        result.wall_s,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +136,12 @@ class NodeSearch:
     floors: Mapping[str, float] = dataclasses.field(default_factory=dict)  # SloTarget.name -> floor in ms
 
 
-def search_nodes(evaluate: Callable[[int], PlanPoint], max_nodes: int,
-                 targets: Sequence[SloTarget] = (), on_point: Callable[[PlanPoint], None] | None = None) -> NodeSearch:
+def search_nodes(
+    evaluate: Callable[[int], PlanPoint],
+    max_nodes: int,
+    targets: Sequence[SloTarget] = (),
+    on_point: Callable[[PlanPoint], None] | None = None,
+) -> NodeSearch:
     """The smallest n in [1, max_nodes] with `evaluate(n).meets`, by doubling then bisection (module doc).
 
     `on_point` sees each point as it is evaluated (to write results as the search goes)."""

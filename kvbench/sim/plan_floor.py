@@ -34,7 +34,7 @@ def _shared_pages(prompts: Sequence[np.ndarray], page_size: int) -> list[int]:
     for prompt in prompts:
         parent, pages, hit = 0, [], 0
         for start in range(0, len(prompt) - page_size + 1, page_size):
-            parent = hash((parent, prompt[start:start + page_size].tobytes()))
+            parent = hash((parent, prompt[start : start + page_size].tobytes()))
             pages.append(parent)
         while hit < len(pages) and pages[hit] in seen:
             hit += 1

@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvbench.engines.kvengine.settings.config import AUTO, DEFAULT_DECODE_STALL_FACTOR
 from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE
 from kvbench.engines.kvengine.core.tiers import DEFAULT_TIER_INTERVAL_S, DEFAULT_TTL
+from kvbench.engines.kvengine.settings.config import AUTO, DEFAULT_DECODE_STALL_FACTOR
 
 ADMIT_FCFS = "fcfs"
 ADMIT_LPM = "lpm"
@@ -109,8 +109,10 @@ class Preset:
             raise ValueError(f"preset {self.name}: router_latency_s must be >= 0")
         budget = self.max_prefill_beside_decodes
         if budget is not None and budget != AUTO and (not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"preset {self.name}: max_prefill_beside_decodes {budget!r}; use a number of tokens "
-                             f">= 1, '{AUTO}' or none")
+            raise ValueError(
+                f"preset {self.name}: max_prefill_beside_decodes {budget!r}; use a number of tokens "
+                f">= 1, '{AUTO}' or none"
+            )
         if self.decode_stall_factor <= 1:
             raise ValueError(f"preset {self.name}: decode_stall_factor must be > 1")
         if self.num_nodes < 1:
@@ -118,24 +120,46 @@ class Preset:
         if self.tier_policy not in (TIERS_WRITE_THROUGH, TIERS_TTL):
             raise ValueError(f"preset {self.name}: tier_policy {self.tier_policy!r}; use write-through or ttl")
         if self.tier_policy == TIERS_TTL and self.remote_bytes > 0:
-            raise ValueError(f"preset {self.name}: the ttl tier policy has no shared remote tier; "
-                             "use write-through for remote_bytes > 0")
+            raise ValueError(
+                f"preset {self.name}: the ttl tier policy has no shared remote tier; "
+                "use write-through for remote_bytes > 0"
+            )
 
 
 PRESETS: Mapping[str, Preset] = {
     p.name: p
     for p in (
         Preset("vllm-prefix", "vLLM prefix caching only (hash-block LRU, device only)"),
-        Preset("sglang-radix", "SGLang RadixAttention (leaf LRU, device only, longest-prefix-first admission)",
-               admission=ADMIT_LPM, route=ROUTE_PREFIX, kernel_backend="sglang"),
+        Preset(
+            "sglang-radix",
+            "SGLang RadixAttention (leaf LRU, device only, longest-prefix-first admission)",
+            admission=ADMIT_LPM,
+            route=ROUTE_PREFIX,
+            kernel_backend="sglang",
+        ),
         Preset("trtllm-reuse", "TensorRT-LLM KV cache block reuse (device only)", kernel_backend="trtllm"),
-        Preset("lmcache-local", "vLLM + LMCache, local CPU + NVMe (write-through, pipelined restore)",
-               host_fraction=0.5, disk_fraction=0.5),
-        Preset("lmcache-shared", "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",
-               remote_bytes=100e12, num_nodes=2, route=ROUTE_LEAST_LOADED),
-        Preset("kvengine-tiers", "kvbench's engine: TTL tier policy device -> host -> disk, restore on demand",
-               host_fraction=0.5, disk_fraction=0.5, tier_policy=TIERS_TTL, max_prefill_beside_decodes=AUTO,
-               kernel_backend=None),
+        Preset(
+            "lmcache-local",
+            "vLLM + LMCache, local CPU + NVMe (write-through, pipelined restore)",
+            host_fraction=0.5,
+            disk_fraction=0.5,
+        ),
+        Preset(
+            "lmcache-shared",
+            "vLLM + LMCache, shared remote NVMe across 2 nodes (least-loaded routing)",
+            remote_bytes=100e12,
+            num_nodes=2,
+            route=ROUTE_LEAST_LOADED,
+        ),
+        Preset(
+            "kvengine-tiers",
+            "kvbench's engine: TTL tier policy device -> host -> disk, restore on demand",
+            host_fraction=0.5,
+            disk_fraction=0.5,
+            tier_policy=TIERS_TTL,
+            max_prefill_beside_decodes=AUTO,
+            kernel_backend=None,
+        ),
     )
 }
 

@@ -64,14 +64,15 @@ class Fit:
     def rows_of(self, case_name: str) -> tuple[str, ...]:
         """The `Row.key`s fitted on in case `case_name` (a fit across cases names each as `CASE/ARM/...`)."""
         prefix = f"{case_name}/"
-        return tuple(k.removeprefix(prefix) for k in self.fitted_rows
-                     if k.startswith(prefix) or k.count("/") == 2)
+        return tuple(k.removeprefix(prefix) for k in self.fitted_rows if k.startswith(prefix) or k.count("/") == 2)
 
     def apply(self, hardware: Hardware) -> Hardware:
-        device = dataclasses.replace(hardware.device, flops_efficiency=self.flops_efficiency,
-                                     bw_efficiency=self.bw_efficiency)
-        return dataclasses.replace(hardware, device=device, step_overhead_s=self.step_overhead_s,
-                                   fitted_on=self.fitted_on or None)
+        device = dataclasses.replace(
+            hardware.device, flops_efficiency=self.flops_efficiency, bw_efficiency=self.bw_efficiency
+        )
+        return dataclasses.replace(
+            hardware, device=device, step_overhead_s=self.step_overhead_s, fitted_on=self.fitted_on or None
+        )
 
 
 def load_fit(path: Path) -> Fit:
@@ -102,27 +103,48 @@ def case_config(case: Case, arm: str, fit: Fit | None = None, hardware: Hardware
         hw = fit.apply(hw)
     route = spec.router.name
     preset = dataclasses.replace(
-        get_preset("vllm-prefix"), num_nodes=case.replicas, route=route, page_size=engine.block_size,
-        max_num_seqs=engine.max_num_seqs, max_step_tokens=engine.max_num_batched_tokens,
-        router_latency_s=fit.router_latency_s if fit is not None and route == ROUTE_PRECISE_PREFIX else 0.0)
-    config = SimConfig(load_geometry(case.model), hw, preset, engine.kv_dtype.lower(), memory_model=MEMORY_VLLM,
-                       kv_offload=spec.kv_offload, pd=spec.pd)
+        get_preset("vllm-prefix"),
+        num_nodes=case.replicas,
+        route=route,
+        page_size=engine.block_size,
+        max_num_seqs=engine.max_num_seqs,
+        max_step_tokens=engine.max_num_batched_tokens,
+        router_latency_s=fit.router_latency_s if fit is not None and route == ROUTE_PRECISE_PREFIX else 0.0,
+    )
+    config = SimConfig(
+        load_geometry(case.model),
+        hw,
+        preset,
+        engine.kv_dtype.lower(),
+        memory_model=MEMORY_VLLM,
+        kv_offload=spec.kv_offload,
+        pd=spec.pd,
+    )
     if spec.router.weights is not None or spec.router.cpu_lru_blocks is not None:
         blocks = spec.router.cpu_lru_blocks or cpu_tier_blocks(config)
         weights = {name: 0.0 for name in SCORERS} | dict(spec.router.weights) if spec.router.weights else {}
         if weights.get("cpu_prefix", 0) > 0 and blocks is None:
-            raise CaseError(f"{case.path.name}.arms.{arm}.router: a cpu_prefix weight needs cpu_lru_blocks (the "
-                            "scorer's lruCapacityPerServer) or a cpu tier in engine.kv_offload to size it from")
-        config = dataclasses.replace(config, preset=dataclasses.replace(
-            preset, scorers=Scorers(**weights, cpu_lru_blocks=blocks)))
+            raise CaseError(
+                f"{case.path.name}.arms.{arm}.router: a cpu_prefix weight needs cpu_lru_blocks (the "
+                "scorer's lruCapacityPerServer) or a cpu tier in engine.kv_offload to size it from"
+            )
+        config = dataclasses.replace(
+            config, preset=dataclasses.replace(preset, scorers=Scorers(**weights, cpu_lru_blocks=blocks))
+        )
     return config
 
 
 def case_workload(case: Case, geometry_vocab: int, seed: int = 0) -> Workload:
     """The case's workload, with as many requests as its load sends."""
     try:
-        return workload_from_mapping(case.workload, case.name, seed=seed, num_sessions=case.total_requests,
-                                     vocab_size=min(geometry_vocab, 32000), where=f"{case.path.name}.workload")
+        return workload_from_mapping(
+            case.workload,
+            case.name,
+            seed=seed,
+            num_sessions=case.total_requests,
+            vocab_size=min(geometry_vocab, 32000),
+            where=f"{case.path.name}.workload",
+        )
     except WorkloadError as error:
         raise CaseError(str(error)) from None
 
@@ -155,18 +177,30 @@ def measured(records: Sequence[RequestRecord], fleet_scale: float = 1.0) -> dict
     (vLLM's prefix cache hit rate), and tokens restored from a CPU tier over the prompt tokens the device
     lacked (vLLM's external, connector hit rate)."""
     s = summarize_run(list(records)).overall
-    ms = lambda d, stat: None if d is None else getattr(d, stat) / 1e3
+
+    def ms(d, stat):
+        return None if d is None else getattr(d, stat) / 1e3
+
     done = [r for r in records if r.ok and not r.warmup]
     prompt = sum(r.prompt_tokens or 0 for r in done)
     device = sum((r.cached_tokens_by_tier or {}).get("device", 0) for r in done)
     host = sum((r.cached_tokens_by_tier or {}).get("host", 0) for r in done)
-    values = {"output_tok_s": s.output_tok_s, "total_tok_s": s.total_tok_s, "request_s": s.req_s,
-              "ttft_mean_s": ms(s.ttft_ms, "mean"), "ttft_p50_s": ms(s.ttft_ms, "p50"),
-              "ttft_p90_s": ms(s.ttft_ms, "p90"), "ttft_p95_s": ms(s.ttft_ms, "p95"), "ttft_p99_s": ms(s.ttft_ms, "p99"),
-              "e2e_mean_s": ms(s.e2e_ms, "mean"), "e2e_p50_s": ms(s.e2e_ms, "p50"), "e2e_p90_s": ms(s.e2e_ms, "p90"),
-              "itl_mean_ms": s.itl_ms.mean if s.itl_ms else None,
-              "gpu_hit_rate": device / prompt if prompt else None,
-              "cpu_hit_rate": host / (prompt - device) if prompt > device else None}
+    values = {
+        "output_tok_s": s.output_tok_s,
+        "total_tok_s": s.total_tok_s,
+        "request_s": s.req_s,
+        "ttft_mean_s": ms(s.ttft_ms, "mean"),
+        "ttft_p50_s": ms(s.ttft_ms, "p50"),
+        "ttft_p90_s": ms(s.ttft_ms, "p90"),
+        "ttft_p95_s": ms(s.ttft_ms, "p95"),
+        "ttft_p99_s": ms(s.ttft_ms, "p99"),
+        "e2e_mean_s": ms(s.e2e_ms, "mean"),
+        "e2e_p50_s": ms(s.e2e_ms, "p50"),
+        "e2e_p90_s": ms(s.e2e_ms, "p90"),
+        "itl_mean_ms": s.itl_ms.mean if s.itl_ms else None,
+        "gpu_hit_rate": device / prompt if prompt else None,
+        "cpu_hit_rate": host / (prompt - device) if prompt > device else None,
+    }
     for key in THROUGHPUTS:
         if values[key] is not None:
             values[key] *= fleet_scale
@@ -181,35 +215,57 @@ class ArmRun:
     rows: tuple[Row, ...]
 
 
-def compare_arm(case: Case, arm: str, fit: Fit | None = None, seed: int = 0,
-                stage_subset: Sequence[int] | None = None, workload: Workload | None = None) -> ArmRun:
+def compare_arm(
+    case: Case,
+    arm: str,
+    fit: Fit | None = None,
+    seed: int = 0,
+    stage_subset: Sequence[int] | None = None,
+    workload: Workload | None = None,
+) -> ArmRun:
     """Simulate `arm`'s load (or the stages `stage_subset`) and line it up with the published values."""
     config = case_config(case, arm, fit)
     workload = workload or case_workload(case, config.geometry.vocab_size, seed)
     published = case.published[arm]
     wanted = {m for a in case.published.values() for m in a.stages}
     stage_metrics = [m for m in METRICS if m in STAGE_METRICS or m in wanted]
-    whole_metrics = [m for m in METRICS if m in WHOLE_LADDER_METRICS or any(m in a.whole
-                                                                             for a in case.published.values())]
+    whole_metrics = [
+        m for m in METRICS if m in WHOLE_LADDER_METRICS or any(m in a.whole for a in case.published.values())
+    ]
     rows: list[Row] = []
     if case.plan is None:
         loop = case.closed_loop
-        load = LoadSpec(concurrency=loop.concurrency, num_requests=loop.num_requests,
-                        warmup_requests=loop.warmup_requests)
+        load = LoadSpec(
+            concurrency=loop.concurrency, num_requests=loop.num_requests, warmup_requests=loop.warmup_requests
+        )
         result = simulate(workload, load, config, run_id=f"{case.name}/{arm}", seed=seed)
         stage_records: tuple = ()
         records = result.records
     else:
-        staged = simulate_stages(workload, case.plan, config, run_id=f"{case.name}/{arm}", seed=seed,
-                                 stage_subset=stage_subset, max_concurrency=case.max_concurrency)
+        staged = simulate_stages(
+            workload,
+            case.plan,
+            config,
+            run_id=f"{case.name}/{arm}",
+            seed=seed,
+            stage_subset=stage_subset,
+            max_concurrency=case.max_concurrency,
+        )
         result, stage_records = staged.result, staged.stage_records
         indices = list(range(len(case.plan.stages))) if stage_subset is None else sorted(stage_subset)
         for position, records in zip(indices, stage_records):
             values = measured(records, case.fleet_scale)
             for metric in stage_metrics:
                 given = published.stages.get(metric)
-                rows.append(Row(arm, case.stage_labels[position], metric,
-                                None if given is None else given[position], values[metric]))
+                rows.append(
+                    Row(
+                        arm,
+                        case.stage_labels[position],
+                        metric,
+                        None if given is None else given[position],
+                        values[metric],
+                    )
+                )
         records = [r for stage in stage_records for r in stage]
     if stage_subset is None:
         values = measured(records, case.fleet_scale)
@@ -258,7 +314,10 @@ def effect_rows(case: Case, rows: Sequence[Row]) -> list[EffectRow]:
 
 def comparison_doc(rows: Sequence[Row], effects: Sequence[EffectRow]) -> dict:
     """comparison.json's `arms` (whole-run values), `stages` (per stage, beside them) and `effects`."""
-    cell = lambda r: {"published": r.published, "simulated": r.simulated, "ratio": r.ratio}
+
+    def cell(r):
+        return {"published": r.published, "simulated": r.simulated, "ratio": r.ratio}
+
     arms: dict = {}
     stages: dict = {}
     for r in rows:
@@ -266,10 +325,21 @@ def comparison_doc(rows: Sequence[Row], effects: Sequence[EffectRow]) -> dict:
             arms.setdefault(r.arm, {})[r.metric] = cell(r)
         else:
             stages.setdefault(r.arm, {}).setdefault(r.stage, {})[r.metric] = cell(r)
-    return {"arms": arms, "stages": stages,
-            "effects": [{"arm": e.arm, "over": e.over, "metric": e.metric, "published_change": e.published_change,
-                         "simulated_change": e.simulated_change, **({} if e.stage == WHOLE else {"stage": e.stage})}
-                        for e in effects]}
+    return {
+        "arms": arms,
+        "stages": stages,
+        "effects": [
+            {
+                "arm": e.arm,
+                "over": e.over,
+                "metric": e.metric,
+                "published_change": e.published_change,
+                "simulated_change": e.simulated_change,
+                **({} if e.stage == WHOLE else {"stage": e.stage}),
+            }
+            for e in effects
+        ],
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,8 +365,14 @@ def across_seeds(per_seed: Sequence[Sequence[Row]]) -> tuple[SeedSpread, ...]:
         values = tuple(seed[key].simulated if key in seed else None for seed in by_seed)
         measured = [v for v in values if v is not None]
         median = float(np.median(measured)) if measured else None
-        spreads.append(SeedSpread(dataclasses.replace(first, simulated=median),
-                                  min(measured, default=None), max(measured, default=None), values))
+        spreads.append(
+            SeedSpread(
+                dataclasses.replace(first, simulated=median),
+                min(measured, default=None),
+                max(measured, default=None),
+                values,
+            )
+        )
     return tuple(spreads)
 
 

@@ -47,9 +47,22 @@ from kvbench.workloads.shared_prefix import SharedPrefixParams
 
 # What a case may publish, per arm (whole run) or per stage. Throughput in tokens/s (total: input + output),
 # request_s in completed requests/s, TTFT and E2E in seconds, ITL in ms, hit rates as fractions of tokens.
-METRICS = ("output_tok_s", "total_tok_s", "request_s", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p95_s",
-           "ttft_p99_s",
-           "e2e_mean_s", "e2e_p50_s", "e2e_p90_s", "itl_mean_ms", "gpu_hit_rate", "cpu_hit_rate")
+METRICS = (
+    "output_tok_s",
+    "total_tok_s",
+    "request_s",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p95_s",
+    "ttft_p99_s",
+    "e2e_mean_s",
+    "e2e_p50_s",
+    "e2e_p90_s",
+    "itl_mean_ms",
+    "gpu_hit_rate",
+    "cpu_hit_rate",
+)
 STAGE_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")  # the per-stage table's columns
 WHOLE_LADDER_METRICS = ("output_tok_s", "ttft_mean_s", "itl_mean_ms")  # version 1's `whole_ladder` keys
 WHOLE = "whole"  # the stage label of whole-run values
@@ -231,8 +244,9 @@ def parse_engine(raw: Mapping, where: str) -> tuple[EngineSpec, KVOffloadSpec | 
     engine = _built(EngineSpec, raw, where)
     _required(engine, ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"), where)
     if engine.name != "vllm":
-        raise CaseError(f"{where}.name is {engine.name!r:.40}; the simulated engine is vllm (its memory arithmetic "
-                        "and scheduler)")
+        raise CaseError(
+            f"{where}.name is {engine.name!r:.40}; the simulated engine is vllm (its memory arithmetic and scheduler)"
+        )
     if not isinstance(engine.kv_dtype, str) or engine.kv_dtype.lower() not in DTYPE_BYTES:
         raise CaseError(f"{where}.kv_dtype is {engine.kv_dtype!r:.40}; use one of {', '.join(DTYPE_BYTES)}")
     try:
@@ -251,8 +265,10 @@ def _router(raw: object, where: str) -> RouterSpec:
     if doc.name not in ROUTES:
         raise CaseError(f"{where} is {doc.name!r}; use one of {', '.join(ROUTES)}")
     if (doc.weights is not None or doc.cpu_lru_blocks is not None) and doc.name != ROUTE_PRECISE_PREFIX:
-        raise CaseError(f"{where}: weights and cpu_lru_blocks belong to {ROUTE_PRECISE_PREFIX} (llm-d's scorers); "
-                        f"{doc.name} has none")
+        raise CaseError(
+            f"{where}: weights and cpu_lru_blocks belong to {ROUTE_PRECISE_PREFIX} (llm-d's scorers); "
+            f"{doc.name} has none"
+        )
     if doc.weights is not None:
         unknown = set(doc.weights) - set(SCORERS)
         if unknown:
@@ -307,14 +323,17 @@ def _load(doc: Mapping, where: str) -> tuple[StagePlan | None, ClosedLoop | None
             raise CaseError(f"{where}.load.closed_loop.warmup_requests: give fewer than num_requests")
         return None, loop
     if not isinstance(stages, Mapping):
-        raise CaseError(f"{where}.stages is {stages!r:.60}; give {{warmup: \"RATE:S\", ladder: \"RATE:S,...\"}} or "
-                        "load: {closed_loop: {concurrency: C, num_requests: N}}")
+        raise CaseError(
+            f'{where}.stages is {stages!r:.60}; give {{warmup: "RATE:S", ladder: "RATE:S,..."}} or '
+            "load: {closed_loop: {concurrency: C, num_requests: N}}"
+        )
     warmup, ladder, gap = stages.get("warmup"), stages.get("ladder"), stages.get("gap_s", STAGE_GAP_S)
     if not isinstance(ladder, str) or not (warmup is None or isinstance(warmup, str)):
         raise CaseError(f"{where}.stages: give ladder (and warmup) as text, RATE:SECONDS[,RATE:SECONDS...]")
     if set(stages) - {"warmup", "ladder", "gap_s"}:
-        raise CaseError(f"{where}.stages: unknown {sorted(set(stages) - {'warmup', 'ladder', 'gap_s'})}; give "
-                        "warmup, ladder, gap_s")
+        raise CaseError(
+            f"{where}.stages: unknown {sorted(set(stages) - {'warmup', 'ladder', 'gap_s'})}; give warmup, ladder, gap_s"
+        )
     gap = _number(gap, f"{where}.stages.gap_s")
     try:
         return StagePlan(parse_stages(ladder), parse_stage(warmup) if warmup is not None else None, gap), None
@@ -337,24 +356,32 @@ def _published(doc: Mapping, arms: tuple[str, ...], stages: int, where: str) -> 
                     raise CaseError(f"{at}.{metric}: use one of {', '.join(METRICS)}")
                 if isinstance(value, list) and section == "published":
                     if len(value) != stages or not all(v is None or _number(v, f"{at}.{metric}") > 0 for v in value):
-                        raise CaseError(f"{at}.{metric}: give {stages} numbers > 0 (or null), one per ladder stage"
-                                        if stages else f"{at}.{metric}: a closed loop has no stages; give one number")
+                        raise CaseError(
+                            f"{at}.{metric}: give {stages} numbers > 0 (or null), one per ladder stage"
+                            if stages
+                            else f"{at}.{metric}: a closed loop has no stages; give one number"
+                        )
                     per_stage[arm][metric] = tuple(None if v is None else float(v) for v in value)
                 else:
                     whole[arm][metric] = _number(value, f"{at}.{metric}")
     return {arm: ArmPublished(whole[arm], per_stage[arm]) for arm in arms}
 
 
-def _effects(doc: Mapping, published: Mapping[str, ArmPublished], labels: tuple[str, ...],
-             where: str) -> tuple[Effect, ...]:
+def _effects(
+    doc: Mapping, published: Mapping[str, ArmPublished], labels: tuple[str, ...], where: str
+) -> tuple[Effect, ...]:
     raw = doc.get("effects") or []
     if not isinstance(raw, list):
         raise CaseError(f"{where}.effects is {raw!r:.60}; give a list of {{arm, over, metric}}")
     effects = []
     for i, item in enumerate(raw):
         at = f"{where}.effects[{i}]"
-        if not isinstance(item, Mapping) or not {"arm", "over", "metric"} <= set(item) <= {"arm", "over", "metric",
-                                                                                          "stage"}:
+        if not isinstance(item, Mapping) or not {"arm", "over", "metric"} <= set(item) <= {
+            "arm",
+            "over",
+            "metric",
+            "stage",
+        }:
             raise CaseError(f"{at}: give {{arm: ARM, over: ARM, metric: METRIC}} (and stage: RATE for one stage's)")
         stage = item.get("stage", WHOLE)
         stage = f"{stage:g}" if isinstance(stage, (int, float)) and not isinstance(stage, bool) else stage
@@ -363,9 +390,11 @@ def _effects(doc: Mapping, published: Mapping[str, ArmPublished], labels: tuple[
         effect = Effect(item["arm"], item["over"], item["metric"], stage)
         for arm in (effect.arm, effect.over):
             if not isinstance(arm, str) or effect_value(published.get(arm), effect, labels) is None:
-                raise CaseError(f"{at}: {arm!r:.40} publishes no {effect.metric!r:.40} "
-                                f"{'whole-run' if stage == WHOLE else f'at stage {stage}'}; an effect compares two "
-                                "arms' published values")
+                raise CaseError(
+                    f"{at}: {arm!r:.40} publishes no {effect.metric!r:.40} "
+                    f"{'whole-run' if stage == WHOLE else f'at stage {stage}'}; an effect compares two "
+                    "arms' published values"
+                )
         effects.append(effect)
     return tuple(effects)
 
@@ -413,9 +442,23 @@ def parse_case(path: Path) -> Case:
     published = _published(doc, tuple(a.name for a in arms), len(plan.stages) if plan else 0, where)
     source = _mapping(doc, "source", where, required=False)
     labels = tuple(f"{st.rate:g}" for st in plan.stages) if plan else ()
-    return Case(_text(doc, "name", where, Path(path).stem), source, hardware.profile, hardware.devices_per_replica,
-                hardware.replicas, model, engine, workload, plan, arms, published, Path(path),
-                loop, _effects(doc, published, labels, where), max_concurrency=client.max_concurrency)
+    return Case(
+        _text(doc, "name", where, Path(path).stem),
+        source,
+        hardware.profile,
+        hardware.devices_per_replica,
+        hardware.replicas,
+        model,
+        engine,
+        workload,
+        plan,
+        arms,
+        published,
+        Path(path),
+        loop,
+        _effects(doc, published, labels, where),
+        max_concurrency=client.max_concurrency,
+    )
 
 
 def subsample(case: Case, replicas: int) -> Case:
@@ -426,14 +469,24 @@ def subsample(case: Case, replicas: int) -> Case:
     if not 1 <= replicas <= case.replicas:
         raise CaseError(f"--replicas {replicas}: give 1 to {case.replicas} (the case's replicas)")
     k = replicas / case.replicas
-    share = lambda n: max(round(n * k), 1)
+
+    def share(n):
+        return max(round(n * k), 1)
+
     plan, loop = case.plan, case.closed_loop
     if plan is not None:
-        scale = lambda stage: dataclasses.replace(stage, rate=stage.rate * k)
-        plan = dataclasses.replace(plan, stages=tuple(scale(s) for s in plan.stages),
-                                   warmup=None if plan.warmup is None else scale(plan.warmup))
+
+        def scale(stage):
+            return dataclasses.replace(stage, rate=stage.rate * k)
+
+        plan = dataclasses.replace(
+            plan,
+            stages=tuple(scale(s) for s in plan.stages),
+            warmup=None if plan.warmup is None else scale(plan.warmup),
+        )
     if loop is not None:
         loop = ClosedLoop(share(loop.concurrency), share(loop.num_requests), int(loop.warmup_requests * k))
     cap = None if case.max_concurrency is None else share(case.max_concurrency)
-    return dataclasses.replace(case, replicas=replicas, plan=plan, closed_loop=loop,
-                               fleet_scale=case.replicas / replicas, max_concurrency=cap)
+    return dataclasses.replace(
+        case, replicas=replicas, plan=plan, closed_loop=loop, fleet_scale=case.replicas / replicas, max_concurrency=cap
+    )

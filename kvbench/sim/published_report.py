@@ -64,12 +64,15 @@ def fmt_simulated(row: Row | None, spreads: Mapping[str, SeedSpread] | None = No
     spread = spreads.get(row.key) if spreads else None
     if spread is None or spread.low is None:
         return fmt_value(row.simulated, row.metric)
-    return (f"{fmt_value(row.simulated, row.metric)} ({fmt_value(spread.low, row.metric)}-"
-            f"{fmt_value(spread.high, row.metric)})")
+    return (
+        f"{fmt_value(row.simulated, row.metric)} ({fmt_value(spread.low, row.metric)}-"
+        f"{fmt_value(spread.high, row.metric)})"
+    )
 
 
-def markdown_table(rows: Sequence[Row], route: str, fitted: Collection[str] = (),
-                   spreads: Mapping[str, SeedSpread] | None = None) -> list[str]:
+def markdown_table(
+    rows: Sequence[Row], route: str, fitted: Collection[str] = (), spreads: Mapping[str, SeedSpread] | None = None
+) -> list[str]:
     """One router's stages: published, simulated and ratio for each compared metric (fitted ones marked; with
     `spreads`, by `Row.key`, the simulated value is the seeds' median and their range is printed beside it)."""
     by = {(r.stage, r.metric): r for r in rows if r.arm == route}
@@ -85,9 +88,14 @@ def markdown_table(rows: Sequence[Row], route: str, fitted: Collection[str] = ()
     whole = [r for r in rows if r.arm == route and r.stage == WHOLE]
     if whole:
         lines.append("")
-        lines.append("whole ladder: " + "; ".join(f"{r.metric} {fmt_value(r.published, r.metric)} published, "
-                                                  f"{fmt_simulated(r, spreads)} simulated ({fmt_ratio(r)})"
-                                                  for r in whole))
+        lines.append(
+            "whole ladder: "
+            + "; ".join(
+                f"{r.metric} {fmt_value(r.published, r.metric)} published, "
+                f"{fmt_simulated(r, spreads)} simulated ({fmt_ratio(r)})"
+                for r in whole
+            )
+        )
     return lines
 
 
@@ -98,9 +106,13 @@ def check_targets(rows: Sequence[Row], stages: Sequence[str], fitted: Collection
     rows = [r for r in rows if r.key not in fitted]
     out = [r for r in rows if r.metric == "output_tok_s" and r.stage != WHOLE and r.ratio is not None]
     worst = max(out, key=lambda r: abs(r.ratio - 1), default=None)
-    targets.append(Target("output tok/s within +-20% at every stage", None if worst is None else
-                          all(0.8 <= r.ratio <= 1.2 for r in out),
-                          "-" if worst is None else f"worst {worst.arm} {worst.stage}/s: {worst.ratio:.2f}"))
+    targets.append(
+        Target(
+            "output tok/s within +-20% at every stage",
+            None if worst is None else all(0.8 <= r.ratio <= 1.2 for r in out),
+            "-" if worst is None else f"worst {worst.arm} {worst.stage}/s: {worst.ratio:.2f}",
+        )
+    )
     published = first_rate_above(rows, ROUTE_ROUND_ROBIN, "ttft_mean_s", TTFT_ONSET_S, simulated=False)
     simulated = first_rate_above(rows, ROUTE_ROUND_ROBIN, "ttft_mean_s", TTFT_ONSET_S, simulated=True)
     if published is None:
@@ -108,17 +120,35 @@ def check_targets(rows: Sequence[Row], stages: Sequence[str], fitted: Collection
     else:
         rates = [float(s) for s in stages]
         steps = None if simulated is None else abs(rates.index(simulated) - rates.index(published))
-        targets.append(Target("round-robin TTFT mean > 10 s onset within one step", steps is not None and steps <= 1,
-                              f"published {published:g}/s, simulated {'never' if simulated is None else f'{simulated:g}/s'}"))
-    precise = [r for r in rows if r.arm == ROUTE_PRECISE_PREFIX and r.metric == "ttft_mean_s"
-               and r.stage != WHOLE and r.ratio is not None]
+        targets.append(
+            Target(
+                "round-robin TTFT mean > 10 s onset within one step",
+                steps is not None and steps <= 1,
+                f"published {published:g}/s, simulated {'never' if simulated is None else f'{simulated:g}/s'}",
+            )
+        )
+    precise = [
+        r
+        for r in rows
+        if r.arm == ROUTE_PRECISE_PREFIX and r.metric == "ttft_mean_s" and r.stage != WHOLE and r.ratio is not None
+    ]
     off = [r for r in precise if not 0.5 <= r.ratio <= 2.0]
-    targets.append(Target("precise TTFT mean within 2x at every stage", None if not precise else not off,
-                          ", ".join(f"{r.stage}/s {r.ratio:.2f}" for r in off)
-                          or ("all within" if precise else "no precise-prefix rows")))
+    targets.append(
+        Target(
+            "precise TTFT mean within 2x at every stage",
+            None if not precise else not off,
+            ", ".join(f"{r.stage}/s {r.ratio:.2f}" for r in off)
+            or ("all within" if precise else "no precise-prefix rows"),
+        )
+    )
     itl = [r for r in rows if r.metric == "itl_mean_ms" and r.ratio is not None]
-    targets.append(Target("ITL mean within +-25%", None if not itl else all(0.75 <= r.ratio <= 1.25 for r in itl),
-                          ", ".join(f"{r.arm} {r.ratio:.2f}" for r in itl) or "not published"))
+    targets.append(
+        Target(
+            "ITL mean within +-25%",
+            None if not itl else all(0.75 <= r.ratio <= 1.25 for r in itl),
+            ", ".join(f"{r.arm} {r.ratio:.2f}" for r in itl) or "not published",
+        )
+    )
     return targets
 
 
@@ -126,20 +156,35 @@ def effect_lines(effects: Sequence[EffectRow]) -> list[str]:
     """The effects as a Markdown table: published and simulated change, same direction, size ratio."""
     if not effects:
         return []
-    pct = lambda v: "-" if v is None else f"{v * 100:+.1f}%"
-    lines = ["| arm | over | stage | metric | published | simulated | same direction | simulated / published |",
-             "|---|---|---|---|---|---|---|---|"]
+
+    def pct(v):
+        return "-" if v is None else f"{v * 100:+.1f}%"
+
+    lines = [
+        "| arm | over | stage | metric | published | simulated | same direction | simulated / published |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for e in effects:
         size = "-" if e.size_ratio is None else f"{e.size_ratio:.2f}"
         same = "-" if e.same_direction is None else "yes" if e.same_direction else "no"
-        lines.append(f"| {e.arm} | {e.over} | {e.stage} | {e.metric} | {pct(e.published_change)} | {pct(e.simulated_change)} | "
-                     f"{same} | {size} |")
+        lines.append(
+            f"| {e.arm} | {e.over} | {e.stage} | {e.metric} | {pct(e.published_change)} | {pct(e.simulated_change)} | "
+            f"{same} | {size} |"
+        )
     return lines
 
 
-def write_comparison(out_dir: Path, case_name: str, rows: Sequence[Row], targets: Sequence[Target],
-                     header: Sequence[str], fitted: Collection[str] = (), spreads: Sequence[SeedSpread] = (),
-                     seeds: Sequence[int] = (), effects: Sequence[EffectRow] = ()) -> list[Path]:
+def write_comparison(
+    out_dir: Path,
+    case_name: str,
+    rows: Sequence[Row],
+    targets: Sequence[Target],
+    header: Sequence[str],
+    fitted: Collection[str] = (),
+    spreads: Sequence[SeedSpread] = (),
+    seeds: Sequence[int] = (),
+    effects: Sequence[EffectRow] = (),
+) -> list[Path]:
     """`comparison.md` (a table per arm, the effects, the targets) and `comparison.json` under `out_dir`
     (`fitted`: the `Row.key`s a fit was made on, marked; `spreads`: over several `seeds`, the rows' ranges and
     per-seed values; `arms`/`stages`/`effects` as `published.comparison_doc`)."""
@@ -153,18 +198,40 @@ def write_comparison(out_dir: Path, case_name: str, rows: Sequence[Row], targets
     lines += ["## targets", ""]
     if fitted:
         lines += ["On the values not fitted (the ratios marked (fit) are the fit's residuals).", ""]
-    lines += [f"- {'met' if t.met else 'not met' if t.met is False else 'n/a'}: {t.name} "
-                                   f"({t.detail})" for t in targets]
+    lines += [f"- {'met' if t.met else 'not met' if t.met is False else 'n/a'}: {t.name} ({t.detail})" for t in targets]
     md, js = out_dir / "comparison.md", out_dir / "comparison.json"
     md.write_text("\n".join(lines) + "\n")
-    spread_fields = lambda r: {} if r.key not in by_key else {
-        "low": by_key[r.key].low, "high": by_key[r.key].high, "per_seed": list(by_key[r.key].per_seed)}
-    js.write_text(json.dumps({"case": case_name, "header": list(header), **({"seeds": list(seeds)} if seeds else {}),
-                              **comparison_doc(rows, effects),
-                              "rows": [{"arm": r.arm, "stage": r.stage, "metric": r.metric,
-                                        "published": r.published, "simulated": r.simulated, "ratio": r.ratio,
-                                        "fitted": r.key in fitted} | spread_fields(r)
-                                       for r in rows],
-                              "targets": [{"name": t.name, "met": t.met, "detail": t.detail} for t in targets]},
-                             indent=1))
+
+    def spread_fields(r):
+        return (
+            {}
+            if r.key not in by_key
+            else {"low": by_key[r.key].low, "high": by_key[r.key].high, "per_seed": list(by_key[r.key].per_seed)}
+        )
+
+    js.write_text(
+        json.dumps(
+            {
+                "case": case_name,
+                "header": list(header),
+                **({"seeds": list(seeds)} if seeds else {}),
+                **comparison_doc(rows, effects),
+                "rows": [
+                    {
+                        "arm": r.arm,
+                        "stage": r.stage,
+                        "metric": r.metric,
+                        "published": r.published,
+                        "simulated": r.simulated,
+                        "ratio": r.ratio,
+                        "fitted": r.key in fitted,
+                    }
+                    | spread_fields(r)
+                    for r in rows
+                ],
+                "targets": [{"name": t.name, "met": t.met, "detail": t.detail} for t in targets],
+            },
+            indent=1,
+        )
+    )
     return [md, js]

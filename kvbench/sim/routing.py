@@ -75,7 +75,7 @@ def block_hashes(prompt: np.ndarray, block_size: int) -> list[int]:
     """Chained hashes of the prompt's full blocks: block i's hash covers blocks 0..i, as vLLM's block hashes."""
     hashes, parent = [], 0
     for start in range(0, len(prompt) - block_size + 1, block_size):
-        parent = hash((parent, prompt[start:start + block_size].tobytes()))
+        parent = hash((parent, prompt[start : start + block_size].tobytes()))
         hashes.append(parent)
     return hashes
 

@@ -45,14 +45,24 @@ def sim_settings(config: SimConfig) -> dict:
 
 
 # What the client check of a real run reads here: a virtual clock cannot lag.
-SIM_CLIENT = MappingProxyType({"schedule_lag_ms": None, "loop_lag_ms": None, "max_lag_ms": 0.0, "valid": True,
-                               "reason": "virtual clock: no client lag"})
+SIM_CLIENT = MappingProxyType(
+    {
+        "schedule_lag_ms": None,
+        "loop_lag_ms": None,
+        "max_lag_ms": 0.0,
+        "valid": True,
+        "reason": "virtual clock: no client lag",
+    }
+)
 
 
-def sim_entry(result: SimResult, workload: Workload, load: LoadSpec, config: SimConfig, repeat: int = 0,
-              slo: SLO = SLO()) -> RunEntry:
+def sim_entry(
+    result: SimResult, workload: Workload, load: LoadSpec, config: SimConfig, repeat: int = 0, slo: SLO = SLO()
+) -> RunEntry:
     return RunEntry.of(
-        sim_point(config, workload, load, repeat), result.records, slo,
+        sim_point(config, workload, load, repeat),
+        result.records,
+        slo,
         engine_name=ENGINE_NAME,
         engine_settings=sim_settings(config),
         kv_dtype=config.kv_dtype,
@@ -71,8 +81,9 @@ def sim_entry(result: SimResult, workload: Workload, load: LoadSpec, config: Sim
     )
 
 
-def write_sim_run(run_dir: Path, results: Sequence[tuple[SimResult, RunEntry]], config_doc: dict,
-                  plots: bool = True) -> None:
+def write_sim_run(
+    run_dir: Path, results: Sequence[tuple[SimResult, RunEntry]], config_doc: dict, plots: bool = True
+) -> None:
     """Write config.yaml, requests.jsonl, summary.{json,csv,md} (and plots) for simulated entries."""
     write_config_and_env(run_dir, config_doc, {"engine": ENGINE_NAME, "virtual_clock": True})
     with RecordWriter(run_dir / REQUESTS_JSONL) as writer:

@@ -41,8 +41,15 @@ def check_enough(workload: Workload, plan: StagePlan) -> None:
     plan.require_sessions(len(workload.sessions))
 
 
-def simulate_stages(workload: Workload, plan: StagePlan, config: SimConfig, run_id: str = "sim", seed: int = 0,
-                    stage_subset: Sequence[int] | None = None, max_concurrency: int | None = None) -> StagedResult:
+def simulate_stages(
+    workload: Workload,
+    plan: StagePlan,
+    config: SimConfig,
+    run_id: str = "sim",
+    seed: int = 0,
+    stage_subset: Sequence[int] | None = None,
+    max_concurrency: int | None = None,
+) -> StagedResult:
     """Play `plan` on `config`'s fleet (module docstring). Deterministic for the same inputs.
 
     `stage_subset` (indices into `plan.stages`) plays only those measured stages, after the warm-up: a cheaper

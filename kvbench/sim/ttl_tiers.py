@@ -46,8 +46,15 @@ class TtlTiers:
     _last_maintenance: float | None = None
 
     @classmethod
-    def create(cls, host_pages: int, disk_pages: int, ttl: TierTTL, tenant_ttls=None, interval_s: float = DEFAULT_TIER_INTERVAL_S,
-               events: EventSink | None = None) -> TtlTiers:
+    def create(
+        cls,
+        host_pages: int,
+        disk_pages: int,
+        ttl: TierTTL,
+        tenant_ttls=None,
+        interval_s: float = DEFAULT_TIER_INTERVAL_S,
+        events: EventSink | None = None,
+    ) -> TtlTiers:
         capacities = {Tier.DEVICE: 0}  # the device tier is the prefix index's (see core.tiers)
         if host_pages > 0:
             capacities[Tier.HOST] = host_pages
@@ -60,8 +67,9 @@ class TtlTiers:
         return cls(TierPolicy(config, events=sink), PageJournal(), sink, interval_s)
 
     # ---- arrival and install -----------------------------------------------------------------------------
-    def lookup(self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int,
-               now: float) -> Lookup | None:
+    def lookup(
+        self, index: PrefixIndex, namespace: Namespace, prompt: np.ndarray, limit: int, now: float
+    ) -> Lookup | None:
         """Pages of `prompt[: limit pages]` beyond the device match that host/disk hold, in prefix order."""
         start = index.match(namespace, prompt).num_pages
         if start >= limit:
@@ -83,18 +91,26 @@ class TtlTiers:
     def installed(self, lookup: Lookup, device_pages: int) -> None:
         """The restored pages reached device: they leave host/disk (exclusive tiers). Those that got there
         meanwhile another way were not read and stay where they are, as in the engine."""
-        for key in lookup.keys[device_pages - lookup.start:]:
+        for key in lookup.keys[device_pages - lookup.start :]:
             self.policy.forget(key)
 
     restores_at_admission = False
     async_load = False
 
-    def computed(self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int,
-                 tenant: TenantId, now: float) -> None:
+    def computed(
+        self, request_id: str, namespace: Namespace, tokens: np.ndarray, computed: int, tenant: TenantId, now: float
+    ) -> None:
         return None  # pages go down only when the device drops them (see `sync`)
 
-    def store(self, request_id: str, namespace: Namespace, prompt: np.ndarray, output: Sequence[int],
-              tenant: TenantId, now: float) -> None:
+    def store(
+        self,
+        request_id: str,
+        namespace: Namespace,
+        prompt: np.ndarray,
+        output: Sequence[int],
+        tenant: TenantId,
+        now: float,
+    ) -> None:
         return None
 
     def held_pages(self, namespace: Namespace, prompt: np.ndarray, now: float) -> int:

@@ -55,32 +55,54 @@ def sim_config_for_engine(settings: EngineConfig, geometry: ModelGeometry, hardw
     if not settings.prefix_caching:
         raise ValueError("engine settings: prefix_caching is off; the simulator always caches prefixes")
     if settings.remote_url:
-        raise ValueError("engine settings: the run used the shared Redis tier (remote_url), which the simulator "
-                         "does not model for our engine; validate a run without it")
+        raise ValueError(
+            "engine settings: the run used the shared Redis tier (remote_url), which the simulator "
+            "does not model for our engine; validate a run without it"
+        )
     if settings.max_prefill_beside_decodes == AUTO:
-        raise ValueError("engine settings: max_prefill_beside_decodes is auto, which the engine timed at start; "
-                         "validate with max_prefill_beside_decodes set to the tokens its log names ('prefill "
-                         "budget') or /metrics states (kvbench:prefill_beside_decodes_tokens)")
-    preset = dataclasses.replace(get_preset("kvengine-tiers"), name="kvengine", page_size=settings.page_size,
-                                 max_num_seqs=settings.max_num_seqs, max_step_tokens=settings.max_step_tokens,
-                                 max_prefill_beside_decodes=settings.max_prefill_beside_decodes,
-                                 padded_attention=False, device_ttl_s=settings.device_ttl_s,
-                                 host_ttl_s=settings.host_ttl_s, tier_interval_s=settings.tier_interval_s)
+        raise ValueError(
+            "engine settings: max_prefill_beside_decodes is auto, which the engine timed at start; "
+            "validate with max_prefill_beside_decodes set to the tokens its log names ('prefill "
+            "budget') or /metrics states (kvbench:prefill_beside_decodes_tokens)"
+        )
+    preset = dataclasses.replace(
+        get_preset("kvengine-tiers"),
+        name="kvengine",
+        page_size=settings.page_size,
+        max_num_seqs=settings.max_num_seqs,
+        max_step_tokens=settings.max_step_tokens,
+        max_prefill_beside_decodes=settings.max_prefill_beside_decodes,
+        padded_attention=False,
+        device_ttl_s=settings.device_ttl_s,
+        host_ttl_s=settings.host_ttl_s,
+        tier_interval_s=settings.tier_interval_s,
+    )
     kv_tokens = settings.kv_capacity
     if kv_tokens == AUTO and settings.kv_capacity_bytes is None:
-        raise ValueError("engine settings: kv_capacity is auto, which the engine sized from its free memory; "
-                         "validate with kv_capacity set to the tokens its log names ('memory budget per device')")
+        raise ValueError(
+            "engine settings: kv_capacity is auto, which the engine sized from its free memory; "
+            "validate with kv_capacity set to the tokens its log names ('memory budget per device')"
+        )
     if settings.kv_capacity_bytes is not None:
         kv_tokens = int(settings.kv_capacity_bytes // geometry.kv_bytes_per_token(settings.kv_dtype.value))
     tenants = load_tenants(settings.tenants_file) if settings.tenants_file else TenantsConfig()
-    return SimConfig(geometry, hardware, preset, settings.kv_dtype.value,
-                     WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"), device_kv_tokens=kv_tokens,
-                     strict_isolation=settings.isolation == IsolationMode.STRICT, tenants=tenants,
-                     host_kv_tokens=settings.host_capacity, disk_kv_tokens=settings.disk_capacity)
+    return SimConfig(
+        geometry,
+        hardware,
+        preset,
+        settings.kv_dtype.value,
+        WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"),
+        device_kv_tokens=kv_tokens,
+        strict_isolation=settings.isolation == IsolationMode.STRICT,
+        tenants=tenants,
+        host_kv_tokens=settings.host_capacity,
+        disk_kv_tokens=settings.disk_capacity,
+    )
 
 
-def simulate_run(workload: Workload, load: LoadSpec, config: SimConfig, records: Sequence[RequestRecord],
-                 seed: int) -> SimResult:
+def simulate_run(
+    workload: Workload, load: LoadSpec, config: SimConfig, records: Sequence[RequestRecord], seed: int
+) -> SimResult:
     """The simulation of a real run: same workload and load, replayed in the run's send order."""
     return simulate(workload, load, config, run_id="sim", seed=seed, send_order=send_order(records))
 
@@ -119,13 +141,20 @@ class Validation:
         return all(row.ok is not False for row in self.rows)
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "same_cached_tokens": self.same_cached, "compared_requests": self.compared,
-                "metrics": [{"name": r.name, "real": r.real, "sim": r.sim, "ratio": r.ratio,
-                             "tolerance": r.tolerance, "ok": r.ok} for r in self.rows]}
+        return {
+            "ok": self.ok,
+            "same_cached_tokens": self.same_cached,
+            "compared_requests": self.compared,
+            "metrics": [
+                {"name": r.name, "real": r.real, "sim": r.sim, "ratio": r.ratio, "tolerance": r.tolerance, "ok": r.ok}
+                for r in self.rows
+            ],
+        }
 
 
-def compare_records(real: Sequence[RequestRecord], sim: Sequence[RequestRecord],
-                    ttft_tolerance: float = 0.25) -> Validation:
+def compare_records(
+    real: Sequence[RequestRecord], sim: Sequence[RequestRecord], ttft_tolerance: float = 0.25
+) -> Validation:
     """Real and simulated records of one run side by side (warm-up requests excluded, as in summaries)."""
     real_summary, sim_summary = summarize(real), summarize(sim)
 

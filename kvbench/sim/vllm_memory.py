@@ -51,11 +51,13 @@ class VllmMemory:
         if self.num_blocks >= 2:
             return
         what = "weights do not fit" if self.weight_bytes >= self.requested_bytes else "KV cache gets under 2 blocks"
-        raise ValueError(f"{model} on {tp} device(s): the {what}: {self.requested_bytes / GIB:.1f} GiB requested per "
-                         f"device, weights {self.weight_bytes / GIB:.1f} GiB, activations {self.activation_bytes / GIB:.1f} "
-                         f"GiB, other {self.non_torch_bytes / GIB:.1f} GiB, a KV block {self.bytes_per_block / 2**20:.2f} "
-                         "MiB; use more devices (--tp), smaller weights (--weight-dtype fp8) or a higher "
-                         "--gpu-memory-utilization")
+        raise ValueError(
+            f"{model} on {tp} device(s): the {what}: {self.requested_bytes / GIB:.1f} GiB requested per "
+            f"device, weights {self.weight_bytes / GIB:.1f} GiB, activations {self.activation_bytes / GIB:.1f} "
+            f"GiB, other {self.non_torch_bytes / GIB:.1f} GiB, a KV block {self.bytes_per_block / 2**20:.2f} "
+            "MiB; use more devices (--tp), smaller weights (--weight-dtype fp8) or a higher "
+            "--gpu-memory-utilization"
+        )
 
     @property
     def kv_tokens(self) -> int:
@@ -73,13 +75,24 @@ def activation_estimate(geometry: ModelGeometry, tp: int, max_num_batched_tokens
     return max_num_batched_tokens * per_token + sampler
 
 
-def vllm_memory(geometry: ModelGeometry, device_memory_bytes: float, tp: int, gpu_memory_utilization: float,
-                block_size: int, max_num_batched_tokens: int, max_num_seqs: int, kv_dtype: str,
-                weight_dtype: str | None = None, activation_bytes: float | None = None,
-                non_torch_bytes: float | None = None) -> VllmMemory:
+def vllm_memory(
+    geometry: ModelGeometry,
+    device_memory_bytes: float,
+    tp: int,
+    gpu_memory_utilization: float,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    kv_dtype: str,
+    weight_dtype: str | None = None,
+    activation_bytes: float | None = None,
+    non_torch_bytes: float | None = None,
+) -> VllmMemory:
     """vLLM's budget for `geometry` on `tp` devices of `device_memory_bytes` (module docstring)."""
     if tp < 1 or geometry.num_kv_heads % tp and tp % geometry.num_kv_heads:
-        raise ValueError(f"tensor parallel size {tp} does not divide {geometry.name}'s {geometry.num_kv_heads} KV heads")
+        raise ValueError(
+            f"tensor parallel size {tp} does not divide {geometry.name}'s {geometry.num_kv_heads} KV heads"
+        )
     requested = math.ceil(device_memory_bytes * gpu_memory_utilization)
     weights = geometry.weight_bytes(weight_dtype) / tp
     if activation_bytes is None:
@@ -91,5 +104,6 @@ def vllm_memory(geometry: ModelGeometry, device_memory_bytes: float, tp: int, gp
     bytes_per_block = kv_per_token * block_size
     available = requested - weights - activation_bytes - non_torch_bytes
     blocks = int(available // bytes_per_block) if available > 0 else 0
-    return VllmMemory(device_memory_bytes, requested, weights, activation_bytes, non_torch_bytes, bytes_per_block,
-                      blocks, block_size)
+    return VllmMemory(
+        device_memory_bytes, requested, weights, activation_bytes, non_torch_bytes, bytes_per_block, blocks, block_size
+    )

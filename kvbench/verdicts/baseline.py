@@ -18,7 +18,15 @@ from pathlib import Path
 
 from kvbench.harness.env import collect_env
 from kvbench.measure.run_folder import (
-    CONFIG_YAML, ENV_JSON, EVAL_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunFolderError, read_entries,
+    CONFIG_YAML,
+    ENV_JSON,
+    EVAL_JSON,
+    REQUESTS_JSONL,
+    SUMMARY_CSV,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    RunFolderError,
+    read_entries,
 )
 
 DEFAULT_ROOT = Path("results/baselines")

@@ -88,13 +88,29 @@ def compare(baseline: RunFolder, new: RunFolder, options: CompareOptions = Compa
         if base_reps is None or new_reps is None:
             where = "baseline" if new_reps is None else "new run"
             hint = "did it fail to start or was it removed?" if new_reps is None else "promote a new baseline"
-            rows.append(MetricComparison("perf", key.label, key.kv_dtype, "all", None, None, None, None, None, None,
-                                         Verdict.MISSING, f"setting only in the {where} ({hint})"))
+            rows.append(
+                MetricComparison(
+                    "perf",
+                    key.label,
+                    key.kv_dtype,
+                    "all",
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    Verdict.MISSING,
+                    f"setting only in the {where} ({hint})",
+                )
+            )
             mismatches.append(f"{key.label} [{key.kv_dtype}]: only in the {where}")
             continue
         mismatches += [f"{key.label} [{key.kv_dtype}]: {text}" for text in _setting_mismatches(base_reps, new_reps)]
-        notes += [f"{key.label} [{key.kv_dtype}]: {text}"
-                  for text in _address_notes(base_reps, new_reps) + _validity_notes(base_reps, new_reps)]
+        notes += [
+            f"{key.label} [{key.kv_dtype}]: {text}"
+            for text in _address_notes(base_reps, new_reps) + _validity_notes(base_reps, new_reps)
+        ]
         rows += compare_setting(key, index, base_reps, new_reps, options)
     eval_rows, eval_mismatches = compare_evals(baseline, new, options)
     rows += eval_rows
@@ -124,9 +140,12 @@ def _config_mismatches(base: Mapping, new: Mapping) -> tuple[list[str], list[str
             read.append(config_schema.current(config))
         except ValueError as exc:
             return [f"{side} {CONFIG_YAML}: {exc}"], []
-    notes = [f"{side} {CONFIG_YAML} is schema version {item.version}: read with today's defaults for "
-             + ", ".join(item.filled) for side, item in zip(("baseline", "new run"), read)
-             if item.filled and read[0].version != read[1].version]
+    notes = [
+        f"{side} {CONFIG_YAML} is schema version {item.version}: read with today's defaults for "
+        + ", ".join(item.filled)
+        for side, item in zip(("baseline", "new run"), read)
+        if item.filled and read[0].version != read[1].version
+    ]
     diffs = _differences(*({key: item.config.get(key) for key in _CONFIG_SECTIONS} for item in read))
     return [f"{CONFIG_YAML} differs: {diff}" for diff in diffs], notes
 
@@ -135,8 +154,10 @@ def _setting_mismatches(base_reps: Sequence[Repetition], new_reps: Sequence[Repe
     out = []
     base, new = base_reps[0].entry, new_reps[0].entry
     out += [f"workload params differ: {diff}" for diff in _differences(base.workload_params, new.workload_params)]
-    out += [f"engine settings differ: {diff}"
-            for diff in _differences(_endpoint_identity(base.engine_settings), _endpoint_identity(new.engine_settings))]
+    out += [
+        f"engine settings differ: {diff}"
+        for diff in _differences(_endpoint_identity(base.engine_settings), _endpoint_identity(new.engine_settings))
+    ]
     if len(base_reps) != len(new_reps):
         out.append(f"repetitions differ: {len(base_reps)} -> {len(new_reps)}")
     return out

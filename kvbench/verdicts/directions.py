@@ -54,8 +54,11 @@ def _task_directions(task: str) -> Mapping[str, bool]:
     if task not in TASKS:
         return {}
     config = yaml.safe_load((DATA_DIR / f"{task}.yaml").read_text())
-    return {item["metric"]: item["higher_is_better"] for item in config.get("metric_list", ())
-            if isinstance(item.get("higher_is_better"), bool)}
+    return {
+        item["metric"]: item["higher_is_better"]
+        for item in config.get("metric_list", ())
+        if isinstance(item.get("higher_is_better"), bool)
+    }
 
 
 def _lm_eval_registry(metric: str) -> bool | None:

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.verdicts.directions import higher_is_better
-from kvbench.measure import bootstrap
-from kvbench.measure import metrics
+from kvbench.measure import bootstrap, metrics
 from kvbench.measure.records import RequestRecord
+from kvbench.verdicts.directions import higher_is_better
 
 
 @dataclass(frozen=True)
@@ -164,17 +163,40 @@ def _perf_metrics() -> dict[str, PerfMetric]:
         ("output_tok_s", higher, rel, 0.05, lambda o: o.get("output_tok_s"), _per_second(lambda s: s.output_tokens)),
         ("total_tok_s", higher, rel, 0.05, lambda o: o.get("total_tok_s"), _per_second(lambda s: s.total_tokens)),
         ("req_s", higher, rel, 0.05, lambda o: o.get("req_s"), _per_second(lambda s: np.ones(s.size))),
-        ("cache_hit_rate", higher, points, 0.02, lambda o: o["cache"].get("cache_hit_rate"),
-         _cache_rate("cached_tokens", "prompt_tokens")),
-        ("prefill_recompute_rate", lower, points, 0.02, lambda o: o["cache"].get("prefill_recompute_rate"),
-         _cache_rate("recomputed_tokens", "reusable_tokens")),
+        (
+            "cache_hit_rate",
+            higher,
+            points,
+            0.02,
+            lambda o: o["cache"].get("cache_hit_rate"),
+            _cache_rate("cached_tokens", "prompt_tokens"),
+        ),
+        (
+            "prefill_recompute_rate",
+            lower,
+            points,
+            0.02,
+            lambda o: o["cache"].get("prefill_recompute_rate"),
+            _cache_rate("recomputed_tokens", "reusable_tokens"),
+        ),
     ]
-    return {name: PerfMetric(MetricSpec(name, better, scale, tol), stored, stat) for name, better, scale, tol, stored, stat in table}
+    return {
+        name: PerfMetric(MetricSpec(name, better, scale, tol), stored, stat)
+        for name, better, scale, tol, stored, stat in table
+    }
 
 
 PERF_METRICS: Mapping[str, PerfMetric] = _perf_metrics()
-DEFAULT_METRICS = ("ttft_p50", "ttft_p99", "itl_p50", "tpot_p50", "e2e_p50", "output_tok_s", "cache_hit_rate",
-                   "prefill_recompute_rate")
+DEFAULT_METRICS = (
+    "ttft_p50",
+    "ttft_p99",
+    "itl_p50",
+    "tpot_p50",
+    "e2e_p50",
+    "output_tok_s",
+    "cache_hit_rate",
+    "prefill_recompute_rate",
+)
 
 # Quality metrics of eval.json: the direction from the metric's source (verdicts/directions.py), never its name.
 _QUALITY_TOLERANCES = {"kl": ("relative", 0.10), "top1_agreement": ("points", 0.005)}

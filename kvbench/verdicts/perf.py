@@ -44,7 +44,9 @@ def settings_of(folder: RunFolder) -> dict[SettingKey, tuple[Repetition, ...]]:
     settings: dict[SettingKey, list[Repetition]] = {}
     for entry in folder.entries:
         own = folder.records.get(entry.run_id)
-        settings.setdefault(SettingKey.of(entry), []).append(Repetition(entry, RequestSamples.of(own, is_closed_loop(entry.load)) if own else None))
+        settings.setdefault(SettingKey.of(entry), []).append(
+            Repetition(entry, RequestSamples.of(own, is_closed_loop(entry.load)) if own else None)
+        )
     return {key: tuple(reps) for key, reps in settings.items()}
 
 
@@ -62,8 +64,12 @@ class _Side:
 
     @classmethod
     def of(cls, reps: Sequence[Repetition], rng: np.random.Generator, resamples: int) -> "_Side":
-        counts = [None if rep.samples is None or rep.samples.size == 0 else
-                  bootstrap.resample_counts(rep.samples.size, resamples, rng) for rep in reps]
+        counts = [
+            None
+            if rep.samples is None or rep.samples.size == 0
+            else bootstrap.resample_counts(rep.samples.size, resamples, rng)
+            for rep in reps
+        ]
         return cls(reps, counts)
 
     def value(self, metric: PerfMetric) -> float | None:
@@ -78,21 +84,40 @@ class _Side:
         return bootstrap.mean_over_repetitions(per_rep, rng)
 
 
-def compare_setting(key: SettingKey, index: int, base_reps: Sequence[Repetition], new_reps: Sequence[Repetition],
-                     options: CompareOptions) -> list[MetricComparison]:
+def compare_setting(
+    key: SettingKey,
+    index: int,
+    base_reps: Sequence[Repetition],
+    new_reps: Sequence[Repetition],
+    options: CompareOptions,
+) -> list[MetricComparison]:
     base = _Side.of(base_reps, _rng(options, 0, index), options.resamples)
     new = _Side.of(new_reps, _rng(options, 1, index), options.resamples)
     return [_compare_metric(key, index, PERF_METRICS[name], base, new, options) for name in options.metrics]
 
 
-def _compare_metric(key: SettingKey, index: int, metric: PerfMetric, base_side: _Side, new_side: _Side,
-                    options: CompareOptions) -> MetricComparison:
+def _compare_metric(
+    key: SettingKey, index: int, metric: PerfMetric, base_side: _Side, new_side: _Side, options: CompareOptions
+) -> MetricComparison:
     spec = with_tolerance(metric.spec, options)
     base, new = base_side.value(metric), new_side.value(metric)
 
     def row(delta, ci, verdict, note="", mde=None):
-        return MetricComparison("perf", key.label, key.kv_dtype, spec.name, spec, base, new, delta,
-                                ci[0] if ci else None, ci[1] if ci else None, verdict, note, mde)
+        return MetricComparison(
+            "perf",
+            key.label,
+            key.kv_dtype,
+            spec.name,
+            spec,
+            base,
+            new,
+            delta,
+            ci[0] if ci else None,
+            ci[1] if ci else None,
+            verdict,
+            note,
+            mde,
+        )
 
     if base is None or new is None:
         sides = [side for side, value in (("baseline", base), ("new run", new)) if value is None]
@@ -102,12 +127,18 @@ def _compare_metric(key: SettingKey, index: int, metric: PerfMetric, base_side: 
     base_boot = base_side.replicates(metric, _rng(options, 2, index, metric_index))
     new_boot = new_side.replicates(metric, _rng(options, 3, index, metric_index))
     if base_boot is None or new_boot is None:
-        return row(delta, None, judge(spec, delta, None), "no per-request records: no CI, judged by the tolerance alone")
+        return row(
+            delta, None, judge(spec, delta, None), "no per-request records: no CI, judged by the tolerance alone"
+        )
     deltas = _deltas(spec, base_boot, new_boot)
     ci = bootstrap.percentile_interval(deltas, options.confidence)
     if ci is None:
-        return row(delta, None, judge(spec, delta, None),
-                   "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone")
+        return row(
+            delta,
+            None,
+            judge(spec, delta, None),
+            "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone",
+        )
     return row(delta, ci, judge(spec, delta, ci), "", minimum_detectable_effect(spec, deltas, ci))
 
 

@@ -60,21 +60,25 @@ class PrefixOracle:
         step = self.block_tokens * _ITEM
         node = self._roots.setdefault(namespace, _Node())
         pos = 0
-        while (child := node.children.get(data[pos:pos + step])) is not None:
+        while (child := node.children.get(data[pos : pos + step])) is not None:
             edge = child.edge
-            segment = data[pos:pos + len(edge)]
+            segment = data[pos : pos + len(edge)]
             if segment != edge:
                 # The sequence ends inside this edge or leaves it (at least one block in: the key matched).
                 common = _common_prefix_bytes(segment, edge)
                 if common < len(segment):
-                    self._record(self._split(node, child, common // step * step, step), data,
-                                 pos + common // step * step, step, covered=False)
+                    self._record(
+                        self._split(node, child, common // step * step, step),
+                        data,
+                        pos + common // step * step,
+                        step,
+                        covered=False,
+                    )
                 return (pos + common) // _ITEM
             node = child
             pos += len(edge)
-        head = data[pos:pos + step]
-        extension = max((_common_prefix_bytes(head, c) for c in node.continuations.get(head[:_ITEM], ())),
-                        default=0)
+        head = data[pos : pos + step]
+        extension = max((_common_prefix_bytes(head, c) for c in node.continuations.get(head[:_ITEM], ())), default=0)
         reused = (pos + extension) // _ITEM
         self._record(node, data, pos, step, covered=extension == len(head))
         return reused
@@ -98,8 +102,8 @@ class PrefixOracle:
         full = pos + (len(data) - pos) // step * step
         if full > pos:  # the whole blocks: one new edge
             child = _Node(data[pos:full])
-            node.children[data[pos:pos + step]] = child
-            node.continuations.setdefault(data[pos:pos + _ITEM], []).append(data[pos:pos + step])
+            node.children[data[pos : pos + step]] = child
+            node.continuations.setdefault(data[pos : pos + _ITEM], []).append(data[pos : pos + step])
             node, pos = child, full
         if pos < len(data):  # the partial tail, below the new edge
             tail = data[pos:]

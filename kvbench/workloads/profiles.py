@@ -43,18 +43,36 @@ _MULTI_TENANT = (
 )
 
 _MINI = RagChatParams(
-    num_sessions=10, session_rate=2.0, system_tokens=192, corpus_docs=16, docs_per_session=2, doc_tokens=256,
-    turns_mean=4.0, turns_max=6, user_tokens_mean=48.0, user_tokens_cv=0.4, user_tokens_min=16,
-    user_tokens_max=96, output_tokens_mean=24.0, output_tokens_cv=0.4, output_tokens_min=8, output_tokens_max=48,
-    think_time_median_s=0.6, think_time_sigma=0.6, think_time_min_s=0.2, think_time_max_s=2.0,
+    num_sessions=10,
+    session_rate=2.0,
+    system_tokens=192,
+    corpus_docs=16,
+    docs_per_session=2,
+    doc_tokens=256,
+    turns_mean=4.0,
+    turns_max=6,
+    user_tokens_mean=48.0,
+    user_tokens_cv=0.4,
+    user_tokens_min=16,
+    user_tokens_max=96,
+    output_tokens_mean=24.0,
+    output_tokens_cv=0.4,
+    output_tokens_min=8,
+    output_tokens_max=48,
+    think_time_median_s=0.6,
+    think_time_sigma=0.6,
+    think_time_min_s=0.2,
+    think_time_max_s=2.0,
 )
 
-PROFILES: Mapping[str, RagChatParams] = MappingProxyType({
-    "rag-chat": RagChatParams(),
-    "rag-chat-mini": _MINI,
-    "rag-chat-mt": RagChatParams(tenants=_MULTI_TENANT),
-    "rag-chat-mt-mini": dataclasses.replace(_MINI, tenants=_MULTI_TENANT, num_sessions=20),
-})
+PROFILES: Mapping[str, RagChatParams] = MappingProxyType(
+    {
+        "rag-chat": RagChatParams(),
+        "rag-chat-mini": _MINI,
+        "rag-chat-mt": RagChatParams(tenants=_MULTI_TENANT),
+        "rag-chat-mt-mini": dataclasses.replace(_MINI, tenants=_MULTI_TENANT, num_sessions=20),
+    }
+)
 
 SHARED_PREFIX = "shared-prefix"
 GENERATOR_SHARED_PREFIX = "shared_prefix"  # the `generator:` key of a parameter file (inference-perf's type name)
@@ -62,9 +80,15 @@ _PARAM_SUFFIXES = (".yaml", ".yml")
 _TRACE_SUFFIXES = (".jsonl", ".csv")
 
 
-def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None = None,
-                  overrides: Mapping[str, object] | None = None, vocab_size: int | None = None,
-                  time_scale: float = 1.0) -> Workload:
+def load_workload(
+    name_or_path: str,
+    *,
+    seed: int = 0,
+    num_sessions: int | None = None,
+    overrides: Mapping[str, object] | None = None,
+    vocab_size: int | None = None,
+    time_scale: float = 1.0,
+) -> Workload:
     """A workload from a profile name, a trace file or a YAML file of rag-chat parameters.
 
     `num_sessions` sets the session count of a generator (shared-prefix: its request count) or keeps the first
@@ -76,8 +100,9 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
     overrides = dict(overrides or {})
     suffix = Path(name_or_path).suffix.lower()
     if is_dataset_name(name_or_path):
-        workload = load_dataset_workload(name_or_path, seed=seed, num_sessions=num_sessions, options=overrides,
-                                         vocab_size=vocab_size)
+        workload = load_dataset_workload(
+            name_or_path, seed=seed, num_sessions=num_sessions, options=overrides, vocab_size=vocab_size
+        )
         return _scaled(workload, time_scale)
     if name_or_path == SHARED_PREFIX:
         return _shared_prefix(SharedPrefixParams(), overrides, name_or_path, seed, num_sessions, vocab_size)
@@ -85,24 +110,34 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
         _require_file(name_or_path)
         document = read_yaml(Path(name_or_path), "workload parameters")
         if isinstance(document, dict) and document.get("generator") == GENERATOR_SHARED_PREFIX:
-            return workload_from_mapping(document, Path(name_or_path).stem, seed=seed, num_sessions=num_sessions,
-                                         vocab_size=vocab_size, where=name_or_path)
+            return workload_from_mapping(
+                document,
+                Path(name_or_path).stem,
+                seed=seed,
+                num_sessions=num_sessions,
+                vocab_size=vocab_size,
+                where=name_or_path,
+            )
     if name_or_path in PROFILES:
         params, name = PROFILES[name_or_path], name_or_path
     elif suffix in _PARAM_SUFFIXES:
         params, name = _params_from_yaml(Path(name_or_path))
     elif suffix in _TRACE_SUFFIXES:
         if overrides:
-            raise WorkloadError(f"traces take no overrides (got {sorted(overrides)}); valid keys: none -- use "
-                                "num_sessions, time_scale, vocab_size and seed")
+            raise WorkloadError(
+                f"traces take no overrides (got {sorted(overrides)}); valid keys: none -- use "
+                "num_sessions, time_scale, vocab_size and seed"
+            )
         _require_file(name_or_path)
         reader = TRACE_READERS[sniff_trace_format(name_or_path)]
         options = {} if vocab_size is None else {"vocab_size": vocab_size}
         return reader(name_or_path, seed=seed, time_scale=time_scale, limit=num_sessions, **options)
     else:
-        raise WorkloadError(f"unknown workload {name_or_path!r}: use a profile ({', '.join(PROFILES)}), a trace "
-                            f"({', '.join(_TRACE_SUFFIXES)}), a parameter file ({', '.join(_PARAM_SUFFIXES)}) or a dataset "
-                            "(sharegpt:FILE, dataset:PATH, random, prefix_repetition)")
+        raise WorkloadError(
+            f"unknown workload {name_or_path!r}: use a profile ({', '.join(PROFILES)}), a trace "
+            f"({', '.join(_TRACE_SUFFIXES)}), a parameter file ({', '.join(_PARAM_SUFFIXES)}) or a dataset "
+            "(sharegpt:FILE, dataset:PATH, random, prefix_repetition)"
+        )
     if num_sessions is not None:
         overrides["num_sessions"] = num_sessions
     if vocab_size is not None:
@@ -111,15 +146,23 @@ def load_workload(name_or_path: str, *, seed: int = 0, num_sessions: int | None 
     return _scaled(workload, time_scale)
 
 
-def workload_from_mapping(document: Mapping[str, object], name: str, *, seed: int = 0,
-                          num_sessions: int | None = None, vocab_size: int | None = None,
-                          where: str = "workload") -> Workload:
+def workload_from_mapping(
+    document: Mapping[str, object],
+    name: str,
+    *,
+    seed: int = 0,
+    num_sessions: int | None = None,
+    vocab_size: int | None = None,
+    where: str = "workload",
+) -> Workload:
     """A generator's workload from a parameter mapping (a parameter file's document, or a case file's
     `workload:`): `generator: shared_prefix` and SharedPrefixParams fields. WorkloadError naming the key."""
     document = dict(document)
     if document.pop("generator", None) != GENERATOR_SHARED_PREFIX:
-        raise WorkloadError(f"{where}: field 'generator' must be {GENERATOR_SHARED_PREFIX!r} (rag-chat parameters "
-                            "are read from a parameter file)")
+        raise WorkloadError(
+            f"{where}: field 'generator' must be {GENERATOR_SHARED_PREFIX!r} (rag-chat parameters "
+            "are read from a parameter file)"
+        )
     name = str(document.pop("name", name))
     try:
         params = SharedPrefixParams().replace(document)
@@ -128,8 +171,14 @@ def workload_from_mapping(document: Mapping[str, object], name: str, *, seed: in
     return _shared_prefix(params, {}, name, seed, num_sessions, vocab_size)
 
 
-def _shared_prefix(params: SharedPrefixParams, overrides: Mapping[str, object], name: str, seed: int,
-                   num_requests: int | None, vocab_size: int | None) -> Workload:
+def _shared_prefix(
+    params: SharedPrefixParams,
+    overrides: Mapping[str, object],
+    name: str,
+    seed: int,
+    num_requests: int | None,
+    vocab_size: int | None,
+) -> Workload:
     changes = dict(overrides)
     if num_requests is not None:
         changes["num_requests"] = num_requests
@@ -160,9 +209,15 @@ def _scaled(workload: Workload, factor: float) -> Workload:
     if factor == 1.0:
         return dataclasses.replace(workload, params={**workload.params, "time_scale": factor})
     sessions = tuple(
-        Session(s.session_id, s.tenant, s.arrival_s * factor, s.context,
-                tuple(Turn(t.user_tokens, t.max_tokens, t.think_time_s * factor) for t in s.turns))
-        for s in workload.sessions)
+        Session(
+            s.session_id,
+            s.tenant,
+            s.arrival_s * factor,
+            s.context,
+            tuple(Turn(t.user_tokens, t.max_tokens, t.think_time_s * factor) for t in s.turns),
+        )
+        for s in workload.sessions
+    )
     return dataclasses.replace(workload, sessions=sessions, params={**workload.params, "time_scale": factor})
 
 

@@ -85,8 +85,12 @@ class RagChatParams:
         object.__setattr__(self, "tenants", tuple(_tenant(t) for t in self.tenants))
         _check(self.num_sessions >= 1, "num_sessions", self.num_sessions, "an int >= 1")
         _check(self.session_rate > 0, "session_rate", self.session_rate, "sessions per second > 0")
-        _check(self.arrival_process in ARRIVAL_PROCESSES, "arrival_process", self.arrival_process,
-               f"one of {ARRIVAL_PROCESSES}")
+        _check(
+            self.arrival_process in ARRIVAL_PROCESSES,
+            "arrival_process",
+            self.arrival_process,
+            f"one of {ARRIVAL_PROCESSES}",
+        )
         _check(self.arrival_cv > 0, "arrival_cv", self.arrival_cv, "> 0 (1 is Poisson-like, > 1 bursty)")
         _check(len(self.tenants) >= 1, "tenants", self.tenants, "at least one tenant")
         names = [t.name for t in self.tenants]
@@ -94,29 +98,48 @@ class RagChatParams:
         for tenant in self.tenants:
             _check(tenant.share > 0, "tenants.share", tenant.share, f"> 0 (tenant {tenant.name})")
             _check(tenant.tier in TIERS, "tenants.tier", tenant.tier, f"one of {TIERS} (tenant {tenant.name})")
-        for name in ("system_tokens", "corpus_docs", "doc_tokens", "turns_max", "user_tokens_min",
-                     "output_tokens_min"):
+        for name in ("system_tokens", "corpus_docs", "doc_tokens", "turns_max", "user_tokens_min", "output_tokens_min"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
         _check(self.num_sessions <= MAX_SESSIONS, "num_sessions", self.num_sessions, f"at most {MAX_SESSIONS:,}")
         _check(self.turns_max <= MAX_TURNS, "turns_max", self.turns_max, f"at most {MAX_TURNS}")
         for name in ("system_tokens", "doc_tokens", "user_tokens_max", "output_tokens_max"):
-            _check(getattr(self, name) <= MAX_TOKENS_PER_FIELD, name, getattr(self, name),
-                   f"at most {MAX_TOKENS_PER_FIELD:,} tokens (past any context window)")
-        _check(self.corpus_docs * self.doc_tokens <= MAX_CORPUS_TOKENS, "corpus_docs", self.corpus_docs,
-               f"at most {MAX_CORPUS_TOKENS:,} corpus tokens in all (corpus_docs x doc_tokens)")
+            _check(
+                getattr(self, name) <= MAX_TOKENS_PER_FIELD,
+                name,
+                getattr(self, name),
+                f"at most {MAX_TOKENS_PER_FIELD:,} tokens (past any context window)",
+            )
+        _check(
+            self.corpus_docs * self.doc_tokens <= MAX_CORPUS_TOKENS,
+            "corpus_docs",
+            self.corpus_docs,
+            f"at most {MAX_CORPUS_TOKENS:,} corpus tokens in all (corpus_docs x doc_tokens)",
+        )
         _check(self.docs_per_session >= 0, "docs_per_session", self.docs_per_session, "an int >= 0")
-        _check(self.docs_per_session <= self.corpus_docs, "docs_per_session", self.docs_per_session,
-               f"at most corpus_docs ({self.corpus_docs})")
+        _check(
+            self.docs_per_session <= self.corpus_docs,
+            "docs_per_session",
+            self.docs_per_session,
+            f"at most corpus_docs ({self.corpus_docs})",
+        )
         _check(self.zipf_exponent >= 0, "zipf_exponent", self.zipf_exponent, ">= 0 (0 is uniform)")
-        _check(1 <= self.turns_mean <= self.turns_max, "turns_mean", self.turns_mean,
-               f"between 1 and turns_max ({self.turns_max})")
+        _check(
+            1 <= self.turns_mean <= self.turns_max,
+            "turns_mean",
+            self.turns_mean,
+            f"between 1 and turns_max ({self.turns_max})",
+        )
         for prefix in ("user_tokens", "output_tokens"):
             low, high = getattr(self, f"{prefix}_min"), getattr(self, f"{prefix}_max")
             mean = getattr(self, f"{prefix}_mean")
             _check(low <= mean <= high, f"{prefix}_mean", mean, f"between {prefix}_min and {prefix}_max")
             _check(getattr(self, f"{prefix}_cv") >= 0, f"{prefix}_cv", getattr(self, f"{prefix}_cv"), ">= 0")
-        _check(0 <= self.think_time_min_s <= self.think_time_median_s <= self.think_time_max_s,
-               "think_time_median_s", self.think_time_median_s, "between think_time_min_s and think_time_max_s")
+        _check(
+            0 <= self.think_time_min_s <= self.think_time_median_s <= self.think_time_max_s,
+            "think_time_median_s",
+            self.think_time_median_s,
+            "between think_time_min_s and think_time_max_s",
+        )
         _check(self.think_time_sigma >= 0, "think_time_sigma", self.think_time_sigma, ">= 0")
         safe_token_range(self.vocab_size)
 
@@ -152,8 +175,13 @@ def generate_rag_chat(params: RagChatParams, *, seed: int = 0, name: str = "rag-
         tenant = params.tenants[int(rng.choice(len(params.tenants), p=shares))]
         context = contexts.context(tenant.name, rng)
         sessions.append(Session(f"s{index:06d}", tenant.name, arrival_s, context, _turns(rng, params, token_range)))
-    return Workload(name, tuple(sessions), params.vocab_size, params.tenants,
-                    {"generator": "rag-chat", "seed": seed, **params.to_dict()})
+    return Workload(
+        name,
+        tuple(sessions),
+        params.vocab_size,
+        params.tenants,
+        {"generator": "rag-chat", "seed": seed, **params.to_dict()},
+    )
 
 
 class _ContextBuilder:
@@ -164,7 +192,7 @@ class _ContextBuilder:
         self._seed = seed
         self._range = token_range
         ranks = np.arange(1, params.corpus_docs + 1, dtype=np.float64)
-        popularity = ranks ** -params.zipf_exponent
+        popularity = ranks**-params.zipf_exponent
         self._popularity = popularity / popularity.sum()
         self._system: dict[str, np.ndarray] = {}
         self._documents: dict[tuple[str, int], np.ndarray] = {}
@@ -204,10 +232,17 @@ def _arrival_gap(rng: np.random.Generator, params: RagChatParams) -> float:
 
 def _turns(rng: np.random.Generator, params: RagChatParams, token_range: TokenRange) -> tuple[Turn, ...]:
     count = min(1 + int(rng.poisson(params.turns_mean - 1)), params.turns_max)
-    user_lengths = _lognormal_lengths(rng, count, params.user_tokens_mean, params.user_tokens_cv,
-                                      params.user_tokens_min, params.user_tokens_max)
-    output_lengths = _lognormal_lengths(rng, count, params.output_tokens_mean, params.output_tokens_cv,
-                                        params.output_tokens_min, params.output_tokens_max)
+    user_lengths = _lognormal_lengths(
+        rng, count, params.user_tokens_mean, params.user_tokens_cv, params.user_tokens_min, params.user_tokens_max
+    )
+    output_lengths = _lognormal_lengths(
+        rng,
+        count,
+        params.output_tokens_mean,
+        params.output_tokens_cv,
+        params.output_tokens_min,
+        params.output_tokens_max,
+    )
     think = rng.lognormal(math.log(params.think_time_median_s), params.think_time_sigma, size=count)
     think = np.clip(think, params.think_time_min_s, params.think_time_max_s)
     turns = []

@@ -24,7 +24,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvbench.workloads.spec import Session, Turn, Workload, WorkloadError, token_array
-from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, MAX_TOKENS_PER_FIELD, keyed_tokens, safe_token_range, stable_key
+from kvbench.workloads.tokens import (
+    DEFAULT_VOCAB_SIZE,
+    MAX_TOKENS_PER_FIELD,
+    keyed_tokens,
+    safe_token_range,
+    stable_key,
+)
 
 MAX_REQUESTS = 1_000_000
 
@@ -79,18 +85,24 @@ def generate_shared_prefix(params: SharedPrefixParams, *, seed: int = 0, name: s
     Session `sp-{i}` is request i; its prompt is prompt `order[i mod num_prompts]` of the shuffled prompts,
     and every session of one group holds the same system prompt array (one copy in memory)."""
     token_range = safe_token_range(params.vocab_size)
-    systems = [token_array(keyed_tokens(stable_key(seed, "shared-prefix-system", g), params.system_prompt_len,
-                                        token_range)) for g in range(params.num_groups)]
-    questions = [token_array(keyed_tokens(stable_key(seed, "shared-prefix-question", k), params.question_len,
-                                          token_range)) for k in range(params.num_prompts)]
+    systems = [
+        token_array(keyed_tokens(stable_key(seed, "shared-prefix-system", g), params.system_prompt_len, token_range))
+        for g in range(params.num_groups)
+    ]
+    questions = [
+        token_array(keyed_tokens(stable_key(seed, "shared-prefix-question", k), params.question_len, token_range))
+        for k in range(params.num_prompts)
+    ]
     order = np.random.default_rng([seed, 7]).permutation(params.num_prompts)  # inference-perf shuffles once
     count = params.num_requests if params.num_requests is not None else params.num_prompts
     sessions = []
     for i in range(count):
         k = int(order[i % params.num_prompts])
         group = k // params.num_prompts_per_group
-        sessions.append(Session(f"sp-{i}", "default", 0.0, systems[group],
-                                (Turn(questions[k], params.output_len),)))
-    return Workload(name, tuple(sessions), params.vocab_size,
-                    params={"generator": "shared_prefix", **dataclasses.asdict(params), "seed": seed})
-
+        sessions.append(Session(f"sp-{i}", "default", 0.0, systems[group], (Turn(questions[k], params.output_len),)))
+    return Workload(
+        name,
+        tuple(sessions),
+        params.vocab_size,
+        params={"generator": "shared_prefix", **dataclasses.asdict(params), "seed": seed},
+    )

@@ -44,14 +44,16 @@ def conversations(path: Path) -> Iterator[tuple[str | None, list[tuple[str | Non
     for; WorkloadError for a file or a message past its bound, or a file that is not JSON."""
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
-        raise WorkloadError(f"sharegpt:{path}: {size:,} bytes, more than a dataset file may hold "
-                            f"({MAX_FILE_BYTES:,}); take a part of it")
+        raise WorkloadError(
+            f"sharegpt:{path}: {size:,} bytes, more than a dataset file may hold "
+            f"({MAX_FILE_BYTES:,}); take a part of it"
+        )
     if size == 0:
         return
     with path.open("rb") as file:
         # Not closed here: the records (msgspec Raw) point into it; it is unmapped once the last one is gone.
         data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    first = next((data[i:i + 1] for i in range(min(size, 4096)) if not data[i:i + 1].isspace()), b"")
+    first = next((data[i : i + 1] for i in range(min(size, 4096)) if not data[i : i + 1].isspace()), b"")
     for index, raw in _array(data, path) if first == b"[" else _lines(data, path):
         record = _record(raw, path, index)
         if record is not None and record.conversations:
@@ -72,8 +74,10 @@ def _lines(data: mmap.mmap, path: Path) -> Iterator[tuple[int, bytes]]:
         end = data.find(b"\n", start)
         end = len(data) if end == -1 else end
         if end - start > MAX_RECORD_BYTES:
-            raise WorkloadError(f"sharegpt:{path}: line {index + 1} holds {end - start:,} bytes, more than a record "
-                                f"may ({MAX_RECORD_BYTES:,}); shorten it")
+            raise WorkloadError(
+                f"sharegpt:{path}: line {index + 1} holds {end - start:,} bytes, more than a record "
+                f"may ({MAX_RECORD_BYTES:,}); shorten it"
+            )
         line = data[start:end]
         if line.strip():
             yield index, line
@@ -86,8 +90,9 @@ def _record(raw, path: Path, index: int) -> Record | None:
         return msgspec.json.decode(raw, type=Record)
     except msgspec.ValidationError as exc:
         if "length <=" in str(exc):
-            raise WorkloadError(f"sharegpt:{path}: record {index}: a message of more than {MAX_MESSAGE_CHARS:,} "
-                                "characters; shorten it") from None
+            raise WorkloadError(
+                f"sharegpt:{path}: record {index}: a message of more than {MAX_MESSAGE_CHARS:,} characters; shorten it"
+            ) from None
         return None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise WorkloadError(f"sharegpt:{path}: record {index} is not JSON ({str(exc)[:100]})") from None

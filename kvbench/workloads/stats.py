@@ -82,14 +82,31 @@ def workload_stats(workload: Workload, *, oracle_block_tokens: int = 64) -> Work
         last_send = max(last_send, request.send_s)
     tiers = {t.name: t.tier for t in workload.tenants}
     per_tenant = tuple(
-        TenantStats(tenant, tiers.get(tenant, "basic"), sum(s.tenant == tenant for s in workload.sessions),
-                    requests_by_tenant[tenant], prompt_by_tenant[tenant], reusable_by_tenant[tenant],
-                    _rate(reusable_by_tenant[tenant], prompt_by_tenant[tenant]))
-        for tenant in sorted(prompt_by_tenant))
+        TenantStats(
+            tenant,
+            tiers.get(tenant, "basic"),
+            sum(s.tenant == tenant for s in workload.sessions),
+            requests_by_tenant[tenant],
+            prompt_by_tenant[tenant],
+            reusable_by_tenant[tenant],
+            _rate(reusable_by_tenant[tenant], prompt_by_tenant[tenant]),
+        )
+        for tenant in sorted(prompt_by_tenant)
+    )
     prompt_total, reusable_total = sum(prompt_by_tenant.values()), sum(reusable_by_tenant.values())
-    return WorkloadStats(workload.name, len(workload.sessions), len(prompt_lengths), len(per_tenant),
-                         Distribution.of(prompt_lengths), Distribution.of(output_lengths), prompt_total,
-                         reusable_total, _rate(reusable_total, prompt_total), last_send, per_tenant)
+    return WorkloadStats(
+        workload.name,
+        len(workload.sessions),
+        len(prompt_lengths),
+        len(per_tenant),
+        Distribution.of(prompt_lengths),
+        Distribution.of(output_lengths),
+        prompt_total,
+        reusable_total,
+        _rate(reusable_total, prompt_total),
+        last_send,
+        per_tenant,
+    )
 
 
 def planned_requests(workload: Workload) -> Iterator[PlannedRequest]:
@@ -111,8 +128,9 @@ def planned_requests(workload: Workload) -> Iterator[PlannedRequest]:
             prompt = _concat(session.context, turn.user_tokens)
         else:
             previous = session.turns[turn_index - 1]
-            answer = keyed_tokens(stable_key("placeholder-answer", session.session_id, turn_index - 1),
-                                  previous.max_tokens, token_range)
+            answer = keyed_tokens(
+                stable_key("placeholder-answer", session.session_id, turn_index - 1), previous.max_tokens, token_range
+            )
             prompt = _concat(prompts.pop(index), answer, turn.user_tokens)
         if turn_index + 1 < len(session.turns):
             prompts[index] = prompt

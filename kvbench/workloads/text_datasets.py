@@ -61,14 +61,22 @@ def needs_tokenizer(name: str) -> bool:
     return name.startswith(TEXT_PREFIXES)
 
 
-def load_dataset_workload(name: str, *, seed: int = 0, num_sessions: int | None = None,
-                          options: Mapping[str, object] | None = None, vocab_size: int | None = None) -> Workload:
+def load_dataset_workload(
+    name: str,
+    *,
+    seed: int = 0,
+    num_sessions: int | None = None,
+    options: Mapping[str, object] | None = None,
+    vocab_size: int | None = None,
+) -> Workload:
     """The workload `name` names (see the module's docstring), the first `num_sessions` of it."""
     kind = next((prefix for prefix in TEXT_PREFIXES if name.startswith(prefix)), name)
     options = dict(options or {})
     unknown = sorted(set(options) - set(_OPTIONS[kind]))
     if unknown:
-        raise WorkloadError(f"workload {name!r}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(_OPTIONS[kind])}")
+        raise WorkloadError(
+            f"workload {name!r}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(_OPTIONS[kind])}"
+        )
     vocab = vocab_size or DEFAULT_VOCAB_SIZE
     if kind == RANDOM:
         sessions = _random(seed, num_sessions or _DEFAULT_PROMPTS, vocab, options)
@@ -76,17 +84,21 @@ def load_dataset_workload(name: str, *, seed: int = 0, num_sessions: int | None 
         sessions = _prefix_repetition(seed, num_sessions or _DEFAULT_PROMPTS, vocab, options)
     else:
         encode = _encoder(name, options.get("tokenizer"))
-        source = name[len(kind):]
+        source = name[len(kind) :]
         if kind == SHAREGPT:
             sessions = _sharegpt(_sharegpt_records(source), encode, num_sessions, options)
         else:
             sessions = _columns(_open(source, kind, options.get("split", "train")), encode, num_sessions, options, name)
         if not sessions:
             raise WorkloadError(f"workload {name!r}: no usable record (a prompt and an answer) in {source}")
-    params = {"dataset": name, **{key: value for key, value in options.items() if key != "tokenizer"},
-              "tokenizer": options.get("tokenizer")}
-    return Workload(name=Path(name.split(":", 1)[-1]).stem or name, sessions=tuple(sessions), vocab_size=vocab,
-                    params=params)
+    params = {
+        "dataset": name,
+        **{key: value for key, value in options.items() if key != "tokenizer"},
+        "tokenizer": options.get("tokenizer"),
+    }
+    return Workload(
+        name=Path(name.split(":", 1)[-1]).stem or name, sessions=tuple(sessions), vocab_size=vocab, params=params
+    )
 
 
 # --- text datasets ---------------------------------------------------------------------------------------
@@ -94,8 +106,10 @@ def load_dataset_workload(name: str, *, seed: int = 0, num_sessions: int | None 
 
 def _encoder(name: str, tokenizer: object) -> Callable[[str], np.ndarray]:
     if not tokenizer:
-        raise WorkloadError(f"workload {name!r} is text: give a local tokenizer folder (kvbench run --tokenizer DIR, "
-                            "or the workload option tokenizer: DIR)")
+        raise WorkloadError(
+            f"workload {name!r} is text: give a local tokenizer folder (kvbench run --tokenizer DIR, "
+            "or the workload option tokenizer: DIR)"
+        )
     try:
         from transformers import AutoTokenizer
 
@@ -175,8 +189,10 @@ def _columns(rows, encode, limit: int | None, options: Mapping, name: str) -> li
     output = options.get("output_column")
     for column in [prompt] + ([str(output)] if output else []):
         if column not in rows.column_names:
-            raise WorkloadError(f"{name}: no column {column!r}; columns: {', '.join(rows.column_names)} (map one with "
-                                "the option prompt_column / output_column)")
+            raise WorkloadError(
+                f"{name}: no column {column!r}; columns: {', '.join(rows.column_names)} (map one with "
+                "the option prompt_column / output_column)"
+            )
     fixed = _length(options.get("output_len", 128), "output_len")
     sessions = []
     for index, row in enumerate(rows):
@@ -209,8 +225,10 @@ def _random(seed: int, count: int, vocab: int, options: Mapping) -> list[Session
     prefix = _ids(rng, prefix_len, vocab)
     inputs = rng.integers(max(int(input_len * (1 - ratio)), 1), int(input_len * (1 + ratio)) + 1, size=count)
     outputs = rng.integers(max(int(output_len * (1 - ratio)), 1), int(output_len * (1 + ratio)) + 1, size=count)
-    return [Session(f"random{i}", "default", 0.0, prefix, (Turn(_ids(rng, int(inputs[i]), vocab), int(outputs[i])),))
-            for i in range(count)]
+    return [
+        Session(f"random{i}", "default", 0.0, prefix, (Turn(_ids(rng, int(inputs[i]), vocab), int(outputs[i])),))
+        for i in range(count)
+    ]
 
 
 def _prefix_repetition(seed: int, count: int, vocab: int, options: Mapping) -> list[Session]:
@@ -220,7 +238,15 @@ def _prefix_repetition(seed: int, count: int, vocab: int, options: Mapping) -> l
     output_len = _length(options.get("output_len", 128), "output_len")
     rng = np.random.default_rng(seed)
     shared = [_ids(rng, prefix_len, vocab) for _ in range(prefixes)]
-    sessions = [Session(f"prefix{i % prefixes}-{i}", "default", 0.0, shared[i % prefixes],
-                        (Turn(_ids(rng, suffix_len, vocab), output_len),)) for i in range(count)]
+    sessions = [
+        Session(
+            f"prefix{i % prefixes}-{i}",
+            "default",
+            0.0,
+            shared[i % prefixes],
+            (Turn(_ids(rng, suffix_len, vocab), output_len),),
+        )
+        for i in range(count)
+    ]
     order = rng.permutation(count)
     return [sessions[index] for index in order]

@@ -29,7 +29,6 @@ _LOW_MARGIN = 1000
 _HIGH_MARGIN = 1024
 
 
-
 @dataclass(frozen=True)
 class TokenRange:
     """Half-open range [low, high) of token ids that synthetic prompts are drawn from."""

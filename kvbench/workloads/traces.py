@@ -47,9 +47,14 @@ from types import MappingProxyType
 
 import numpy as np
 
-from kvbench.workloads.spec import (TOKEN_DTYPE, Session, TenantSpec, Turn, Workload, WorkloadError,
-                                    token_array)
-from kvbench.workloads.tokens import DEFAULT_VOCAB_SIZE, MAX_TOKENS_PER_FIELD, keyed_tokens, safe_token_range, stable_key
+from kvbench.workloads.spec import TOKEN_DTYPE, Session, TenantSpec, Turn, Workload, WorkloadError, token_array
+from kvbench.workloads.tokens import (
+    DEFAULT_VOCAB_SIZE,
+    MAX_TOKENS_PER_FIELD,
+    keyed_tokens,
+    safe_token_range,
+    stable_key,
+)
 
 MOONCAKE_BLOCK_TOKENS = 512
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -60,8 +65,14 @@ class TraceFormatError(WorkloadError):
     """A trace row that cannot be read; the message starts with `file:line:`."""
 
 
-def read_mooncake(path: str | Path, *, seed: int = 0, time_scale: float = 1.0, limit: int | None = None,
-                  vocab_size: int = DEFAULT_VOCAB_SIZE) -> Workload:
+def read_mooncake(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    time_scale: float = 1.0,
+    limit: int | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Workload:
     """A Mooncake JSONL trace: one single-turn session per request, block hashes mapped to token blocks."""
     _check_options(time_scale, limit)
     token_range = safe_token_range(vocab_size)
@@ -76,20 +87,32 @@ def read_mooncake(path: str | Path, *, seed: int = 0, time_scale: float = 1.0, l
         if not isinstance(hash_ids, list) or not all(_is_int(h) and h >= 0 for h in hash_ids):
             raise TraceFormatError(f"{where}: field 'hash_ids' must be a list of ints >= 0, got {hash_ids!r:.80}")
         if len(hash_ids) != blocks:
-            raise TraceFormatError(f"{where}: field 'hash_ids' has {len(hash_ids)} ids, expected "
-                                   f"ceil(input_length / {MOONCAKE_BLOCK_TOKENS}) = {blocks}")
+            raise TraceFormatError(
+                f"{where}: field 'hash_ids' has {len(hash_ids)} ids, expected "
+                f"ceil(input_length / {MOONCAKE_BLOCK_TOKENS}) = {blocks}"
+            )
         # A block's ids depend only on (seed, hash id), so equal hashes give equal tokens.
         keys = np.array([h & 0xFFFFFFFFFFFFFFFF for h in hash_ids], dtype=np.uint64) ^ np.uint64(domain)
         tokens = keyed_tokens(keys, MOONCAKE_BLOCK_TOKENS, token_range).reshape(-1)[:length]
         rows.append((timestamp / 1000.0, length, output, token_array(tokens)))
     sessions = _single_turn_sessions(rows, time_scale)
-    return Workload(Path(path).name, sessions, vocab_size, (TenantSpec("default"),),
-                    {"trace": str(path), "format": "mooncake", "seed": seed, "time_scale": time_scale,
-                     "limit": limit})
+    return Workload(
+        Path(path).name,
+        sessions,
+        vocab_size,
+        (TenantSpec("default"),),
+        {"trace": str(path), "format": "mooncake", "seed": seed, "time_scale": time_scale, "limit": limit},
+    )
 
 
-def read_azure(path: str | Path, *, seed: int = 0, time_scale: float = 1.0, limit: int | None = None,
-               vocab_size: int = DEFAULT_VOCAB_SIZE) -> Workload:
+def read_azure(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    time_scale: float = 1.0,
+    limit: int | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Workload:
     """An Azure LLM inference CSV trace: one single-turn session per row with a unique random prompt."""
     _check_options(time_scale, limit)
     token_range = safe_token_range(vocab_size)
@@ -117,9 +140,13 @@ def read_azure(path: str | Path, *, seed: int = 0, time_scale: float = 1.0, limi
             tokens = keyed_tokens(stable_key("azure-row", seed, len(rows)), length, token_range)
             rows.append(((timestamp_ns - first_ns) / 1e9, length, output, token_array(tokens)))
     sessions = _single_turn_sessions(rows, time_scale)
-    return Workload(Path(path).name, sessions, vocab_size, (TenantSpec("default"),),
-                    {"trace": str(path), "format": "azure", "seed": seed, "time_scale": time_scale,
-                     "limit": limit})
+    return Workload(
+        Path(path).name,
+        sessions,
+        vocab_size,
+        (TenantSpec("default"),),
+        {"trace": str(path), "format": "azure", "seed": seed, "time_scale": time_scale, "limit": limit},
+    )
 
 
 @dataclass(slots=True)
@@ -130,8 +157,14 @@ class _SessionLines:
     turns: dict[int, tuple[str, dict]] = field(default_factory=dict)
 
 
-def read_kvbench_jsonl(path: str | Path, *, seed: int = 0, time_scale: float = 1.0, limit: int | None = None,
-                       vocab_size: int = DEFAULT_VOCAB_SIZE) -> Workload:
+def read_kvbench_jsonl(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    time_scale: float = 1.0,
+    limit: int | None = None,
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+) -> Workload:
     """A kvbench JSONL workload (format in the module docstring); lengths become seeded random ids."""
     _check_options(time_scale, limit)
     token_range = safe_token_range(vocab_size)
@@ -143,15 +176,18 @@ def read_kvbench_jsonl(path: str | Path, *, seed: int = 0, time_scale: float = 1
         turn = _integer(row, "turn", where, minimum=0)
         lines = grouped.setdefault(session_id, _SessionLines(where))
         if turn in lines.turns:
-            raise TraceFormatError(f"{where}: field 'turn' {turn} repeats session {session_id!r}'s turn "
-                                   f"(first at {lines.turns[turn][0]})")
+            raise TraceFormatError(
+                f"{where}: field 'turn' {turn} repeats session {session_id!r}'s turn (first at {lines.turns[turn][0]})"
+            )
         lines.turns[turn] = (where, row)
     sessions, tiers = [], {}
     for session_id, lines in grouped.items():
         session, tier = _kvbench_session(session_id, lines, seed, token_range, time_scale)
         if tiers.setdefault(session.tenant, tier) != tier:
-            raise TraceFormatError(f"{lines.turns[0][0]}: field 'tier' {tier!r} differs from an earlier "
-                                   f"session of tenant {session.tenant!r} ({tiers[session.tenant]!r})")
+            raise TraceFormatError(
+                f"{lines.turns[0][0]}: field 'tier' {tier!r} differs from an earlier "
+                f"session of tenant {session.tenant!r} ({tiers[session.tenant]!r})"
+            )
         sessions.append(session)
     sessions.sort(key=lambda s: s.arrival_s)
     if limit is not None:
@@ -161,9 +197,13 @@ def read_kvbench_jsonl(path: str | Path, *, seed: int = 0, time_scale: float = 1
         sessions = [_with_arrival(s, s.arrival_s - start) for s in sessions]
     counts = {t: sum(s.tenant == t for s in sessions) for t in dict.fromkeys(s.tenant for s in sessions)}
     tenants = tuple(TenantSpec(t, n / len(sessions), tiers[t]) for t, n in counts.items()) or (TenantSpec("default"),)
-    return Workload(Path(path).name, tuple(sessions), vocab_size, tenants,
-                    {"trace": str(path), "format": "kvbench", "seed": seed, "time_scale": time_scale,
-                     "limit": limit})
+    return Workload(
+        Path(path).name,
+        tuple(sessions),
+        vocab_size,
+        tenants,
+        {"trace": str(path), "format": "kvbench", "seed": seed, "time_scale": time_scale, "limit": limit},
+    )
 
 
 def write_kvbench_jsonl(workload: Workload, path: str | Path) -> None:
@@ -174,8 +214,12 @@ def write_kvbench_jsonl(workload: Workload, path: str | Path) -> None:
             for index, turn in enumerate(session.turns):
                 row: dict[str, object] = {"session_id": session.session_id, "turn": index}
                 if index == 0:
-                    row |= {"arrival_s": session.arrival_s, "tenant": session.tenant,
-                            "tier": tiers.get(session.tenant, "basic"), "context_tokens": session.context.tolist()}
+                    row |= {
+                        "arrival_s": session.arrival_s,
+                        "tenant": session.tenant,
+                        "tier": tiers.get(session.tenant, "basic"),
+                        "context_tokens": session.context.tolist(),
+                    }
                 else:
                     row["think_time_s"] = turn.think_time_s
                 row |= {"max_tokens": turn.max_tokens, "user_tokens": turn.user_tokens.tolist()}
@@ -194,8 +238,10 @@ def sniff_trace_format(path: str | Path) -> str:
             return "mooncake"
         if "session_id" in row:
             return "kvbench"
-        raise TraceFormatError(f"{path}:1: neither Mooncake (field 'hash_ids') nor kvbench JSONL "
-                               f"(field 'session_id'); fields: {sorted(row)}")
+        raise TraceFormatError(
+            f"{path}:1: neither Mooncake (field 'hash_ids') nor kvbench JSONL "
+            f"(field 'session_id'); fields: {sorted(row)}"
+        )
     raise TraceFormatError(f"{path}: empty trace")
 
 
@@ -205,8 +251,10 @@ TRACE_READERS = MappingProxyType({"mooncake": read_mooncake, "azure": read_azure
 def _kvbench_session(session_id: str, lines: _SessionLines, seed: int, token_range, time_scale: float):
     missing = sorted(set(range(len(lines.turns))) ^ set(lines.turns))
     if missing:
-        raise TraceFormatError(f"{lines.first_where}: field 'turn': session {session_id!r} has turns "
-                               f"{sorted(lines.turns)}, expected 0..{len(lines.turns) - 1} without gaps")
+        raise TraceFormatError(
+            f"{lines.first_where}: field 'turn': session {session_id!r} has turns "
+            f"{sorted(lines.turns)}, expected 0..{len(lines.turns) - 1} without gaps"
+        )
     where, first = lines.turns[0]
     arrival = _number(first, "arrival_s", where, minimum=0)
     tenant = first.get("tenant", "default")
@@ -228,8 +276,10 @@ def _kvbench_session(session_id: str, lines: _SessionLines, seed: int, token_ran
             raise TraceFormatError(f"{where}: field 'think_time_s' must be 0 on turn 0 (use arrival_s)")
         user = _tokens(row, "user", where, stable_key("kvbench-user", seed, session_id, index), token_range)
         if index == 0 and len(context) + len(user) == 0:
-            raise TraceFormatError(f"{where}: field 'user_tokens' or 'context_tokens' (or a *_length) is "
-                                   "required on turn 0: the first prompt cannot be empty")
+            raise TraceFormatError(
+                f"{where}: field 'user_tokens' or 'context_tokens' (or a *_length) is "
+                "required on turn 0: the first prompt cannot be empty"
+            )
         max_tokens = _integer(row, "max_tokens", where, minimum=1)
         turns.append(Turn(user, max_tokens, think * time_scale))
     return Session(session_id, tenant, arrival * time_scale, context, tuple(turns)), tier
@@ -255,9 +305,10 @@ def _single_turn_sessions(rows: list, time_scale: float) -> tuple[Session, ...]:
     if not rows:
         return ()
     start = min(row[0] for row in rows)
-    sessions = [Session(f"r{index:06d}", "default", (time_s - start) * time_scale, tokens,
-                        (Turn(_EMPTY, output),))
-                for index, (time_s, _, output, tokens) in enumerate(rows)]
+    sessions = [
+        Session(f"r{index:06d}", "default", (time_s - start) * time_scale, tokens, (Turn(_EMPTY, output),))
+        for index, (time_s, _, output, tokens) in enumerate(rows)
+    ]
     sessions.sort(key=lambda s: s.arrival_s)  # stable: rows of equal time keep file order
     return tuple(sessions)
 
@@ -292,8 +343,10 @@ def _text_errors(path: str | Path) -> Iterator[None]:
     try:
         yield
     except UnicodeDecodeError as error:
-        raise TraceFormatError(f"{path}: not a UTF-8 text trace (byte {error.start}: {error.reason}); "
-                               "expected Mooncake/kvbench JSONL or Azure CSV") from None
+        raise TraceFormatError(
+            f"{path}: not a UTF-8 text trace (byte {error.start}: {error.reason}); "
+            "expected Mooncake/kvbench JSONL or Azure CSV"
+        ) from None
     except csv.Error as error:
         raise TraceFormatError(f"{path}: not a CSV trace ({error})") from None
 
@@ -313,8 +366,10 @@ def _integer(row: dict, name: str, where: str, minimum: int, parse: bool = False
         except ValueError:
             raise TraceFormatError(f"{where}: field '{name}' must be an integer, got {row[name]!r:.40}") from None
     if not _is_int(value) or not minimum <= value <= MAX_TOKENS_PER_FIELD:
-        raise TraceFormatError(f"{where}: field '{name}' must be an integer from {minimum} to {MAX_TOKENS_PER_FIELD:,} "
-                               f"(trace lengths are capped there), got {row[name]!r:.40}")
+        raise TraceFormatError(
+            f"{where}: field '{name}' must be an integer from {minimum} to {MAX_TOKENS_PER_FIELD:,} "
+            f"(trace lengths are capped there), got {row[name]!r:.40}"
+        )
     return value
 
 
@@ -338,8 +393,9 @@ def _wall_clock_ns(text: str, where: str) -> int:
             raise ValueError(fraction)
         return seconds * 10**9 + int((fraction or "0")[:9].ljust(9, "0"))
     except ValueError:
-        raise TraceFormatError(f"{where}: field 'TIMESTAMP' must look like 2023-11-16 18:15:46.6805900, "
-                               f"got {text!r}") from None
+        raise TraceFormatError(
+            f"{where}: field 'TIMESTAMP' must look like 2023-11-16 18:15:46.6805900, got {text!r}"
+        ) from None
 
 
 def _check_options(time_scale: float, limit: int | None) -> None:

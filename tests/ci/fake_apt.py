@@ -66,8 +66,11 @@ def main() -> int:
     else:
         ok = _lock(FRONTEND_LOCK, float(options.get("dpkg::lock::timeout", "0")))
         if ok and len(calls("install")) < int(os.environ.get("FAKE_APT_FAILED_DOWNLOADS", "0")):
-            print("E: Failed to fetch http://deb.debian.org/debian/pool/main/r/redis/redis-server.deb  "
-                  "Connection timed out", file=sys.stderr)
+            print(
+                "E: Failed to fetch http://deb.debian.org/debian/pool/main/r/redis/redis-server.deb  "
+                "Connection timed out",
+                file=sys.stderr,
+            )
             ok = False
     _record(verb, ok)
     return 0 if ok else 100

@@ -34,7 +34,7 @@ def _apt_on_path(tmp_path: Path) -> dict[str, str]:
     bin_dir.mkdir()
     for sub in ("lists", "dpkg"):
         (root / sub).mkdir(parents=True)
-    (bin_dir / "apt-get").write_text(f"#!/bin/sh\nexec {sys.executable} {fake_apt.__file__} \"$@\"\n")
+    (bin_dir / "apt-get").write_text(f'#!/bin/sh\nexec {sys.executable} {fake_apt.__file__} "$@"\n')
     (bin_dir / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
     for tool in ("apt-get", "sudo"):
         (bin_dir / tool).chmod(0o755)
@@ -42,15 +42,31 @@ def _apt_on_path(tmp_path: Path) -> dict[str, str]:
 
 
 def _hold_locks(root: Path, lists_s: float, dpkg_s: float) -> subprocess.Popen:
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lists_s), str(dpkg_s), str(root / "lists" / "lock"),
-                               str(root / "dpkg" / "lock-frontend")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLDER,
+            str(lists_s),
+            str(dpkg_s),
+            str(root / "lists" / "lock"),
+            str(root / "dpkg" / "lock-frontend"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
 
 def _install(env: dict[str, str], timeout_s: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "ci" / "debian.sh"), "redis-server", "prometheus"], env=env,
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        ["bash", str(REPO / "ci" / "debian.sh"), "redis-server", "prometheus"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 @pytest.mark.slow

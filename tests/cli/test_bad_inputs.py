@@ -14,8 +14,8 @@ import sys
 import pytest
 import yaml
 
-from kvbench.engines.process import ManagedProcess
 from kvbench.cli.main import main
+from kvbench.engines.process import ManagedProcess
 
 from ..paths import REPO
 
@@ -86,8 +86,17 @@ def test_bad_flag_is_refused_before_anything_starts(case, tmp_path, monkeypatch,
 @pytest.mark.parametrize(("name", "expect"), _expectations("tenants"))
 def test_bad_tenants_file_is_refused_by_the_simulator_and_by_run(name, expect, tmp_path, capsys, no_engine):
     tenants = str(CORPUS / "tenants" / name)
-    argv = ["simulate", "--workload", "rag-chat-mt-mini", "--num-sessions", "2", "--tenants-file", tenants,
-            "--out", str(tmp_path / "sim")]
+    argv = [
+        "simulate",
+        "--workload",
+        "rag-chat-mt-mini",
+        "--num-sessions",
+        "2",
+        "--tenants-file",
+        tenants,
+        "--out",
+        str(tmp_path / "sim"),
+    ]
     assert expect in _refused(argv, capsys)
     argv = ["run", "--set", "model=tiny-random", "--set", f"tenants_file={tenants}", "--out", str(tmp_path / "run")]
     assert expect in _refused(argv, capsys)
@@ -97,10 +106,11 @@ def test_bad_tenants_file_is_refused_by_the_simulator_and_by_run(name, expect, t
 @pytest.mark.slow
 def test_the_real_process_prints_one_line_and_exits_2(tmp_path):
     """The same contract outside pytest's capture: a real `kvbench` process, its real stderr."""
-    for argv in (["run", str(CORPUS / "configs" / "tenant_api_keys_string.yaml"), "--out", str(tmp_path / "r")],
-                 ["trace", "stats", str(CORPUS / "traces" / "binary.jsonl")],
-                 ["run", "--num-requests", "0"]):
-        done = subprocess.run([sys.executable, "-m", "kvbench.cli", *argv], capture_output=True, text=True,
-                              timeout=120)
+    for argv in (
+        ["run", str(CORPUS / "configs" / "tenant_api_keys_string.yaml"), "--out", str(tmp_path / "r")],
+        ["trace", "stats", str(CORPUS / "traces" / "binary.jsonl")],
+        ["run", "--num-requests", "0"],
+    ):
+        done = subprocess.run([sys.executable, "-m", "kvbench.cli", *argv], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -61,5 +61,8 @@ def test_usage_past_the_context_window_the_server_states_is_a_failed_answer(tmp_
         code = main(["run", str(_config(tmp_path, url, "max_lag_ms: 1000")), "--out", str(out)])
     assert code == 1
     records = list(read_records(out / "requests.jsonl"))
-    assert records and all(rec.error.startswith("bad_answer: usage.prompt_tokens is ") and
-                           rec.error.endswith(", past the context bound 50") for rec in records), records[0].error
+    assert records and all(
+        rec.error.startswith("bad_answer: usage.prompt_tokens is ")
+        and rec.error.endswith(", past the context bound 50")
+        for rec in records
+    ), records[0].error

@@ -16,8 +16,21 @@ def test_the_main_job_records_each_rows_own_kv_capacity(tmp_path):
     # The main job: fp32 and fp8_e4m3 in the same bytes of device KV, so each row holds its own token count.
     out = tmp_path / "run"
     # (--max-lag-ms: this test is not about the client's lag, which a loaded test machine can push past 10 ms)
-    code = main(["run", "--set", "model=tiny-random", "--num-sessions", "1", "--num-requests", "1",
-                 "--max-lag-ms", "1000", "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--set",
+            "model=tiny-random",
+            "--num-sessions",
+            "1",
+            "--num-requests",
+            "1",
+            "--max-lag-ms",
+            "1000",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     entries = json.loads((out / "summary.json").read_text())["runs"]
     assert [entry["engine"] for entry in entries] == ["kvengine-fp32", "kvengine-fp8_e4m3"]

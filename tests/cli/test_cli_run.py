@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from kvbench.engines.process import PID_LINE
 from kvbench.cli.main import main
+from kvbench.engines.process import PID_LINE
 from kvbench.measure.records import read_records
 from kvbench.measure.report import COLUMNS
 from kvbench.workloads.profiles import load_workload
@@ -45,11 +45,36 @@ def _wait_for_records(out, driver, count, timeout_s=120):
 @pytest.mark.slow
 def test_run_on_our_engine_writes_every_result_file(tmp_path):
     out = tmp_path / "run"
-    code = main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=4096", "--num-sessions", "4",
-                 "--concurrency", "2", "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG, "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--set",
+            "model=tiny-random",
+            "--set",
+            "kv_capacity=4096",
+            "--num-sessions",
+            "4",
+            "--concurrency",
+            "2",
+            "--workload",
+            quick_mini(tmp_path),
+            *NOT_ABOUT_LAG,
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
-    for name in ("config.yaml", "env.json", "requests.jsonl", "summary.json", "summary.csv", "summary.md",
-                 "ttft_cdf.png", "throughput_vs_ttft_p99.png", "engines/kvengine/engine.log"):
+    for name in (
+        "config.yaml",
+        "env.json",
+        "requests.jsonl",
+        "summary.json",
+        "summary.csv",
+        "summary.md",
+        "ttft_cdf.png",
+        "throughput_vs_ttft_p99.png",
+        "engines/kvengine/engine.log",
+    ):
         assert (out / name).exists(), name
     frame = pd.read_csv(out / "summary.csv")
     assert list(frame.columns[: len(COLUMNS)]) == COLUMNS
@@ -72,7 +97,9 @@ def test_unreachable_url_fails_before_load_with_exit_2(tmp_path, capsys):
 
 
 def test_unknown_workload_engine_and_yaml_key_are_named_with_choices(tmp_path, capsys):
-    assert main(["run", "--workload", "rag-chat-maxi", "--url", "http://127.0.0.1:1", "--out", str(tmp_path / "n")]) == 2
+    assert (
+        main(["run", "--workload", "rag-chat-maxi", "--url", "http://127.0.0.1:1", "--out", str(tmp_path / "n")]) == 2
+    )
     assert "rag-chat-mini" in capsys.readouterr().err
     assert main(["run", "--engine", "vllm-turbo", "--out", str(tmp_path / "n")]) == 2
     assert "kvengine" in capsys.readouterr().err
@@ -86,8 +113,19 @@ def test_unknown_workload_engine_and_yaml_key_are_named_with_choices(tmp_path, c
 
 def test_engine_killed_mid_run_keeps_finished_records_and_fails_clearly(tmp_path, capsys):
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port),
-                               "--first-token-ms", "30", "--chunk-interval-ms", "10"])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.harness.instrument",
+            "--port",
+            str(port),
+            "--first-token-ms",
+            "30",
+            "--chunk-interval-ms",
+            "10",
+        ]
+    )
     try:
         deadline = time.monotonic() + 20
         from kvbench.engines.http import request
@@ -100,8 +138,19 @@ def test_engine_killed_mid_run_keeps_finished_records_and_fails_clearly(tmp_path
         # machine the run may not have finished one in any given number of seconds).
         killer = threading.Thread(target=_kill_after_a_finished_record, args=(server, out / "requests.jsonl"))
         killer.start()
-        code = main(["run", "--url", f"http://127.0.0.1:{port}", "--workload", "rag-chat-mini",
-                     "--concurrency", "2", "--out", str(out)])
+        code = main(
+            [
+                "run",
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--workload",
+                "rag-chat-mini",
+                "--concurrency",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
         killer.join()
     finally:
         server.kill()
@@ -156,8 +205,9 @@ def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
             "loads: [{concurrency: 2}]\nstop: {num_requests: 1000}\n"
             "client: {header_timeout_s: 1, first_byte_timeout_s: 1, stall_timeout_s: 1}\n"
         )
-        driver = subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", str(config), "--out", str(out)],
-                                  stdout=subprocess.DEVNULL)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "kvbench.cli", "run", str(config), "--out", str(out)], stdout=subprocess.DEVNULL
+        )
         try:
             _wait_for_records(out, driver, 1)
             os.kill(server.pid, signal.SIGSTOP)
@@ -176,8 +226,20 @@ def test_a_hung_server_is_detected_and_the_run_stops(tmp_path):
 def test_metrics_that_are_not_prometheus_text_do_not_stop_the_run(tmp_path, body):
     with instrument_process("--metrics-body", body) as (url, _):
         out = tmp_path / "run"
-        code = main(["run", "--url", url, "--num-sessions", "2", "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG,
-                     "--out", str(out)])
+        code = main(
+            [
+                "run",
+                "--url",
+                url,
+                "--num-sessions",
+                "2",
+                "--workload",
+                quick_mini(tmp_path),
+                *NOT_ABOUT_LAG,
+                "--out",
+                str(out),
+            ]
+        )
     assert code == 0
     (entry,) = _entries(out)
     assert entry["summary"]["overall"]["completed"] == entry["summary"]["overall"]["requests"] > 0
@@ -199,8 +261,20 @@ def test_an_out_folder_holding_a_run_is_refused(tmp_path, capsys):
 def test_overwrite_replaces_the_run(tmp_path):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
-        flags = ["run", "--url", url, "--num-sessions", "2", "--concurrency", "1", "--workload", quick_mini(tmp_path),
-                 *NOT_ABOUT_LAG, "--out", str(out)]
+        flags = [
+            "run",
+            "--url",
+            url,
+            "--num-sessions",
+            "2",
+            "--concurrency",
+            "1",
+            "--workload",
+            quick_mini(tmp_path),
+            *NOT_ABOUT_LAG,
+            "--out",
+            str(out),
+        ]
         assert main(flags) == 0
         first = [r.identity for r in read_records(out / "requests.jsonl")]
         assert main([*flags, "--overwrite"]) == 0
@@ -213,8 +287,20 @@ def test_overwrite_replaces_the_run(tmp_path):
 def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     with instrument_process() as (url, _):
-        flags = ["run", "--url", url, "--num-sessions", "3", "--concurrency", "1", "--num-requests", "100",
-                 "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG]
+        flags = [
+            "run",
+            "--url",
+            url,
+            "--num-sessions",
+            "3",
+            "--concurrency",
+            "1",
+            "--num-requests",
+            "100",
+            "--workload",
+            quick_mini(tmp_path),
+            *NOT_ABOUT_LAG,
+        ]
         assert main([*flags, "--out", str(whole)]) == 0
         # What a SIGKILL after four answers leaves: the config and the first four records, no summary.
         cut.mkdir()
@@ -229,14 +315,31 @@ def test_resume_keeps_finished_requests_and_sends_only_the_rest(tmp_path):
     (before,), (after,) = _entries(whole), _entries(cut)
     for key in ("requests", "completed", "errors", "output_tokens"):
         assert after["summary"]["overall"][key] == before["summary"]["overall"][key], key
-    assert after["summary"]["overall"]["cache"]["prompt_tokens"] == before["summary"]["overall"]["cache"]["prompt_tokens"]
+    assert (
+        after["summary"]["overall"]["cache"]["prompt_tokens"] == before["summary"]["overall"]["cache"]["prompt_tokens"]
+    )
 
 
 def test_report_rebuilds_a_missing_summary_from_the_records(tmp_path, capsys):
     out = tmp_path / "run"
     with instrument_process() as (url, _):
-        assert main(["run", "--url", url, "--num-sessions", "3", "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG,
-                     "--out", str(out)]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--url",
+                    url,
+                    "--num-sessions",
+                    "3",
+                    "--workload",
+                    quick_mini(tmp_path),
+                    *NOT_ABOUT_LAG,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
     (written,) = _entries(out)
     for name in ("summary.json", "summary.csv", "summary.md"):
         (out / name).unlink()
@@ -274,9 +377,26 @@ def _driver_on_our_engine(out):
     starts with SIGINT ignored, as a background job of a script (CI's, say) inherits it: SIGTERM must stop
     the run all the same (it used to do nothing then, and the run went on to its end)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "kvbench.cli", "run", "--set", "model=tiny-random", "--set", "kv_capacity=4096",
-         "--num-sessions", "400", "--num-requests", "4000", "--concurrency", "2", "--out", str(out)],
-        stdout=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "run",
+            "--set",
+            "model=tiny-random",
+            "--set",
+            "kv_capacity=4096",
+            "--num-sessions",
+            "400",
+            "--num-requests",
+            "4000",
+            "--concurrency",
+            "2",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
 
@@ -325,15 +445,43 @@ def test_the_oracle_follows_our_engines_isolation_on_a_multi_tenant_workload(tmp
     by prefixes the engine may not share. (The client used to follow its own `shared` default here.)"""
     context = list(range(100, 164))
     trace = tmp_path / "two-tenants.jsonl"
-    rows = [{"session_id": "a", "turn": 0, "arrival_s": 0, "tenant": "a", "context_tokens": context,
-             "user_length": 8, "max_tokens": 4},
-            {"session_id": "a", "turn": 1, "user_length": 8, "max_tokens": 4},
-            {"session_id": "b", "turn": 0, "arrival_s": 1, "tenant": "b", "context_tokens": context,
-             "user_length": 8, "max_tokens": 4}]
+    rows = [
+        {
+            "session_id": "a",
+            "turn": 0,
+            "arrival_s": 0,
+            "tenant": "a",
+            "context_tokens": context,
+            "user_length": 8,
+            "max_tokens": 4,
+        },
+        {"session_id": "a", "turn": 1, "user_length": 8, "max_tokens": 4},
+        {
+            "session_id": "b",
+            "turn": 0,
+            "arrival_s": 1,
+            "tenant": "b",
+            "context_tokens": context,
+            "user_length": 8,
+            "max_tokens": 4,
+        },
+    ]
     trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "run"
-    code = main(["run", "--set", "model=tiny-random", "--workload", str(trace), "--concurrency", "1",
-                 *NOT_ABOUT_LAG, "--out", str(out)])
+    code = main(
+        [
+            "run",
+            "--set",
+            "model=tiny-random",
+            "--workload",
+            str(trace),
+            "--concurrency",
+            "1",
+            *NOT_ABOUT_LAG,
+            "--out",
+            str(out),
+        ]
+    )
     records = {(r.session_id, r.turn): r for r in read_records(out / "requests.jsonl")}
     assert records[("b", 0)].reusable_tokens == 0
     assert records[("a", 1)].reusable_tokens >= len(context)  # a tenant's own earlier prompt still counts
@@ -349,8 +497,24 @@ def test_the_oracle_follows_our_engines_isolation_on_a_multi_tenant_workload(tmp
 def test_run_with_two_workers_writes_one_run_folder_with_every_request_and_both_workers_checked(tmp_path):
     with instrument_process("--first-token-ms", "10", "--chunk-interval-ms", "2") as (url, _):
         out = tmp_path / "run"
-        code = main(["run", "--url", url, "--num-sessions", "4", "--concurrency", "4", "--workers", "2",
-                     "--workload", quick_mini(tmp_path), *NOT_ABOUT_LAG, "--out", str(out)])
+        code = main(
+            [
+                "run",
+                "--url",
+                url,
+                "--num-sessions",
+                "4",
+                "--concurrency",
+                "4",
+                "--workers",
+                "2",
+                "--workload",
+                quick_mini(tmp_path),
+                *NOT_ABOUT_LAG,
+                "--out",
+                str(out),
+            ]
+        )
     assert code == 0
     (entry,) = _entries(out)
     records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
@@ -378,8 +542,10 @@ def test_the_main_job_compares_fp32_and_fp8_in_the_same_kv_bytes_below_the_worki
     from kvbench.workloads.stats import workload_stats
 
     config = _run_config()
-    assert [(e.engine, e.settings["kv_dtype"]) for e in config.engines] == [("kvengine", "fp32"),
-                                                                             ("kvengine", "fp8_e4m3")]
+    assert [(e.engine, e.settings["kv_dtype"]) for e in config.engines] == [
+        ("kvengine", "fp32"),
+        ("kvengine", "fp8_e4m3"),
+    ]
     kv_bytes = {e.settings["kv_capacity_bytes"] for e in config.engines}
     assert len(kv_bytes) == 1
     stats = workload_stats(load_workload(config.workloads[0].name))

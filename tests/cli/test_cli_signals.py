@@ -21,11 +21,34 @@ def test_sigterm_during_a_rate_loop_at_the_fastest_rate_ends_the_run_with_its_re
     out = tmp_path / "run"
     with instrument_process("--first-token-ms", "5", "--chunk-interval-ms", "5") as (url, _):
         driver = subprocess.Popen(
-            [sys.executable, "-m", "kvbench.cli", "run", "--url", url, "--workload", quick_mini(tmp_path),
-             "--num-sessions", "400", "--request-rate", f"{MAX_RATE:g}", "--burstiness", "0.001",
-             "--max-concurrency", "4", "--num-requests", "100000", "--max-lag-ms", "1000", "--out", str(out)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as a script's background job
+            [
+                sys.executable,
+                "-m",
+                "kvbench.cli",
+                "run",
+                "--url",
+                url,
+                "--workload",
+                quick_mini(tmp_path),
+                "--num-sessions",
+                "400",
+                "--request-rate",
+                f"{MAX_RATE:g}",
+                "--burstiness",
+                "0.001",
+                "--max-concurrency",
+                "4",
+                "--num-requests",
+                "100000",
+                "--max-lag-ms",
+                "1000",
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )  # as a script's background job
         try:
             _wait_for_records(out, driver, 5)
             driver.send_signal(signal.SIGTERM)

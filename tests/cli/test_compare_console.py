@@ -10,8 +10,8 @@ from rich.console import Console
 
 from kvbench.cli.commands.compare_cmd import _row_cells, print_comparison
 from kvbench.cli.main import main
-from kvbench.verdicts.compare import compare
 from kvbench.measure.run_folder import read_run_folder
+from kvbench.verdicts.compare import compare
 
 from ..verdicts.test_compare import simple_run
 
@@ -64,4 +64,4 @@ def test_at_80_columns_every_verdict_sits_with_its_metric(folders):
         verdict = _row_cells(row)["verdict"]
         starts = [index for index, line in enumerate(text) if line.startswith(f"{row.metric}:")]
         assert starts, row.metric
-        assert all(verdict in " ".join(text[index:index + 2]) for index in starts), (row.metric, verdict)
+        assert all(verdict in " ".join(text[index : index + 2]) for index in starts), (row.metric, verdict)

@@ -16,10 +16,20 @@ from kvbench.harness.config import load_config_file
 CONFIG = Path(__file__).resolve().parents[2] / "ci" / "nightly-cpu.yaml"
 
 # A value for each exposed field that differs from its default, as flag text and as the config holds it.
-VALUES = {"num_requests": ("7", 7), "duration_s": ("12.5", 12.5), "warmup_requests": ("3", 3),
-          "api": ("chat", "chat"), "tokenizer": ("/tmp/tok", "/tmp/tok"), "max_lag_ms": ("25", 25.0),
-          "workers": ("2", 2), "ttft_ms": ("500", 500.0), "tpot_ms": ("40", 40.0), "e2e_ms": ("9000", 9000.0),
-          "seed": ("11", 11), "repeat": ("2", 2)}
+VALUES = {
+    "num_requests": ("7", 7),
+    "duration_s": ("12.5", 12.5),
+    "warmup_requests": ("3", 3),
+    "api": ("chat", "chat"),
+    "tokenizer": ("/tmp/tok", "/tmp/tok"),
+    "max_lag_ms": ("25", 25.0),
+    "workers": ("2", 2),
+    "ttft_ms": ("500", 500.0),
+    "tpot_ms": ("40", 40.0),
+    "e2e_ms": ("9000", 9000.0),
+    "seed": ("11", 11),
+    "repeat": ("2", 2),
+}
 FIELDS = [(section, name) for section in SECTIONS for name in section.fields]
 
 
@@ -46,8 +56,12 @@ def test_every_exposed_field_is_set_by_its_flag(section, name, with_config):
 def test_a_flag_left_out_keeps_the_configs_value():
     from_file = load_config_file(CONFIG)
     config = config_from_args(build_parser().parse_args(["run", str(CONFIG), "--seed", "5"]))
-    assert (config.stop, config.client, config.slo, config.repeat) == (from_file.stop, from_file.client,
-                                                                       from_file.slo, from_file.repeat)
+    assert (config.stop, config.client, config.slo, config.repeat) == (
+        from_file.stop,
+        from_file.client,
+        from_file.slo,
+        from_file.repeat,
+    )
     assert config.seed == 5 != from_file.seed
 
 
@@ -56,11 +70,14 @@ def test_one_stop_condition_replaces_the_other():
     assert config_from_args(build_parser().parse_args(["run", "--num-prompts", "5"])).stop.duration_s is None
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
-    (["--max-lag-ms", "0"], "argument --max-lag-ms: must be a number > 0, got '0'"),
-    (["--api", "grpc"], "argument --api: invalid choice: 'grpc'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "0"], "argument --workers: must be an integer >= 1, got '0'"),
+        (["--max-lag-ms", "0"], "argument --max-lag-ms: must be a number > 0, got '0'"),
+        (["--api", "grpc"], "argument --api: invalid choice: 'grpc'"),
+    ],
+)
 def test_the_fields_range_and_choices_are_the_flags(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["run", *argv])

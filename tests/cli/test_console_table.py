@@ -19,10 +19,23 @@ def _main_job_frame() -> pd.DataFrame:
     rows = []
     for label, dtype, ttft in (("kvengine-fp32", "fp32", 18514.23), ("kvengine-fp8_e4m3", "fp8_e4m3/tensor", 7396.41)):
         row = {column: None for column in COLUMNS + EXTRA_COLUMNS}
-        row.update(engine=label, kv_dtype=dtype, workload="rag-chat-mini", load="conc=4", tenant="all", requests=40,
-                   errors=0, ttft_p50_ms=ttft, ttft_p99_ms=ttft * 2.2, ttft_from_schedule_p99_ms=ttft * 2.21,
-                   itl_p50_ms=191.87, output_tok_s=3.9, cache_hit_rate=0.399, oracle_hit_rate=0.823,
-                   prefill_recompute_rate=0.516)
+        row.update(
+            engine=label,
+            kv_dtype=dtype,
+            workload="rag-chat-mini",
+            load="conc=4",
+            tenant="all",
+            requests=40,
+            errors=0,
+            ttft_p50_ms=ttft,
+            ttft_p99_ms=ttft * 2.2,
+            ttft_from_schedule_p99_ms=ttft * 2.21,
+            itl_p50_ms=191.87,
+            output_tok_s=3.9,
+            cache_hit_rate=0.399,
+            oracle_hit_rate=0.823,
+            prefill_recompute_rate=0.516,
+        )
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS + EXTRA_COLUMNS)
 
@@ -64,8 +77,15 @@ def test_eval_prints_its_summary_in_the_same_style_with_every_number(tmp_path, m
     from kvbench.cli.commands import eval_cmd
     from kvbench.measure.run_folder import EVAL_MD, EVAL_SUMMARY_CSV
 
-    pd.DataFrame({"setting": ["fp16", "fp8_e4m3/tensor"], "kl": [0.0, 1.234e-4], "top1_agreement": [1.0, 0.9871],
-                  "ppl_delta_pct": [0.0, -0.4312], "items": [512, 512]}).to_csv(tmp_path / EVAL_SUMMARY_CSV, index=False)
+    pd.DataFrame(
+        {
+            "setting": ["fp16", "fp8_e4m3/tensor"],
+            "kl": [0.0, 1.234e-4],
+            "top1_agreement": [1.0, 0.9871],
+            "ppl_delta_pct": [0.0, -0.4312],
+            "items": [512, 512],
+        }
+    ).to_csv(tmp_path / EVAL_SUMMARY_CSV, index=False)
     out = io.StringIO()
     monkeypatch.setattr(eval_cmd, "console", Console(file=out, width=80, color_system=None))
     eval_cmd.print_eval_summary({EVAL_SUMMARY_CSV: tmp_path / EVAL_SUMMARY_CSV, EVAL_MD: tmp_path / EVAL_MD})

@@ -18,8 +18,18 @@ MS = 1_000_000
 
 
 def _record(index, ttft_ms, error=None):
-    return RequestRecord(run_id="p", request_id=f"q{index}", session_id=f"s{index}", tenant="t", turn=0, queued_ns=0,
-                         sent_ns=0, first_token_ns=ttft_ms * MS, done_ns=(ttft_ms + 5) * MS, error=error)
+    return RequestRecord(
+        run_id="p",
+        request_id=f"q{index}",
+        session_id=f"s{index}",
+        tenant="t",
+        turn=0,
+        queued_ns=0,
+        sent_ns=0,
+        first_token_ns=ttft_ms * MS,
+        done_ns=(ttft_ms + 5) * MS,
+        error=error,
+    )
 
 
 def test_off_a_terminal_a_line_every_n_seconds_with_ttft_rate_and_eta():

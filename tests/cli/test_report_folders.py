@@ -58,7 +58,7 @@ def test_the_html_report_of_several_runs_has_one_table_across_them(tmp_path):
     out = tmp_path / "r.html"
     assert main(["report", *map(str, probes[:2]), "--format", "html", "--out", str(out)]) == 0
     page = out.read_text()
-    combined = page[page.index('<section id="all-runs">'):page.index("</section>")]
+    combined = page[page.index('<section id="all-runs">') : page.index("</section>")]
     assert combined.count("<tr>") + combined.count('<tr class="invalid">') == 3  # the head and a row per run
     assert "01-concurrency-1" in combined and "02-concurrency-2" in combined
     assert page.index('id="all-runs"') < page.index('id="01-concurrency-1"')  # before the runs' own sections

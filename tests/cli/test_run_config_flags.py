@@ -23,11 +23,14 @@ def test_without_load_flags_the_config_keeps_its_own_load_points():
     assert _config().loads == load_config_file(CONFIG).loads
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--concurrency", "3"], {"concurrency": 3}),
-    (["--request-rate", "2.5", "--max-concurrency", "4"], {"request_rate": 2.5, "max_concurrency": 4}),
-    (["--rate", "0.5"], {"rate": 0.5}),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--concurrency", "3"], {"concurrency": 3}),
+        (["--request-rate", "2.5", "--max-concurrency", "4"], {"request_rate": 2.5, "max_concurrency": 4}),
+        (["--rate", "0.5"], {"rate": 0.5}),
+    ],
+)
 def test_a_load_flag_replaces_the_configs_load_points(flags, expected):
     (load,) = _config(*flags).load_specs()
     for key, value in expected.items():
@@ -39,8 +42,16 @@ def test_num_sessions_applies_to_every_workload_of_the_config():
     assert {workload.num_sessions for workload in _config("--num-sessions", "3").workloads} == {3}
 
 
-@pytest.mark.parametrize("flags", [["--engine", "vllm"], ["--url", "http://127.0.0.1:1"], ["--model", "m"],
-                                   ["--workload", "random"], ["--api-key", "k"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--engine", "vllm"],
+        ["--url", "http://127.0.0.1:1"],
+        ["--model", "m"],
+        ["--workload", "random"],
+        ["--api-key", "k"],
+    ],
+)
 def test_a_flag_naming_another_engine_or_workload_is_refused(flags):
     with pytest.raises(SettingsError, match=flags[0]):
         _config(*flags)

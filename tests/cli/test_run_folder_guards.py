@@ -24,9 +24,28 @@ SLOW = ("--first-token-ms", "30", "--chunk-interval-ms", "10")
 
 
 def _driver(url: str, out: Path, *flags: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kvbench.cli", "run", "--url", url, "--num-sessions", "50",
-                             "--concurrency", "2", "--num-requests", "1000", "--out", str(out), *flags],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvbench.cli",
+            "run",
+            "--url",
+            url,
+            "--num-sessions",
+            "50",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "1000",
+            "--out",
+            str(out),
+            *flags,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for(condition, driver: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -49,8 +68,25 @@ def test_a_second_run_on_the_same_folder_exits_2_naming_the_holder_and_resume_ne
         try:
             _wait_for(lambda: len(_records(out)) >= 2, first)
             for flags in ([], ["--resume"], ["--overwrite"]):
-                assert main(["run", "--url", url, "--num-sessions", "50", "--concurrency", "2", "--num-requests",
-                             "1000", "--out", str(out), *flags]) == 2, flags
+                assert (
+                    main(
+                        [
+                            "run",
+                            "--url",
+                            url,
+                            "--num-sessions",
+                            "50",
+                            "--concurrency",
+                            "2",
+                            "--num-requests",
+                            "1000",
+                            "--out",
+                            str(out),
+                            *flags,
+                        ]
+                    )
+                    == 2
+                ), flags
                 err = capsys.readouterr().err.strip()
                 assert f"pid {first.pid}" in err and "another kvbench run" in err and "\n" not in err, err
             assert first.poll() is None  # the holder was left alone
@@ -60,8 +96,22 @@ def test_a_second_run_on_the_same_folder_exits_2_naming_the_holder_and_resume_ne
         kept = _records(out)
         assert kept
         # the holder is gone: a resume may take the folder, and adds only what was not finished
-        assert main(["run", "--url", url, "--num-sessions", "3", "--concurrency", "2", "--num-requests", "1000",
-                     "--out", str(out), "--resume"]) in (0, 2)
+        assert main(
+            [
+                "run",
+                "--url",
+                url,
+                "--num-sessions",
+                "3",
+                "--concurrency",
+                "2",
+                "--num-requests",
+                "1000",
+                "--out",
+                str(out),
+                "--resume",
+            ]
+        ) in (0, 2)
     identities = [record.identity for record in _records(out)]
     assert len(identities) == len(set(identities)), "a request recorded twice"
 
@@ -77,7 +127,10 @@ def test_two_resumes_at_once_cannot_both_write(tmp_path):
             first.wait()
         resumes = [_driver(url, out, "--resume") for _ in range(2)]
         try:
-            _wait_for(lambda: any(driver.poll() is not None for driver in resumes), resumes[0] if resumes[1].poll() is not None else resumes[1])
+            _wait_for(
+                lambda: any(driver.poll() is not None for driver in resumes),
+                resumes[0] if resumes[1].poll() is not None else resumes[1],
+            )
             refused = next(driver for driver in resumes if driver.poll() is not None)
             assert refused.returncode == 2 and "another kvbench run" in refused.stderr.read()
         finally:
@@ -97,8 +150,11 @@ def test_two_resumes_at_once_cannot_both_write(tmp_path):
 def _mounted_tmpfs(path: Path, options: str):
     """A small tmpfs at `path` where this machine lets us mount one (root in a container), else None."""
     path.mkdir(parents=True, exist_ok=True)
-    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                                                   capture_output=True).returncode == 0
+    mounted = (
+        os.geteuid() == 0
+        and subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True).returncode
+        == 0
+    )
     try:
         yield path if mounted else None
     finally:

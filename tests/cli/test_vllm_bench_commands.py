@@ -25,8 +25,15 @@ TOKENIZER = str(DATA / "datasets" / "tokenizer")
 
 def _vllm_flags() -> list[str]:
     """Every long flag of the stored `vllm bench serve --help` (both names of `--x, --no-x`)."""
-    return sorted({flag for line in HELP.read_text().splitlines() if re.match(r"^  --", line)
-                   for flag in re.findall(r"--[a-z0-9-]+", line.split("  ", 2)[1]) if flag != "--help"})
+    return sorted(
+        {
+            flag
+            for line in HELP.read_text().splitlines()
+            if re.match(r"^  --", line)
+            for flag in re.findall(r"--[a-z0-9-]+", line.split("  ", 2)[1])
+            if flag != "--help"
+        }
+    )
 
 
 def _run_actions() -> dict[str, argparse.Action]:
@@ -43,12 +50,37 @@ def test_every_flag_of_vllms_help_is_taken_or_refused_by_name():
     refused = {flag for flag in flags if isinstance(actions[flag], Refused)}
     assert refused == set(REFUSED) & set(flags)
     # the flags the issue names are taken, not refused
-    for flag in ("--dataset-name", "--dataset-path", "--random-input-len", "--random-output-len", "--save-result",
-                 "--result-dir", "--result-filename", "--ignore-eos", "--backend", "--endpoint", "--seed",
-                 "--tokenizer", "--random-range-ratio", "--random-prefix-len", "--label", "--metadata",
-                 "--save-detailed", "--append-result", "--temperature", "--top-p", "--served-model-name",
-                 "--request-rate", "--max-concurrency", "--goodput", "--percentile-metrics", "--metric-percentiles",
-                 "--num-prompts", "--base-url", "--burstiness"):
+    for flag in (
+        "--dataset-name",
+        "--dataset-path",
+        "--random-input-len",
+        "--random-output-len",
+        "--save-result",
+        "--result-dir",
+        "--result-filename",
+        "--ignore-eos",
+        "--backend",
+        "--endpoint",
+        "--seed",
+        "--tokenizer",
+        "--random-range-ratio",
+        "--random-prefix-len",
+        "--label",
+        "--metadata",
+        "--save-detailed",
+        "--append-result",
+        "--temperature",
+        "--top-p",
+        "--served-model-name",
+        "--request-rate",
+        "--max-concurrency",
+        "--goodput",
+        "--percentile-metrics",
+        "--metric-percentiles",
+        "--num-prompts",
+        "--base-url",
+        "--burstiness",
+    ):
         assert flag in flags and flag not in refused, flag
 
 
@@ -60,14 +92,19 @@ def test_a_refused_flag_says_what_to_use_instead_in_one_line(capsys):
     assert "--num-warmups" in err and "--warmup N" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--temperature", "0.7"], "--temperature 0.7: kvbench samples greedily"),
-    (["--dataset-name", "sharegpt"], "--dataset-name sharegpt: give --dataset-path FILE"),
-    (["--dataset-name", "sharegpt", "--dataset-path", "x.json", "--random-input-len", "8"],
-     "--random-input-len: applies to --dataset-name random"),
-    (["--dataset-name", "random", "--workload", "rag-chat-mini"], "--dataset-name and --workload"),
-    (["--metadata", "novalue"], "--metadata 'novalue': expected KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--temperature", "0.7"], "--temperature 0.7: kvbench samples greedily"),
+        (["--dataset-name", "sharegpt"], "--dataset-name sharegpt: give --dataset-path FILE"),
+        (
+            ["--dataset-name", "sharegpt", "--dataset-path", "x.json", "--random-input-len", "8"],
+            "--random-input-len: applies to --dataset-name random",
+        ),
+        (["--dataset-name", "random", "--workload", "rag-chat-mini"], "--dataset-name and --workload"),
+        (["--metadata", "novalue"], "--metadata 'novalue': expected KEY=VALUE"),
+    ],
+)
 def test_what_the_flags_cannot_mean_is_refused_naming_the_flag(argv, message, capsys):
     assert main(["run", *argv, "--dry-run"]) == 2
     assert message in capsys.readouterr().err
@@ -76,10 +113,34 @@ def test_what_the_flags_cannot_mean_is_refused_naming_the_flag(argv, message, ca
 def test_vllms_flags_become_the_config_vllm_would_run():
     from kvbench.cli.commands.run_cmd import config_from_args
 
-    config = config_from_args(build_parser().parse_args([
-        "run", "--backend", "openai-chat", "--model", "m", "--served-model-name", "served", "--dataset-name",
-        "random", "--random-input-len", "64", "--random-output-len", "8", "--random-range-ratio", "0.5",
-        "--random-prefix-len", "4", "--num-prompts", "12", "--seed", "3", "--ignore-eos"]))
+    config = config_from_args(
+        build_parser().parse_args(
+            [
+                "run",
+                "--backend",
+                "openai-chat",
+                "--model",
+                "m",
+                "--served-model-name",
+                "served",
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "64",
+                "--random-output-len",
+                "8",
+                "--random-range-ratio",
+                "0.5",
+                "--random-prefix-len",
+                "4",
+                "--num-prompts",
+                "12",
+                "--seed",
+                "3",
+                "--ignore-eos",
+            ]
+        )
+    )
     (engine,) = config.engines
     assert engine.engine == "endpoint"
     assert engine.settings == {"url": "http://127.0.0.1:8000", "model": "served"}  # vLLM's default host and port
@@ -93,28 +154,32 @@ def test_vllms_flags_become_the_config_vllm_would_run():
 
 def _same_types(ours: dict, theirs: dict) -> list[str]:
     """Keys of vLLM's result that ours lacks or holds with another JSON type (int and float are one: number)."""
+
     def kind(value):
         if value == "inf":
             return "number"  # vLLM writes an infinite request_rate as the string "inf"
         return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
-    return [key for key, value in theirs.items() if key not in ours or (ours[key] is not None and value is not None
-                                                                        and kind(ours[key]) != kind(value))]
+    return [
+        key
+        for key, value in theirs.items()
+        if key not in ours or (ours[key] is not None and value is not None and kind(ours[key]) != kind(value))
+    ]
 
 
 COPIED = {  # vLLM docs' examples, `vllm bench serve` replaced by `kvbench run`; the server's URL as --base-url
     "random": "--backend vllm --model instrument --endpoint /v1/completions --dataset-name random "
-              "--random-input-len 16 --random-output-len 4 --num-prompts 10",
+    "--random-input-len 16 --random-output-len 4 --num-prompts 10",
     "random-saved": "--backend vllm --model instrument --dataset-name random --random-input-len 16 "
-                    "--random-output-len 4 --num-prompts 10 --request-rate 20 --max-concurrency 2 --goodput ttft:500 "
-                    "tpot:50 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result "
-                    "--save-detailed --result-dir {tmp}/results --result-filename result.json --label docs "
-                    "--metadata version=0.3.3 tp=1 --seed 0",
+    "--random-output-len 4 --num-prompts 10 --request-rate 20 --max-concurrency 2 --goodput ttft:500 "
+    "tpot:50 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result "
+    "--save-detailed --result-dir {tmp}/results --result-filename result.json --label docs "
+    "--metadata version=0.3.3 tp=1 --seed 0",
     "sharegpt": f"--backend openai-chat --model instrument --endpoint /v1/chat/completions --dataset-name sharegpt "
-                f"--dataset-path {DATA}/datasets/sharegpt.json --tokenizer {TOKENIZER} --num-prompts 4",
+    f"--dataset-path {DATA}/datasets/sharegpt.json --tokenizer {TOKENIZER} --num-prompts 4",
     "sharegpt-saved": f"--backend vllm --model instrument --dataset-name sharegpt --dataset-path "
-                      f"{DATA}/datasets/sharegpt.json --tokenizer {TOKENIZER} --num-prompts 4 --save-result "
-                      "--result-dir {tmp}/results",
+    f"{DATA}/datasets/sharegpt.json --tokenizer {TOKENIZER} --num-prompts 4 --save-result "
+    "--result-dir {tmp}/results",
 }
 
 
@@ -123,8 +188,15 @@ def test_a_copied_vllm_command_line_runs_against_the_instrument(name, tmp_path, 
     with instrument_process() as (url, _):
         # beside the copied line: where the server is, where the run folder goes, and a client lag bound for a
         # shared test machine (the lag check is not the subject)
-        argv = [*COPIED[name].format(tmp=tmp_path).split(), "--base-url", url, "--out", str(tmp_path / "run"),
-                "--max-lag-ms", "2000"]
+        argv = [
+            *COPIED[name].format(tmp=tmp_path).split(),
+            "--base-url",
+            url,
+            "--out",
+            str(tmp_path / "run"),
+            "--max-lag-ms",
+            "2000",
+        ]
         code = main(["run", *argv])
     printed = capsys.readouterr().out
     assert code == 0, printed

@@ -22,7 +22,13 @@ MS = 1_000_000
 
 def test_request_rate_and_max_concurrency_are_one_load_point():
     (load,) = _run_config("--request-rate", "2.5", "--max-concurrency", "3", "--burstiness", "0.5").load_specs()
-    assert (load.request_rate, load.max_concurrency, load.burstiness, load.rate, load.concurrency) == (2.5, 3, 0.5, None, None)
+    assert (load.request_rate, load.max_concurrency, load.burstiness, load.rate, load.concurrency) == (
+        2.5,
+        3,
+        0.5,
+        None,
+        None,
+    )
     (load,) = _run_config("--rate", "1", "--max-concurrency", "4").load_specs()
     assert (load.rate, load.max_concurrency) == (1.0, 4)
 
@@ -71,10 +77,23 @@ def test_an_unknown_flag_is_named_with_the_closest_one_of_its_command(capsys):
 
 def _record(index, ttft_ms):
     sent = index * 100 * MS
-    return RequestRecord(run_id="p", request_id=f"q{index}", session_id=f"s{index}", tenant="a", turn=0,
-                         queued_ns=sent, sent_ns=sent, first_token_ns=sent + ttft_ms * MS, done_ns=sent + (ttft_ms + 20) * MS,
-                         chunks=[[sent + ttft_ms * MS, 1], [sent + (ttft_ms + 20) * MS, 1]], prompt_tokens=8,
-                         output_tokens=2, cached_tokens=4, reusable_tokens=4, answer_source="token_ids")
+    return RequestRecord(
+        run_id="p",
+        request_id=f"q{index}",
+        session_id=f"s{index}",
+        tenant="a",
+        turn=0,
+        queued_ns=sent,
+        sent_ns=sent,
+        first_token_ns=sent + ttft_ms * MS,
+        done_ns=sent + (ttft_ms + 20) * MS,
+        chunks=[[sent + ttft_ms * MS, 1], [sent + (ttft_ms + 20) * MS, 1]],
+        prompt_tokens=8,
+        output_tokens=2,
+        cached_tokens=4,
+        reusable_tokens=4,
+        answer_source="token_ids",
+    )
 
 
 def test_goodput_and_slo_attainment_are_in_the_table_and_summary_md(tmp_path, capsys):
@@ -122,14 +141,14 @@ def test_percentile_flags_choose_the_tables_percentile_columns(tmp_path, capsys)
 def test_any_percentile_between_0_and_100_is_shown_from_the_per_request_export(tmp_path, capsys):
     """vLLM accepts any 0 < p < 100: p25 and p99.9 are not in the summary; they come from requests_metrics.jsonl
     with the summary's own samples and interpolation."""
+    import dataclasses
+
     import numpy as np
 
     from kvbench.cli.commands.run_cmd import _percentiles
     from kvbench.cli.main import build_parser
     from kvbench.cli.tables import print_summary
     from kvbench.measure.export import write_exports
-
-    import dataclasses
 
     ttfts = [10, 50, 90, 400]
     point = PointId("ours", "w", "rps=2", 0)
@@ -159,5 +178,11 @@ def test_the_default_table_follows_the_percentile_flags_defaults(tmp_path, capsy
     frame = print_summary(tmp_path, _percentiles(build_parser().parse_args(["run"])))
     titles = list(summary_columns(frame, _percentiles(build_parser().parse_args(["run"]))).values())
     assert [title for title in titles if title.endswith(" ms") and " p" in title] == [
-        "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "ITL p50 ms", "ITL p99 ms"]
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        "ITL p50 ms",
+        "ITL p99 ms",
+    ]
     assert "TPOT" in capsys.readouterr().out  # printed, not only chosen

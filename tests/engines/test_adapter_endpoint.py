@@ -58,12 +58,15 @@ def test_without_a_model_the_first_served_one_is_used_and_recorded(tmp_path):
     assert given.endpoint.model == "lora-a" and given.describe()["model_source"] == "settings"
 
 
-@pytest.mark.parametrize(("status", "body", "says"), [
-    (404, "not here", "answered HTTP 404"),
-    (200, "<html>", "is not JSON"),
-    (200, json.dumps({"data": []}), "lists no model"),
-    (200, json.dumps({"data": [{"name": "x"}]}), "data[0] has no string `id`"),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "says"),
+    [
+        (404, "not here", "answered HTTP 404"),
+        (200, "<html>", "is not JSON"),
+        (200, json.dumps({"data": []}), "lists no model"),
+        (200, json.dumps({"data": [{"name": "x"}]}), "data[0] has no string `id`"),
+    ],
+)
 def test_a_server_that_does_not_name_its_model_asks_for_model(status, body, says, tmp_path):
     with models_server(status, body) as url, pytest.raises(EngineError, match="give --model") as error:
         _ready(url, tmp_path)
@@ -82,8 +85,21 @@ def test_a_run_on_a_url_without_model_uses_the_served_one(tmp_path):
     with instrument_process("--served-model", "instrument") as (url, _):
         out = tmp_path / "run"
         # (--max-lag-ms: the client's lag on a loaded machine is not this test's subject; past it, exit 1)
-        code = main(["run", "--url", url, "--num-sessions", "2", "--num-requests", "4", "--max-lag-ms", "1000",
-                     "--out", str(out)])
+        code = main(
+            [
+                "run",
+                "--url",
+                url,
+                "--num-sessions",
+                "2",
+                "--num-requests",
+                "4",
+                "--max-lag-ms",
+                "1000",
+                "--out",
+                str(out),
+            ]
+        )
     assert code == 0
     (entry,) = json.loads((out / "summary.json").read_text())["runs"]
     assert entry["summary"]["overall"]["errors"] == 0 and entry["summary"]["overall"]["completed"] == 4

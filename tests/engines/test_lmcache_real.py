@@ -14,7 +14,6 @@ from kvbench.engines.launch import send_probe
 from kvbench.engines.lmcache import LMCacheAdapter, lmcache_key_pattern
 from kvbench.engines.lmcache_mp import lmcache_counts
 from kvbench.engines.prometheus import sum_samples
-
 from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.vllm]
@@ -55,9 +54,16 @@ def test_real_lmcache_stores_retrieves_restores_from_redis_and_resets(tmp_path):
 
     python = _lmcache_python()
     with redis_server(tmp_path) as store:
-        settings = {"python": python, "dtype": "float32", "enforce_eager": True, "max_model_len": 2048,
-                    "cpu_kv_cache_space_gib": 1, "max_local_cpu_size": 1, "remote_url": store.url,
-                    "env": {"OMP_NUM_THREADS": "2"}}
+        settings = {
+            "python": python,
+            "dtype": "float32",
+            "enforce_eager": True,
+            "max_model_len": 2048,
+            "cpu_kv_cache_space_gib": 1,
+            "max_local_cpu_size": 1,
+            "remote_url": store.url,
+            "env": {"OMP_NUM_THREADS": "2"},
+        }
         first = _started(settings, tmp_path / "first")
         try:
             assert first.reset_cache() is True  # also sends the cold probe the next reset is checked against
@@ -74,7 +80,9 @@ def test_real_lmcache_stores_retrieves_restores_from_redis_and_resets(tmp_path):
         assert counts.vllm_external_tokens == CHUNKED and counts.hit_l1_tokens >= CHUNKED
         assert counts.problems() == []
         # Every cached token the requests reported is one vLLM counted (here all of them came from LMCache).
-        cached_counter = sum_samples(after, "vllm:prompt_tokens_cached_total") - sum_samples(before, "vllm:prompt_tokens_cached_total")
+        cached_counter = sum_samples(after, "vllm:prompt_tokens_cached_total") - sum_samples(
+            before, "vllm:prompt_tokens_cached_total"
+        )
         assert cached_counter == CHUNKED
 
         client = redis.Redis.from_url(store.url)

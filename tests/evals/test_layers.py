@@ -25,7 +25,9 @@ def test_e5m2_error_exceeds_e4m3_everywhere_and_outliers_are_exact():
                 assert 0 < e4.rel_error < e5.rel_error < 0.2
     k, _ = exact_kv(tiny, ids)
     x = k[0, :, 0]
-    assert by[("fp8_e4m3/tensor", "K", 0, 0)].outlier == pytest.approx(float(x.abs().max() / x.pow(2).mean().sqrt()), rel=1e-5)
+    assert by[("fp8_e4m3/tensor", "K", 0, 0)].outlier == pytest.approx(
+        float(x.abs().max() / x.pow(2).mean().sqrt()), rel=1e-5
+    )
     summary, _ = layer_frames(errors)
     assert list(summary["setting"]) == ["fp8_e4m3/tensor", "fp8_e4m3/tensor", "fp8_e5m2/tensor", "fp8_e5m2/tensor"]
     assert torch.isfinite(torch.tensor(summary["mean_rel_error"].to_numpy())).all()

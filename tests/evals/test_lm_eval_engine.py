@@ -73,8 +73,12 @@ def test_lm_eval_through_local_completions_scores_what_the_model_computes(tmp_pa
     adapter.start()
     try:
         adapter.wait_healthy(120)
-        scores = run_lm_eval(adapter.base_url, ["kvb_plays_mc", "kvb_britannica_cloze"],
-                             LMEvalOptions(tokenizer=tokenizer, limit=LIMIT, max_length=512, data_dir=data), tmp_path)
+        scores = run_lm_eval(
+            adapter.base_url,
+            ["kvb_plays_mc", "kvb_britannica_cloze"],
+            LMEvalOptions(tokenizer=tokenizer, limit=LIMIT, max_length=512, data_dir=data),
+            tmp_path,
+        )
     finally:
         adapter.stop()
     by_name = {(s.task, s.metric): s for s in scores}

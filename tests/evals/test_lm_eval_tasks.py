@@ -57,8 +57,13 @@ def test_the_registry_is_built_once_per_lm_eval_install_and_read_back_after(tmp_
 
     monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))
     builds = []
-    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: builds.append(kw) or types.SimpleNamespace(
-        all_tasks=["arc_easy", "hellaswag", f"build{len(builds)}"]))
+    monkeypatch.setattr(
+        lm_eval.tasks,
+        "TaskManager",
+        lambda **kw: (
+            builds.append(kw) or types.SimpleNamespace(all_tasks=["arc_easy", "hellaswag", f"build{len(builds)}"])
+        ),
+    )
     fresh = tasks.lm_eval_task_names.__wrapped__  # past the in-process cache
     first = fresh()
     path = tasks.registry_cache_file(importlib.metadata.distribution("lm_eval"))

@@ -7,9 +7,15 @@ import pytest
 
 from kvbench.evals.divergence import PositionScores
 from kvbench.evals.items import buckets, direct_metrics, make_items
-from kvbench.evals.paired import (PairedDelta, mcnemar_exact, paired_binary_difference, paired_mean_difference,
-                                  paired_ratio, proportion_ci,
-                                  verdict)
+from kvbench.evals.paired import (
+    PairedDelta,
+    mcnemar_exact,
+    paired_binary_difference,
+    paired_mean_difference,
+    paired_ratio,
+    proportion_ci,
+    verdict,
+)
 
 
 def test_mcnemar_exact_is_the_two_sided_binomial_of_the_flips():
@@ -88,10 +94,15 @@ def test_verdict_names_what_the_interval_can_resolve():
 def _window(n, nll_shift, match=None, correct=None, base_correct=None):
     ones = np.ones(n, dtype=bool)
     base_nll = np.linspace(1.0, 3.0, n)
-    return PositionScores(np.arange(n), np.full(n, 0.01), base_nll + nll_shift, base_nll,
-                          ones if match is None else np.asarray(match, bool),
-                          ones if correct is None else np.asarray(correct, bool),
-                          ones if base_correct is None else np.asarray(base_correct, bool))
+    return PositionScores(
+        np.arange(n),
+        np.full(n, 0.01),
+        base_nll + nll_shift,
+        base_nll,
+        ones if match is None else np.asarray(match, bool),
+        ones if correct is None else np.asarray(correct, bool),
+        ones if base_correct is None else np.asarray(base_correct, bool),
+    )
 
 
 def test_items_are_blocks_and_buckets_keep_their_positions():
@@ -106,9 +117,14 @@ def test_direct_metrics_by_hand():
     # every position's NLL is 0.01 higher: perplexity x e^0.01, signed delta -100 (1 - e^-0.01)% exactly
     correct = [True, False, True, True] * 25
     base_correct = [True, True, True, False] * 25  # 25 lost, 25 gained
-    metrics = {m.name: m for m in direct_metrics(make_items([_window(100, 0.01, match=[True, False] * 50,
-                                                                       correct=correct, base_correct=base_correct)],
-                                                            block=10))}
+    metrics = {
+        m.name: m
+        for m in direct_metrics(
+            make_items(
+                [_window(100, 0.01, match=[True, False] * 50, correct=correct, base_correct=base_correct)], block=10
+            )
+        )
+    }
     ppl = metrics["perplexity"]
     assert ppl.value / ppl.baseline == pytest.approx(math.exp(0.01))
     assert ppl.delta.delta == pytest.approx(100 * math.expm1(-0.01))

@@ -18,7 +18,14 @@ def test_prompts_have_the_length_the_needle_at_its_depth_and_the_key_as_answer()
     encode = lambda text: list(text.encode())  # noqa: E731  (bytes: one token per character)
     haystack = list(range(1000, 3000))
     prompts = passkey_prompts(encode, haystack, [400, 600], depths=(0.0, 0.5, 1.0))
-    assert [(p.length, p.depth) for p in prompts] == [(400, 0.0), (400, 0.5), (400, 1.0), (600, 0.0), (600, 0.5), (600, 1.0)]
+    assert [(p.length, p.depth) for p in prompts] == [
+        (400, 0.0),
+        (400, 0.5),
+        (400, 1.0),
+        (600, 0.0),
+        (600, 0.5),
+        (600, 1.0),
+    ]
     for p in prompts:
         assert len(p.ids) == p.length
         assert bytes(p.ids[p.answer_start :]).decode() == p.key and len(p.key) == 5

@@ -39,9 +39,17 @@ def test_greedy_generations_of_the_baseline_repeat_exactly(tiny):
 
 
 def test_run_folder_holds_tables_and_an_eval_json_that_compare_reads(tmp_path):
-    config = EvalConfig(model="tiny-random", kv_dtypes=("fp32", "fp8_e4m3"), kv_scales=("tensor",), lm_eval=False,
-                        divergence_tokens=300, divergence_window=150, greedy_prompts=2, greedy_prompt_tokens=48,
-                        greedy_tokens=6)
+    config = EvalConfig(
+        model="tiny-random",
+        kv_dtypes=("fp32", "fp8_e4m3"),
+        kv_scales=("tensor",),
+        lm_eval=False,
+        divergence_tokens=300,
+        divergence_window=150,
+        greedy_prompts=2,
+        greedy_prompt_tokens=48,
+        greedy_tokens=6,
+    )
     paths = run_eval(config, tmp_path)
     evals = read_eval_metrics(paths[EVAL_JSON])
     assert set(evals) == {"fp32", "fp8_e4m3/tensor"}
@@ -59,5 +67,6 @@ def test_bad_config_names_the_field():
         EvalConfig(tasks=("hellaswagg",))
     with pytest.raises(SettingsError, match="divergence_window"):
         EvalConfig(divergence_window=0)
-    assert [s.label for s in EvalConfig().settings] == [s.label for s in kv_settings(
-        ["fp32", "fp16", "fp8_e4m3", "fp8_e5m2"], ["tensor", "channel"])]
+    assert [s.label for s in EvalConfig().settings] == [
+        s.label for s in kv_settings(["fp32", "fp16", "fp8_e4m3", "fp8_e5m2"], ["tensor", "channel"])
+    ]

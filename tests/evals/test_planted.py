@@ -47,8 +47,9 @@ class PlantedRounding:
         return f"planted/round{self.levels}"
 
     def new_cache(self, config, num_pages, page_size, device, compute_dtype):
-        return RoundingKVCache(config, num_pages, page_size, self.kv_format, device, compute_dtype=compute_dtype,
-                               levels=self.levels)
+        return RoundingKVCache(
+            config, num_pages, page_size, self.kv_format, device, compute_dtype=compute_dtype, levels=self.levels
+        )
 
 
 @pytest.mark.slow

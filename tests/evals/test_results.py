@@ -10,8 +10,11 @@ from kvbench.evals.results import SettingResult, aggregate_delta_pct, eval_json,
 
 
 def _result(label, acc, exact, ppl, kl_sum=0.0):
-    scores = (TaskScore("kvb_plays_mc", "acc_norm", acc, 0.03, 200), TaskScore("kvb_britannica_cloze", "exact_match", exact, 0.02, 200),
-              TaskScore("kvb_britannica_ppl", "word_perplexity", ppl, None, 42))
+    scores = (
+        TaskScore("kvb_plays_mc", "acc_norm", acc, 0.03, 200),
+        TaskScore("kvb_britannica_cloze", "exact_match", exact, 0.02, 200),
+        TaskScore("kvb_britannica_ppl", "word_perplexity", ppl, None, 42),
+    )
     return SettingResult(label, scores, DivergenceStats(100, kl_sum, 95, 300.0, 299.0), "exact")
 
 
@@ -35,9 +38,19 @@ def test_aggregate_is_the_mean_of_the_task_headlines():
 
 
 def test_lm_eval_results_become_scores_with_stderr_or_none():
-    results = {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1, "word_perplexity,none": 9.0,
-                                  "word_perplexity_stderr,none": "N/A", "sample_len,none": 4}},
-               "n-samples": {"t": {"original": 10, "effective": 4}}}
+    results = {
+        "results": {
+            "t": {
+                "alias": "t",
+                "acc,none": 0.5,
+                "acc_stderr,none": 0.1,
+                "word_perplexity,none": 9.0,
+                "word_perplexity_stderr,none": "N/A",
+                "sample_len,none": 4,
+            }
+        },
+        "n-samples": {"t": {"original": 10, "effective": 4}},
+    }
     scores = {s.metric: s for s in scores_from_results(results)}
     assert set(scores) == {"acc", "word_perplexity"}
     assert scores["acc"].stderr == 0.1 and scores["word_perplexity"].stderr is None
@@ -46,11 +59,17 @@ def test_lm_eval_results_become_scores_with_stderr_or_none():
 
 
 def test_logged_samples_give_each_documents_value_in_doc_id_order():
-    results = {"results": {"t": {"acc,none": 0.5, "exact_match,first_word": 0.5}},
-               "samples": {"t": [{"doc_id": 1, "filter": "none", "acc": 0.0},
-                                 {"doc_id": 0, "filter": "none", "acc": 1.0},
-                                 {"doc_id": 0, "filter": "first_word", "exact_match": 0.0},
-                                 {"doc_id": 1, "filter": "first_word", "exact_match": 1.0}]}}
+    results = {
+        "results": {"t": {"acc,none": 0.5, "exact_match,first_word": 0.5}},
+        "samples": {
+            "t": [
+                {"doc_id": 1, "filter": "none", "acc": 0.0},
+                {"doc_id": 0, "filter": "none", "acc": 1.0},
+                {"doc_id": 0, "filter": "first_word", "exact_match": 0.0},
+                {"doc_id": 1, "filter": "first_word", "exact_match": 1.0},
+            ]
+        },
+    }
     scores = {s.metric: s for s in scores_from_results(results)}
     assert scores["acc"].per_doc == (1.0, 0.0)
     assert scores["exact_match"].per_doc == (0.0, 1.0)
@@ -60,6 +79,7 @@ def test_task_deltas_are_paired_by_document_with_mcnemar():
     # 20 documents: the baseline gets 10 right; the setting loses 4 of them and gains 1 -> 7 right
     base = [1.0] * 10 + [0.0] * 10
     new = [0.0] * 4 + [1.0] * 6 + [1.0] + [0.0] * 9
+
     def make(label, docs):
         return SettingResult(label, (TaskScore("kvb_plays_mc", "acc_norm", sum(docs) / 20, 0.1, 20, tuple(docs)),))
 
@@ -67,7 +87,7 @@ def test_task_deltas_are_paired_by_document_with_mcnemar():
     row = rows["fp8_e5m2/tensor"]
     assert row.delta_pct == pytest.approx(-30.0)  # (7 - 10) / 10
     assert row.ci_of == "delta_pct" and row.ci_low < -30.0 < row.ci_high and row.items == 20
-    assert row.p_value == pytest.approx(2 * (1 + 5) / 2 ** 5)  # McNemar: 4 lost, 1 gained -> 2 P(X <= 1 | 5)
+    assert row.p_value == pytest.approx(2 * (1 + 5) / 2**5)  # McNemar: 4 lost, 1 gained -> 2 P(X <= 1 | 5)
     assert row.verdict.startswith("cannot resolve")  # 20 documents cannot tell 0.5% apart
     assert rows["fp32"].verdict is None and rows["fp32"].p_value == 1.0
 
@@ -88,9 +108,13 @@ def test_tradeoff_puts_a_run_folders_performance_beside_the_evals_deltas(tmp_pat
     assert perf["fp32"]["output_tok_s"] == pytest.approx(overall["output_tok_s"].mean())
     assert perf["fp32"]["prefill_recompute_rate"] == pytest.approx(overall["prefill_recompute_rate"].mean())
     ppl = DirectMetric("perplexity", 21.5, 21.3, PairedDelta(-0.9, -1.2, -0.6, 120), "delta_pct")
-    results = [SettingResult("fp32", direct=(DirectMetric("perplexity", 21.3, 21.3, PairedDelta(0.0, 0.0, 0.0, 120),
-                                                          "delta_pct"),)),
-               SettingResult("fp8_e4m3/tensor", direct=(ppl,)), SettingResult("fp8_e5m2/tensor", direct=(ppl,))]
+    results = [
+        SettingResult(
+            "fp32", direct=(DirectMetric("perplexity", 21.3, 21.3, PairedDelta(0.0, 0.0, 0.0, 120), "delta_pct"),)
+        ),
+        SettingResult("fp8_e4m3/tensor", direct=(ppl,)),
+        SettingResult("fp8_e5m2/tensor", direct=(ppl,)),
+    ]
     frame = tradeoff_frame(perf, metric_rows(results, "fp32"), ["fp32", "fp8_e4m3/tensor"])
     fp8 = frame.set_index("kv_setting").loc["fp8_e4m3/tensor"]
     assert fp8["perplexity_delta_pct"] == -0.9 and (fp8["perplexity_ci_low"], fp8["perplexity_ci_high"]) == (-1.2, -0.6)

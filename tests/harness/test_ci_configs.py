@@ -12,7 +12,9 @@ from kvbench.evals.runner import load_eval_config
 from kvbench.harness.config import load_config_file
 
 CI = Path(__file__).resolve().parents[2] / "ci"
-RUN_CONFIGS = sorted(path for path in CI.glob("*.yaml") if not path.stem.endswith("-eval") and path.stem != "github-nightly")
+RUN_CONFIGS = sorted(
+    path for path in CI.glob("*.yaml") if not path.stem.endswith("-eval") and path.stem != "github-nightly"
+)
 EVAL_CONFIGS = sorted(CI.glob("*-eval.yaml"))
 
 

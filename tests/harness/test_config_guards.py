@@ -62,8 +62,9 @@ loads: [{{concurrency: 1}}]
 def _refused(tmp_path: Path, text: str) -> tuple[dict, str]:
     config = tmp_path / "config.yaml"
     config.write_text(text)
-    child = subprocess.run([sys.executable, "-c", CHILD, str(config), str(tmp_path / "out")], capture_output=True,
-                           text=True, timeout=300)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(config), str(tmp_path / "out")], capture_output=True, text=True, timeout=300
+    )
     assert child.returncode == 0, f"the child died ({child.returncode}): {child.stderr[-2000:]}"
     return json.loads(child.stdout.strip().splitlines()[-1]), child.stderr.strip()
 
@@ -84,9 +85,15 @@ def test_a_sweep_of_a_million_cells_is_refused_with_its_count_and_largest_factor
     assert "engines[0].sweep.max_tokens 100" in err and "engines[0].sweep.top_p 100" in err
 
 
-@pytest.mark.parametrize(("loads", "repeat", "named"), [(200, 60, "loads 200, repeat 60"), (101, 100, "loads 101, repeat 100")])
+@pytest.mark.parametrize(
+    ("loads", "repeat", "named"), [(200, 60, "loads 200, repeat 60"), (101, 100, "loads 101, repeat 100")]
+)
 def test_loads_and_repetitions_count_too(loads, repeat, named):
-    data = {"engines": [{"engine": "endpoint"}], "loads": [{"concurrency": 1 + i} for i in range(loads)], "repeat": repeat}
+    data = {
+        "engines": [{"engine": "endpoint"}],
+        "loads": [{"concurrency": 1 + i} for i in range(loads)],
+        "repeat": repeat,
+    }
     with pytest.raises(SettingsError, match=f"{loads * repeat:,} cells.*{named}"):
         parse_config(data)
     data["repeat"] = 10_000 // loads

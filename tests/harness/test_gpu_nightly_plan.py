@@ -54,12 +54,24 @@ def test_the_dry_run_prints_each_cells_duration_and_the_total(gpu_plan):
 
 def _small(tmp_path) -> Path:
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({
-        "engines": [{"engine": "endpoint", "label": "e", "settings": {"url": "http://127.0.0.1:9"},
-                     "sweep": {"model": ["a", "b"]}}],
-        "workloads": [{"name": "rag-chat-mini", "num_sessions": 4}], "loads": [{"rate": 1.0}],
-        "stop": {"duration_s": 600}, "repeat": 2,
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "engines": [
+                    {
+                        "engine": "endpoint",
+                        "label": "e",
+                        "settings": {"url": "http://127.0.0.1:9"},
+                        "sweep": {"model": ["a", "b"]},
+                    }
+                ],
+                "workloads": [{"name": "rag-chat-mini", "num_sessions": 4}],
+                "loads": [{"rate": 1.0}],
+                "stop": {"duration_s": 600},
+                "repeat": 2,
+            }
+        )
+    )
     return path
 
 
@@ -68,7 +80,12 @@ def test_budget_refuses_a_plan_over_it_and_cell_picks_cells(tmp_path, capsys):
     assert main(["run", str(config), "--dry-run", "--budget", "0.1", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: --budget 0.1: the plan needs at least ~")
-    assert main(["run", str(config), "--dry-run", "--budget", "1000", "--cell", "e[model=a]", "--out", str(tmp_path / "o")]) == 0
+    assert (
+        main(
+            ["run", str(config), "--dry-run", "--budget", "1000", "--cell", "e[model=a]", "--out", str(tmp_path / "o")]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "(1 cells)" in out and "e[model=a]" in out and "e[model=b]" not in out
     assert main(["run", str(config), "--budget", "0.1", "--out", str(tmp_path / "o")]) == 2  # refused before launching
@@ -88,10 +105,15 @@ def test_the_cells_interpreters_come_from_the_venv_layout(tmp_path):
         (tmp_path / path).write_text("#!/bin/sh\n")
         (tmp_path / path).chmod(0o755)
     assert {item["venv"] for item in MATRIX} == {"vllm", "lmcache", "sglang", "trtllm", ""}
-    lines = {venv: _env(tmp_path, ENGINE_VENV=venv).stdout.splitlines() for venv in ("vllm", "lmcache", "sglang", "trtllm", "")}
+    lines = {
+        venv: _env(tmp_path, ENGINE_VENV=venv).stdout.splitlines()
+        for venv in ("vllm", "lmcache", "sglang", "trtllm", "")
+    }
     assert lines["vllm"] == [f"KVBENCH_VLLM_PYTHON={tmp_path}/vllm/bin/python", "CELL_SETS=--set model=/m/Q"]
-    assert lines["lmcache"] == [f"KVBENCH_VLLM_PYTHON={tmp_path}/vllm/bin/python",
-                                "CELL_SETS=--set model=/m/Q --set local_disk_path=/nv/kvbench-lmcache"]
+    assert lines["lmcache"] == [
+        f"KVBENCH_VLLM_PYTHON={tmp_path}/vllm/bin/python",
+        "CELL_SETS=--set model=/m/Q --set local_disk_path=/nv/kvbench-lmcache",
+    ]
     assert lines["sglang"][0] == f"KVBENCH_SGLANG_PYTHON={tmp_path}/sglang/bin/python"
     assert lines["trtllm"] == [f"CELL_SETS=--set model=/m/Q --set executable={tmp_path}/trtllm/bin/trtllm-serve"]
     assert lines[""] == ["CELL_SETS=--set model=/m/Q"]

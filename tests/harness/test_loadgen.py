@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 import pytest
 
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.instrument import (
     FAULT_DROP,
@@ -18,11 +19,16 @@ from kvbench.harness.instrument import (
     FAULT_STALL,
     InstrumentBehaviour,
 )
-from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import (
-    e2e_from_schedule_ms, e2e_ms, itl_ms, summarize, tpot_ms, ttft_from_schedule_ms, ttft_ms,
+    e2e_from_schedule_ms,
+    e2e_ms,
+    itl_ms,
+    summarize,
+    tpot_ms,
+    ttft_from_schedule_ms,
+    ttft_ms,
 )
 from kvbench.measure.records import ANSWER_PLACEHOLDER, ANSWER_TOKEN_IDS, RecordWriter, read_records
 from kvbench.measure.schedule import LoadSpec
@@ -42,13 +48,18 @@ def workload(sessions=1, turns=1, context=64, user=8, max_tokens=10, think=0.0, 
     shared = token_array(rng.integers(1000, 30000, size=context))
     out = []
     for index in range(sessions):
-        out.append(Session(
-            session_id=f"s{index}",
-            tenant=tenants[index % len(tenants)],
-            arrival_s=index * arrival_gap,
-            context=shared,
-            turns=tuple(Turn(token_array(rng.integers(1000, 30000, size=user)), max_tokens, think if k else 0.0) for k in range(turns)),
-        ))
+        out.append(
+            Session(
+                session_id=f"s{index}",
+                tenant=tenants[index % len(tenants)],
+                arrival_s=index * arrival_gap,
+                context=shared,
+                turns=tuple(
+                    Turn(token_array(rng.integers(1000, 30000, size=user)), max_tokens, think if k else 0.0)
+                    for k in range(turns)
+                ),
+            )
+        )
     return Workload(name="test", sessions=tuple(out), vocab_size=32000)
 
 
@@ -57,6 +68,7 @@ def run(behaviour, wl, load=LoadSpec(concurrency=1), **endpoint):
         async with serving(behaviour) as (url, log):
             generator = LoadGenerator(EndpointConfig(base_url=url, model="m", **endpoint), load, run_id="test")
             return await generator.run(wl), log
+
     return asyncio.run(go())
 
 
@@ -149,7 +161,12 @@ def test_open_loop_schedule_is_kept():
 
 @pytest.mark.parametrize(
     "fault, after, kind",
-    [(FAULT_HTTP_500, 0, "http"), (FAULT_MALFORMED, 1, "malformed_sse"), (FAULT_STALL, 2, "stalled"), (FAULT_DROP, 1, "")],
+    [
+        (FAULT_HTTP_500, 0, "http"),
+        (FAULT_MALFORMED, 1, "malformed_sse"),
+        (FAULT_STALL, 2, "stalled"),
+        (FAULT_DROP, 1, ""),
+    ],
 )
 def test_faults_become_error_records_never_a_hang(fault, after, kind):
     behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, fault=fault, fault_after_chunks=after)
@@ -163,7 +180,9 @@ def test_faults_become_error_records_never_a_hang(fault, after, kind):
 
 def test_a_failed_turn_ends_its_session_and_is_written(tmp_path):
     def behaviour(index, body):
-        return InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1, fault=FAULT_HTTP_500 if index == 1 else "none")
+        return InstrumentBehaviour(
+            first_token_ms=2, chunk_interval_ms=1, fault=FAULT_HTTP_500 if index == 1 else "none"
+        )
 
     path = tmp_path / "requests.jsonl"
 
@@ -181,7 +200,11 @@ def test_a_failed_turn_ends_its_session_and_is_written(tmp_path):
 
 def test_stop_conditions_and_warmup():
     behaviour = InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1)
-    result, _ = run(behaviour, workload(sessions=10, turns=2, max_tokens=2), LoadSpec(concurrency=3, num_requests=7, warmup_requests=2))
+    result, _ = run(
+        behaviour,
+        workload(sessions=10, turns=2, max_tokens=2),
+        LoadSpec(concurrency=3, num_requests=7, warmup_requests=2),
+    )
     assert len(result.records) == 7
     assert sum(rec.warmup for rec in result.records) == 2
     assert summarize(result.records).requests == 5
@@ -193,8 +216,12 @@ def test_each_tenant_sends_its_own_api_key():
 
     async def go():
         async with serving(behaviour) as (url, log):
-            generator = LoadGenerator(EndpointConfig(base_url=url, model="m", api_key="default-key"),
-                                      LoadSpec(concurrency=2), run_id="t", tenant_api_keys={"a": "key-a"})
+            generator = LoadGenerator(
+                EndpointConfig(base_url=url, model="m", api_key="default-key"),
+                LoadSpec(concurrency=2),
+                run_id="t",
+                tenant_api_keys={"a": "key-a"},
+            )
             await generator.run(wl)
             return log
 
@@ -234,6 +261,7 @@ def test_a_resumed_run_sends_only_unfinished_turns_with_the_prompts_they_would_h
             async with serving(behaviour) as (url, log):
                 generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), LoadSpec(concurrency=1), run_id="p")
                 return await generator.run(wl, finished=finished), log
+
         result, log = asyncio.run(go())
         # One request at a time: the i-th body the instrument saw is the i-th record sent.
         sent = sorted(result.records, key=lambda rec: rec.sent_ns)
@@ -250,7 +278,11 @@ def test_a_resumed_run_sends_only_unfinished_turns_with_the_prompts_they_would_h
         assert rec.reusable_tokens == by_identity[rec.identity].reusable_tokens
         assert rec.answer_tokens == [700, 701, 702, 703]
     before, after = summarize(whole.records), summarize([*resumed.replayed, *resumed.records])
-    assert (after.requests, after.completed, after.output_tokens) == (before.requests, before.completed, before.output_tokens)
+    assert (after.requests, after.completed, after.output_tokens) == (
+        before.requests,
+        before.completed,
+        before.output_tokens,
+    )
     assert after.cache == before.cache
 
 
@@ -262,8 +294,9 @@ def multi_tenant_workload():
     """rag-chat-mt-mini (6 sessions, times scaled down) whose contexts all begin with the same preamble."""
     wl = load_workload("rag-chat-mt-mini", num_sessions=6, seed=5, time_scale=0.02)
     preamble = np.random.default_rng(1).integers(1000, wl.vocab_size, size=PREAMBLE)
-    sessions = tuple(dataclasses.replace(s, context=token_array(np.concatenate([preamble, s.context])))
-                     for s in wl.sessions)
+    sessions = tuple(
+        dataclasses.replace(s, context=token_array(np.concatenate([preamble, s.context]))) for s in wl.sessions
+    )
     return dataclasses.replace(wl, sessions=sessions), tuple(int(t) for t in preamble[:DECLARED])
 
 
@@ -277,22 +310,37 @@ def test_the_simulator_gives_the_load_generators_reusable_tokens_on_a_multi_tena
 
     async def go():
         async with serving(behaviour) as (url, _):
-            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="real",
-                                      isolation=isolation, shared_prefixes=tenants.shared_prefixes)
+            generator = LoadGenerator(
+                EndpointConfig(base_url=url, model="m"),
+                load,
+                run_id="real",
+                isolation=isolation,
+                shared_prefixes=tenants.shared_prefixes,
+            )
             return await generator.run(wl)
 
     real = sorted(asyncio.run(go()).records, key=lambda rec: rec.sent_ns)
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8",
-                       strict_isolation=isolation is Isolation.STRICT, tenants=tenants)
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        get_preset("vllm-prefix"),
+        "fp8",
+        "fp8",
+        strict_isolation=isolation is Isolation.STRICT,
+        tenants=tenants,
+    )
     simulated = simulate(wl, load, config, send_order=[rec.request_id for rec in real]).records
     assert len(real) == wl.num_requests and all(rec.ok for rec in real)
     assert {rec.request_id: rec.reusable_tokens for rec in simulated} == {
-        rec.request_id: rec.reusable_tokens for rec in real}
+        rec.request_id: rec.reusable_tokens for rec in real
+    }
     # The rule was exercised: a tenant's first request finds only another tenant's prompts before it, and may
     # reuse nothing of them in strict isolation, the declared prefix (not the whole preamble) in shared-prefix.
     firsts = [next(rec for rec in real if rec.tenant == tenant) for tenant in dict.fromkeys(r.tenant for r in real)]
     assert len(firsts) >= 2
-    assert [rec.reusable_tokens for rec in firsts[1:]] == [0 if isolation is Isolation.STRICT else DECLARED] * (len(firsts) - 1)
+    assert [rec.reusable_tokens for rec in firsts[1:]] == [0 if isolation is Isolation.STRICT else DECLARED] * (
+        len(firsts) - 1
+    )
 
 
 def test_ttft_from_schedule_equals_ttft_when_every_request_goes_when_planned():
@@ -316,4 +364,6 @@ def test_ttft_from_schedule_counts_the_queueing_a_saturated_closed_loop_adds():
         assert ttft_from_schedule_ms(rec) - ttft_ms(rec) >= 45.0 * k - EARLY_MS * (k + 1)
         assert e2e_from_schedule_ms(rec) >= 45.0 * (k + 1) - EARLY_MS * (k + 1)
     summary = summarize(result.records)
-    assert summary.ttft_from_schedule_ms.max >= 3 * 45.0 + 30.0 - 4 * EARLY_MS  # the last waited 3 answers, then its own
+    assert (
+        summary.ttft_from_schedule_ms.max >= 3 * 45.0 + 30.0 - 4 * EARLY_MS
+    )  # the last waited 3 answers, then its own

@@ -2,12 +2,13 @@
 run is promoted and the job passes; the next night compares against it (and a regression then fails); a failed
 first run records nothing. `kvbench run` is a stand-in that copies a prepared folder; the rest is the real CLI."""
 
-import pytest
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.verdicts.test_compare import simple_run
 
@@ -28,18 +29,30 @@ def test_the_first_night_records_the_baseline_and_the_second_compares(tmp_path):
         "#!/usr/bin/env bash\n"
         'if [[ "$1" == run ]]; then mkdir -p "$(dirname "$4")" && cp -r "$FAKE_RUN" "$4"; exit "${FAKE_RC:-0}"; fi\n'
         f'exec "{sys.executable}" -c "import sys; sys.path.insert(0, \'{REPO}\'); '
-        "from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
+        'from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))" "$@"\n'
     )
     fake.chmod(0o755)
     outputs = tmp_path / "github_output"
 
     def nightly(run_folder, record_first="1", rc="0"):
-        env = {**os.environ, "KVBENCH": str(fake), "KVBENCH_ROOT": str(root), "FAKE_RUN": str(run_folder),
-               "NIGHTLY_BASELINES": str(baselines), "NIGHTLY_RECORD_FIRST": record_first, "FAKE_RC": rc,
-               "GITHUB_OUTPUT": str(outputs)}
+        env = {
+            **os.environ,
+            "KVBENCH": str(fake),
+            "KVBENCH_ROOT": str(root),
+            "FAKE_RUN": str(run_folder),
+            "NIGHTLY_BASELINES": str(baselines),
+            "NIGHTLY_RECORD_FIRST": record_first,
+            "FAKE_RC": rc,
+            "GITHUB_OUTPUT": str(outputs),
+        }
         env.pop("GITHUB_STEP_SUMMARY", None)
-        return subprocess.run(["bash", str(REPO / "ci" / "nightly.sh"), "nightly-cpu"], env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            ["bash", str(REPO / "ci" / "nightly.sh"), "nightly-cpu"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     without = nightly(good, record_first="0")
     assert without.returncode == 2 and f"--root {baselines}" in without.stderr

@@ -8,19 +8,35 @@ import time
 
 import pytest
 
-from kvbench.engines.http import request
 from kvbench.cli.main import main
+from kvbench.engines.http import request
 
 from ..quick_workload import quick_mini
-
 from .instrument_fixture import free_port
 
 
 def run(out, *flags):
     # (--max-lag-ms: the client's lag on a loaded test machine is not this test's subject; past it, exit 1;
     # rag-chat-mini's think times neither: quick_mini's are 20x shorter)
-    assert main(["run", "--workload", quick_mini(out.parent), "--num-sessions", "6", "--concurrency", "3",
-                 "--max-lag-ms", "1000", "--out", str(out), *flags]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--workload",
+                quick_mini(out.parent),
+                "--num-sessions",
+                "6",
+                "--concurrency",
+                "3",
+                "--max-lag-ms",
+                "1000",
+                "--out",
+                str(out),
+                *flags,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -35,9 +51,21 @@ def instrument():
 
     def start(first_token_ms: float) -> str:
         port = free_port()
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port),
-             "--first-token-ms", str(first_token_ms), "--chunk-interval-ms", "2"]))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kvbench.harness.instrument",
+                    "--port",
+                    str(port),
+                    "--first-token-ms",
+                    str(first_token_ms),
+                    "--chunk-interval-ms",
+                    "2",
+                ]
+            )
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 20
         while not request("GET", url + "/health", timeout_s=1).ok:

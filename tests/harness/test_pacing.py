@@ -51,6 +51,7 @@ def _play(behaviour, wl, load, **generator):
         async with serving(behaviour) as (url, log):
             result = await LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="t", **generator).run(wl)
             return result, log
+
     return asyncio.run(go())
 
 
@@ -65,8 +66,9 @@ def test_request_arrivals_are_the_drawn_poisson_schedule():
     on a loaded machine is the client's own check (its lag numbers are those of the records), not this test's:
     benchmarks/timing_overhead.py measures it."""
     load = LoadSpec(request_rate=40.0, num_requests=30)
-    result, _ = _play(InstrumentBehaviour(first_token_ms=200, chunk_interval_ms=5), workload(sessions=30, max_tokens=3),
-                      load, seed=3)
+    result, _ = _play(
+        InstrumentBehaviour(first_token_ms=200, chunk_interval_ms=5), workload(sessions=30, max_tokens=3), load, seed=3
+    )
     planned = np.cumsum(list(itertools.islice(request_gaps(40.0, 1.0, 3), 30)))
     records = sorted(result.records, key=lambda r: r.planned_ns)
     assert len(records) == 30 and all(record.ok for record in records)
@@ -81,10 +83,15 @@ def test_request_arrivals_are_the_drawn_poisson_schedule():
     assert result.client.schedule_lag_ms.max == pytest.approx(lags[-1])
 
 
-@pytest.mark.parametrize("load", [LoadSpec(request_rate=200.0, max_concurrency=3, num_requests=24),
-                                  LoadSpec(rate=200.0, max_concurrency=3, num_requests=24),
-                                  LoadSpec(request_rate=float("inf"), max_concurrency=3, num_requests=24)],
-                         ids=["request-rate", "session-rate", "inf"])
+@pytest.mark.parametrize(
+    "load",
+    [
+        LoadSpec(request_rate=200.0, max_concurrency=3, num_requests=24),
+        LoadSpec(rate=200.0, max_concurrency=3, num_requests=24),
+        LoadSpec(request_rate=float("inf"), max_concurrency=3, num_requests=24),
+    ],
+    ids=["request-rate", "session-rate", "inf"],
+)
 def test_max_concurrency_caps_requests_in_flight_under_an_open_loop(load):
     """Arrivals far faster than 40 ms answers: without the cap ~8-24 would be in flight; with it never more than
     3 (and 3 is reached), and the waits behind the cap show in TTFT from schedule, not in TTFT (TTFT counts from
@@ -96,8 +103,9 @@ def test_max_concurrency_caps_requests_in_flight_under_an_open_loop(load):
     the arrivals' span after the first plan."""
     from kvbench.measure.metrics import ttft_from_schedule_ms, ttft_ms
 
-    result, log = _play(InstrumentBehaviour(first_token_ms=40, chunk_interval_ms=2), workload(sessions=24, max_tokens=2),
-                        load)
+    result, log = _play(
+        InstrumentBehaviour(first_token_ms=40, chunk_interval_ms=2), workload(sessions=24, max_tokens=2), load
+    )
     records = sorted(result.records, key=lambda r: r.sent_ns)
     assert len(records) == 24 and all(record.ok for record in records)
     assert _most_in_flight(records) == 3
@@ -138,6 +146,7 @@ def test_an_arrival_lets_a_sessions_ready_next_turn_through_before_a_new_session
     """The arrival gate's rule, on a hand-moved clock (arrivals 100 ms apart): three sessions wait with their
     first turns; s0 goes at the first arrival; once s0's next turn is ready it takes the second arrival ahead of
     s1 and s2, which have waited longer; an arrival finding nobody ready is missed."""
+
     async def go():
         timer = StepTimer()
         gate = ArrivalGate(itertools.chain([0.0], itertools.repeat(0.1)), t0_ns=0, timer=timer, may_send=lambda: True)
@@ -169,14 +178,23 @@ def test_a_sessions_next_turn_takes_an_arrival_before_a_new_session_starts():
     (its previous answer done) well before an arrival, that arrival did not open a new session. "Well before":
     50 ms, so that a stall between the answer's end and its next turn reaching the gate cannot decide it; on an
     idle machine every arrival is checked (the rule itself: the test above, on a hand-moved clock)."""
-    result, _ = _play(InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1), workload(sessions=3, turns=3, max_tokens=2),
-                      LoadSpec(request_rate=10.0, burstiness=400.0), seed=1)
+    result, _ = _play(
+        InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1),
+        workload(sessions=3, turns=3, max_tokens=2),
+        LoadSpec(request_rate=10.0, burstiness=400.0),
+        seed=1,
+    )
     records = result.records
     assert sorted((r.session_id, r.turn) for r in records) == [(f"s{s}", t) for s in range(3) for t in range(3)]
     done = {(r.session_id, r.turn): r.done_ns for r in records}
     for first in (r for r in records if r.turn == 0):
-        ready_before = [r for r in records if r.turn > 0 and r.planned_ns > first.planned_ns
-                        and done[(r.session_id, r.turn - 1)] < first.planned_ns - 50_000_000]
+        ready_before = [
+            r
+            for r in records
+            if r.turn > 0
+            and r.planned_ns > first.planned_ns
+            and done[(r.session_id, r.turn - 1)] < first.planned_ns - 50_000_000
+        ]
         assert ready_before == [], f"{first.session_id} opened while {[r.identity for r in ready_before]} was ready"
     for session in ("s0", "s1", "s2"):  # each session's turns in order
         turns = sorted((r for r in records if r.session_id == session), key=lambda r: r.planned_ns)
@@ -184,8 +202,11 @@ def test_a_sessions_next_turn_takes_an_arrival_before_a_new_session_starts():
 
 
 def test_the_request_budget_ends_a_request_rate_point_with_sessions_still_waiting():
-    result, _ = _play(InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1), workload(sessions=200, max_tokens=2),
-                      LoadSpec(request_rate=100.0, num_requests=5))
+    result, _ = _play(
+        InstrumentBehaviour(first_token_ms=2, chunk_interval_ms=1),
+        workload(sessions=200, max_tokens=2),
+        LoadSpec(request_rate=100.0, num_requests=5),
+    )
     assert len(result.records) == 5
 
 

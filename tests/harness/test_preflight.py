@@ -42,12 +42,22 @@ def test_a_run_whose_later_cell_cannot_start_exits_2_before_the_first_cell_runs(
     out = tmp_path / "run"
     with instrument_process() as (url, _):
         config = tmp_path / "matrix.yaml"
-        config.write_text(yaml.safe_dump({
-            "engines": [{"engine": "endpoint", "label": "first", "settings": {"url": url}},
-                        {"engine": "vllm", "label": "second", "settings": {"python": str(tmp_path / "no-venv" / "python")}},
-                        {"engine": "kvengine", "label": "third", "settings": {"model": str(tmp_path / "no-model")}}],
-            "workloads": [{"name": "rag-chat-mini", "num_sessions": 2}],
-        }))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "engines": [
+                        {"engine": "endpoint", "label": "first", "settings": {"url": url}},
+                        {
+                            "engine": "vllm",
+                            "label": "second",
+                            "settings": {"python": str(tmp_path / "no-venv" / "python")},
+                        },
+                        {"engine": "kvengine", "label": "third", "settings": {"model": str(tmp_path / "no-model")}},
+                    ],
+                    "workloads": [{"name": "rag-chat-mini", "num_sessions": 2}],
+                }
+            )
+        )
         assert main(["run", str(config), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "2 of 3 engine cells cannot start here" in err
@@ -59,12 +69,16 @@ def test_a_run_whose_later_cell_cannot_start_exits_2_before_the_first_cell_runs(
 def test_a_cell_whose_engine_lacks_a_flag_is_refused_before_the_first_runs(tmp_path, capsys):
     """The installed engine's --help, run before anything launches, decides the flags (a stand-in engine)."""
     engine = tmp_path / "fake-vllm-python"
-    engine.write_text("#!/bin/sh\n"
-                      'case "$*" in *importlib.metadata*) echo "vllm 9.9.9";; *--help*) echo "usage: --model --port '
-                      '--host --served-model-name --kv-cache-dtype {auto} --enable-prefix-caching";; esac\n')
+    engine.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *importlib.metadata*) echo "vllm 9.9.9";; *--help*) echo "usage: --model --port '
+        '--host --served-model-name --kv-cache-dtype {auto} --enable-prefix-caching";; esac\n'
+    )
     engine.chmod(0o755)
     config = tmp_path / "matrix.yaml"
-    config.write_text(yaml.safe_dump({"engines": [{"engine": "vllm", "settings": {"python": str(engine), "model": "m"}}]}))
+    config.write_text(
+        yaml.safe_dump({"engines": [{"engine": "vllm", "settings": {"python": str(engine), "model": "m"}}]})
+    )
     assert main(["run", str(config), "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "installed vllm: unknown flag" in err and "1 of 1 engine cells cannot start here" in err
@@ -80,15 +94,50 @@ def test_a_model_the_endpoint_does_not_serve_exits_2_naming_the_served_ones_befo
     log = InstrumentLog()
     runner = web.AppRunner(make_app(InstrumentBehaviour(), log, served_model="served-one"), access_log=None)
     with app_in_thread(runner) as url:
-        code = main(["run", "--url", url, "--model", "wrong-one", "--workload", "rag-chat-mini", "--num-sessions", "2",
-                     "--concurrency", "1", "--out", str(tmp_path / "run")])
+        code = main(
+            [
+                "run",
+                "--url",
+                url,
+                "--model",
+                "wrong-one",
+                "--workload",
+                "rag-chat-mini",
+                "--num-sessions",
+                "2",
+                "--concurrency",
+                "1",
+                "--out",
+                str(tmp_path / "run"),
+            ]
+        )
         assert code == 2
         err = capsys.readouterr().err
         assert "model 'wrong-one' is not served at" in err and "'served-one'" in err
         assert "give --model served-one" in err and "Traceback" not in err
         assert log.bodies == []  # refused before the first request
-        assert main(["run", "--url", url, "--model", "served-one", "--workload", "rag-chat-mini", "--num-sessions", "2",
-                     "--concurrency", "1", "--out", str(tmp_path / "ok"), "--max-lag-ms", "1000"]) == 0
+        assert (
+            main(
+                [
+                    "run",
+                    "--url",
+                    url,
+                    "--model",
+                    "served-one",
+                    "--workload",
+                    "rag-chat-mini",
+                    "--num-sessions",
+                    "2",
+                    "--concurrency",
+                    "1",
+                    "--out",
+                    str(tmp_path / "ok"),
+                    "--max-lag-ms",
+                    "1000",
+                ]
+            )
+            == 0
+        )
         assert log.bodies
 
 

@@ -16,23 +16,26 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from kvbench.harness import ray_cluster  # noqa: E402
 from kvbench.harness.client import EndpointConfig  # noqa: E402
 from kvbench.harness.config import parse_config  # noqa: E402
 from kvbench.harness.loadgen import LoadGenerator  # noqa: E402
-from kvbench.harness.workers import run_on_workers  # noqa: E402
-from kvbench.measure.records import RecordWriter  # noqa: E402
-from kvbench.harness import ray_cluster  # noqa: E402
 from kvbench.harness.ray_cluster import RayPool, cell_options  # noqa: E402
 from kvbench.harness.runner import run_experiment  # noqa: E402
+from kvbench.harness.workers import run_on_workers  # noqa: E402
 from kvbench.measure.metrics import summarize, ttft_ms, ttft_values  # noqa: E402
-from kvbench.measure.records import PointId, read_records  # noqa: E402
+from kvbench.measure.records import (  # noqa: E402
+    PointId,
+    RecordWriter,  # noqa: E402
+    read_records,
+)
 from kvbench.measure.run_folder import REQUESTS_JSONL, RunMode, engine_dir, read_entries  # noqa: E402
 from kvbench.measure.schedule import LoadSpec  # noqa: E402
 
 from .instrument_fixture import instrument_process  # noqa: E402
 from .test_loadgen import workload  # noqa: E402
-from .timing import EARLY_MS  # noqa: E402
 from .test_workers import TIMING, by_request, play  # noqa: E402
+from .timing import EARLY_MS  # noqa: E402
 
 # A Ray actor's TTFT against the injected one. Ray's raylet and GCS share this machine's two cores with the
 # client and the instrument: a quiet CI run measured a p50 of 22.7 ms for an injected 20 ms (the 2 ms of the
@@ -93,8 +96,15 @@ def test_a_killed_ray_actor_fails_the_point_by_name_and_keeps_the_finished_recor
             killed.append(True)
             ray.kill(pool.actors[1])
 
-    result, _ = play(TIMING, workload(sessions=4, turns=4, max_tokens=2, think=0.05), LoadSpec(concurrency=4),
-                     workers=2, path=tmp_path / "requests.jsonl", pool=pool, on_record=kill_worker_1)
+    result, _ = play(
+        TIMING,
+        workload(sessions=4, turns=4, max_tokens=2, think=0.05),
+        LoadSpec(concurrency=4),
+        workers=2,
+        path=tmp_path / "requests.jsonl",
+        pool=pool,
+        on_record=kill_worker_1,
+    )
     assert result.aborted is not None and "load worker 1 (Ray actor" in result.aborted
     on_disk = by_request(read_records(tmp_path / "requests.jsonl"))
     assert on_disk.keys() == by_request(result.records).keys()
@@ -102,19 +112,34 @@ def test_a_killed_ray_actor_fails_the_point_by_name_and_keeps_the_finished_recor
 
 
 def _matrix(url: str, failing_cell: bool = False) -> dict:
-    engines = [{"engine": "endpoint", "label": f"cell{i}", "settings": {"url": url, "model": "instrument"}}
-               for i in range(2)]
+    engines = [
+        {"engine": "endpoint", "label": f"cell{i}", "settings": {"url": url, "model": "instrument"}} for i in range(2)
+    ]
     if failing_cell:  # an engine launched where it is not installed: it fails at once, and leaves a log
-        engines[1] = {"engine": "vllm", "label": "cell1",
-                      "settings": {"python": sys.executable, "model": "x", "check_flags": False}}
-    return {"name": "two-cells", "engines": engines, "workloads": [{"name": "rag-chat-mini", "num_sessions": 2}],
-            "loads": [{"concurrency": 2}], "stop": {"num_requests": 4}, "client": {"health_timeout_s": 30}}
+        engines[1] = {
+            "engine": "vllm",
+            "label": "cell1",
+            "settings": {"python": sys.executable, "model": "x", "check_flags": False},
+        }
+    return {
+        "name": "two-cells",
+        "engines": engines,
+        "workloads": [{"name": "rag-chat-mini", "num_sessions": 2}],
+        "loads": [{"concurrency": 2}],
+        "stop": {"num_requests": 4},
+        "client": {"health_timeout_s": 30},
+    }
 
 
 def _comparable(entry) -> dict:
     overall = entry.summary["overall"]
-    return {"requests": overall["requests"], "completed": overall["completed"], "errors": overall["errors"],
-            "output_tokens": overall["output_tokens"], "cache": overall["cache"]}
+    return {
+        "requests": overall["requests"],
+        "completed": overall["completed"],
+        "errors": overall["errors"],
+        "output_tokens": overall["output_tokens"],
+        "cache": overall["cache"],
+    }
 
 
 def _scratch_folders() -> set[Path]:
@@ -124,7 +149,10 @@ def _scratch_folders() -> set[Path]:
 @pytest.mark.slow
 def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_path):
     scratch = _scratch_folders()
-    with instrument_process("--served-model", "instrument", "--first-token-ms", "20", "--chunk-interval-ms", "5") as (url, _):
+    with instrument_process("--served-model", "instrument", "--first-token-ms", "20", "--chunk-interval-ms", "5") as (
+        url,
+        _,
+    ):
         config = parse_config(_matrix(url))
         here = run_experiment(config, tmp_path / "here")
         there = run_experiment(config, tmp_path / "ray", ray_address="auto")
@@ -141,12 +169,17 @@ def test_a_two_cell_matrix_on_ray_gives_the_summaries_it_gives_without_ray(tmp_p
         assert ttft >= 20.0 - EARLY_MS
     assert _scratch_folders() == scratch  # each cell's scratch run folder on its node is gone
     records = list(read_records(tmp_path / "ray" / REQUESTS_JSONL))
-    assert sorted(r.request_id for r in records) == sorted(r.request_id for r in read_records(tmp_path / "here" / REQUESTS_JSONL))
+    assert sorted(r.request_id for r in records) == sorted(
+        r.request_id for r in read_records(tmp_path / "here" / REQUESTS_JSONL)
+    )
 
 
 @pytest.mark.slow
 def test_a_resumed_run_on_ray_plots_the_requests_it_kept(tmp_path, monkeypatch):
-    with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (url, _):
+    with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (
+        url,
+        _,
+    ):
         config = parse_config(_matrix(url))
         run_experiment(config, tmp_path, ray_address="auto")
         plotted: dict[str, list[float]] = {}
@@ -162,7 +195,10 @@ def test_a_resumed_run_on_ray_plots_the_requests_it_kept(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_a_failing_cell_fails_alone_with_its_log(tmp_path):
-    with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (url, _):
+    with instrument_process("--served-model", "instrument", "--first-token-ms", "5", "--chunk-interval-ms", "1") as (
+        url,
+        _,
+    ):
         outcome = run_experiment(parse_config(_matrix(url, failing_cell=True)), tmp_path, ray_address="auto")
     assert [failure.split(":")[0] for failure in outcome.failures] == ["cell1"]
     (entry,) = read_entries(tmp_path)
@@ -172,8 +208,13 @@ def test_a_failing_cell_fails_alone_with_its_log(tmp_path):
 
 
 def test_a_cell_asks_ray_for_the_resources_its_entry_declares():
-    config = parse_config({"engines": [{"engine": "endpoint", "settings": {"url": "http://x"},
-                                        "resources": {"GPU": 8, "CPU": 4, "nvme": 1}}]})
+    config = parse_config(
+        {
+            "engines": [
+                {"engine": "endpoint", "settings": {"url": "http://x"}, "resources": {"GPU": 8, "CPU": 4, "nvme": 1}}
+            ]
+        }
+    )
     assert cell_options(config.engines[0], workers=1) == {"num_cpus": 4, "num_gpus": 8, "resources": {"nvme": 1}}
     plain = parse_config({"engines": [{"engine": "endpoint", "settings": {"url": "http://x"}}]}).engines[0]
     assert cell_options(plain, workers=1) == {"num_cpus": 1, "num_gpus": 0}

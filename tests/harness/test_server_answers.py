@@ -11,7 +11,7 @@ from kvbench.harness.client import EndpointConfig
 from kvbench.harness.instrument import InstrumentBehaviour
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.harness.runner import invalid_reasons
-from kvbench.harness.sse import SSEParser, EventTooLarge
+from kvbench.harness.sse import EventTooLarge, SSEParser
 from kvbench.measure.metrics import summarize
 from kvbench.measure.records import RecordWriter, read_records
 from kvbench.measure.schedule import LoadSpec
@@ -29,8 +29,9 @@ def run(behaviour, tmp_path=None, sessions=SESSIONS, **endpoint):
 
     async def go():
         async with serving(behaviour) as (url, log):
-            generator = LoadGenerator(EndpointConfig(base_url=url, model="m", **endpoint), LoadSpec(concurrency=2),
-                                      run_id="bad")
+            generator = LoadGenerator(
+                EndpointConfig(base_url=url, model="m", **endpoint), LoadSpec(concurrency=2), run_id="bad"
+            )
             if path is None:
                 return await generator.run(workload(sessions=sessions, max_tokens=MAX_TOKENS)), log
             with RecordWriter(path) as writer:
@@ -53,12 +54,21 @@ BAD_ANSWERS = [
     ({"choices.0.token_ids": ["zz"]}, "bad_answer: choices[0].token_ids[0] is 'zz', not an integer"),
     ({"usage.completion_tokens": -47}, "bad_answer: usage.completion_tokens is -47, below 0"),
     ({"usage.prompt_tokens": 1e30}, "bad_answer: usage.prompt_tokens is 1e+30, not an integer"),
-    ({"usage.prompt_tokens": 10**30}, "bad_answer: usage.prompt_tokens is 1000000000000000000000000000000, past the context bound"),
+    (
+        {"usage.prompt_tokens": 10**30},
+        "bad_answer: usage.prompt_tokens is 1000000000000000000000000000000, past the context bound",
+    ),
     ({"usage.completion_tokens": 70}, "bad_answer: usage.completion_tokens is 70, past max_tokens 4"),
     ({"choices": []}, "bad_answer: no content: the stream ended without a token"),
-    ({"usage.prompt_tokens_details.cached_tokens": 2000}, "bad_answer: usage.prompt_tokens_details.cached_tokens 2000 > usage.prompt_tokens"),
-    ({"usage.completion_tokens": 1}, "bad_answer: usage.completion_tokens 1 disagrees with the 4 token ids streamed (tolerance 1)"),
-    ({"choices.0.finish_reason": {"a": 1}}, "bad_answer: choices[0].finish_reason is {\"a\": 1}, not a string"),
+    (
+        {"usage.prompt_tokens_details.cached_tokens": 2000},
+        "bad_answer: usage.prompt_tokens_details.cached_tokens 2000 > usage.prompt_tokens",
+    ),
+    (
+        {"usage.completion_tokens": 1},
+        "bad_answer: usage.completion_tokens 1 disagrees with the 4 token ids streamed (tolerance 1)",
+    ),
+    ({"choices.0.finish_reason": {"a": 1}}, 'bad_answer: choices[0].finish_reason is {"a": 1}, not a string'),
     ({"choices.0.text": 5}, "bad_answer: choices[0].text is 5, not a string"),
     ({"choices.0.logprobs": "x"}, "bad_answer: choices[0].logprobs is 'x', not an object"),
 ]
@@ -92,7 +102,10 @@ def test_a_server_that_ignores_max_tokens_is_stopped_at_once():
     result, log, _ = run(fast(ignore_max_tokens=True), request_timeout_s=5, stall_timeout_s=5)
     assert len(result.records) == SESSIONS and result.aborted is None
     for rec in result.records:
-        assert rec.error == f"bad_answer: server ignored max_tokens: {MAX_TOKENS + 1} tokens streamed, max_tokens {MAX_TOKENS}"
+        assert (
+            rec.error
+            == f"bad_answer: server ignored max_tokens: {MAX_TOKENS + 1} tokens streamed, max_tokens {MAX_TOKENS}"
+        )
         assert sum(tokens for _, tokens in rec.chunks) == MAX_TOKENS + 1  # read one token past, then left
     # The server, one token a ms, noticed the client leave well before request_timeout_s (5,000 tokens).
     assert all(MAX_TOKENS + 1 <= sent < 1000 for sent in log.tokens_sent), log.tokens_sent
@@ -139,10 +152,14 @@ def test_a_stream_without_end_is_cut_at_request_timeout_s():
 
     def play():
         async def go():
-            async with serving(InstrumentBehaviour(first_token_ms=1, chunk_interval_ms=0.2, ignore_max_tokens=True)) as (url, _):
-                generator = LoadGenerator(EndpointConfig(base_url=url, model="m", request_timeout_s=1),
-                                          LoadSpec(concurrency=1), run_id="long")
+            async with serving(
+                InstrumentBehaviour(first_token_ms=1, chunk_interval_ms=0.2, ignore_max_tokens=True)
+            ) as (url, _):
+                generator = LoadGenerator(
+                    EndpointConfig(base_url=url, model="m", request_timeout_s=1), LoadSpec(concurrency=1), run_id="long"
+                )
                 return await generator.run(workload(sessions=2, max_tokens=10**9))
+
         outcome["result"] = asyncio.run(go())
 
     thread = threading.Thread(target=play, daemon=True)

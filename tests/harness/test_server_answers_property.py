@@ -20,7 +20,13 @@ from kvbench.harness.instrument import InstrumentBehaviour, overridden
 from kvbench.harness.loadgen import LoadGenerator
 from kvbench.harness.runner import invalid_reasons
 from kvbench.harness.stream_answer import (
-    API_CHAT, API_COMPLETIONS, AnswerLimits, AnswerReader, Chunk, Failure, parse_payload,
+    API_CHAT,
+    API_COMPLETIONS,
+    AnswerLimits,
+    AnswerReader,
+    Chunk,
+    Failure,
+    parse_payload,
 )
 from kvbench.measure.records import RecordWriter, RequestRecord, read_records
 from kvbench.measure.schedule import LoadSpec
@@ -58,19 +64,39 @@ FIELDS = {
     "usage.completion_tokens": (st.integers(0, 8), lambda v: v is None or is_count(v, MAX_TOKENS - 1, MAX_TOKENS)),
     "usage.total_tokens": (st.integers(), lambda v: True),  # not read
     "usage.prompt_tokens_details.cached_tokens": (st.integers(0, 100), lambda v: v is None or is_count(v, 0, PROMPT)),
-    "usage.prompt_tokens_details": (st.just({}), lambda v: v is None or (
-        isinstance(v, dict) and (v.get("cached_tokens") is None or is_count(v["cached_tokens"], 0, PROMPT))
-        and v.get("cached_tokens_by_tier") is None)),
-    "usage": (st.just({}), lambda v: v is None or (isinstance(v, dict) and all(
-        v.get(key) is None for key in ("prompt_tokens", "completion_tokens", "prompt_tokens_details")))),
+    "usage.prompt_tokens_details": (
+        st.just({}),
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, dict)
+                and (v.get("cached_tokens") is None or is_count(v["cached_tokens"], 0, PROMPT))
+                and v.get("cached_tokens_by_tier") is None
+            )
+        ),
+    ),
+    "usage": (
+        st.just({}),
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, dict)
+                and all(v.get(key) is None for key in ("prompt_tokens", "completion_tokens", "prompt_tokens_details"))
+            )
+        ),
+    ),
     "choices": (st.just([]), lambda v: False),  # a list of possible choices is out of reach of JSON drawn at random
     "choices.0.text": (st.text(max_size=8), lambda v: v is None or isinstance(v, str)),
-    "choices.0.token_ids": (st.lists(st.integers(0, MAX_ID), max_size=2),
-                            lambda v: v is None or (isinstance(v, list) and len(v) <= 1 and all(is_count(x, 0, MAX_ID) for x in v))),
+    "choices.0.token_ids": (
+        st.lists(st.integers(0, MAX_ID), max_size=2),
+        lambda v: v is None or (isinstance(v, list) and len(v) <= 1 and all(is_count(x, 0, MAX_ID) for x in v)),
+    ),
     "choices.0.token_ids.0": (st.integers(-5, MAX_ID + 5), lambda v: is_count(v, 0, MAX_ID)),
     "choices.0.finish_reason": (st.text(max_size=70), lambda v: v is None or (isinstance(v, str) and len(v) <= 64)),
-    "choices.0.logprobs": (st.fixed_dictionaries({"tokens": st.lists(st.text(max_size=3), max_size=2)}),
-                           lambda v: v is None or (isinstance(v, dict) and first_list_or_none(v))),
+    "choices.0.logprobs": (
+        st.fixed_dictionaries({"tokens": st.lists(st.text(max_size=3), max_size=2)}),
+        lambda v: v is None or (isinstance(v, dict) and first_list_or_none(v)),
+    ),
     "choices.0.index": (st.integers(), lambda v: True),  # not read
     "error": (JSON, lambda v: True),  # beside non-empty choices an error object is not a failed request
 }
@@ -89,8 +115,11 @@ def one_field(draw):
 def test_any_json_in_any_field_through_the_client(tmp_path):
     current: dict = {}
     loop = asyncio.new_event_loop()
-    server = serving(lambda index, body: InstrumentBehaviour(first_token_ms=1, chunk_interval_ms=0.5,
-                                                             cached_tokens=CACHED, overrides=current["overrides"]))
+    server = serving(
+        lambda index, body: InstrumentBehaviour(
+            first_token_ms=1, chunk_interval_ms=0.5, cached_tokens=CACHED, overrides=current["overrides"]
+        )
+    )
     url, _ = loop.run_until_complete(server.__aenter__())
     files = itertools.count()
 
@@ -123,28 +152,57 @@ def field_name(path: str) -> str:
     return path.replace(".0", "[0]")
 
 
-CHUNK_PATHS = ["choices", "choices.0", "choices.0.text", "choices.0.delta", "choices.0.delta.content",
-               "choices.0.token_ids", "choices.0.token_ids.0", "choices.0.finish_reason", "choices.0.logprobs",
-               "choices.0.logprobs.tokens", "usage", "usage.prompt_tokens", "usage.completion_tokens",
-               "usage.prompt_tokens_details", "usage.prompt_tokens_details.cached_tokens",
-               "usage.prompt_tokens_details.cached_tokens_by_tier", "error"]
+CHUNK_PATHS = [
+    "choices",
+    "choices.0",
+    "choices.0.text",
+    "choices.0.delta",
+    "choices.0.delta.content",
+    "choices.0.token_ids",
+    "choices.0.token_ids.0",
+    "choices.0.finish_reason",
+    "choices.0.logprobs",
+    "choices.0.logprobs.tokens",
+    "usage",
+    "usage.prompt_tokens",
+    "usage.completion_tokens",
+    "usage.prompt_tokens_details",
+    "usage.prompt_tokens_details.cached_tokens",
+    "usage.prompt_tokens_details.cached_tokens_by_tier",
+    "error",
+]
 
 
 @settings(max_examples=200, deadline=None)
-@given(api=st.sampled_from([API_COMPLETIONS, API_CHAT]),
-       overrides=st.dictionaries(st.sampled_from(CHUNK_PATHS), JSON, min_size=1, max_size=4),
-       anything=JSON)
+@given(
+    api=st.sampled_from([API_COMPLETIONS, API_CHAT]),
+    overrides=st.dictionaries(st.sampled_from(CHUNK_PATHS), JSON, min_size=1, max_size=4),
+    anything=JSON,
+)
 def test_the_parser_never_raises_and_names_the_field(api, overrides, anything):
     limits = AnswerLimits(max_tokens=MAX_TOKENS)
     # A whole payload of any JSON type.
     assert isinstance(parse_payload(json.dumps(anything), api, limits), (Chunk, Failure))
-    event = {"choices": [{"index": 0, "text": " a", "delta": {"content": " a"}, "token_ids": [7]}],
-             "usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}}}
+    event = {
+        "choices": [{"index": 0, "text": " a", "delta": {"content": " a"}, "token_ids": [7]}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 0}},
+    }
     event = overridden(event, dict(sorted(overrides.items(), key=lambda item: len(item[0]))))
     reader = AnswerReader(api, limits)
     record = RequestRecord(run_id="r", request_id="q", session_id="s", tenant="t", turn=0, queued_ns=0)
     failure = reader.take(json.dumps(event), 1, record) or reader.finish(record)
-    if isinstance(failure, Failure) and failure.kind == "bad_answer" and not failure.reason.startswith(
-            ("no content", "server ignored", "usage.completion_tokens", "usage.prompt_tokens_details.cached_tokens",
-             "cached_tokens_by_tier", "usage.prompt_tokens +")):
+    if (
+        isinstance(failure, Failure)
+        and failure.kind == "bad_answer"
+        and not failure.reason.startswith(
+            (
+                "no content",
+                "server ignored",
+                "usage.completion_tokens",
+                "usage.prompt_tokens_details.cached_tokens",
+                "cached_tokens_by_tier",
+                "usage.prompt_tokens +",
+            )
+        )
+    ):
         assert any(failure.reason.startswith(field_name(path)) for path in overrides), failure

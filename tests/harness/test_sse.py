@@ -10,7 +10,9 @@ def feed_all(parts):
 
 
 def test_events_split_anywhere_give_the_same_payloads():
-    stream = b'data: {"a": 1}\r\n\r\n: keep-alive comment\n\ndata: line one\ndata: line two\n\nevent: x\ndata: [DONE]\n\n'
+    stream = (
+        b'data: {"a": 1}\r\n\r\n: keep-alive comment\n\ndata: line one\ndata: line two\n\nevent: x\ndata: [DONE]\n\n'
+    )
     expected = ['{"a": 1}', "line one\nline two", "[DONE]"]
     assert feed_all([stream]) == expected
     for cut in range(1, len(stream)):

@@ -31,15 +31,18 @@ TIMING = InstrumentBehaviour(first_token_ms=30.0, chunk_interval_ms=25.0, first_
 
 def play(behaviour, wl, load, workers, path=None, pool=None, on_record=None, max_lag_ms=10.0):
     """Records and the prompts the instrument received, for one run on `workers` workers (1: in-process)."""
+
     async def go():
         async with serving(behaviour) as (url, log):
-            generator = LoadGenerator(EndpointConfig(base_url=url, model="m"), load, run_id="test",
-                                      max_lag_ms=max_lag_ms)
+            generator = LoadGenerator(
+                EndpointConfig(base_url=url, model="m"), load, run_id="test", max_lag_ms=max_lag_ms
+            )
             if workers == 1:
                 return await generator.run(wl), log
             with RecordWriter(path) as writer:
                 result = await asyncio.to_thread(run_on_workers, generator, wl, workers, writer, on_record, pool=pool)
             return result, log
+
     return asyncio.run(go())
 
 
@@ -53,12 +56,16 @@ def test_two_workers_send_the_same_requests_with_the_same_prompts_and_timing_as_
     one, one_log = play(TIMING, wl, load, workers=1)
     two, two_log = play(TIMING, wl, load, workers=2, path=tmp_path / "requests.jsonl")
 
-    assert by_request(two.records).keys() == by_request(one.records).keys() == {
-        (f"s{s}", t) for s in range(4) for t in range(3)}
+    assert (
+        by_request(two.records).keys()
+        == by_request(one.records).keys()
+        == {(f"s{s}", t) for s in range(4) for t in range(3)}
+    )
     # Each session's turns in order, each carrying the real answer before it: every prompt the instrument got
     # from two workers is one it got from one worker, and a session's prompts grow by answer + next user turn.
-    assert sorted(map(tuple, (body["prompt"] for body in two_log.bodies))) == \
-        sorted(map(tuple, (body["prompt"] for body in one_log.bodies)))
+    assert sorted(map(tuple, (body["prompt"] for body in two_log.bodies))) == sorted(
+        map(tuple, (body["prompt"] for body in one_log.bodies))
+    )
     answer = [700, 701, 702, 703]
     for session in wl.sessions:
         records = sorted((r for r in two.records if r.session_id == session.session_id), key=lambda r: r.sent_ns)
@@ -70,8 +77,9 @@ def test_two_workers_send_the_same_requests_with_the_same_prompts_and_timing_as_
     # shared context first depends on completion order, so first turns agree as a multiset.
     ones, twos = by_request(one.records), by_request(two.records)
     assert all(twos[key].reusable_tokens == ones[key].reusable_tokens for key in ones if key[1] > 0)
-    assert Counter(r.reusable_tokens for r in two.records if r.turn == 0) == \
-        Counter(r.reusable_tokens for r in one.records if r.turn == 0)
+    assert Counter(r.reusable_tokens for r in two.records if r.turn == 0) == Counter(
+        r.reusable_tokens for r in one.records if r.turn == 0
+    )
     # The injected timing, measured on each worker's clock: its exact side for every request (the instrument
     # sleeps the injected time before each chunk), TTFT within the answer, one gap per token after the first.
     # How late it is read depends on how loaded the 2 shared cores are (here three processes and the
@@ -100,8 +108,15 @@ def test_a_killed_worker_fails_the_point_names_itself_and_every_finished_record_
             killed.append(pool.pids[1])
             os.kill(killed[0], signal.SIGKILL)
 
-    result, _ = play(TIMING, wl, LoadSpec(concurrency=4), workers=2, path=tmp_path / "requests.jsonl",
-                     pool=pool, on_record=kill_worker_1)
+    result, _ = play(
+        TIMING,
+        wl,
+        LoadSpec(concurrency=4),
+        workers=2,
+        path=tmp_path / "requests.jsonl",
+        pool=pool,
+        on_record=kill_worker_1,
+    )
     assert result.aborted is not None and f"load worker 1 (pid {killed[0]}) died" in result.aborted
     on_disk = by_request(read_records(tmp_path / "requests.jsonl"))
     assert on_disk.keys() == by_request(result.records).keys()
@@ -115,23 +130,34 @@ def test_the_point_is_invalid_when_a_worker_falls_behind_and_each_worker_has_its
     # is relative too (5% of TTFT p50, client_check), so the instrument answers at once: that share stays far below
     # what any event loop lags.
     instant = InstrumentBehaviour(first_token_ms=0.0, chunk_interval_ms=0.0, first_token_id=700)
-    result, _ = play(instant, workload(sessions=4, max_tokens=2), LoadSpec(rate=50.0), workers=2,
-                     path=tmp_path / "requests.jsonl", max_lag_ms=1e-6)
+    result, _ = play(
+        instant,
+        workload(sessions=4, max_tokens=2),
+        LoadSpec(rate=50.0),
+        workers=2,
+        path=tmp_path / "requests.jsonl",
+        max_lag_ms=1e-6,
+    )
     assert not result.client.valid and "lag p99" in result.client.reason
     assert len(result.client.workers) == 2
-    assert all(not worker.valid and worker.schedule_lag_ms is not None and worker.loop_lag_ms is not None
-               for worker in result.client.workers)
+    assert all(
+        not worker.valid and worker.schedule_lag_ms is not None and worker.loop_lag_ms is not None
+        for worker in result.client.workers
+    )
     assert result.client.schedule_lag_ms.n == 4  # pooled over both workers' requests
 
 
 @pytest.mark.slow
 def test_without_ray_kvbench_imports_and_run_ray_says_how_to_install_it(tmp_path):
     # `ray` made unimportable, as on a base install; --workers needs nothing of it.
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "import kvbench.harness.runner, kvbench.harness.ray_cluster, kvbench.cli.main\n"
-            "sys.exit(kvbench.cli.main.main(['run', '--url', 'http://127.0.0.1:9', '--ray', '--out', sys.argv[1]]))")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import kvbench.harness.runner, kvbench.harness.ray_cluster, kvbench.cli.main\n"
+        "sys.exit(kvbench.cli.main.main(['run', '--url', 'http://127.0.0.1:9', '--ray', '--out', sys.argv[1]]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "out")], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'kvbench[ray]'" in lines[0]

@@ -20,12 +20,18 @@ ZIZMOR = shutil.which("zizmor") or str(Path(sys.executable).with_name("zizmor"))
 
 
 def schema_check(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows",
-                           str(path)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.github-workflows", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def zizmor(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([ZIZMOR, "--offline", "--no-progress", str(path)], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [ZIZMOR, "--offline", "--no-progress", str(path)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_there_is_a_workflow_with_both_jobs():
@@ -71,7 +77,10 @@ def test_the_pins_agree():
     dockerfile = (ROOT / "ci" / "kuberay" / "Dockerfile").read_text()
     cluster = yaml.safe_load((ROOT / "ci" / "kuberay" / "raycluster.yaml").read_text())
     assert re.search(r"^FROM rayproject/ray:(\S+)-py", dockerfile, re.M)[1] == ray == cluster["spec"]["rayVersion"]
-    images = {container["image"] for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]
-              for container in group["template"]["spec"]["containers"]}
+    images = {
+        container["image"]
+        for group in [cluster["spec"]["headGroupSpec"], *cluster["spec"]["workerGroupSpecs"]]
+        for container in group["template"]["spec"]["containers"]
+    }
     assert images == {"kvbench-gpu:latest"} and "-t kvbench-gpu:latest" in dockerfile
     assert "vllm==0.33.0" in dockerfile and "lmcache==0.5.6" in _extra("lmcache") and "lmcache==0.5.6" in dockerfile

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kvbench.engines.kvengine.core.namespaces import shared_tokens_of
+from kvbench.measure.answer import Answer
 from kvbench.measure.conversation import (
     ConversationDriver,
     Isolation,
@@ -14,7 +15,6 @@ from kvbench.measure.conversation import (
     declared_prefix_ids,
     declared_shared_tokens,
 )
-from kvbench.measure.answer import Answer
 from kvbench.measure.record_builder import NextTurn, build_record
 from kvbench.measure.records import ANSWER_TOKEN_IDS
 from kvbench.measure.schedule import LoadSpec
@@ -59,13 +59,16 @@ def test_declared_shared_tokens_follows_the_engines_rule():
     rng = np.random.default_rng(0)
     for _ in range(200):
         prompt = rng.integers(0, 3, size=int(rng.integers(1, 12))).astype(np.int32)
-        prefixes = tuple(rng.integers(0, 3, size=int(rng.integers(1, 12))).astype(np.int32)
-                         for _ in range(int(rng.integers(0, 3))))
+        prefixes = tuple(
+            rng.integers(0, 3, size=int(rng.integers(1, 12))).astype(np.int32) for _ in range(int(rng.integers(0, 3)))
+        )
         assert declared_shared_tokens(prompt, prefixes) == shared_tokens_of(prompt, prefixes)
 
 
 def test_text_prefixes_need_a_tokenizer_and_only_shared_prefix_reads_them():
-    with pytest.raises(ValueError, match=r"shared_prefixes\[1\]: the text 'You are' needs the served model's tokenizer"):
+    with pytest.raises(
+        ValueError, match=r"shared_prefixes\[1\]: the text 'You are' needs the served model's tokenizer"
+    ):
         ReuseOracle.following(Isolation.SHARED_PREFIX, [(1, 2), "You are"])
     encode = {"You are": [7, 8]}.__getitem__
     assert [p.tolist() for p in declared_prefix_ids([(1, 2), "You are"], encode)] == [[1, 2], [7, 8]]
@@ -80,8 +83,13 @@ def test_isolation_names():
 
 
 def session(turns=3) -> Session:
-    return Session("s0", "t", 0.0, token_array([1, 2, 3]),
-                   tuple(Turn(token_array([10 * (k + 1)] * 2), 4, 0.5 * k) for k in range(turns)))
+    return Session(
+        "s0",
+        "t",
+        0.0,
+        token_array([1, 2, 3]),
+        tuple(Turn(token_array([10 * (k + 1)] * 2), 4, 0.5 * k) for k in range(turns)),
+    )
 
 
 def test_the_prompt_of_turn_k_carries_every_earlier_answer_and_the_oracle_sees_it():

@@ -32,19 +32,29 @@ LOAD = LoadSpec(request_rate=50.0, max_concurrency=2, num_requests=8)
 def point():
     """8 requests of 2-turn sessions on the instrument (uneven first-token times, so percentiles differ from
     means), with the entry the runner would write."""
+
     def behaviour(index, body):
         return InstrumentBehaviour(first_token_ms=10 + 15 * (index % 3), chunk_interval_ms=3, cached_tokens=4)
 
     async def go():
         async with serving(behaviour) as (url, _):
             return await LoadGenerator(EndpointConfig(base_url=url, model="m"), LOAD, run_id="p").run(
-                workload(sessions=4, turns=2, max_tokens=4))
+                workload(sessions=4, turns=2, max_tokens=4)
+            )
 
     before = time.time()
     result = asyncio.run(go())
-    entry = RunEntry.of(PointId("ours", "test", LOAD.label, 0), result.records, SLO(ttft_ms=30), engine_name="kvengine",
-                        kv_dtype="fp8_e4m3", engine_settings={"kv_dtype": "fp8_e4m3"}, started_at=before,
-                        engine_description={"model": "m"}, clock_offset_ns=time.time_ns() - time.perf_counter_ns())
+    entry = RunEntry.of(
+        PointId("ours", "test", LOAD.label, 0),
+        result.records,
+        SLO(ttft_ms=30),
+        engine_name="kvengine",
+        kv_dtype="fp8_e4m3",
+        engine_settings={"kv_dtype": "fp8_e4m3"},
+        started_at=before,
+        engine_description={"model": "m"},
+        clock_offset_ns=time.time_ns() - time.perf_counter_ns(),
+    )
     return entry, list(result.records), before, time.time()
 
 
@@ -59,8 +69,12 @@ def test_request_rows_are_the_summarys_sample(point):
     assert np.mean([gap for gaps in rows.itl_ms for gap in gaps]) == pytest.approx(overall["itl_ms"]["mean"])
     assert rows.cached_tokens.sum() == overall["cache"]["cached_tokens"]
     assert rows.reusable_tokens.sum() == overall["cache"]["reusable_tokens"]
-    assert ((before <= rows.sent_at) & (rows.sent_at < rows.first_token_at) & (rows.first_token_at <= rows.done_at)
-            & (rows.done_at <= after)).all()  # epoch seconds, in order
+    assert (
+        (before <= rows.sent_at)
+        & (rows.sent_at < rows.first_token_at)
+        & (rows.first_token_at <= rows.done_at)
+        & (rows.done_at <= after)
+    ).all()  # epoch seconds, in order
     assert set(rows.kv_dtype) == {"fp8_e4m3"} and set(rows.engine) == {"ours"} and set(rows.load) == {"rps=50,max=2"}
 
 
@@ -77,6 +91,7 @@ def test_the_vllm_result_has_vllms_keys_and_value_types(point):
     ours = json.loads(json.dumps(vllm_result(entry, records, dataclasses.asdict(LOAD))))
     theirs = json.loads(FIXTURE.read_text())
     assert set(theirs) <= set(ours), f"missing: {set(theirs) - set(ours)}"
+
     def kind(value):
         return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value).__name__
 
@@ -100,7 +115,9 @@ def test_the_vllm_results_numbers_are_the_summarys(point):
     assert result["median_e2el_ms"] == overall["e2e_ms"]["p50"] and result["std_itl_ms"] == overall["itl_ms"]["std"]
     assert (result["request_rate"], result["max_concurrency"], result["burstiness"]) == (50.0, 2, 1.0)
     assert result["model_id"] == "m" and result["backend"] == "openai"
-    assert 1 <= result["max_concurrent_requests"] <= 8 and result["max_output_tokens_per_s"] == 32.0  # 8 x 4 tokens in 1 s
+    assert (
+        1 <= result["max_concurrent_requests"] <= 8 and result["max_output_tokens_per_s"] == 32.0
+    )  # 8 x 4 tokens in 1 s
     assert result["kvbench"]["kv_dtype"] == "fp8_e4m3"
 
 
@@ -123,10 +140,13 @@ def test_parquet_takes_points_without_engine_settings_and_with_different_ones(po
     bare = dataclasses.replace(entry, engine_settings={}, run_id="bare")
     write_exports(tmp_path, [bare], {"bare": records}, {LOAD.label: dataclasses.asdict(LOAD)})
     assert set(pd.read_parquet(tmp_path / REQUESTS_METRICS_PARQUET).engine_settings) == {"{}"}
-    write_exports(tmp_path, [bare, entry], {"bare": records, entry.run_id: records},
-                  {LOAD.label: dataclasses.asdict(LOAD)})
+    write_exports(
+        tmp_path, [bare, entry], {"bare": records, entry.run_id: records}, {LOAD.label: dataclasses.asdict(LOAD)}
+    )
     assert sorted(set(pd.read_parquet(tmp_path / REQUESTS_METRICS_PARQUET).engine_settings)) == [
-        "{\"kv_dtype\": \"fp8_e4m3\"}", "{}"]
+        '{"kv_dtype": "fp8_e4m3"}',
+        "{}",
+    ]
 
 
 def test_kvbench_report_reads_vllms_own_result_file_beside_a_run(point, tmp_path, capsys):

@@ -40,10 +40,18 @@ def test_a_run_stopped_by_enospc_releases_the_lock(tmp_path, monkeypatch):
 
 def test_the_lock_of_a_killed_run_is_stale_and_taken_over(tmp_path):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from kvbench.measure.folder_lock import locked_run_dir\n"
-        f"with locked_run_dir(Path({str(run)!r})):\n    print('held', flush=True); time.sleep(600)")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time; from pathlib import Path; from kvbench.measure.folder_lock import locked_run_dir\n"
+                f"with locked_run_dir(Path({str(run)!r})):\n    print('held', flush=True); time.sleep(600)"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunFolderLocked, match=f"pid {holder.pid}"):

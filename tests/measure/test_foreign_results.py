@@ -57,8 +57,12 @@ def test_guidellms_benchmarks_are_one_row_each_in_our_units():
         metrics = benchmark["metrics"]
         assert row["tool"] == "guidellm 0.8.1" and row["engine"] == "instrument"
         assert row["workload"] == "synthetic_text isl=16,osl=4" and row["requests"] == 6 and row["errors"] == 0
-        assert row["ttft_p99_ms"] == pytest.approx(metrics["time_to_first_token_ms"]["successful"]["percentiles"]["p99"])
-        assert row["tpot_p50_ms"] == pytest.approx(metrics["inter_token_latency_ms"]["successful"]["percentiles"]["p50"])
+        assert row["ttft_p99_ms"] == pytest.approx(
+            metrics["time_to_first_token_ms"]["successful"]["percentiles"]["p99"]
+        )
+        assert row["tpot_p50_ms"] == pytest.approx(
+            metrics["inter_token_latency_ms"]["successful"]["percentiles"]["p50"]
+        )
         # guidellm's request latency is in seconds, ours in ms
         assert row["e2e_p99_ms"] == pytest.approx(1e3 * metrics["request_latency"]["successful"]["percentiles"]["p99"])
         assert row["req_s"] == pytest.approx(metrics["requests_per_second"]["total"]["mean"])
@@ -79,17 +83,29 @@ def test_vllms_keys_land_in_our_columns():
     assert row["ttft_p90_ms"] is None  # vLLM wrote only its --metric-percentiles 50,99
 
 
-@pytest.mark.parametrize("text, expected", [
-    ('{"hello": 1}', "not a result file kvbench reads; expected a kvbench run folder"),
-    ("not json", "not JSON"),
-    ('{"aiperf_version": "0.13.0", "request_count": {"avg": 6}, "time_to_first_token": {"unit": "ms", "p99": "fast"}}',
-     "time_to_first_token.p99: expected `float | null`, got `str`"),
-    ('{"aiperf_version": "0.13.0", "request_count": {"avg": 6}, "time_to_first_token": {"unit": "fortnights", "p99": 1}}',
-     "time_to_first_token.unit is 'fortnights'"),
-    ('{"metadata": {"guidellm_version": "0.8.1"}, "benchmarks": []}', "benchmarks: expected `array` of length >= 1"),
-    ('{"metadata": {"guidellm_version": "0.8.1"}, "benchmarks": [{"metrics": {"request_totals": {"successful": -1}}}]}',
-     "metrics.request_totals.successful is -1; expected a count"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"hello": 1}', "not a result file kvbench reads; expected a kvbench run folder"),
+        ("not json", "not JSON"),
+        (
+            '{"aiperf_version": "0.13.0", "request_count": {"avg": 6}, "time_to_first_token": {"unit": "ms", "p99": "fast"}}',
+            "time_to_first_token.p99: expected `float | null`, got `str`",
+        ),
+        (
+            '{"aiperf_version": "0.13.0", "request_count": {"avg": 6}, "time_to_first_token": {"unit": "fortnights", "p99": 1}}',
+            "time_to_first_token.unit is 'fortnights'",
+        ),
+        (
+            '{"metadata": {"guidellm_version": "0.8.1"}, "benchmarks": []}',
+            "benchmarks: expected `array` of length >= 1",
+        ),
+        (
+            '{"metadata": {"guidellm_version": "0.8.1"}, "benchmarks": [{"metrics": {"request_totals": {"successful": -1}}}]}',
+            "metrics.request_totals.successful is -1; expected a count",
+        ),
+    ],
+)
 def test_a_bad_or_unknown_file_is_one_line_naming_it_and_what_is_expected(tmp_path, capsys, text, expected):
     from kvbench.cli.main import main
 

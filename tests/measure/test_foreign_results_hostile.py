@@ -24,7 +24,8 @@ FILES = {"vllm": VLLM, "aiperf": AIPERF, "guidellm": GUIDELLM}
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 def paths(node, prefix=()):
@@ -68,12 +69,24 @@ def test_any_json_value_in_any_field_is_read_or_refused_in_one_line(tool, tmp_pa
     read_or_refused(replaced(document, path, value), tmp_path)
 
 
-@pytest.mark.parametrize("tool, path, value, expected", [
-    ("aiperf", ("time_to_first_token", "unit"), ["ms"], "time_to_first_token.unit: expected `str | null`, got `array`"),
-    ("guidellm", ("benchmarks", 0, "metrics", "request_totals"), "x",
-     "benchmarks[0].metrics.request_totals: expected `object | null`, got `str`"),
-    ("vllm", ("completed",), "many", "completed: expected `int | float | null`, got `str`"),
-])
+@pytest.mark.parametrize(
+    "tool, path, value, expected",
+    [
+        (
+            "aiperf",
+            ("time_to_first_token", "unit"),
+            ["ms"],
+            "time_to_first_token.unit: expected `str | null`, got `array`",
+        ),
+        (
+            "guidellm",
+            ("benchmarks", 0, "metrics", "request_totals"),
+            "x",
+            "benchmarks[0].metrics.request_totals: expected `object | null`, got `str`",
+        ),
+        ("vllm", ("completed",), "many", "completed: expected `int | float | null`, got `str`"),
+    ],
+)
 def test_the_reported_shapes_are_one_line_naming_the_field(tmp_path, tool, path, value, expected):
     file = tmp_path / "bad.json"
     file.write_text(json.dumps(replaced(json.loads(FILES[tool].read_text()), path, value)))
@@ -97,9 +110,12 @@ def test_a_5_mb_label_is_cut_and_100000_benchmarks_are_refused(tmp_path):
     assert row["engine"].startswith("LLL") and len(row["engine"]) == MAX_LABEL_CHARS
     document = json.loads(GUIDELLM.read_text())
     document["benchmarks"] = [{"metrics": {"request_totals": {"successful": 1, "errored": 0}}}] * (
-        MAX_GUIDELLM_BENCHMARKS + 1)
+        MAX_GUIDELLM_BENCHMARKS + 1
+    )
     file.write_text(json.dumps(document))
-    with pytest.raises(ForeignResultError, match=f"benchmarks: expected `array` of length <= {MAX_GUIDELLM_BENCHMARKS}"):
+    with pytest.raises(
+        ForeignResultError, match=f"benchmarks: expected `array` of length <= {MAX_GUIDELLM_BENCHMARKS}"
+    ):
         read_foreign(file)
     document["benchmarks"] = document["benchmarks"][:MAX_GUIDELLM_BENCHMARKS]
     file.write_text(json.dumps(document))

@@ -14,15 +14,31 @@ from kvbench.cli.main import main
 from ..harness.instrument_fixture import instrument_process
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (ci/test.sh installs it)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (ci/test.sh installs it)"
+)
 
 
 def open_in_chromium(path, tmp_path):
     """(DOM after load, console error lines) of `path` in headless Chromium."""
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", "--dump-dom", path.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            path.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     errors = [line for line in done.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
     return done.stdout, errors
@@ -35,8 +51,9 @@ def report(tmp_path_factory):
     root = tmp_path_factory.mktemp("html")
     with instrument_process("--served-model", "instrument") as (url, _):
         # (--max-lag-ms: a busy machine's client lag is not this test's subject; past it the point is invalid)
-        assert main(["run", "--url", url, "--num-sessions", "3", "--max-lag-ms", "1000",
-                     "--out", str(root / "good")]) == 0
+        assert (
+            main(["run", "--url", url, "--num-sessions", "3", "--max-lag-ms", "1000", "--out", str(root / "good")]) == 0
+        )
     # Every request answered 500 (a wrong --model no longer sends any: the endpoint preflight refuses it first).
     with instrument_process("--served-model", "instrument", "--fault", "http_500") as (url, _):
         assert main(["run", "--url", url, "--num-sessions", "2", "--out", str(root / "bad")]) == 1
@@ -69,7 +86,9 @@ def test_chromium_renders_every_plot_and_no_console_error(report, tmp_path):
 def test_a_broken_plot_and_a_script_error_are_caught(tmp_path):
     """The checks above can fail: a page whose image does not decode and whose script throws."""
     page = tmp_path / "broken.html"
-    page.write_text('<html><body><img class="plot" alt="x.png" src="data:image/png;base64,AAAA">'
-                    "<script>throw new Error('boom')</script></body></html>")
+    page.write_text(
+        '<html><body><img class="plot" alt="x.png" src="data:image/png;base64,AAAA">'
+        "<script>throw new Error('boom')</script></body></html>"
+    )
     _, errors = open_in_chromium(page, tmp_path)
     assert any("boom" in line for line in errors)

@@ -27,7 +27,12 @@ def test_inference_perfs_summary_is_a_row_in_ms_with_the_model_from_its_config()
     raw = json.loads(SUMMARY.read_text())["successes"]
     (row,) = read_foreign(SUMMARY)
     assert (row["tool"], row["engine"], row["load"], row["requests"], row["errors"]) == (
-        "inference-perf", "instrument", "rps=20", 20, 0)
+        "inference-perf",
+        "instrument",
+        "rps=20",
+        20,
+        0,
+    )
     assert row["ttft_p99_ms"] == pytest.approx(raw["latency"]["time_to_first_token"]["p99"] * 1e3)
     assert row["ttft_p50_ms"] == pytest.approx(raw["latency"]["time_to_first_token"]["median"] * 1e3)
     assert row["tpot_p90_ms"] == pytest.approx(raw["latency"]["time_per_output_token"]["p90"] * 1e3)
@@ -56,10 +61,13 @@ def test_kvbenchs_own_llmd_export_reads_back_as_its_summary(point, tmp_path):  #
     assert row["req_s"] == pytest.approx(overall["req_s"]) and row["requests"] == overall["requests"]
 
 
-@pytest.mark.parametrize("fixture, edit, named", [
-    (REPORT, lambda d: d["results"]["request_performance"]["aggregate"]["requests"].update(total="many"), "total"),
-    (SUMMARY, lambda d: d["successes"]["latency"]["time_to_first_token"].update(median="fast"), "median"),
-])
+@pytest.mark.parametrize(
+    "fixture, edit, named",
+    [
+        (REPORT, lambda d: d["results"]["request_performance"]["aggregate"]["requests"].update(total="many"), "total"),
+        (SUMMARY, lambda d: d["successes"]["latency"]["time_to_first_token"].update(median="fast"), "median"),
+    ],
+)
 def test_a_wrong_value_is_refused_in_one_line_naming_its_field(fixture, edit, named, tmp_path):
     data = yaml.safe_load(fixture.read_text())
     edit(data)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import llmd_benchmark_report as llmd  # the test extra's: the package's own schema and validators
+import pytest
 import yaml
 
 from kvbench.measure.export import write_exports
@@ -15,8 +15,6 @@ from kvbench.measure.llmd_report import benchmark_report
 from kvbench.measure.run_folder import LLMD_RESULTS_DIR
 
 from .test_export import LOAD, point  # noqa: F401 - the module's fixture: 8 requests on the instrument
-
-
 
 
 def test_every_point_is_written_as_a_report_the_packages_validator_accepts(point, tmp_path):  # noqa: F811

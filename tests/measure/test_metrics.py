@@ -2,6 +2,7 @@
 
 import pytest
 
+from kvbench.measure.answer import FailureKind
 from kvbench.measure.metrics import (
     SLO,
     cache_accounting,
@@ -12,20 +13,43 @@ from kvbench.measure.metrics import (
     summarize_run,
     tpot_ms,
 )
-from kvbench.measure.answer import FailureKind
 from kvbench.measure.records import RequestRecord
 
 MS = 1_000_000
 
 
-def record(tenant="a", sent=0, first=100, chunks=((100, 1), (110, 1), (130, 2)), done=130, prompt=100,
-           output=4, cached=None, reusable=0, error=None, warmup=False, rid="r", kind=None):
+def record(
+    tenant="a",
+    sent=0,
+    first=100,
+    chunks=((100, 1), (110, 1), (130, 2)),
+    done=130,
+    prompt=100,
+    output=4,
+    cached=None,
+    reusable=0,
+    error=None,
+    warmup=False,
+    rid="r",
+    kind=None,
+):
     return RequestRecord(
-        run_id="run", request_id=rid, session_id="s", tenant=tenant, turn=0, queued_ns=sent * MS,
-        sent_ns=sent * MS, first_token_ns=first * MS if first is not None else None,
+        run_id="run",
+        request_id=rid,
+        session_id="s",
+        tenant=tenant,
+        turn=0,
+        queued_ns=sent * MS,
+        sent_ns=sent * MS,
+        first_token_ns=first * MS if first is not None else None,
         done_ns=done * MS if done is not None else None,
-        chunks=[[t * MS, n] for t, n in chunks], prompt_tokens=prompt, output_tokens=output,
-        cached_tokens=cached, reusable_tokens=reusable, error=error, error_kind=kind,
+        chunks=[[t * MS, n] for t, n in chunks],
+        prompt_tokens=prompt,
+        output_tokens=output,
+        cached_tokens=cached,
+        reusable_tokens=reusable,
+        error=error,
+        error_kind=kind,
         warmup=warmup,
     )
 
@@ -45,9 +69,9 @@ def test_tpot_and_ttft():
 
 def test_recompute_and_hit_rates_hand_checked():
     records = [
-        record(prompt=100, cached=0, reusable=0, rid="1"),     # cold
+        record(prompt=100, cached=0, reusable=0, rid="1"),  # cold
         record(prompt=200, cached=64, reusable=100, rid="2"),  # 36 of 100 reusable tokens recomputed
-        record(prompt=300, cached=250, reusable=200, rid="3"), # cached beyond the oracle: 0 recomputed, not -50
+        record(prompt=300, cached=250, reusable=200, rid="3"),  # cached beyond the oracle: 0 recomputed, not -50
     ]
     cache = cache_accounting(records)
     assert cache.prompt_tokens == 600
@@ -68,7 +92,11 @@ def test_missing_cached_tokens_is_missing_not_zero():
 
 
 def test_warmup_and_errors_are_separated():
-    records = [record(warmup=True, rid="w"), record(rid="ok"), record(error="http: 500", kind=FailureKind.HTTP, first=None, done=None, rid="e")]
+    records = [
+        record(warmup=True, rid="w"),
+        record(rid="ok"),
+        record(error="http: 500", kind=FailureKind.HTTP, first=None, done=None, rid="e"),
+    ]
     summary = summarize(records)
     assert summary.requests == 2
     assert summary.completed == 1
@@ -93,7 +121,10 @@ def test_throughput_window_and_goodput():
 def test_jain_fairness_and_per_tenant():
     assert jain_fairness([10, 10, 10]) == pytest.approx(1.0)
     assert jain_fairness([30, 0, 0]) == pytest.approx(1 / 3)
-    records = [record(tenant="a", first=100, rid="1"), record(tenant="b", first=300, done=330, chunks=((300, 1), (330, 3)), rid="2")]
+    records = [
+        record(tenant="a", first=100, rid="1"),
+        record(tenant="b", first=300, done=330, chunks=((300, 1), (330, 3)), rid="2"),
+    ]
     run = summarize_run(records)
     assert [summary.tenant for summary in run.per_tenant] == ["a", "b"]
     assert run.ttft_fairness == pytest.approx((100 + 300) ** 2 / (2 * (100**2 + 300**2)))
@@ -109,7 +140,9 @@ def _records_with_errors(total: int, errors: list[str]) -> list[RequestRecord]:
 def test_failure_reason_allows_the_stated_share_and_names_the_most_frequent_error():
     assert failure_reason(_records_with_errors(10, ["http: 500 boom"]), 0.1) is None  # 10% is not more than 10%
     assert failure_reason(_records_with_errors(10, ["http: 500 a", "http: 500 a", "timeout: t"]), 0.1) == (
-        "3/10 requests failed (limit 10%): most often (2x): http: 500 a")
+        "3/10 requests failed (limit 10%): most often (2x): http: 500 a"
+    )
     assert failure_reason(_records_with_errors(4, ["http: 404 nope"] * 4), 1.0) == (
-        "4/4 requests failed (limit 100%): http: 404 nope")  # all of them, whatever the limit
+        "4/4 requests failed (limit 100%): http: 404 nope"
+    )  # all of them, whatever the limit
     assert failure_reason([], 0.1) == "no request was sent"

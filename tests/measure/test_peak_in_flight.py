@@ -5,8 +5,16 @@ from kvbench.measure.records import RequestRecord
 
 
 def record(sent, done):
-    return RequestRecord(run_id="r", request_id=f"q{sent}", session_id="s", tenant="a", turn=0, queued_ns=sent,
-                         sent_ns=sent, done_ns=done)
+    return RequestRecord(
+        run_id="r",
+        request_id=f"q{sent}",
+        session_id="s",
+        tenant="a",
+        turn=0,
+        queued_ns=sent,
+        sent_ns=sent,
+        done_ns=done,
+    )
 
 
 def test_overlaps_count_and_an_end_frees_its_slot_before_a_start_at_the_same_instant():

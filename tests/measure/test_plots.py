@@ -32,8 +32,15 @@ def test_curves_that_differ_get_their_own_line_styles_and_a_log_axis_when_wide()
 
 
 def test_every_throughput_point_is_labelled_even_a_single_one():
-    frame = pd.DataFrame({"engine": ["fp32", "fp8", "fp8"], "workload": ["w"] * 3, "load": ["conc=4", "rps=1", "rps=2"],
-                          "output_tok_s": [3.9, 2.0, 5.9], "ttft_p99_ms": [40624.5, 900.0, 1500.0]})
+    frame = pd.DataFrame(
+        {
+            "engine": ["fp32", "fp8", "fp8"],
+            "workload": ["w"] * 3,
+            "load": ["conc=4", "rps=1", "rps=2"],
+            "output_tok_s": [3.9, 2.0, 5.9],
+            "ttft_p99_ms": [40624.5, 900.0, 1500.0],
+        }
+    )
     figure, axis = plt.subplots()
     draw_throughput_points(axis, frame)
     assert sorted(text.get_text() for text in axis.texts) == ["fp32 conc=4", "rps=1", "rps=2"]

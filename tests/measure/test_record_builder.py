@@ -12,7 +12,6 @@ from dataclasses import fields
 from kvbench.measure.answer import Answer, Failure, FailureKind, Usage
 from kvbench.measure.record_builder import Asked, NextTurn, build_record, with_reusable_tokens
 from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
-
 from tests.paths import REPO
 
 RECORD_FIELDS = {f.name for f in fields(RequestRecord)}
@@ -20,8 +19,9 @@ OWNERS = {"kvbench/measure/records.py", "kvbench/measure/record_builder.py"}
 # Transports' own progress objects, which share a few field names with the record (when a request was sent, its
 # first token): the client's `_Exchange` and the simulator's `_Live` (by the name they go by there).
 PROGRESS = {("kvbench/harness/client.py", "exchange"), ("kvbench/sim/engine.py", "live")}
-ASKED = Asked("run", "s/1", "s", "t", 1, queued_ns=10, planned_ns=5, prompt_len_sent=40, reusable_tokens=32,
-              warmup=False)
+ASKED = Asked(
+    "run", "s/1", "s", "t", 1, queued_ns=10, planned_ns=5, prompt_len_sent=40, reusable_tokens=32, warmup=False
+)
 
 
 def _field_writes(tree: ast.AST, progress: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
@@ -35,13 +35,23 @@ def _field_writes(tree: ast.AST, progress: frozenset[str] = frozenset()) -> list
             targets = node.targets
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) and node.args[1].value in RECORD_FIELDS):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "setattr"
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in RECORD_FIELDS
+        ):
             writes.append((node.lineno, node.args[1].value))
         for target in targets:
             for sub in ast.walk(target):
-                if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) and sub.attr in RECORD_FIELDS
-                        and not (isinstance(sub.value, ast.Name) and sub.value.id in own)):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and isinstance(sub.ctx, ast.Store)
+                    and sub.attr in RECORD_FIELDS
+                    and not (isinstance(sub.value, ast.Name) and sub.value.id in own)
+                ):
                     writes.append((sub.lineno, sub.attr))
     return writes
 
@@ -52,8 +62,9 @@ def test_no_module_but_the_builder_sets_a_records_field():
         name = path.relative_to(REPO).as_posix()
         if name not in OWNERS:
             progress = frozenset(receiver for module, receiver in PROGRESS if module == name)
-            found += [f"{name}:{line} sets .{attr}"
-                      for line, attr in _field_writes(ast.parse(path.read_text()), progress)]
+            found += [
+                f"{name}:{line} sets .{attr}" for line, attr in _field_writes(ast.parse(path.read_text()), progress)
+            ]
     assert found == []
 
 
@@ -70,11 +81,32 @@ other.unrelated = 1
 
 def test_a_record_is_its_asking_and_its_answer():
     chunks = [[30, 1], [50, 2]]
-    answer = Answer(sent_ns=12, http_status=200, first_token_ns=30, done_ns=60, chunks=chunks,
-                    usage=Usage(40, 3, 16, {"cpu": 8}), finish_reason="length", text=" a b", token_ids=[4, 5, 6])
+    answer = Answer(
+        sent_ns=12,
+        http_status=200,
+        first_token_ns=30,
+        done_ns=60,
+        chunks=chunks,
+        usage=Usage(40, 3, 16, {"cpu": 8}),
+        finish_reason="length",
+        text=" a b",
+        token_ids=[4, 5, 6],
+    )
     record = build_record(ASKED, answer, NextTurn(ANSWER_TOKEN_IDS, [4, 5, 6], " a b"))
-    assert (record.run_id, record.request_id, record.session_id, record.tenant, record.turn) == ("run", "s/1", "s", "t", 1)
-    assert (record.planned_ns, record.queued_ns, record.sent_ns, record.first_token_ns, record.done_ns) == (5, 10, 12, 30, 60)
+    assert (record.run_id, record.request_id, record.session_id, record.tenant, record.turn) == (
+        "run",
+        "s/1",
+        "s",
+        "t",
+        1,
+    )
+    assert (record.planned_ns, record.queued_ns, record.sent_ns, record.first_token_ns, record.done_ns) == (
+        5,
+        10,
+        12,
+        30,
+        60,
+    )
     assert (record.prompt_tokens, record.output_tokens, record.cached_tokens) == (40, 3, 16)
     assert record.cached_tokens_by_tier == {"cpu": 8} and record.chunks == chunks
     assert (record.prompt_len_sent, record.reusable_tokens, record.warmup) == (40, 32, False)
@@ -93,8 +125,15 @@ def test_a_failed_answer_is_an_error_with_its_kind_and_missing_counts_stay_missi
 
 
 def test_a_record_written_before_the_kind_field_reads_its_kind_from_its_error():
-    old = {"run_id": "r", "request_id": "q", "session_id": "s", "tenant": "t", "turn": 0, "queued_ns": 0,
-           "error": "timeout: no first byte within 300 s"}
+    old = {
+        "run_id": "r",
+        "request_id": "q",
+        "session_id": "s",
+        "tenant": "t",
+        "turn": 0,
+        "queued_ns": 0,
+        "error": "timeout: no first byte within 300 s",
+    }
     assert RequestRecord.from_dict(old).error_kind is FailureKind.TIMEOUT
 
 
@@ -103,4 +142,5 @@ def test_a_replayed_record_carries_this_processs_reusable_count_and_is_otherwise
     replayed = with_reusable_tokens(record, 7)
     assert replayed.reusable_tokens == 7 and record.reusable_tokens == 32
     assert {f: getattr(replayed, f) for f in RECORD_FIELDS - {"reusable_tokens"}} == {
-        f: getattr(record, f) for f in RECORD_FIELDS - {"reusable_tokens"}}
+        f: getattr(record, f) for f in RECORD_FIELDS - {"reusable_tokens"}
+    }

@@ -10,13 +10,27 @@ from kvbench.measure.answer import FailureKind
 from kvbench.measure.metrics import SLO
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
 from kvbench.measure.run_folder import (
-    CONFIG_YAML, INTERRUPTED, REQUESTS_JSONL, SUMMARY_JSON, RunEntry, RunFolderError, RunFolderInUse, RunMode, engine_dir,
-    open_run_dir, read_entries, read_run_folder, write_entries,
+    CONFIG_YAML,
+    INTERRUPTED,
+    REQUESTS_JSONL,
+    SUMMARY_JSON,
+    RunEntry,
+    RunFolderError,
+    RunFolderInUse,
+    RunMode,
+    engine_dir,
+    open_run_dir,
+    read_entries,
+    read_run_folder,
+    write_entries,
 )
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
-OLD_FOLDERS = [RESULTS / "baselines" / "nightly-cpu", RESULTS / "sim" / "validation" / "calibration-run",
-               RESULTS / "sim" / "validation" / "validation-run"]
+OLD_FOLDERS = [
+    RESULTS / "baselines" / "nightly-cpu",
+    RESULTS / "sim" / "validation" / "calibration-run",
+    RESULTS / "sim" / "validation" / "validation-run",
+]
 MS = 1_000_000
 
 
@@ -34,8 +48,16 @@ def test_folders_written_before_the_entry_type_read_and_write_back_the_same_keys
 
 
 def test_an_entry_from_before_invalid_reasons_names_what_it_recorded():
-    old = {"run_id": "e|w|c1|r0", "engine": "e", "workload": "w", "load": "c1", "summary": {}, "valid": False,
-           "aborted": "engine unreachable", "client": {"valid": False, "reason": "loop lag 80 ms"}}
+    old = {
+        "run_id": "e|w|c1|r0",
+        "engine": "e",
+        "workload": "w",
+        "load": "c1",
+        "summary": {},
+        "valid": False,
+        "aborted": "engine unreachable",
+        "client": {"valid": False, "reason": "loop lag 80 ms"},
+    }
     entry = RunEntry.from_json(old)
     assert entry.invalid_reasons == ("aborted: engine unreachable", "client lag: loop lag 80 ms")
     assert entry.kv_dtype == "unknown" and entry.started_at is None and entry.repeat == 0
@@ -43,19 +65,38 @@ def test_an_entry_from_before_invalid_reasons_names_what_it_recorded():
 
 def record(run_id, index, error=None):
     sent = index * 100 * MS
-    return RequestRecord(run_id=run_id, request_id=f"q{index}", session_id=f"s{index}", tenant="a", turn=0,
-                         queued_ns=sent, sent_ns=sent, first_token_ns=sent + 10 * MS, done_ns=sent + 30 * MS,
-                         chunks=[[sent + 10 * MS, 1], [sent + 30 * MS, 1]], prompt_tokens=8, output_tokens=2,
-                         cached_tokens=4, reusable_tokens=4, error=error, answer_source="token_ids",
-                         error_kind=FailureKind.HTTP if error else None,
-                         answer_tokens=None if error else [1, 2])
+    return RequestRecord(
+        run_id=run_id,
+        request_id=f"q{index}",
+        session_id=f"s{index}",
+        tenant="a",
+        turn=0,
+        queued_ns=sent,
+        sent_ns=sent,
+        first_token_ns=sent + 10 * MS,
+        done_ns=sent + 30 * MS,
+        chunks=[[sent + 10 * MS, 1], [sent + 30 * MS, 1]],
+        prompt_tokens=8,
+        output_tokens=2,
+        cached_tokens=4,
+        reusable_tokens=4,
+        error=error,
+        answer_source="token_ids",
+        error_kind=FailureKind.HTTP if error else None,
+        answer_tokens=None if error else [1, 2],
+    )
 
 
 def test_an_entry_is_built_from_its_records_and_round_trips(tmp_path):
     point = PointId("ours[kv=fp8]", "rag-chat-mini", "c2", 1)
     records = [record(point.run_id, i) for i in range(3)] + [record(point.run_id, 3, error="http: 500")]
     entry = RunEntry.of(point, records, SLO(), ["1/4 requests failed"], engine_name="kvengine", kv_dtype="fp8")
-    assert (entry.run_id, entry.repeat, entry.valid, entry.interrupted) == ("ours[kv=fp8]|rag-chat-mini|c2|r1", 1, False, False)
+    assert (entry.run_id, entry.repeat, entry.valid, entry.interrupted) == (
+        "ours[kv=fp8]|rag-chat-mini|c2|r1",
+        1,
+        False,
+        False,
+    )
     assert entry.summary["overall"]["completed"] == 3 and entry.answer_sources == {"token_ids": 3}
     write_entries(tmp_path, [entry])
     assert read_entries(tmp_path) == [entry]

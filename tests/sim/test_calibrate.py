@@ -20,8 +20,15 @@ class Step:
 
 # Prefill chunks, chunks over a cached context, decode batches at short and long contexts, a mixed step.
 SHAPES = (
-    ((0, 64),), ((0, 256),), ((0, 512),), ((512, 1024),), ((1536, 2048),),
-    ((130, 131),), ((2000, 2001),), tuple((128 + i, 129 + i) for i in range(8)), ((500, 501),) * 4,
+    ((0, 64),),
+    ((0, 256),),
+    ((0, 512),),
+    ((512, 1024),),
+    ((1536, 2048),),
+    ((130, 131),),
+    ((2000, 2001),),
+    tuple((128 + i, 129 + i) for i in range(8)),
+    ((500, 501),) * 4,
     ((0, 300), (700, 701), (900, 901)),
 )
 
@@ -78,8 +85,26 @@ def test_calibrate_fits_the_h200_profile_to_a_gpu_runs_step_log_and_drops_the_as
             seconds = model.step(SeqWork(a, b) for a, b in work).seconds
             out.write(json.dumps({"work": [list(w) for w in work], "seconds": seconds}) + "\n")
     profile = tmp_path / "h200.json"
-    assert main(["calibrate", "--steps", str(log), "--hardware", "h200", "--geometry", "smollm2-135m",
-                 "--compute-dtype", "bfloat16", "--kv-dtype", "bf16", "--out", str(profile)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--steps",
+                str(log),
+                "--hardware",
+                "h200",
+                "--geometry",
+                "smollm2-135m",
+                "--compute-dtype",
+                "bfloat16",
+                "--kv-dtype",
+                "bf16",
+                "--out",
+                str(profile),
+            ]
+        )
+        == 0
+    )
     fitted = load_hardware(str(profile))
     assert fitted.device.overlap is True
     assert fitted.device.flops_efficiency == pytest.approx(0.62, rel=0.05)

@@ -29,8 +29,11 @@ published:
 
 
 def test_the_router_latency_lifts_simulated_ttft_onto_published():
-    rows = [Row("p", "3", "ttft_mean_s", 0.15, 0.10), Row("p", "10", "ttft_p90_s", 0.25, 0.20),
-            Row("p", "3", "output_tok_s", 100.0, 50.0)]  # throughput rows play no part
+    rows = [
+        Row("p", "3", "ttft_mean_s", 0.15, 0.10),
+        Row("p", "10", "ttft_p90_s", 0.25, 0.20),
+        Row("p", "3", "output_tok_s", 100.0, 50.0),
+    ]  # throughput rows play no part
     assert best_router_latency(rows) == pytest.approx(0.05, abs=1e-3)
     assert best_router_latency([Row("p", "3", "ttft_mean_s", 0.1, 0.3)]) == 0.0  # never negative
 
@@ -45,8 +48,10 @@ def test_a_fit_recovers_the_speeds_that_made_the_published_values(tmp_path):
     case_text = CASE.replace("profile: h100", f"profile: {roofline}")
     path.write_text(case_text.replace("{PUBLISHED}", "{output_tok_s: [1, 1]}"))
     made = compare_arm(parse_case(path), "precise-prefix", truth).rows
-    published = {m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
-                 for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")}
+    published = {
+        m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
+        for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")
+    }
     path.write_text(case_text.replace("{PUBLISHED}", json.dumps(published)))
     case = parse_case(path)
     result = fit_published(case, "precise-prefix", max_rate=10, max_evaluations=14)
@@ -64,8 +69,11 @@ def test_a_saturated_stage_adds_its_throughput_alone_to_the_fit(tmp_path):
     path.write_text(CASE.replace("{PUBLISHED}", "{output_tok_s: [400, 900], ttft_mean_s: [0.2, 0.3]}"))
     case = parse_case(path)
     result = fit_published(case, "precise-prefix", max_rate=2, max_evaluations=4, throughput_rates=[6])
-    assert set(result.fit.fitted_rows) == {"precise-prefix/2/output_tok_s", "precise-prefix/2/ttft_mean_s",
-                                           "precise-prefix/6/output_tok_s"}  # 6/s: its TTFT stays a check
+    assert set(result.fit.fitted_rows) == {
+        "precise-prefix/2/output_tok_s",
+        "precise-prefix/2/ttft_mean_s",
+        "precise-prefix/6/output_tok_s",
+    }  # 6/s: its TTFT stays a check
     assert "output tok/s at 6/s" in result.fit.fitted_on
     assert result.to_dict()["fitted_on"]["throughput_rates"] == [6]
     with pytest.raises(ValueError, match="no stage at 7/s"):
@@ -76,8 +84,10 @@ def test_fitted_values_are_marked_and_left_out_of_the_targets(tmp_path):
     from kvbench.sim.published import load_fit
     from kvbench.sim.published_report import check_targets, write_comparison
 
-    rows = [Row("precise-prefix", "3", "output_tok_s", 100.0, 100.0),
-            Row("precise-prefix", "60", "output_tok_s", 100.0, 50.0)]  # 0.5: off by far more than 20%
+    rows = [
+        Row("precise-prefix", "3", "output_tok_s", 100.0, 100.0),
+        Row("precise-prefix", "60", "output_tok_s", 100.0, 50.0),
+    ]  # 0.5: off by far more than 20%
     assert check_targets(rows, ["3", "60"])[0].met is False
     fitted = ("precise-prefix/60/output_tok_s",)
     assert check_targets(rows, ["3", "60"], fitted)[0].met is True
@@ -85,19 +95,34 @@ def test_fitted_values_are_marked_and_left_out_of_the_targets(tmp_path):
     assert "0.50 (fit)" in md.read_text() and "1.00 (fit)" not in md.read_text()
     assert [r["fitted"] for r in json.loads(js.read_text())["rows"]] == [False, True]
     fit_json = tmp_path / "fit.json"
-    fit_json.write_text(json.dumps({"fit": {"flops_efficiency": 0.5, "bw_efficiency": 0.9, "step_overhead_s": 0.002,
-                                            "fitted_rows": list(fitted)}}))
+    fit_json.write_text(
+        json.dumps(
+            {
+                "fit": {
+                    "flops_efficiency": 0.5,
+                    "bw_efficiency": 0.9,
+                    "step_overhead_s": 0.002,
+                    "fitted_rows": list(fitted),
+                }
+            }
+        )
+    )
     assert load_fit(fit_json).fitted_rows == fitted
 
 
 def test_one_fit_across_cases_recovers_the_step_overhead_that_made_both(tmp_path):
     from kvbench.sim.calibrate_published import FitPart, fit_across
 
-    staged = CASE.replace("profile: h100", "profile: cpu").replace("model: qwen3-32b", "model: tiny-random").replace(
-        "block_size: 64", "block_size: 4").replace("system_prompt_len: 1024", "system_prompt_len: 32").replace(
-        "question_len: 256", "question_len: 4")
-    loop = staged.replace('stages: {warmup: "2:1", ladder: "2:3,6:2"}',
-                          "load: {closed_loop: {concurrency: 2, num_requests: 6}}").replace("fit-case", "loop-case")
+    staged = (
+        CASE.replace("profile: h100", "profile: cpu")
+        .replace("model: qwen3-32b", "model: tiny-random")
+        .replace("block_size: 64", "block_size: 4")
+        .replace("system_prompt_len: 1024", "system_prompt_len: 32")
+        .replace("question_len: 256", "question_len: 4")
+    )
+    loop = staged.replace(
+        'stages: {warmup: "2:1", ladder: "2:3,6:2"}', "load: {closed_loop: {concurrency: 2, num_requests: 6}}"
+    ).replace("fit-case", "loop-case")
     truth = Fit(START.flops_efficiency, START.bw_efficiency, 0.006, 0.02, "truth")
     paths = []
     for name, text, published in (("a.yaml", staged, "{output_tok_s: [1, 1]}"), ("b.yaml", loop, "{output_tok_s: 1}")):
@@ -105,11 +130,15 @@ def test_one_fit_across_cases_recovers_the_step_overhead_that_made_both(tmp_path
         path.write_text(text.replace("{PUBLISHED}", published))
         made = compare_arm(parse_case(path), "precise-prefix", truth).rows
         if "stages" in text:
-            values = {m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
-                      for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")}
+            values = {
+                m: [next(r.simulated for r in made if r.stage == s and r.metric == m) for s in ("2", "6")]
+                for m in ("output_tok_s", "ttft_mean_s", "ttft_p90_s")
+            }
         else:
-            values = {m: next(r.simulated for r in made if r.stage == "whole" and r.metric == m)
-                      for m in ("output_tok_s", "ttft_mean_s")}
+            values = {
+                m: next(r.simulated for r in made if r.stage == "whole" and r.metric == m)
+                for m in ("output_tok_s", "ttft_mean_s")
+            }
         path.write_text(text.replace("{PUBLISHED}", json.dumps(values)))
         paths.append(path)
     parts = [FitPart(parse_case(p), "precise-prefix", 10) for p in paths]

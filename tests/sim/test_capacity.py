@@ -35,10 +35,17 @@ def test_mla_stores_about_79_percent_less_than_the_dense_70b():
     assert 0.78 < kv_reduction(deepseek, load_geometry("llama-3.3-70b")) < 0.80
 
 
-@pytest.mark.parametrize("name, total_b, active_b", [
-    ("llama-3.3-70b", 70.6, 70.6), ("qwen2.5-72b", 72.7, 72.7), ("mixtral-8x22b", 140.6, 39.0),
-    ("deepseek-v3", 671.0, 37.0), ("qwen3-235b-a22b", 235.1, 22.0), ("smollm2-135m", 0.135, 0.135),
-])
+@pytest.mark.parametrize(
+    "name, total_b, active_b",
+    [
+        ("llama-3.3-70b", 70.6, 70.6),
+        ("qwen2.5-72b", 72.7, 72.7),
+        ("mixtral-8x22b", 140.6, 39.0),
+        ("deepseek-v3", 671.0, 37.0),
+        ("qwen3-235b-a22b", 235.1, 22.0),
+        ("smollm2-135m", 0.135, 0.135),
+    ],
+)
 def test_parameter_counts_match_the_published_sizes(name, total_b, active_b):
     g = load_geometry(name)
     assert g.num_params / 1e9 == pytest.approx(total_b, rel=0.02)
@@ -49,11 +56,30 @@ def test_parameter_counts_match_the_published_sizes(name, total_b, active_b):
 
 def test_sessions_that_fit_and_restore_times_on_a_hand_sized_node():
     device = Device("toy", memory_bytes=100 * GB, memory_bw=1e12, flops_bf16=1e15, flops_fp8=2e15)
-    node = Hardware("2xtoy", device, 2, PCIE, NVME, NETWORK, host_memory_bytes=400 * GB, disk_bytes=4000 * GB,
-                    memory_fraction=0.9, activation_reserve_bytes=10 * GB)
-    small = geometry_from_config({"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
-                                  "num_hidden_layers": 10, "intermediate_size": 4096, "vocab_size": 1000,
-                                  "head_dim": 128}, "toy")
+    node = Hardware(
+        "2xtoy",
+        device,
+        2,
+        PCIE,
+        NVME,
+        NETWORK,
+        host_memory_bytes=400 * GB,
+        disk_bytes=4000 * GB,
+        memory_fraction=0.9,
+        activation_reserve_bytes=10 * GB,
+    )
+    small = geometry_from_config(
+        {
+            "hidden_size": 1024,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "num_hidden_layers": 10,
+            "intermediate_size": 4096,
+            "vocab_size": 1000,
+            "head_dim": 128,
+        },
+        "toy",
+    )
     # 10 x 2 x 2 x 128 x 2 B = 10,240 B/token; 10,000-token sessions = 102.4 MB each.
     report = capacity_report(small, node, "fp16", 10_000, 5000)
     assert report.kv_bytes_per_session == 102_400_000

@@ -17,7 +17,6 @@ from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_ROUND_ROBIN, get_pre
 from kvbench.sim.published import CaseError, parse_case, subsample
 from kvbench.sim.staged import simulate_stages
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
-
 from tests.sim.test_published import CASE, simulate_fleet_argv
 
 
@@ -65,8 +64,9 @@ def test_a_cap_keeps_at_most_c_requests_in_the_servers_and_the_rest_wait_in_the_
 def test_a_cap_never_reached_changes_nothing():
     plain = simulate(workload(), LoadSpec(rate=20.0), fleet(ROUTE_PRECISE_PREFIX))
     roomy = simulate(workload(), LoadSpec(rate=20.0, max_concurrency=1000), fleet(ROUTE_PRECISE_PREFIX))
-    assert [(r.request_id, r.sent_ns, r.first_token_ns, r.done_ns) for r in plain.records] == \
-        [(r.request_id, r.sent_ns, r.first_token_ns, r.done_ns) for r in roomy.records]
+    assert [(r.request_id, r.sent_ns, r.first_token_ns, r.done_ns) for r in plain.records] == [
+        (r.request_id, r.sent_ns, r.first_token_ns, r.done_ns) for r in roomy.records
+    ]
 
 
 def test_stages_under_a_cap_keep_the_cap_and_stage_ttft_from_the_send():
@@ -103,9 +103,25 @@ def test_the_shipped_case_caps_the_client():
 def test_simulate_takes_max_concurrency(tmp_path):
     out = tmp_path / "run"
     argv = simulate_fleet_argv(tmp_path, "round-robin", 3, 32, 8, 6) + [
-        "--num-sessions", "12", "--rate", "100000", "--max-concurrency", "2", "--no-plots", "--out", str(out)]
+        "--num-sessions",
+        "12",
+        "--rate",
+        "100000",
+        "--max-concurrency",
+        "2",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     doc = json.loads((out / "summary.json").read_text())
     assert doc["runs"][0]["load"] == "rate=100000,max=2"
-    closed = argv[:argv.index("--rate")] + ["--concurrency", "2", "--max-concurrency", "2", "--out", str(tmp_path / "x")]
+    closed = argv[: argv.index("--rate")] + [
+        "--concurrency",
+        "2",
+        "--max-concurrency",
+        "2",
+        "--out",
+        str(tmp_path / "x"),
+    ]
     assert main(closed) == 2  # a closed loop's concurrency is its cap already

@@ -15,8 +15,9 @@ from kvbench.workloads.profiles import load_workload
 
 
 def config(preset: str, device_kv_tokens: int | None = None, kv_dtype: str = "fp8") -> SimConfig:
-    return SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset(preset), kv_dtype, "fp8",
-                     device_kv_tokens)
+    return SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset(preset), kv_dtype, "fp8", device_kv_tokens
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,9 @@ def test_records_are_sane_and_later_turns_reuse_their_prefix(mini):
 def test_same_seed_same_records(mini):
     a = simulate(mini, LoadSpec(rate=2.0), config("lmcache-local", 1500), seed=7).records
     b = simulate(mini, LoadSpec(rate=2.0), config("lmcache-local", 1500), seed=7).records
-    assert [r.to_json().replace('"run_id":"sim"', "") for r in a] == [r.to_json().replace('"run_id":"sim"', "") for r in b]
+    assert [r.to_json().replace('"run_id":"sim"', "") for r in a] == [
+        r.to_json().replace('"run_id":"sim"', "") for r in b
+    ]
     c = simulate(mini, LoadSpec(rate=2.0), config("lmcache-local", 1500), seed=8).records
     assert [r.queued_ns for r in a] != [r.queued_ns for r in c]
 
@@ -60,7 +63,8 @@ def test_device_only_recomputes_more_than_a_host_tier_when_the_working_set_overf
 
 def test_fp8_kv_doubles_device_pages():
     assert config("vllm-prefix", kv_dtype="fp8").device_pages() == pytest.approx(
-        2 * config("vllm-prefix", kv_dtype="fp16").device_pages(), abs=1)
+        2 * config("vllm-prefix", kv_dtype="fp16").device_pages(), abs=1
+    )
 
 
 def test_shared_remote_tier_serves_turns_that_move_between_nodes(mini):

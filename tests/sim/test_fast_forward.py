@@ -21,23 +21,28 @@ def mini():
     return load_workload("rag-chat-mini", num_sessions=16, seed=5)
 
 
-@pytest.mark.parametrize("preset, device_kv_tokens, load", [
-    ("vllm-prefix", None, LoadSpec()),
-    # A small device cache at a high rate: decodes evict cached pages, and some steps preempt.
-    ("vllm-prefix", 2_200, LoadSpec(rate=50.0)),
-    ("sglang-radix", 2_200, LoadSpec(rate=50.0)),
-    ("lmcache-shared", 2_200, LoadSpec(rate=50.0)),  # two nodes (each one's run ends at the other's next step)
-    ("vllm-prefix", 4_000, LoadSpec(concurrency=4)),  # a closed loop: a finish queues the session's next turn
-])
+@pytest.mark.parametrize(
+    "preset, device_kv_tokens, load",
+    [
+        ("vllm-prefix", None, LoadSpec()),
+        # A small device cache at a high rate: decodes evict cached pages, and some steps preempt.
+        ("vllm-prefix", 2_200, LoadSpec(rate=50.0)),
+        ("sglang-radix", 2_200, LoadSpec(rate=50.0)),
+        ("lmcache-shared", 2_200, LoadSpec(rate=50.0)),  # two nodes (each one's run ends at the other's next step)
+        ("vllm-prefix", 4_000, LoadSpec(concurrency=4)),  # a closed loop: a finish queues the session's next turn
+    ],
+)
 def test_fast_forward_gives_the_records_of_stepping_one_by_one(mini, preset, device_kv_tokens, load):
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset(preset), "fp8", "fp8",
-                       device_kv_tokens)
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset(preset), "fp8", "fp8", device_kv_tokens
+    )
     fast = simulate(mini, load, config)
     slow = simulate(mini, load, dataclasses.replace(config, decode_runs=False))
     assert [r.to_json() for r in fast.records] == [r.to_json() for r in slow.records]
     assert all(r.ok for r in fast.records)
-    assert [(n["steps"], n["busy_s"], n["preempted"]) for n in fast.nodes] == \
-        [(n["steps"], n["busy_s"], n["preempted"]) for n in slow.nodes]
+    assert [(n["steps"], n["busy_s"], n["preempted"]) for n in fast.nodes] == [
+        (n["steps"], n["busy_s"], n["preempted"]) for n in slow.nodes
+    ]
     assert all(n["fast_forwarded"] == 0 for n in slow.nodes)
     steps, skipped = sum(n["steps"] for n in fast.nodes), sum(n["fast_forwarded"] for n in fast.nodes)
     assert skipped > steps / 5, f"only {skipped} of {steps} steps ran in one pass"
@@ -47,8 +52,9 @@ def test_fast_forward_gives_the_records_of_stepping_one_by_one(mini, preset, dev
 
 def test_the_ttl_tiers_are_never_fast_forwarded(mini):
     """Our engine's TTL tiers act at every step's fixed points (evicted pages go down): no step is skipped."""
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("kvengine-tiers"), "fp8",
-                       "fp8", 2_200)
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("kvengine-tiers"), "fp8", "fp8", 2_200
+    )
     result = simulate(mini, LoadSpec(rate=50.0), config)
     assert all(n["fast_forwarded"] == 0 for n in result.nodes) and all(r.ok for r in result.records)
 

@@ -51,17 +51,24 @@ def test_cell_fits_one_8xh200_node(engine):
     hardware = load_hardware(NODE)
     tp = _first(settings, TP, 1)
     assert tp <= hardware.num_devices, f"{engine.label}: TP {tp} > {hardware.num_devices} GPUs"
-    hardware = dataclasses.replace(hardware.with_devices(tp),
-                                   memory_fraction=_first(settings, MEMORY_FRACTION, hardware.memory_fraction))
+    hardware = dataclasses.replace(
+        hardware.with_devices(tp), memory_fraction=_first(settings, MEMORY_FRACTION, hardware.memory_fraction)
+    )
     context = _first(settings, CONTEXT, MODEL_MAX_CONTEXT[model])
     weights = "fp8" if settings.get("quantization") == "fp8" else None
-    report = capacity_report(load_geometry(model), hardware, _kv_dtype(_first(settings, KV_DTYPE, "auto")),
-                             context, 1, weights)
+    report = capacity_report(
+        load_geometry(model), hardware, _kv_dtype(_first(settings, KV_DTYPE, "auto")), context, 1, weights
+    )
     assert report.weight_bytes < report.usable_bytes_per_device * tp, f"{engine.label}: the weights do not fit"
-    assert report.fits_on_device, (f"{engine.label}: one {context}-token session ({report.kv_bytes_per_session:.3g} B) "
-                                   f"does not fit the {report.device.bytes:.3g} B left for KV")
-    host = (settings.get("max_local_cpu_size", 100.0 if settings.get("preset") else 0) * LMCACHE_GB * tp
-            + (settings.get("host_cache_gib") or 0) * 2**30 + (settings.get("hicache_size") or 0) * 1e9 * tp)
+    assert report.fits_on_device, (
+        f"{engine.label}: one {context}-token session ({report.kv_bytes_per_session:.3g} B) "
+        f"does not fit the {report.device.bytes:.3g} B left for KV"
+    )
+    host = (
+        settings.get("max_local_cpu_size", 100.0 if settings.get("preset") else 0) * LMCACHE_GB * tp
+        + (settings.get("host_cache_gib") or 0) * 2**30
+        + (settings.get("hicache_size") or 0) * 1e9 * tp
+    )
     assert host <= hardware.host_memory_bytes, f"{engine.label}: {host:.3g} B of host KV > the node's RAM"
     disk = settings.get("max_local_disk_size", 1000.0 if settings.get("preset") == "local-cpu-nvme" else 0)
     assert disk * LMCACHE_GB <= hardware.disk_bytes, f"{engine.label}: {disk} GiB of disk KV > the node's NVMe"

@@ -15,9 +15,18 @@ from kvbench.sim.presets import get_preset
 
 # A 2-layer model whose every GEMM lies on the tables' measured (n, k) grid at TP 1: qkv 6144 x 4096, o and
 # down 4096 x 4096, gate_up 8192 x 4096, lm_head 65536 x 4096; attention 32 heads, 8 KV heads of 128.
-GRID_MODEL = geometry_from_config({"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
-                                   "head_dim": 128, "num_hidden_layers": 2, "intermediate_size": 4096,
-                                   "vocab_size": 65536}, "grid-model")
+GRID_MODEL = geometry_from_config(
+    {
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "num_hidden_layers": 2,
+        "intermediate_size": 4096,
+        "vocab_size": 65536,
+    },
+    "grid-model",
+)
 
 
 def rows(table: str, **match) -> list[dict]:
@@ -38,8 +47,16 @@ def gemm_s(m: int, n: int, k: int) -> float:
 
 def attention_s(table: str, batch: int, length: int) -> float:
     key = {"step": length} if table == "generation_attention" else {"isl": length, "step": 0}
-    return latency_s(table, batch_size=batch, num_heads=32, num_key_value_heads=8, head_dim=128,
-                     kv_cache_dtype="bfloat16", window_size=0, **key)
+    return latency_s(
+        table,
+        batch_size=batch,
+        num_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        kv_cache_dtype="bfloat16",
+        window_size=0,
+        **key,
+    )
 
 
 def layer_gemms_s(m: int) -> float:
@@ -52,8 +69,12 @@ def test_a_decode_step_is_the_sum_of_its_measured_kernels():
     assert cost.kernels is not None
     # 32 decodes at context 4095 (starts 4094): a measured batch and a measured context.
     step = cost.step((), [4094] * 32)
-    expected = (2 * layer_gemms_s(32) + gemm_s(32, 65536, 4096) + 2 * attention_s("generation_attention", 32, 4095)
-                + hw.step_overhead_s)
+    expected = (
+        2 * layer_gemms_s(32)
+        + gemm_s(32, 65536, 4096)
+        + 2 * attention_s("generation_attention", 32, 4095)
+        + hw.step_overhead_s
+    )
     assert step.seconds == pytest.approx(expected, rel=1e-9)
     # A run of decode steps prices each step the same way.
     assert cost.decode_seconds(32, 32 * 4094, 4094, steps=1) == [pytest.approx(step.seconds, rel=1e-12)]
@@ -63,14 +84,19 @@ def test_a_prefill_step_is_priced_per_kernel_and_a_cached_prefix_only_adds_its_c
     hw = load_hardware("h200")
     cost = SimConfig(GRID_MODEL, hw, get_preset("vllm-prefix"), "bf16").cost
     whole = cost.step([SeqWork(0, 4096)]).seconds
-    expected = (2 * layer_gemms_s(4096) + gemm_s(1, 65536, 4096) + 2 * attention_s("context_attention", 1, 4096)
-                + hw.step_overhead_s)
+    expected = (
+        2 * layer_gemms_s(4096)
+        + gemm_s(1, 65536, 4096)
+        + 2 * attention_s("context_attention", 1, 4096)
+        + hw.step_overhead_s
+    )
     assert whole == pytest.approx(expected, rel=1e-9)
     # The second 2048 tokens after a cached 2048: prefill(4096) - prefill(2048) of the measured curve.
     chunk = cost.step([SeqWork(2048, 4096)]).seconds
     attention = attention_s("context_attention", 1, 4096) - attention_s("context_attention", 1, 2048)
-    assert chunk == pytest.approx(2 * layer_gemms_s(2048) + gemm_s(1, 65536, 4096) + 2 * attention
-                                  + hw.step_overhead_s, rel=1e-9)
+    assert chunk == pytest.approx(
+        2 * layer_gemms_s(2048) + gemm_s(1, 65536, 4096) + 2 * attention + hw.step_overhead_s, rel=1e-9
+    )
 
 
 def test_a_gemm_between_measured_shapes_is_interpolated_per_weight_element_in_log_n():

@@ -28,9 +28,12 @@ def test_the_issues_spelling_parses_to_values():
     spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 100.0e9})
     assert (spec.medium, spec.connector, spec.bytes_per_replica) == (Medium.CPU, Connector.VLLM_NATIVE, 100.0e9)
     assert spec.block_tokens_for(16) == 16  # vLLM's offloaded block defaults to the GPU block
-    lm = parse_kv_offload([{"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 20e9},
-                           {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1.2e12, "read_gb_s": 2,
-                            "latency_ms": 1.5}])
+    lm = parse_kv_offload(
+        [
+            {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 20e9},
+            {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1.2e12, "read_gb_s": 2, "latency_ms": 1.5},
+        ]
+    )
     assert [t.medium for t in lm.tiers] == [Medium.CPU, Medium.DISK]
     assert lm.tiers[1].read_gb_s == 2.0 and lm.tiers[1].latency_s == pytest.approx(1.5e-3)
     assert lm.block_tokens_for(16) == LMCACHE_CHUNK_TOKENS
@@ -39,22 +42,40 @@ def test_the_issues_spelling_parses_to_values():
     assert pd.link_bytes_per_s == 50e9  # 400 Gb/s
 
 
-@pytest.mark.parametrize("mapping, message", [
-    ({"medium": "cpu"}, "engine.kv_offload.connector is missing; give one of vllm-native, lmcache"),
-    ({"medium": "gpu", "connector": "lmcache", "bytes_per_replica": 1e9},
-     "engine.kv_offload.medium is 'gpu'; use one of cpu, disk, remote, peer"),
-    ({"medium": "cpu", "connector": "lmcache"}, "engine.kv_offload.bytes_per_replica is missing"),
-    ({"medium": "cpu", "connector": "lmcache", "bytes_per_replica": -1}, "bytes_per_replica: must be > 0"),
-    ({"medium": "cpu", "connector": "lmcache", "bytes_per_replica": "lots"}, "bytes_per_replica: expected float"),
-    ({"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e9, "bandwidth": 3}, "unknown key 'bandwidth'"),
-    ({"medium": "disk", "connector": "vllm-native", "bytes_per_replica": 1e9}, "use connector: lmcache"),
-    ({"medium": "peer", "connector": "lmcache", "bytes_per_replica": 1e9}, "peer tier is the other replicas'"),
-    ([{"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e9},
-      {"medium": "disk", "connector": "vllm-native", "bytes_per_replica": 1e9}], "one connector"),
-    ([{"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1e9},
-      {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e9}], "engine.kv_offload[1].medium is cpu"),
-    ([], "empty list"),
-])
+@pytest.mark.parametrize(
+    "mapping, message",
+    [
+        ({"medium": "cpu"}, "engine.kv_offload.connector is missing; give one of vllm-native, lmcache"),
+        (
+            {"medium": "gpu", "connector": "lmcache", "bytes_per_replica": 1e9},
+            "engine.kv_offload.medium is 'gpu'; use one of cpu, disk, remote, peer",
+        ),
+        ({"medium": "cpu", "connector": "lmcache"}, "engine.kv_offload.bytes_per_replica is missing"),
+        ({"medium": "cpu", "connector": "lmcache", "bytes_per_replica": -1}, "bytes_per_replica: must be > 0"),
+        ({"medium": "cpu", "connector": "lmcache", "bytes_per_replica": "lots"}, "bytes_per_replica: expected float"),
+        (
+            {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e9, "bandwidth": 3},
+            "unknown key 'bandwidth'",
+        ),
+        ({"medium": "disk", "connector": "vllm-native", "bytes_per_replica": 1e9}, "use connector: lmcache"),
+        ({"medium": "peer", "connector": "lmcache", "bytes_per_replica": 1e9}, "peer tier is the other replicas'"),
+        (
+            [
+                {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e9},
+                {"medium": "disk", "connector": "vllm-native", "bytes_per_replica": 1e9},
+            ],
+            "one connector",
+        ),
+        (
+            [
+                {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1e9},
+                {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e9},
+            ],
+            "engine.kv_offload[1].medium is cpu",
+        ),
+        ([], "empty list"),
+    ],
+)
 def test_bad_tiers_are_refused_naming_the_field(mapping, message):
     with pytest.raises(TierSpecError, match=message.replace("[", r"\[").replace("]", r"\]")) as caught:
         parse_kv_offload(mapping)
@@ -69,21 +90,26 @@ def test_bad_pd_is_refused_naming_the_field():
 
 
 def test_vllm_offloads_whole_gpu_blocks():
-    spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 1e9,
-                             "block_tokens": 24})
+    spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 1e9, "block_tokens": 24})
     with pytest.raises(TierSpecError, match="multiple of the block size 16"):
         check_block_tokens(spec, 16)
     check_block_tokens(dataclasses.replace(spec, block_tokens=32), 16)
 
 
 def config(kv_offload=None, device_kv_tokens=2000) -> SimConfig:
-    return SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8",
-                     device_kv_tokens, kv_offload=kv_offload)
+    return SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        get_preset("vllm-prefix"),
+        "fp8",
+        "fp8",
+        device_kv_tokens,
+        kv_offload=kv_offload,
+    )
 
 
 def test_a_spec_builds_its_tiers_at_its_size_and_speed():
-    spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 10e9,
-                             "read_gb_s": 20})
+    spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 10e9, "read_gb_s": 20})
     cfg = config(spec)
     [node] = build_nodes(cfg)
     [tier] = node.below.tiers

@@ -11,9 +11,9 @@ import dataclasses
 
 import pytest
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
 from kvbench.engines.kvengine.runtime.engine import Engine
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.harness import eventloop
 from kvbench.harness.client import EndpointConfig
 from kvbench.harness.loadgen import LoadGenerator
@@ -43,15 +43,23 @@ def serve_workload(tmp_dir, **engine_settings):
     serving a 5-session RAG workload through the real load generator at concurrency 1. Returns the workload,
     the load, the records and every cache event the engine emitted, in order."""
     workload = load_workload("rag-chat-mini", num_sessions=5, seed=11, vocab_size=512)
-    engine = Engine(EngineConfig(model="tiny-random", kv_capacity=KV_TOKENS, max_num_seqs=MAX_SEQS,
-                                 max_step_tokens=STEP_TOKENS, **engine_settings))
+    engine = Engine(
+        EngineConfig(
+            model="tiny-random",
+            kv_capacity=KV_TOKENS,
+            max_num_seqs=MAX_SEQS,
+            max_step_tokens=STEP_TOKENS,
+            **engine_settings,
+        )
+    )
     stream = []
     engine.event_listeners.append(stream.extend)
     load = LoadSpec(concurrency=1)
     try:
         with serving(engine) as url, RecordWriter(tmp_dir / "requests.jsonl") as writer:
-            generator = LoadGenerator(endpoint=EndpointConfig(base_url=url, model="tiny-random"), load=load,
-                                      run_id="real")
+            generator = LoadGenerator(
+                endpoint=EndpointConfig(base_url=url, model="tiny-random"), load=load, run_id="real"
+            )
             result = eventloop.run(generator.run(workload, writer))
     finally:
         engine.close()
@@ -68,8 +76,7 @@ def test_simulator_replays_the_engine_cache_decisions_exactly(real_run):
     workload, load, records, real_events = real_run
     assert len(records) == workload.num_requests and all(r.ok for r in records)
     preset = dataclasses.replace(get_preset("vllm-prefix"), max_step_tokens=STEP_TOKENS, max_num_seqs=MAX_SEQS)
-    config = SimConfig(load_geometry("smollm2-135m"), load_hardware("cpu"), preset, "fp32",
-                       device_kv_tokens=KV_TOKENS)
+    config = SimConfig(load_geometry("smollm2-135m"), load_hardware("cpu"), preset, "fp32", device_kv_tokens=KV_TOKENS)
     sim_events = EventLog()
     result = simulate(workload, load, config, send_order=send_order(records), events=sim_events)
 
@@ -87,8 +94,7 @@ def test_without_the_send_order_the_comparison_would_not_be_exact_by_constructio
     real run's makes different decisions, so the equality above is not vacuous."""
     workload, load, records, real_events = real_run
     preset = dataclasses.replace(get_preset("vllm-prefix"), max_step_tokens=STEP_TOKENS, max_num_seqs=MAX_SEQS)
-    config = SimConfig(load_geometry("smollm2-135m"), load_hardware("cpu"), preset, "fp32",
-                       device_kv_tokens=KV_TOKENS)
+    config = SimConfig(load_geometry("smollm2-135m"), load_hardware("cpu"), preset, "fp32", device_kv_tokens=KV_TOKENS)
     order = send_order(records)
     by_session: dict[str, list[str]] = {}
     for rid in order:
@@ -104,9 +110,25 @@ def test_the_shipped_tiny_random_geometry_is_the_engine_test_model():
     from kvbench.engines.kvengine.model.tiny import TINY_CONFIG as c
 
     g = load_geometry("tiny-random")
-    assert (g.hidden_size, g.intermediate_size, g.num_layers, g.num_heads, g.num_kv_heads, g.head_dim, g.vocab_size,
-            g.tie_word_embeddings) == (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads,
-                                       c.head_dim, c.vocab_size, c.tie_word_embeddings)
+    assert (
+        g.hidden_size,
+        g.intermediate_size,
+        g.num_layers,
+        g.num_heads,
+        g.num_kv_heads,
+        g.head_dim,
+        g.vocab_size,
+        g.tie_word_embeddings,
+    ) == (
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_layers,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        c.tie_word_embeddings,
+    )
 
 
 HOST_TOKENS = 4096
@@ -132,8 +154,15 @@ def test_the_engine_ttl_tiers_preset_restores_what_the_engine_restores(tiered_ru
     workload, load, records, real_events = tiered_run
     assert len(records) == workload.num_requests and all(r.ok for r in records)
     preset = dataclasses.replace(get_preset("kvengine-tiers"), max_step_tokens=STEP_TOKENS, max_num_seqs=MAX_SEQS)
-    config = SimConfig(load_geometry("tiny-random"), load_hardware("cpu"), preset, "fp32",
-                       device_kv_tokens=KV_TOKENS, host_kv_tokens=HOST_TOKENS, disk_kv_tokens=0)
+    config = SimConfig(
+        load_geometry("tiny-random"),
+        load_hardware("cpu"),
+        preset,
+        "fp32",
+        device_kv_tokens=KV_TOKENS,
+        host_kv_tokens=HOST_TOKENS,
+        disk_kv_tokens=0,
+    )
     sim_log = EventLog()
     result = simulate(workload, load, config, send_order=send_order(records), events=sim_log)
     sim_events = sim_log.take_events()

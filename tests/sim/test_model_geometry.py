@@ -47,8 +47,15 @@ def test_gpt_oss_120b_fits_one_h100_and_its_bf16_weights_say_they_do_not():
 
 
 def test_an_fp8_checkpoint_keeps_its_embeddings_in_bf16():
-    config = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
-              "intermediate_size": 4096, "vocab_size": 1000, "quantization_config": {"quant_method": "fp8"}}
+    config = {
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 4,
+        "intermediate_size": 4096,
+        "vocab_size": 1000,
+        "quantization_config": {"quant_method": "fp8"},
+    }
     g = geometry_from_config(config, "small-fp8")
     embeddings = 2 * 1000 * 1024  # input embedding and the untied lm_head
     assert g.weight_dtype == "fp8"
@@ -56,8 +63,15 @@ def test_an_fp8_checkpoint_keeps_its_embeddings_in_bf16():
 
 
 def test_a_model_with_only_sliding_layers_pays_all_of_them_per_token():
-    config = {"hidden_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2, "num_hidden_layers": 4,
-              "intermediate_size": 4096, "vocab_size": 1000, "sliding_window": 4096}
+    config = {
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 4,
+        "intermediate_size": 4096,
+        "vocab_size": 1000,
+        "sliding_window": 4096,
+    }
     g = geometry_from_config(config, "mistral-like")
     assert g.sliding_layers == 4 and g.kv_bytes_per_token("bf16") == 4 * 2 * 2 * 128 * 2
     assert g.window_kv_bytes("bf16", 10_000) == 0.0

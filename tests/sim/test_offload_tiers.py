@@ -52,10 +52,25 @@ def test_a_link_carries_one_transfer_at_a_time():
 
 
 def node(connector: str, cpu_bytes: float = 1e12, device_kv_tokens: int = 20_000) -> SimNode:
-    spec = parse_kv_offload({"medium": "cpu", "connector": connector, "bytes_per_replica": cpu_bytes,
-                             "read_gb_s": 10, "write_gb_s": 10, "latency_ms": 0})
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8",
-                       "fp8", device_kv_tokens, kv_offload=spec)
+    spec = parse_kv_offload(
+        {
+            "medium": "cpu",
+            "connector": connector,
+            "bytes_per_replica": cpu_bytes,
+            "read_gb_s": 10,
+            "write_gb_s": 10,
+            "latency_ms": 0,
+        }
+    )
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        get_preset("vllm-prefix"),
+        "fp8",
+        "fp8",
+        device_kv_tokens,
+        kv_offload=spec,
+    )
     assert config.cost.kv_bytes_per_token == KV_BYTES
     [n] = build_nodes(config)
     return n
@@ -174,11 +189,19 @@ def test_lmcache_retrieves_a_cpu_hit_inside_the_step_that_admits_it():
 
 
 def peer_nodes(min_pull_tokens: int) -> list[SimNode]:
-    spec = parse_kv_offload({"medium": "peer", "connector": "vllm-native", "read_gb_s": 25, "latency_ms": 0,
-                             "min_pull_tokens": min_pull_tokens})
+    spec = parse_kv_offload(
+        {
+            "medium": "peer",
+            "connector": "vllm-native",
+            "read_gb_s": 25,
+            "latency_ms": 0,
+            "min_pull_tokens": min_pull_tokens,
+        }
+    )
     preset = dataclasses.replace(get_preset("vllm-prefix"), num_nodes=2)
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), preset, "fp8", "fp8", 20_000,
-                       kv_offload=spec)
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), preset, "fp8", "fp8", 20_000, kv_offload=spec
+    )
     return build_nodes(config)
 
 
@@ -210,12 +233,22 @@ def test_a_preempted_request_loads_its_offloaded_blocks_instead_of_recomputing()
     from kvbench.sim.engine import simulate
     from kvbench.workloads.profiles import workload_from_mapping
 
-    work = workload_from_mapping({"generator": "shared_prefix", "num_groups": 2, "num_prompts_per_group": 1,
-                                  "system_prompt_len": 480, "question_len": 20, "output_len": 700}, "p",
-                                 num_sessions=2)
+    work = workload_from_mapping(
+        {
+            "generator": "shared_prefix",
+            "num_groups": 2,
+            "num_prompts_per_group": 1,
+            "system_prompt_len": 480,
+            "question_len": 20,
+            "output_len": 700,
+        },
+        "p",
+        num_sessions=2,
+    )
     spec = parse_kv_offload({"medium": "cpu", "connector": "vllm-native", "bytes_per_replica": 1e12})
-    base = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8",
-                     1_400)
+    base = SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8", 1_400
+    )
     device_only = simulate(work, LoadSpec(rate=1000.0), base)
     offload = simulate(work, LoadSpec(rate=1000.0), dataclasses.replace(base, kv_offload=spec))
     for result in (device_only, offload):
@@ -234,13 +267,34 @@ def test_lmcache_restores_from_a_storage_tier_at_its_bandwidth_and_latency():
     """LMCache with a 4-page cpu tier and a Lustre-like disk tier (2 GB/s, 1 ms a transfer): a 1,024-token
     prefix written through to both is evicted from cpu by a later one and read back from disk, through the
     host: disk at 2 GB/s is the slow stage, the host link (80 GB/s) adds one 256-token chunk's fill."""
-    spec = parse_kv_offload([
-        {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 4 * PS * KV_BYTES, "read_gb_s": 10,
-         "latency_ms": 0},
-        {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1e12, "read_gb_s": 2, "write_gb_s": 2,
-         "latency_ms": 1}])
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8",
-                       "fp8", 20_000, kv_offload=spec)
+    spec = parse_kv_offload(
+        [
+            {
+                "medium": "cpu",
+                "connector": "lmcache",
+                "bytes_per_replica": 4 * PS * KV_BYTES,
+                "read_gb_s": 10,
+                "latency_ms": 0,
+            },
+            {
+                "medium": "disk",
+                "connector": "lmcache",
+                "bytes_per_replica": 1e12,
+                "read_gb_s": 2,
+                "write_gb_s": 2,
+                "latency_ms": 1,
+            },
+        ]
+    )
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        get_preset("vllm-prefix"),
+        "fp8",
+        "fp8",
+        20_000,
+        kv_offload=spec,
+    )
     [n] = build_nodes(config)
     cpu, disk = n.below.lanes
     prefix, other = tokens(1, 1_024), tokens(20_000, 4 * PS)

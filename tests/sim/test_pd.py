@@ -19,15 +19,25 @@ NS = 1e9
 
 
 def one_request(output_len: int = 4):
-    return workload_from_mapping({"generator": "shared_prefix", "num_groups": 1, "num_prompts_per_group": 1,
-                                  "system_prompt_len": 1_000, "question_len": 40, "output_len": output_len},
-                                 "pd", num_sessions=1)
+    return workload_from_mapping(
+        {
+            "generator": "shared_prefix",
+            "num_groups": 1,
+            "num_prompts_per_group": 1,
+            "system_prompt_len": 1_000,
+            "question_len": 40,
+            "output_len": output_len,
+        },
+        "pd",
+        num_sessions=1,
+    )
 
 
 def test_a_request_is_prefilled_handed_off_and_answered_by_the_decode_pool():
     pd = parse_pd({"prefill_replicas": 1, "decode_replicas": 1, "link_gbps": 100})
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8",
-                       "fp8", 20_000, pd=pd)
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8", 20_000, pd=pd
+    )
     result = simulate(one_request(), LoadSpec(), config)
     [record] = result.records
     assert record.ok and record.output_tokens == 4 and record.cached_tokens == 0
@@ -45,11 +55,21 @@ def test_a_request_is_prefilled_handed_off_and_answered_by_the_decode_pool():
 
 def test_the_decode_pool_is_the_fewest_requests_in_flight():
     pd = parse_pd({"prefill_replicas": 1, "decode_replicas": 2, "link_gbps": 100})
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8",
-                       "fp8", 20_000, pd=pd)
-    work = workload_from_mapping({"generator": "shared_prefix", "num_groups": 2, "num_prompts_per_group": 1,
-                                  "system_prompt_len": 500, "question_len": 40, "output_len": 200}, "pd",
-                                 num_sessions=2)
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), get_preset("vllm-prefix"), "fp8", "fp8", 20_000, pd=pd
+    )
+    work = workload_from_mapping(
+        {
+            "generator": "shared_prefix",
+            "num_groups": 2,
+            "num_prompts_per_group": 1,
+            "system_prompt_len": 500,
+            "question_len": 40,
+            "output_len": 200,
+        },
+        "pd",
+        num_sessions=2,
+    )
     result = simulate(work, LoadSpec(rate=1000.0), config)
     assert all(r.ok for r in result.records)
     # Both decodes overlap in time: each went to a different decode node.

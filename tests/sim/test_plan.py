@@ -32,8 +32,10 @@ def write_trace(path, gap_ms: int) -> None:
     with open(path, "w") as out:
         for k in range(REQUESTS):
             ids = list(range(k * blocks, (k + 1) * blocks))
-            out.write(json.dumps({"timestamp": k * gap_ms, "input_length": PROMPT, "output_length": 1,
-                                  "hash_ids": ids}) + "\n")
+            out.write(
+                json.dumps({"timestamp": k * gap_ms, "input_length": PROMPT, "output_length": 1, "hash_ids": ids})
+                + "\n"
+            )
 
 
 def worst_ttft_s(nodes: int, service_s: float, gap_s: float) -> float:
@@ -55,9 +57,30 @@ def test_plan_finds_the_node_count_worked_out_from_the_cost_model(tmp_path):
     trace = tmp_path / "trace.jsonl"
     write_trace(trace, gap_ms)
     out = tmp_path / "plan"
-    assert main(["plan", "--workload", str(trace), "--slo", f"ttft_max_ms={limit_ms:.3f}", "--model", "tiny-random",
-                 "--hardware", "cpu", "--preset", "vllm-prefix", "--kv-dtype", "fp16", "--max-nodes", "8",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--workload",
+                str(trace),
+                "--slo",
+                f"ttft_max_ms={limit_ms:.3f}",
+                "--model",
+                "tiny-random",
+                "--hardware",
+                "cpu",
+                "--preset",
+                "vllm-prefix",
+                "--kv-dtype",
+                "fp16",
+                "--max-nodes",
+                "8",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads((out / "plan.json").read_text())["results"][0]
     assert result["nodes_needed"] == expected
     points = {p["nodes"]: p for p in result["points"]}
@@ -94,11 +117,18 @@ def test_search_says_when_even_max_nodes_miss():
 
 def test_slo_parser_reads_targets_and_names_what_it_cannot_read():
     targets = parse_slo("ttft_p99_ms=500, tpot_p50_ms=40, queue_wait_max_ms=2e3")
-    assert [(t.metric, t.stat, t.limit_ms) for t in targets] == [("ttft", "p99", 500.0), ("tpot", "p50", 40.0),
-                                                                  ("queue_wait", "max", 2000.0)]
-    for text, message in (("ttfb_p99_ms=500", "unknown SLO metric 'ttfb'"), ("ttft_p42_ms=5", "unknown statistic"),
-                          ("ttft_p99=500", "METRIC_STAT_ms=LIMIT"), ("ttft_p99_ms=-1", "must be a number of ms > 0"),
-                          ("ttft_p99_ms=1,ttft_p99_ms=2", "given twice")):
+    assert [(t.metric, t.stat, t.limit_ms) for t in targets] == [
+        ("ttft", "p99", 500.0),
+        ("tpot", "p50", 40.0),
+        ("queue_wait", "max", 2000.0),
+    ]
+    for text, message in (
+        ("ttfb_p99_ms=500", "unknown SLO metric 'ttfb'"),
+        ("ttft_p42_ms=5", "unknown statistic"),
+        ("ttft_p99=500", "METRIC_STAT_ms=LIMIT"),
+        ("ttft_p99_ms=-1", "must be a number of ms > 0"),
+        ("ttft_p99_ms=1,ttft_p99_ms=2", "given twice"),
+    ):
         with pytest.raises(ValueError, match=message):
             parse_slo(text)
 
@@ -109,15 +139,21 @@ def chats():
 
 
 def by_session(result, workload):
-    return {s.session_id: {result.node_of[f"{s.session_id}/{t}"] for t in range(len(s.turns))}
-            for s in workload.sessions}
+    return {
+        s.session_id: {result.node_of[f"{s.session_id}/{t}"] for t in range(len(s.turns))} for s in workload.sessions
+    }
 
 
 @pytest.mark.parametrize("preset", ["vllm-prefix", "sglang-radix"])
 def test_session_and_prefix_routing_keep_every_turn_of_a_session_on_one_node(chats, preset):
     base = get_preset(preset)
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"),
-                       base.__class__(**{**{f: getattr(base, f) for f in base.__slots__}, "num_nodes": 3}), "fp8", "fp8")
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        base.__class__(**{**{f: getattr(base, f) for f in base.__slots__}, "num_nodes": 3}),
+        "fp8",
+        "fp8",
+    )
     result = simulate(chats, LoadSpec(), config)
     nodes = by_session(result, chats)
     assert all(len(used) == 1 for used in nodes.values())  # sticky: one node per session
@@ -129,8 +165,13 @@ def test_session_and_prefix_routing_keep_every_turn_of_a_session_on_one_node(cha
 def test_round_robin_moves_a_session_between_nodes_and_loses_its_cache(chats):
     base = get_preset("vllm-prefix")
     fields = {f: getattr(base, f) for f in base.__slots__}
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"),
-                       base.__class__(**{**fields, "num_nodes": 3, "route": ROUTE_ROUND_ROBIN}), "fp8", "fp8")
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        base.__class__(**{**fields, "num_nodes": 3, "route": ROUTE_ROUND_ROBIN}),
+        "fp8",
+        "fp8",
+    )
     result = simulate(chats, LoadSpec(), config)
     assert any(len(used) > 1 for used in by_session(result, chats).values())
     later = [r for r in result.records if r.turn > 0]
@@ -143,8 +184,13 @@ def test_the_cache_aware_router_spreads_a_burst_of_new_sessions(chats):
     cache, which fills only after a prefill has run, sent the whole burst to node 0."""
     base = get_preset("sglang-radix")
     fields = {f: getattr(base, f) for f in base.__slots__}
-    config = SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"),
-                       base.__class__(**{**fields, "num_nodes": 3}), "fp8", "fp8")
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        base.__class__(**{**fields, "num_nodes": 3}),
+        "fp8",
+        "fp8",
+    )
     result = simulate(chats, LoadSpec(concurrency=12), config)
     first = [result.node_of[f"{s.session_id}/0"] for s in chats.sessions]
     assert sorted(first.count(n) for n in range(3)) == [4, 4, 4]

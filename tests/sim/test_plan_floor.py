@@ -24,8 +24,17 @@ LONG = 20000
 def trace(tmp_path):
     """Ten short prompts sharing a 512-token context, then one long unique prompt."""
     path = tmp_path / "trace.jsonl"
-    lines = [{"session_id": f"s{i}", "turn": 0, "arrival_s": i * 0.1, "max_tokens": 8, "context_length": 512,
-              "user_length": 32} for i in range(10)]
+    lines = [
+        {
+            "session_id": f"s{i}",
+            "turn": 0,
+            "arrival_s": i * 0.1,
+            "max_tokens": 8,
+            "context_length": 512,
+            "user_length": 32,
+        }
+        for i in range(10)
+    ]
     lines.append({"session_id": "long", "turn": 0, "arrival_s": 2.0, "max_tokens": 8, "context_length": LONG})
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
     return path
@@ -48,7 +57,8 @@ def test_the_long_prompt_prefilled_alone_in_step_chunks_is_the_ttft_max_floor(tr
     short = cfg.cost.step([SeqWork(0, 544)]).seconds * 1e3
     assert min(floors["ttft"]) == pytest.approx(short)
     assert unreachable(parse_slo(f"ttft_max_ms={by_hand * 0.9}"), {"ttft_max_ms": by_hand}).startswith(
-        f"unreachable: floor {by_hand:,.0f} ms")
+        f"unreachable: floor {by_hand:,.0f} ms"
+    )
     assert unreachable(parse_slo(f"ttft_max_ms={by_hand * 1.1}"), {"ttft_max_ms": by_hand}) is None
 
 
@@ -65,8 +75,27 @@ def test_a_shared_prefix_lowers_the_floor_of_the_later_prompt():
 
 def test_plan_answers_an_slo_below_the_floor_at_once(trace, tmp_path, capsys):
     out = tmp_path / "plan"
-    assert main(["plan", "--workload", str(trace), "--slo", "ttft_max_ms=50", "--model", "qwen2.5-72b",
-                 "--preset", "vllm-prefix", "--max-nodes", "64", "--no-plots", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--workload",
+                str(trace),
+                "--slo",
+                "ttft_max_ms=50",
+                "--model",
+                "qwen2.5-72b",
+                "--preset",
+                "vllm-prefix",
+                "--max-nodes",
+                "64",
+                "--no-plots",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "unreachable: floor" in printed
     doc = json.loads((out / "plan.json").read_text())

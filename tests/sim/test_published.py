@@ -72,11 +72,14 @@ def test_a_later_stage_starts_after_the_earlier_one_drained(case_file):
         assert start == pytest.approx(end + 1e9, abs=1)  # the 1 s interval after the last completion
 
 
-@pytest.mark.parametrize("edit, message", [
-    (("ladder: \"2:2,4:1\"", "ladder: \"2:2\""), "give 1 numbers"),
-    (("routers: [round-robin]", "routers: [ring]"), "routers"),
-    (("gpu_memory_utilization: 0.5", "gpu_memory_utilization: 1.5"), "gpu_memory_utilization"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (('ladder: "2:2,4:1"', 'ladder: "2:2"'), "give 1 numbers"),
+        (("routers: [round-robin]", "routers: [ring]"), "routers"),
+        (("gpu_memory_utilization: 0.5", "gpu_memory_utilization: 1.5"), "gpu_memory_utilization"),
+    ],
+)
 def test_a_bad_case_file_is_one_line_naming_the_field(tmp_path, capsys, edit, message):
     path = tmp_path / "bad.yaml"
     path.write_text(CASE.replace(*edit))
@@ -87,21 +90,51 @@ def test_a_bad_case_file_is_one_line_naming_the_field(tmp_path, capsys, edit, me
     assert len(err.splitlines()) == 1 and message.split()[0] in err
 
 
-def simulate_fleet_argv(tmp_path, route: str, prompts_per_group: int, system: int, question: int,
-                        output: int) -> list[str]:
+def simulate_fleet_argv(
+    tmp_path, route: str, prompts_per_group: int, system: int, question: int, output: int
+) -> list[str]:
     """`kvbench simulate` of a 2-node tiny fleet behind `route` on a shared-prefix workload of 2 groups."""
     params = tmp_path / "sp.yaml"
-    params.write_text(f"generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: {prompts_per_group}\n"
-                      f"system_prompt_len: {system}\nquestion_len: {question}\noutput_len: {output}\n")
-    return ["simulate", "--model", "tiny-random", "--hardware", "cpu", "--workload", str(params), "--preset",
-            "vllm-prefix", "--kv-dtype", "fp16", "--nodes", "2", "--route", route, "--page-size", "4"]
+    params.write_text(
+        f"generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: {prompts_per_group}\n"
+        f"system_prompt_len: {system}\nquestion_len: {question}\noutput_len: {output}\n"
+    )
+    return [
+        "simulate",
+        "--model",
+        "tiny-random",
+        "--hardware",
+        "cpu",
+        "--workload",
+        str(params),
+        "--preset",
+        "vllm-prefix",
+        "--kv-dtype",
+        "fp16",
+        "--nodes",
+        "2",
+        "--route",
+        route,
+        "--page-size",
+        "4",
+    ]
 
 
 def test_simulate_runs_stages_on_a_fleet(tmp_path):
     out = tmp_path / "run"
     argv = simulate_fleet_argv(tmp_path, "precise-prefix", 2, 16, 4, 3) + [
-        "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--stages", "2:2,4:1", "--warmup-stage", "2:1",
-        "--no-plots", "--out", str(out)]
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "32",
+        "--stages",
+        "2:2,4:1",
+        "--warmup-stage",
+        "2:1",
+        "--no-plots",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [e["load"] for e in summary["runs"]] == ["rate=2", "rate=4"]
@@ -128,8 +161,10 @@ def test_across_seeds_takes_each_values_median_and_range_over_the_seeds():
     from kvbench.sim.published import Row, across_seeds
 
     def seed(ttft: float | None, out: float) -> list[Row]:
-        return [Row("precise-prefix", "40", "ttft_mean_s", 0.5, ttft), Row("precise-prefix", "40", "output_tok_s",
-                                                                           100.0, out)]
+        return [
+            Row("precise-prefix", "40", "ttft_mean_s", 0.5, ttft),
+            Row("precise-prefix", "40", "output_tok_s", 100.0, out),
+        ]
 
     ttft, out = across_seeds([seed(1.5, 90.0), seed(0.3, 120.0), seed(0.6, 100.0), seed(None, 80.0)])
     # ttft: seeds 0-2 measured it (0.3, 0.6, 1.5), seed 3 did not: the median of the three, not of four with a 0.

@@ -54,8 +54,9 @@ def test_the_shipped_version_1_case_loads_unchanged():
     case = parse_case(SHIPPED)
     doc = yaml.safe_load(SHIPPED.read_text())
     assert case.arm_names == tuple(doc["routers"]) == ("round-robin", "precise-prefix")
-    assert [a.router.name for a in case.arms] == list(doc["routers"]) and all(a.router.weights is None
-                                                                               for a in case.arms)
+    assert [a.router.name for a in case.arms] == list(doc["routers"]) and all(
+        a.router.weights is None for a in case.arms
+    )
     for arm, metrics in doc["published"].items():
         assert {m: list(v) for m, v in case.published[arm].stages.items()} == metrics
     assert {a: dict(p.whole) for a, p in case.published.items()} == doc["whole_ladder"]
@@ -115,18 +116,21 @@ def test_an_effect_row_compares_the_simulated_change_with_the_published_one(tmp_
     assert effect.same_direction and effect.size_ratio == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("edit, field", [
-    (("  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0}", '  baseline: "x"'), "published.baseline"),
-    (("block_size: 4,", "block_size: 0,"), "engine.block_size"),
-    (("block_size: 4,", "block_size: four,"), "engine.block_size"),
-    (("bytes_per_replica: 1.0e+6", "bytes_per_replica: -1"), "arms.offload.engine.kv_offload.bytes_per_replica"),
-    (("concurrency: 3,", "concurrency: [3],"), "load.closed_loop.concurrency"),
-    (("gpu_prefix: 1,", "gpu_prefix: lots,"), "arms.offload.router.weights.gpu_prefix"),
-    (("{router: precise-prefix}", "{router: {name: round-robin, weights: {queue: 1}}}"), "arms.baseline.router"),
-    (("replicas: 2}", "replicas: 2.5}"), "hardware.replicas"),
-    (("load: {closed_loop", "stages: {ladder: \"1:1\"}\nload: {closed_loop"), "give one load"),
-    (("total_tok_s: 1100.0,", "total_tok_s: [1, 2],"), "closed loop has no stages"),
-])
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (("  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0}", '  baseline: "x"'), "published.baseline"),
+        (("block_size: 4,", "block_size: 0,"), "engine.block_size"),
+        (("block_size: 4,", "block_size: four,"), "engine.block_size"),
+        (("bytes_per_replica: 1.0e+6", "bytes_per_replica: -1"), "arms.offload.engine.kv_offload.bytes_per_replica"),
+        (("concurrency: 3,", "concurrency: [3],"), "load.closed_loop.concurrency"),
+        (("gpu_prefix: 1,", "gpu_prefix: lots,"), "arms.offload.router.weights.gpu_prefix"),
+        (("{router: precise-prefix}", "{router: {name: round-robin, weights: {queue: 1}}}"), "arms.baseline.router"),
+        (("replicas: 2}", "replicas: 2.5}"), "hardware.replicas"),
+        (("load: {closed_loop", 'stages: {ladder: "1:1"}\nload: {closed_loop'), "give one load"),
+        (("total_tok_s: 1100.0,", "total_tok_s: [1, 2],"), "closed loop has no stages"),
+    ],
+)
 def test_a_bad_value_is_one_line_naming_the_field(tmp_path, capsys, edit, field):
     path = write(tmp_path, V2.replace(*edit))
     assert V2.replace(*edit) != V2
@@ -141,7 +145,8 @@ def test_a_bad_value_is_one_line_naming_the_field(tmp_path, capsys, edit, field)
 yaml_values = st.recursive(
     st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=True) | st.text(max_size=8),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3),
-    max_leaves=6)
+    max_leaves=6,
+)
 
 
 def field_paths(doc, prefix=()):
@@ -181,13 +186,21 @@ def test_any_value_in_any_field_is_read_or_refused_in_one_line(tmp_path, path, v
 def test_a_stage_effect_reads_that_stages_values_and_gap_s_spaces_the_stages(tmp_path):
     from kvbench.sim.published import Row
 
-    text = V2.replace("load: {closed_loop: {concurrency: 3, num_requests: 6}}",
-                      "stages: {ladder: \"2:1,4:1\", gap_s: 30}").replace(
-        "  offload: {total_tok_s: 1100.0, ttft_mean_s: 0.9}",
-        "  offload: {total_tok_s: 1100.0, ttft_mean_s: 0.9, request_s: [2.0, 3.0]}\n"
-        "  baseline_stages: {}").replace("  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0}",
-                                         "  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0, request_s: [2.0, 4.0]}")
-    text = text.replace("  baseline_stages: {}\n", "") + "  - {arm: offload, over: baseline, metric: request_s, stage: 4}\n"
+    text = (
+        V2.replace("load: {closed_loop: {concurrency: 3, num_requests: 6}}", 'stages: {ladder: "2:1,4:1", gap_s: 30}')
+        .replace(
+            "  offload: {total_tok_s: 1100.0, ttft_mean_s: 0.9}",
+            "  offload: {total_tok_s: 1100.0, ttft_mean_s: 0.9, request_s: [2.0, 3.0]}\n  baseline_stages: {}",
+        )
+        .replace(
+            "  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0}",
+            "  baseline: {total_tok_s: 1000.0, ttft_mean_s: 1.0, request_s: [2.0, 4.0]}",
+        )
+    )
+    text = (
+        text.replace("  baseline_stages: {}\n", "")
+        + "  - {arm: offload, over: baseline, metric: request_s, stage: 4}\n"
+    )
     case = parse_case(write(tmp_path, text))
     assert case.plan.gap_s == 30.0 and case.effects[1].stage == "4"
     rows = [Row("baseline", "4", "request_s", 4.0, 3.0), Row("offload", "4", "request_s", 3.0, 3.3)]

@@ -17,7 +17,6 @@ DIGEST_BEFORE_OPTIMISATION again, checked on 39f9fec.
 """
 
 import dataclasses
-
 import hashlib
 from pathlib import Path
 

@@ -111,8 +111,10 @@ def test_simultaneous_arrivals_on_idle_replicas_spread_by_the_seeded_tie_break()
     def picks(seed: int) -> list[int]:
         nodes = [FakeNode(0, 0.0, 0) for _ in range(8)]
         router = Router(nodes, ROUTE_PRECISE_PREFIX, page_size=4, rng=np.random.default_rng(seed))
-        return [router.pick(k, Request(RequestId(f"r{k}"), np.arange(k * 100, k * 100 + 32, dtype=np.int32), 4), 0.0)
-                for k in range(45)]
+        return [
+            router.pick(k, Request(RequestId(f"r{k}"), np.arange(k * 100, k * 100 + 32, dtype=np.int32), 4), 0.0)
+            for k in range(45)
+        ]
 
     first = picks(7)
     assert len(set(first)) >= 6 and max(first.count(n) for n in range(8)) <= 15

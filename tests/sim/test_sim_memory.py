@@ -19,13 +19,16 @@ GIB = 1 << 30
 
 def config(nodes: int, device_kv_tokens: int | None = None) -> SimConfig:
     preset = dataclasses.replace(get_preset("vllm-prefix"), num_nodes=nodes)
-    return SimConfig(load_geometry("qwen2.5-72b"), load_hardware("8xh200"), preset, "fp8",
-                     device_kv_tokens=device_kv_tokens)
+    return SimConfig(
+        load_geometry("qwen2.5-72b"), load_hardware("8xh200"), preset, "fp8", device_kv_tokens=device_kv_tokens
+    )
 
 
 def test_a_fleet_past_the_available_memory_is_refused_naming_the_estimate():
     big = config(100_000)
-    with pytest.raises(ValueError, match=r"100,000 nodes x [\d,]+ device pages and 256 sessions need about [\d,.]+ GiB"):
+    with pytest.raises(
+        ValueError, match=r"100,000 nodes x [\d,]+ device pages and 256 sessions need about [\d,.]+ GiB"
+    ):
         big.check_memory(256, 16 * GIB)
     config(2).check_memory(256, 16 * GIB)  # two nodes fit
     assert config(4).memory_bytes(256) > config(2).memory_bytes(256) > config(2).memory_bytes(0)

@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
+from kvbench.engines.kvengine.core.plans import probe_shape
 from kvbench.engines.kvengine.core.scheduler import Request, RequestId, ScheduledSeq
 from kvbench.engines.kvengine.runtime.budget_probe import build_engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
-from kvbench.engines.kvengine.core.plans import probe_shape
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.sim.cost import SeqWork
 from kvbench.sim.fleet import build_nodes, prefill_beside_decodes
 from kvbench.sim.geometry import load_geometry
@@ -19,8 +19,14 @@ from kvbench.sim.hardware import load_hardware
 from kvbench.sim.validate import sim_config_for_engine
 
 BUDGET = 16
-SETTINGS = EngineConfig(model="tiny-random", kv_capacity=2048, max_num_seqs=4, max_step_tokens=256,
-                        max_prefill_beside_decodes=BUDGET, threads=1)
+SETTINGS = EngineConfig(
+    model="tiny-random",
+    kv_capacity=2048,
+    max_num_seqs=4,
+    max_step_tokens=256,
+    max_prefill_beside_decodes=BUDGET,
+    threads=1,
+)
 # step -> (request, prompt length, tokens to generate): b and c arrive while a (then b) decode
 ARRIVALS = {0: [("a", 40, 30)], 3: [("b", 100, 12)], 5: [("c", 70, 6)]}
 
@@ -85,8 +91,9 @@ def test_an_auto_budget_reaches_the_simulator_as_the_engine_timed_it():
         sim_config_for_engine(auto, load_geometry("tiny-random"), load_hardware("cpu"))
 
 
-@pytest.mark.parametrize("hardware, model", [("cpu", "smollm2-135m"), ("h200", "llama-3.3-70b"),
-                                             ("h200", "smollm2-135m")])
+@pytest.mark.parametrize(
+    "hardware, model", [("cpu", "smollm2-135m"), ("h200", "llama-3.3-70b"), ("h200", "smollm2-135m")]
+)
 def test_auto_on_the_cost_model_keeps_a_mixed_step_within_the_factor(hardware, model):
     """The simulator resolves `auto` on its cost model by the engine's rule: beside one decode, a prefill chunk
     of the resolved size costs at most decode_stall_factor x the decode step alone, and is within a tenth of the

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from kvbench.cli.main import main
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.step_probe import read_step_log
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.measure.run_folder import read_entries
 from kvbench.sim.cost import CostModel, SeqWork
 from kvbench.sim.hardware import load_hardware, save_hardware
@@ -23,8 +23,26 @@ VALIDATION = Path(__file__).resolve().parents[2] / "results" / "sim" / "validati
 @pytest.mark.slow
 def test_validate_sim_reproduces_the_cache_hit_rate_of_a_real_run(tmp_path, capsys):
     run = tmp_path / "run"
-    assert main(["run", "--set", "model=tiny-random", "--set", "kv_capacity=1280", "--num-sessions", "4",
-                 "--concurrency", "1", "--max-lag-ms", "1000", "--out", str(run)]) == 0  # lag: not this test's subject
+    assert (
+        main(
+            [
+                "run",
+                "--set",
+                "model=tiny-random",
+                "--set",
+                "kv_capacity=1280",
+                "--num-sessions",
+                "4",
+                "--concurrency",
+                "1",
+                "--max-lag-ms",
+                "1000",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )  # lag: not this test's subject
     # The engine timed its prefill budget beside decodes (auto, the default) and stated it; the run kept it,
     # and the simulator below schedules with it.
     (entry,) = read_entries(run)
@@ -64,10 +82,19 @@ def calibration_error() -> float:
     is off by a weighted mean of its steps' errors, never more than the largest."""
     settings = EngineConfig()  # the calibration run's engine settings: the defaults, kv_capacity aside
     hardware = load_hardware(str(VALIDATION / "cpu-calibrated.json"))
-    model = CostModel(engine_geometry(settings.model, None), hardware, settings.kv_dtype.value,
-                      WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"), True, settings.page_size)
-    steps = [s for s in read_step_log(VALIDATION / "calibration-run" / "engines" / "kvengine" / "steps.jsonl")
-             if s.work and s.seconds > 0]
+    model = CostModel(
+        engine_geometry(settings.model, None),
+        hardware,
+        settings.kv_dtype.value,
+        WEIGHT_DTYPES.get(settings.compute_dtype, "fp32"),
+        True,
+        settings.page_size,
+    )
+    steps = [
+        s
+        for s in read_step_log(VALIDATION / "calibration-run" / "engines" / "kvengine" / "steps.jsonl")
+        if s.work and s.seconds > 0
+    ]
     predicted = np.array([model.step(SeqWork(a, b) for a, b in s.work).seconds for s in steps])
     return float(np.abs(predicted / np.array([s.seconds for s in steps]) - 1).max())
 
@@ -87,8 +114,11 @@ def test_simulated_ttft_of_the_committed_runs_is_within_the_calibration_error(tm
             assert rows[name]["ok"] is True and rows[name]["tolerance"] == pytest.approx(tolerance, abs=1e-4)
     # The bound bites: a device at half the fitted speed puts simulated TTFT outside it.
     slow = load_hardware(profile)
-    device = dataclasses.replace(slow.device, flops_efficiency=slow.device.flops_efficiency / 2,
-                                 bw_efficiency=slow.device.bw_efficiency / 2)
+    device = dataclasses.replace(
+        slow.device, flops_efficiency=slow.device.flops_efficiency / 2, bw_efficiency=slow.device.bw_efficiency / 2
+    )
     save_hardware(dataclasses.replace(slow, device=device), tmp_path / "slow.json")
-    assert main(["validate-sim", str(run), "--hardware", str(tmp_path / "slow.json"),
-                 "--tolerance", f"{tolerance:.4f}"]) == 1
+    assert (
+        main(["validate-sim", str(run), "--hardware", str(tmp_path / "slow.json"), "--tolerance", f"{tolerance:.4f}"])
+        == 1
+    )

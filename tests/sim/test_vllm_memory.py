@@ -33,6 +33,16 @@ def test_llama_70b_on_four_h200_fp8_kv_block_16():
     blocks = int((requested - weights - 1.5 * GIB - 0.75 * GIB) // per_block)
     assert m.bytes_per_block == per_block and m.num_blocks == blocks
     # A larger activation peak (bigger batches) leaves fewer blocks, by exactly the bytes it takes.
-    bigger = vllm_memory(g, total, 4, 0.95, 16, 2048, 256, "fp8", activation_bytes=1.5 * GIB + 100 * per_block,
-                         non_torch_bytes=0.75 * GIB)
+    bigger = vllm_memory(
+        g,
+        total,
+        4,
+        0.95,
+        16,
+        2048,
+        256,
+        "fp8",
+        activation_bytes=1.5 * GIB + 100 * per_block,
+        non_torch_bytes=0.75 * GIB,
+    )
     assert bigger.num_blocks == blocks - 100

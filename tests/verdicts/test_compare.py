@@ -16,15 +16,15 @@ import pytest
 import yaml
 
 from kvbench.cli import commands
-from kvbench.verdicts.baseline import PROVENANCE_JSON, promote
-from kvbench.measure.bootstrap import weighted_percentile
-from kvbench.verdicts.compare import CompareOptions, Verdict, compare
-from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.cli.commands import compare_cmd
+from kvbench.measure.bootstrap import weighted_percentile
 from kvbench.measure.metrics import summarize_run
 from kvbench.measure.records import RecordWriter, RequestRecord
 from kvbench.measure.report import write_summaries
 from kvbench.measure.run_folder import REQUESTS_JSONL, RunEntry, read_run_folder
+from kvbench.verdicts.baseline import PROVENANCE_JSON, promote
+from kvbench.verdicts.compare import CompareOptions, Verdict, compare
+from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 
 MS = 1_000_000
 RUN_ID = "ours|rag-chat-mini|c4|r{}"
@@ -48,20 +48,40 @@ def make_records(seed, run_id=RUN_ID.format(0), n=200, ttft_factor=1.0, hit=0.8,
             chunks.append([time_ns, 1])
         prompt = int(rng.integers(1000, 3000))
         reusable = int(prompt * (0.55 + noise * (rng.uniform(0.3, 0.8) - 0.55)))
-        records.append(RequestRecord(
-            run_id=run_id, request_id=f"q{i}", session_id=f"s{i}", tenant="a", turn=0, queued_ns=start,
-            sent_ns=start, first_token_ns=chunks[0][0], done_ns=time_ns, chunks=chunks, prompt_tokens=prompt,
-            output_tokens=tokens, cached_tokens=int(rng.binomial(reusable, hit)) if report_cached else None,
-            reusable_tokens=reusable,
-        ))
+        records.append(
+            RequestRecord(
+                run_id=run_id,
+                request_id=f"q{i}",
+                session_id=f"s{i}",
+                tenant="a",
+                turn=0,
+                queued_ns=start,
+                sent_ns=start,
+                first_token_ns=chunks[0][0],
+                done_ns=time_ns,
+                chunks=chunks,
+                prompt_tokens=prompt,
+                output_tokens=tokens,
+                cached_tokens=int(rng.binomial(reusable, hit)) if report_cached else None,
+                reusable_tokens=reusable,
+            )
+        )
     return records
 
 
 def entry(records, repeat=0, engine="ours", load="c4", params=None):
     return RunEntry(
-        run_id=records[0].run_id, engine=engine, kv_dtype="fp16", workload="rag-chat-mini",
-        load=load, repeat=repeat, workload_params=params or {"turns_mean": 4}, engine_settings={},
-        summary=summarize_run(records).to_dict(), valid=True, started_at=1.7e9,
+        run_id=records[0].run_id,
+        engine=engine,
+        kv_dtype="fp16",
+        workload="rag-chat-mini",
+        load=load,
+        repeat=repeat,
+        workload_params=params or {"turns_mean": 4},
+        engine_settings={},
+        summary=summarize_run(records).to_dict(),
+        valid=True,
+        started_at=1.7e9,
     )
 
 
@@ -74,8 +94,18 @@ def write_run(path: Path, entries_records, config=None, env=None) -> Path:
                 writer.write(record)
     write_summaries(path, [item for item, _ in entries_records])
     (path / "config.yaml").write_text(yaml.safe_dump(config or {"seed": 0, "repeat": 1, "stop": {"num_requests": 200}}))
-    (path / "env.json").write_text(json.dumps(env or {"cpu": "test cpu", "cpu_count": 2, "gpu": [], "git_commit": "abc123",
-                                                       "command": "kvbench run ci/nightly-cpu.yaml"}))
+    (path / "env.json").write_text(
+        json.dumps(
+            env
+            or {
+                "cpu": "test cpu",
+                "cpu_count": 2,
+                "gpu": [],
+                "git_commit": "abc123",
+                "command": "kvbench run ci/nightly-cpu.yaml",
+            }
+        )
+    )
     return path
 
 
@@ -171,7 +201,10 @@ def test_power_a_20_percent_ttft_shift_is_caught_in_most_seeds(baselines, tmp_pa
     caught = 0
     for seed in SEEDS:
         new = read_run_folder(simple_run(tmp_path / f"n{seed}", seed=5000 + seed, ttft_factor=1.2))
-        caught += row(compare(baselines[seed], new, CompareOptions(metrics=("ttft_p50",))), "ttft_p50").verdict is Verdict.REGRESSION
+        caught += (
+            row(compare(baselines[seed], new, CompareOptions(metrics=("ttft_p50",))), "ttft_p50").verdict
+            is Verdict.REGRESSION
+        )
     print(f"\ndetection rate of a +20% TTFT shift (ttft_p50, 200 requests, sigma 0.4): {caught}/{len(SEEDS)}")
     assert caught >= 14
 
@@ -261,13 +294,31 @@ def test_without_per_request_records_the_tolerance_alone_decides_and_says_so(tmp
 def test_eval_json_quality_deltas_are_judged_by_tolerance(tmp_path):
     base = simple_run(tmp_path / "base", seed=1)
     new = simple_run(tmp_path / "new", seed=1)  # identical serving numbers
-    (base / "eval.json").write_text(json.dumps({"settings": [
-        {"kv_setting": "fp8_e4m3", "metrics": {"kl": 0.010, "top1_agreement": 0.985, "gsm8k/exact_match": 0.60, "mmlu/acc": 0.70}},
-        {"kv_setting": "fp8_e5m2", "metrics": {"kl": 0.02}},
-    ]}))
-    (new / "eval.json").write_text(json.dumps({"settings": [
-        {"kv_setting": "fp8_e4m3", "metrics": {"kl": 0.015, "top1_agreement": 0.983, "gsm8k/exact_match": 0.62, "mmlu/acc": None}},
-    ]}))
+    (base / "eval.json").write_text(
+        json.dumps(
+            {
+                "settings": [
+                    {
+                        "kv_setting": "fp8_e4m3",
+                        "metrics": {"kl": 0.010, "top1_agreement": 0.985, "gsm8k/exact_match": 0.60, "mmlu/acc": 0.70},
+                    },
+                    {"kv_setting": "fp8_e5m2", "metrics": {"kl": 0.02}},
+                ]
+            }
+        )
+    )
+    (new / "eval.json").write_text(
+        json.dumps(
+            {
+                "settings": [
+                    {
+                        "kv_setting": "fp8_e4m3",
+                        "metrics": {"kl": 0.015, "top1_agreement": 0.983, "gsm8k/exact_match": 0.62, "mmlu/acc": None},
+                    },
+                ]
+            }
+        )
+    )
     comparison = compare(read_run_folder(base), read_run_folder(new))
     assert row(comparison, "kl", "quality").verdict is Verdict.REGRESSION  # +50% > 10%
     assert row(comparison, "top1_agreement", "quality").verdict is Verdict.NO_CHANGE  # -0.2 pp < 0.5 pp
@@ -275,8 +326,11 @@ def test_eval_json_quality_deltas_are_judged_by_tolerance(tmp_path):
     assert row(comparison, "mmlu/acc", "quality").verdict is Verdict.MISSING
     assert "only in the baseline" in row(comparison, "all", "quality").note
     # identical serving numbers, each side resampled on its own: no regression nor improvement either way
-    assert all(item.verdict in (Verdict.NO_CHANGE, Verdict.INCONCLUSIVE) and item.delta == 0
-               for item in comparison.rows if item.kind == "perf")
+    assert all(
+        item.verdict in (Verdict.NO_CHANGE, Verdict.INCONCLUSIVE) and item.delta == 0
+        for item in comparison.rows
+        if item.kind == "perf"
+    )
     assert cli(["compare", str(base), str(new)]) == 1
     assert cli(["compare", str(base), str(new), "--max-regression", "kl=60"]) == 0
 
@@ -312,7 +366,9 @@ def test_baseline_update_copies_the_run_with_provenance(tmp_path):
     assert provenance["command"] == "kvbench run ci/nightly-cpu.yaml"
     assert provenance["run_started"].startswith("2023-11-14") and provenance["missing_files"] == ["eval.json"]
     comparison = compare(read_run_folder(target), read_run_folder(run))
-    assert all(item.verdict in (Verdict.NO_CHANGE, Verdict.INCONCLUSIVE) and item.delta == 0 for item in comparison.rows)
+    assert all(
+        item.verdict in (Verdict.NO_CHANGE, Verdict.INCONCLUSIVE) and item.delta == 0 for item in comparison.rows
+    )
     assert cli(["baseline", "update", str(tmp_path / "nowhere"), "--name", "x", "--root", str(root)]) == 2
     assert cli(["baseline", "update", str(run), "--name", "../escape", "--root", str(root)]) == 2
 
@@ -334,7 +390,7 @@ def test_nightly_script_runs_compares_and_exits_with_compares_code(tmp_path):
         "#!/usr/bin/env bash\n"
         'if [[ "$1" == run ]]; then mkdir -p "$(dirname "$4")" && cp -r "$FAKE_RUN" "$4"; exit 0; fi\n'
         f'exec "{sys.executable}" -c "import sys; sys.path.insert(0, \'{repo}\'); '
-        "from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))\" \"$@\"\n"
+        'from tests.verdicts.test_compare import cli; sys.exit(cli(sys.argv[1:]))" "$@"\n'
     )
     fake.chmod(0o755)
 
@@ -342,8 +398,13 @@ def test_nightly_script_runs_compares_and_exits_with_compares_code(tmp_path):
         env = {**os.environ, "KVBENCH": str(fake), "KVBENCH_ROOT": str(root), "FAKE_RUN": str(run_folder)}
         env.pop("GITHUB_OUTPUT", None)
         env.pop("GITHUB_STEP_SUMMARY", None)
-        return subprocess.run(["bash", str(repo / "ci" / "nightly.sh"), "nightly-cpu"], env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            ["bash", str(repo / "ci" / "nightly.sh"), "nightly-cpu"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     passed = nightly(good)
     assert passed.returncode == 0, passed.stderr
@@ -371,11 +432,28 @@ def test_two_small_runs_of_the_same_engine_are_inconclusive_and_strict_fails_on_
     assert "**1 inconclusive**" in capsys.readouterr().out
     assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict"]) == 1
     # A gate that allows inconclusive metrics still reports them, and still fails on a config mismatch.
-    assert cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--strict", "--allow-inconclusive",
-                "--format", "md"]) == 0
+    assert (
+        cli(
+            [
+                "compare",
+                str(base),
+                str(new),
+                "--metrics",
+                "ttft_p50",
+                "--strict",
+                "--allow-inconclusive",
+                "--format",
+                "md",
+            ]
+        )
+        == 0
+    )
     assert "**1 inconclusive**" in capsys.readouterr().out
-    other = write_run(tmp_path / "other", [(entry(make_records(22, n=12)), make_records(22, n=12))],
-                      config={"seed": 1, "repeat": 1, "stop": {"num_requests": 200}})  # another seed
+    other = write_run(
+        tmp_path / "other",
+        [(entry(make_records(22, n=12)), make_records(22, n=12))],
+        config={"seed": 1, "repeat": 1, "stop": {"num_requests": 200}},
+    )  # another seed
     assert cli(["compare", str(base), str(other), "--metrics", "ttft_p50", "--strict", "--allow-inconclusive"]) == 1
     csv = cli(["compare", str(base), str(new), "--metrics", "ttft_p50", "--format", "csv"])
     assert csv == 0 and ",inconclusive," in capsys.readouterr().out
@@ -388,9 +466,19 @@ def test_a_metric_whose_direction_no_source_declares_is_inconclusive_not_guessed
     mystery = row(compare(read_run_folder(base), read_run_folder(new)), "mystery_loss", "quality")
     assert mystery.verdict is Verdict.INCONCLUSIVE and "direction unknown" in mystery.note
     # eval.json's recorded direction (from the run's lm-eval) decides when present
-    (new / "eval.json").write_text(json.dumps({"settings": [{"kv_setting": "fp8", "metrics": {"mystery_loss": 2.0},
-                                                             "higher_is_better": {"mystery_loss": True}}]}))
-    assert row(compare(read_run_folder(base), read_run_folder(new)), "mystery_loss", "quality").verdict is Verdict.IMPROVEMENT
+    (new / "eval.json").write_text(
+        json.dumps(
+            {
+                "settings": [
+                    {"kv_setting": "fp8", "metrics": {"mystery_loss": 2.0}, "higher_is_better": {"mystery_loss": True}}
+                ]
+            }
+        )
+    )
+    assert (
+        row(compare(read_run_folder(base), read_run_folder(new)), "mystery_loss", "quality").verdict
+        is Verdict.IMPROVEMENT
+    )
 
 
 def test_one_endpoint_on_two_ports_measures_the_same_thing_another_path_does_not(tmp_path):
@@ -398,8 +486,9 @@ def test_one_endpoint_on_two_ports_measures_the_same_thing_another_path_does_not
 
     def folder(name, seed, url):
         records = make_records(seed)
-        return read_run_folder(write_run(tmp_path / name, [(replace(entry(records), engine_settings={"url": url}),
-                                                            records)]))
+        return read_run_folder(
+            write_run(tmp_path / name, [(replace(entry(records), engine_settings={"url": url}), records)])
+        )
 
     base = folder("base", 1, "http://127.0.0.1:8101")
     moved = compare(base, folder("moved", 2, "http://127.0.0.1:8102/"))
@@ -424,11 +513,24 @@ def closed_loop_records(seed, n=100, concurrency=4, itl_ms=10.0, run_id=RUN_ID.f
             time_ns += int(gap * MS)
             chunks.append([time_ns, 1])
         free_at[slot] = time_ns
-        records.append(RequestRecord(
-            run_id=run_id, request_id=f"q{i}", session_id=f"s{i}", tenant="a", turn=0, queued_ns=start,
-            sent_ns=start, first_token_ns=chunks[0][0], done_ns=time_ns, chunks=chunks, prompt_tokens=100,
-            output_tokens=len(chunks), cached_tokens=0, reusable_tokens=0,
-        ))
+        records.append(
+            RequestRecord(
+                run_id=run_id,
+                request_id=f"q{i}",
+                session_id=f"s{i}",
+                tenant="a",
+                turn=0,
+                queued_ns=start,
+                sent_ns=start,
+                first_token_ns=chunks[0][0],
+                done_ns=time_ns,
+                chunks=chunks,
+                prompt_tokens=100,
+                output_tokens=len(chunks),
+                cached_tokens=0,
+                reusable_tokens=0,
+            )
+        )
     return records
 
 
@@ -447,8 +549,10 @@ def test_closed_loop_throughput_interval_shrinks_with_the_data_and_sees_a_double
     options = CompareOptions(metrics=("output_tok_s", "itl_p50", "tpot_p50", "e2e_p50"))
     widths = {}
     for n in (100, 400):
-        same = row(compare(closed_run(tmp_path / f"a{n}", 1, n=n), closed_run(tmp_path / f"b{n}", 2, n=n), options),
-                   "output_tok_s")
+        same = row(
+            compare(closed_run(tmp_path / f"a{n}", 1, n=n), closed_run(tmp_path / f"b{n}", 2, n=n), options),
+            "output_tok_s",
+        )
         assert same.verdict is not Verdict.REGRESSION and same.ci_low < 0 < same.ci_high
         widths[n] = same.ci_high - same.ci_low
     assert widths[400] < 0.7 * widths[100] and widths[100] < 0.25  # the span-based interval was ~[-56%, +129%]

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.verdicts.directions import OWN_METRICS, higher_is_better
 from kvbench.evals.lm_eval_run import scores_from_results
 from kvbench.evals.results import SettingResult, eval_json
 from kvbench.evals.tasks import TASKS, render_tasks
-from kvbench.verdicts.compare import Verdict, compare
-from kvbench.verdicts.gate_metrics import quality_spec
 from kvbench.measure.run_folder import read_run_folder
+from kvbench.verdicts.compare import Verdict, compare
+from kvbench.verdicts.directions import OWN_METRICS, higher_is_better
+from kvbench.verdicts.gate_metrics import quality_spec
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 GATED = [RESULTS / "baselines" / "nightly-cpu" / "eval.json", RESULTS / "evals" / "eval.json"]
@@ -56,8 +56,11 @@ def test_a_rise_in_bits_per_byte_is_a_regression(tmp_path):
         path = tmp_path / name
         path.mkdir()
         (path / "summary.json").write_text(json.dumps({"runs": []}))
-        (path / "eval.json").write_text(json.dumps({"settings": [
-            {"kv_setting": "fp8_e4m3", "metrics": {"kvb_britannica_ppl/bits_per_byte": bits}}]}))
+        (path / "eval.json").write_text(
+            json.dumps(
+                {"settings": [{"kv_setting": "fp8_e4m3", "metrics": {"kvb_britannica_ppl/bits_per_byte": bits}}]}
+            )
+        )
         return read_run_folder(path)
 
     (quality,) = compare(folder("base", 1.08), folder("new", 1.20)).rows
@@ -66,14 +69,21 @@ def test_a_rise_in_bits_per_byte_is_a_regression(tmp_path):
 
 def test_eval_json_records_lm_evals_direction_of_each_metric():
     results = {
-        "results": {"kvb_britannica_ppl": {"bits_per_byte,none": 1.1, "word_perplexity,none": 80.0},
-                    "other_task": {"odd_score,none": 0.5}},
-        "higher_is_better": {"kvb_britannica_ppl": {"bits_per_byte": False, "word_perplexity": False},
-                             "other_task": {"odd_score": False}},
+        "results": {
+            "kvb_britannica_ppl": {"bits_per_byte,none": 1.1, "word_perplexity,none": 80.0},
+            "other_task": {"odd_score,none": 0.5},
+        },
+        "higher_is_better": {
+            "kvb_britannica_ppl": {"bits_per_byte": False, "word_perplexity": False},
+            "other_task": {"odd_score": False},
+        },
     }
     scores = scores_from_results(results)
     assert {(s.metric, s.higher_is_better) for s in scores} == {
-        ("bits_per_byte", False), ("word_perplexity", False), ("odd_score", False)}
+        ("bits_per_byte", False),
+        ("word_perplexity", False),
+        ("odd_score", False),
+    }
     written = eval_json([SettingResult("fp32", task_scores=tuple(scores))], "fp32")
     directions = written["settings"][0]["higher_is_better"]
     assert directions["other_task/odd_score"] is False  # only lm-eval knows this one: recorded from its results

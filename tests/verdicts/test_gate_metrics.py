@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 from kvbench.measure import metrics
 from kvbench.measure.run_folder import records_by_run
+from kvbench.verdicts.gate_metrics import PERF_METRICS, RequestSamples
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 REAL_RUNS = [RESULTS / "baselines" / "nightly-cpu", RESULTS / "sim" / "validation" / "validation-run"]

@@ -8,9 +8,10 @@ from kvbench.workloads.traces import read_azure, read_mooncake
 from tests.paths import TRACES
 
 
-
 def _require(path: Path) -> Path:
-    assert path.is_file(), f"public trace {path} is missing: tests/data/shared/ holds the copies (or set KVBENCH_SHARED_DIR)"
+    assert path.is_file(), (
+        f"public trace {path} is missing: tests/data/shared/ holds the copies (or set KVBENCH_SHARED_DIR)"
+    )
     return path
 
 

@@ -54,8 +54,14 @@ def test_unknown_override_lists_the_valid_keys():
 
 def test_overrides_session_count_vocab_and_time_scale_apply():
     base = load_workload("rag-chat-mini", seed=5)
-    changed = load_workload("rag-chat-mini", seed=5, num_sessions=3, vocab_size=2048, time_scale=0.5,
-                            overrides={"user_tokens_mean": 20.0, "user_tokens_min": 10})
+    changed = load_workload(
+        "rag-chat-mini",
+        seed=5,
+        num_sessions=3,
+        vocab_size=2048,
+        time_scale=0.5,
+        overrides={"user_tokens_mean": 20.0, "user_tokens_min": 10},
+    )
     assert len(changed.sessions) == 3
     tokens = np.concatenate([s.context for s in changed.sessions])
     assert tokens.max() < safe_token_range(2048).high
@@ -67,8 +73,10 @@ def test_overrides_session_count_vocab_and_time_scale_apply():
 
 def test_a_yaml_file_of_parameters_starts_from_a_profile(tmp_path):
     path = tmp_path / "mine.yaml"
-    path.write_text("profile: rag-chat-mini\nnum_sessions: 4\ndoc_tokens: 100\n"
-                    "tenants:\n  - {name: a, share: 3, tier: premium}\n  - {name: b}\n")
+    path.write_text(
+        "profile: rag-chat-mini\nnum_sessions: 4\ndoc_tokens: 100\n"
+        "tenants:\n  - {name: a, share: 3, tier: premium}\n  - {name: b}\n"
+    )
     workload = load_workload(str(path))
     assert workload.name == "mine"
     assert len(workload.sessions) == 4
@@ -85,8 +93,9 @@ def test_a_yaml_file_with_a_bad_key_names_the_file(tmp_path):
 
 def test_trace_paths_are_read_by_their_kind(tmp_path, mooncake_path):
     kvbench = tmp_path / "w.jsonl"
-    kvbench.write_text(json.dumps({"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 9,
-                                   "max_tokens": 2}) + "\n")
+    kvbench.write_text(
+        json.dumps({"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 9, "max_tokens": 2}) + "\n"
+    )
     assert len(load_workload(str(kvbench)).sessions[0].turns[0].user_tokens) == 9
     mooncake = load_workload(str(mooncake_path), num_sessions=5, time_scale=2.0)
     assert len(mooncake.sessions) == 5 and mooncake.params["format"] == "mooncake"

@@ -10,9 +10,19 @@ from kvbench.workloads.spec import TenantSpec, WorkloadError
 from kvbench.workloads.stats import workload_stats
 from kvbench.workloads.tokens import safe_token_range
 
-SMALL = RagChatParams(num_sessions=40, system_tokens=64, corpus_docs=50, docs_per_session=3, doc_tokens=32,
-                      user_tokens_mean=20.0, user_tokens_min=4, user_tokens_max=64, output_tokens_mean=16.0,
-                      output_tokens_min=2, output_tokens_max=64)
+SMALL = RagChatParams(
+    num_sessions=40,
+    system_tokens=64,
+    corpus_docs=50,
+    docs_per_session=3,
+    doc_tokens=32,
+    user_tokens_mean=20.0,
+    user_tokens_min=4,
+    user_tokens_max=64,
+    output_tokens_mean=16.0,
+    output_tokens_min=2,
+    output_tokens_max=64,
+)
 
 
 def all_tokens(workload):
@@ -53,8 +63,11 @@ def test_system_prompt_and_documents_recur_across_sessions():
     contexts = [s.context for s in workload.sessions]
     system = contexts[0][: SMALL.system_tokens]
     assert all(np.array_equal(c[: SMALL.system_tokens], system) for c in contexts)
-    documents = {c[i: i + SMALL.doc_tokens].tobytes() for c in contexts
-                 for i in range(SMALL.system_tokens, len(c), SMALL.doc_tokens)}
+    documents = {
+        c[i : i + SMALL.doc_tokens].tobytes()
+        for c in contexts
+        for i in range(SMALL.system_tokens, len(c), SMALL.doc_tokens)
+    }
     # 40 sessions x 3 documents drawn from 50 with Zipf popularity: far fewer distinct documents than draws.
     assert len(documents) < 40 * 3 / 2
 
@@ -68,10 +81,22 @@ def test_token_ids_stay_in_the_safe_range_of_the_vocabulary():
 
 
 def test_sizes_follow_their_parameters_over_many_sessions():
-    params = RagChatParams(num_sessions=3000, system_tokens=10, corpus_docs=20, docs_per_session=2, doc_tokens=5,
-                           turns_mean=6.0, turns_max=40, user_tokens_mean=200.0, output_tokens_mean=256.0,
-                           output_tokens_max=4096, think_time_median_s=30.0, think_time_sigma=1.5,
-                           think_time_max_s=7200.0, session_rate=2.0)
+    params = RagChatParams(
+        num_sessions=3000,
+        system_tokens=10,
+        corpus_docs=20,
+        docs_per_session=2,
+        doc_tokens=5,
+        turns_mean=6.0,
+        turns_max=40,
+        user_tokens_mean=200.0,
+        output_tokens_mean=256.0,
+        output_tokens_max=4096,
+        think_time_median_s=30.0,
+        think_time_sigma=1.5,
+        think_time_max_s=7200.0,
+        session_rate=2.0,
+    )
     workload = generate_rag_chat(params, seed=0)
     turns = np.array([len(s.turns) for s in workload.sessions])
     user = np.array([len(t.user_tokens) for s in workload.sessions for t in s.turns])
@@ -99,8 +124,16 @@ def test_reuse_grows_with_zipf_skew():
     rates = []
     for exponent in (0.0, 0.8, 1.6):
         # One turn per session, so that all reuse is across sessions (system prompt + shared leading documents).
-        params = dataclasses.replace(SMALL, num_sessions=150, corpus_docs=200, docs_per_session=4, doc_tokens=64,
-                                     zipf_exponent=exponent, turns_mean=1.0, turns_max=1)
+        params = dataclasses.replace(
+            SMALL,
+            num_sessions=150,
+            corpus_docs=200,
+            docs_per_session=4,
+            doc_tokens=64,
+            zipf_exponent=exponent,
+            turns_mean=1.0,
+            turns_max=1,
+        )
         rates.append(workload_stats(generate_rag_chat(params, seed=0)).oracle_hit_rate)
     assert rates[0] < rates[1] < rates[2]
     assert rates[2] - rates[0] > 0.2
@@ -125,16 +158,19 @@ def test_a_tenant_keeps_its_content_when_other_tenants_are_added():
     assert np.array_equal(session.context[: SMALL.system_tokens], alone.sessions[0].context[: SMALL.system_tokens])
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("num_sessions", 0, "num_sessions"),
-    ("num_sessions", "3", "num_sessions"),
-    ("arrival_process", "uniform", "arrival_process"),
-    ("docs_per_session", 2000, "docs_per_session"),
-    ("turns_mean", 0.5, "turns_mean"),
-    ("user_tokens_mean", 5000.0, "user_tokens_mean"),
-    ("vocab_size", 100, "vocab_size"),
-    ("tenants", ({"name": "x", "tier": "gold"},), "tier"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_sessions", 0, "num_sessions"),
+        ("num_sessions", "3", "num_sessions"),
+        ("arrival_process", "uniform", "arrival_process"),
+        ("docs_per_session", 2000, "docs_per_session"),
+        ("turns_mean", 0.5, "turns_mean"),
+        ("user_tokens_mean", 5000.0, "user_tokens_mean"),
+        ("vocab_size", 100, "vocab_size"),
+        ("tenants", ({"name": "x", "tier": "gold"},), "tier"),
+    ],
+)
 def test_invalid_parameters_name_the_field(field, value, message):
     with pytest.raises(WorkloadError, match=message):
         RagChatParams(**{field: value})

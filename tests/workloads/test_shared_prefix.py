@@ -7,8 +7,9 @@ from kvbench.workloads.profiles import load_workload
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 from kvbench.workloads.spec import WorkloadError
 
-PARAMS = SharedPrefixParams(num_groups=3, num_prompts_per_group=4, system_prompt_len=40, question_len=12,
-                            output_len=7, num_requests=30)
+PARAMS = SharedPrefixParams(
+    num_groups=3, num_prompts_per_group=4, system_prompt_len=40, question_len=12, output_len=7, num_requests=30
+)
 
 
 def prompt(session) -> np.ndarray:
@@ -57,8 +58,10 @@ def test_loaded_by_name_and_from_a_parameter_file(tmp_path):
     assert len(named.sessions) == 5 and len(named.sessions[0].context) == 6000
     assert len(named.sessions[0].turns[0].user_tokens) == 1200 and named.sessions[0].turns[0].max_tokens == 1000
     path = tmp_path / "sp.yaml"
-    path.write_text("generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: 3\nsystem_prompt_len: 16\n"
-                    "question_len: 4\noutput_len: 2\n")
+    path.write_text(
+        "generator: shared_prefix\nnum_groups: 2\nnum_prompts_per_group: 3\nsystem_prompt_len: 16\n"
+        "question_len: 4\noutput_len: 2\n"
+    )
     loaded = load_workload(str(path))
     assert len(loaded.sessions) == 6 and len(loaded.sessions[0].context) == 16
     path.write_text("generator: shared_prefix\nnum_group: 2\n")

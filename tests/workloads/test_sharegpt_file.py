@@ -15,8 +15,10 @@ from .test_text_datasets import TOKENIZER
 
 
 def record(i: int, answer: str = "the cache keeps every page") -> dict:
-    return {"id": f"c{i}", "conversations": [{"from": "human", "value": f"hello world {i}"},
-                                             {"from": "gpt", "value": answer}]}
+    return {
+        "id": f"c{i}",
+        "conversations": [{"from": "human", "value": f"hello world {i}"}, {"from": "gpt", "value": answer}],
+    }
 
 
 def load(path, **kwargs):

@@ -37,12 +37,23 @@ def test_sharegpt_conversations_become_sessions_of_answered_human_turns(suffix):
     assert [(s.session_id, len(s.turns)) for s in workload.sessions] == [("c0", 2), ("c1", 1), ("c2", 1)]
     first = workload.sessions[0].turns
     assert first[0].user_tokens.tolist() == _tokens("What does a KV cache store during decoding?")
-    assert first[0].max_tokens == len(_tokens("It stores the keys and values of every earlier token, so each new "
-                                              "token attends to them without recomputing the whole prompt."))
+    assert first[0].max_tokens == len(
+        _tokens(
+            "It stores the keys and values of every earlier token, so each new "
+            "token attends to them without recomputing the whole prompt."
+        )
+    )
     # c1 opens with an answer and ends with a question: neither is a request
     assert workload.sessions[1].turns[0].user_tokens.tolist() == _tokens("Name one reason to quantize the KV cache.")
-    assert load_workload(f"sharegpt:{DATA}/sharegpt.{suffix}", num_sessions=2,
-                         overrides={"tokenizer": TOKENIZER, "output_len": 7}).sessions[1].turns[0].max_tokens == 7
+    assert (
+        load_workload(
+            f"sharegpt:{DATA}/sharegpt.{suffix}", num_sessions=2, overrides={"tokenizer": TOKENIZER, "output_len": 7}
+        )
+        .sessions[1]
+        .turns[0]
+        .max_tokens
+        == 7
+    )
 
 
 def test_a_sharegpt_sessions_next_turn_carries_the_real_answer():
@@ -70,7 +81,9 @@ def test_a_parquet_file_and_a_saved_dataset_map_their_columns(tmp_path):
     assert [s.turns[0].max_tokens for s in parquet.sessions] == [len(_tokens(a)) for a in frame.reference]
     datasets.Dataset.from_pandas(frame).save_to_disk(str(tmp_path / "saved"))
     saved = load_workload(f"dataset:{tmp_path / 'saved'}", overrides=options)
-    assert [s.turns[0].user_tokens.tolist() for s in saved.sessions] == [s.turns[0].user_tokens.tolist() for s in parquet.sessions]
+    assert [s.turns[0].user_tokens.tolist() for s in saved.sessions] == [
+        s.turns[0].user_tokens.tolist() for s in parquet.sessions
+    ]
     fixed = load_workload(f"dataset:{DATA}/qa.parquet", overrides={"tokenizer": TOKENIZER, "prompt_column": "question"})
     assert {s.turns[0].max_tokens for s in fixed.sessions} == {128}  # vLLM's default output length
     with pytest.raises(WorkloadError, match="no column 'prompt'; columns: question, reference"):
@@ -96,9 +109,14 @@ def test_random_is_vllms_lengths_around_the_target_after_a_shared_prefix():
     prefixes = {s.context.tobytes() for s in workload.sessions}
     assert len(prefixes) == 1 and len(workload.sessions[0].context) == 16
     ids = safe_token_range(5000)
-    assert all(ids.low <= s.turns[0].user_tokens.min() and s.turns[0].user_tokens.max() < ids.high for s in workload.sessions)
+    assert all(
+        ids.low <= s.turns[0].user_tokens.min() and s.turns[0].user_tokens.max() < ids.high for s in workload.sessions
+    )
     again = load_workload("random", num_sessions=200, overrides=options, vocab_size=5000, seed=3)
-    assert all(np.array_equal(a.turns[0].user_tokens, b.turns[0].user_tokens) for a, b in zip(workload.sessions, again.sessions))
+    assert all(
+        np.array_equal(a.turns[0].user_tokens, b.turns[0].user_tokens)
+        for a, b in zip(workload.sessions, again.sessions)
+    )
 
 
 def test_prefix_repetition_shares_each_prefix_among_its_prompts():

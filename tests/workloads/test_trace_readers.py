@@ -8,8 +8,14 @@ import pytest
 
 from kvbench.workloads.spec import Session, TenantSpec, Turn, Workload, token_array
 from kvbench.workloads.stats import workload_stats
-from kvbench.workloads.traces import (TraceFormatError, read_azure, read_kvbench_jsonl, read_mooncake,
-                                      sniff_trace_format, write_kvbench_jsonl)
+from kvbench.workloads.traces import (
+    TraceFormatError,
+    read_azure,
+    read_kvbench_jsonl,
+    read_mooncake,
+    sniff_trace_format,
+    write_kvbench_jsonl,
+)
 
 
 def input_lengths(workload):
@@ -39,9 +45,11 @@ def test_mooncake_prefix_hit_rate_is_the_readme_figure(mooncake_workload):
 
 def test_mooncake_equal_hashes_give_equal_tokens_and_the_last_block_is_a_prefix(tmp_path):
     path = tmp_path / "t.jsonl"
-    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]},
-            {"timestamp": 500, "input_length": 600, "output_length": 5, "hash_ids": [7, 3]},
-            {"timestamp": 900, "input_length": 1536, "output_length": 5, "hash_ids": [7, 8, 9]}]
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]},
+        {"timestamp": 500, "input_length": 600, "output_length": 5, "hash_ids": [7, 3]},
+        {"timestamp": 900, "input_length": 1536, "output_length": 5, "hash_ids": [7, 8, 9]},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     a, b, c = (s.context for s in read_mooncake(path).sessions)
     assert (len(a), len(b), len(c)) == (1100, 600, 1536)
@@ -74,8 +82,10 @@ def test_azure_code_matches_the_readme(azure_code_path):
 
 def test_azure_prompts_are_unique_and_time_keeps_sub_microsecond_digits(tmp_path):
     path = tmp_path / "a.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,300,4\n"
-                    "2023-11-16 18:15:46.6805901,300,4\n2023-11-16 18:15:48.0000000,10,4\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,300,4\n"
+        "2023-11-16 18:15:46.6805901,300,4\n2023-11-16 18:15:48.0000000,10,4\n"
+    )
     workload = read_azure(path, time_scale=2.0)
     first, second, third = workload.sessions
     assert second.arrival_s == pytest.approx(2e-7, abs=1e-9)
@@ -92,14 +102,17 @@ def test_limit_keeps_the_first_rows_and_time_scale_multiplies_gaps(mooncake_work
         assert np.array_equal(fast.context, full.context)
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"timestamp": 0, "output_length": 5, "hash_ids": [1]}', "field 'input_length' is missing"),
-    ('{"timestamp": -1, "input_length": 5, "output_length": 5, "hash_ids": [1]}', "field 'timestamp'"),
-    ('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1]}', "field 'hash_ids' has 1 ids"),
-    ('{"timestamp": 0, "input_length": "5", "output_length": 5, "hash_ids": [1]}', "field 'input_length'"),
-    ('{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": "1"}', "field 'hash_ids'"),
-    ('{"timestamp": 0, "input_length": 5,', "not a JSON object"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"timestamp": 0, "output_length": 5, "hash_ids": [1]}', "field 'input_length' is missing"),
+        ('{"timestamp": -1, "input_length": 5, "output_length": 5, "hash_ids": [1]}', "field 'timestamp'"),
+        ('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1]}', "field 'hash_ids' has 1 ids"),
+        ('{"timestamp": 0, "input_length": "5", "output_length": 5, "hash_ids": [1]}', "field 'input_length'"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": "1"}', "field 'hash_ids'"),
+        ('{"timestamp": 0, "input_length": 5,', "not a JSON object"),
+    ],
+)
 def test_malformed_mooncake_row_reports_file_and_line(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"
     good = '{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [1]}'
@@ -108,12 +121,15 @@ def test_malformed_mooncake_row_reports_file_and_line(tmp_path, line, message):
         read_mooncake(path)
 
 
-@pytest.mark.parametrize("row, message", [
-    ("2023-11-16 18:15:46.1,abc,3", "field 'ContextTokens' must be an integer"),
-    ("yesterday,10,3", "field 'TIMESTAMP'"),
-    ("2023-11-16 18:15:46.1,10", "expected 3 fields"),
-    ("2023-11-16 18:15:46.1,10,0", "field 'GeneratedTokens'"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("2023-11-16 18:15:46.1,abc,3", "field 'ContextTokens' must be an integer"),
+        ("yesterday,10,3", "field 'TIMESTAMP'"),
+        ("2023-11-16 18:15:46.1,10", "expected 3 fields"),
+        ("2023-11-16 18:15:46.1,10,0", "field 'GeneratedTokens'"),
+    ],
+)
 def test_malformed_azure_row_reports_file_and_line(tmp_path, row, message):
     path = tmp_path / "bad.csv"
     path.write_text(f"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0,10,3\n{row}\n")
@@ -134,12 +150,22 @@ def kvbench_lines(*rows):
 
 def test_kvbench_jsonl_lengths_ids_tenants_and_turn_order(tmp_path):
     path = tmp_path / "w.jsonl"
-    path.write_text(kvbench_lines(
-        {"session_id": "b", "turn": 1, "user_tokens": [5, 6], "max_tokens": 3, "think_time_s": 2.5},
-        {"session_id": "b", "turn": 0, "arrival_s": 4.0, "tenant": "acme", "tier": "premium",
-         "context_length": 50, "user_tokens": [1, 2, 3], "max_tokens": 8},
-        {"session_id": "a", "turn": 0, "arrival_s": 1.0, "user_length": 20, "max_tokens": 4},
-    ))
+    path.write_text(
+        kvbench_lines(
+            {"session_id": "b", "turn": 1, "user_tokens": [5, 6], "max_tokens": 3, "think_time_s": 2.5},
+            {
+                "session_id": "b",
+                "turn": 0,
+                "arrival_s": 4.0,
+                "tenant": "acme",
+                "tier": "premium",
+                "context_length": 50,
+                "user_tokens": [1, 2, 3],
+                "max_tokens": 8,
+            },
+            {"session_id": "a", "turn": 0, "arrival_s": 1.0, "user_length": 20, "max_tokens": 4},
+        )
+    )
     workload = read_kvbench_jsonl(path, time_scale=2.0)
     a, b = workload.sessions
     assert (a.session_id, a.tenant, a.arrival_s) == ("a", "default", 0.0)
@@ -152,21 +178,44 @@ def test_kvbench_jsonl_lengths_ids_tenants_and_turn_order(tmp_path):
     assert np.array_equal(read_kvbench_jsonl(path).sessions[1].context, b.context)  # seeded lengths
 
 
-@pytest.mark.parametrize("rows, line, message", [
-    ([{"turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1}], 1, "field 'session_id'"),
-    ([{"session_id": "a", "turn": 0, "user_length": 3, "max_tokens": 1}], 1, "field 'arrival_s' is missing"),
-    ([{"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3}], 1, "field 'max_tokens' is missing"),
-    ([{"session_id": "a", "turn": 0, "arrival_s": 0, "max_tokens": 1}], 1, "field 'user_tokens' or"),
-    ([{"session_id": "a", "turn": 0, "arrival_s": 0, "user_tokens": [1, -2], "max_tokens": 1}], 1,
-     "field 'user_tokens' must be a list"),
-    ([{"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
-      {"session_id": "a", "turn": 2, "user_length": 3, "max_tokens": 1}], 1, "field 'turn'.*without gaps"),
-    ([{"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
-      {"session_id": "a", "turn": 1, "arrival_s": 3, "user_length": 3, "max_tokens": 1}], 2,
-     "field 'arrival_s' is only allowed on turn 0"),
-    ([{"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
-      {"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1}], 2, "field 'turn' 0 repeats"),
-])
+@pytest.mark.parametrize(
+    "rows, line, message",
+    [
+        ([{"turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1}], 1, "field 'session_id'"),
+        ([{"session_id": "a", "turn": 0, "user_length": 3, "max_tokens": 1}], 1, "field 'arrival_s' is missing"),
+        ([{"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3}], 1, "field 'max_tokens' is missing"),
+        ([{"session_id": "a", "turn": 0, "arrival_s": 0, "max_tokens": 1}], 1, "field 'user_tokens' or"),
+        (
+            [{"session_id": "a", "turn": 0, "arrival_s": 0, "user_tokens": [1, -2], "max_tokens": 1}],
+            1,
+            "field 'user_tokens' must be a list",
+        ),
+        (
+            [
+                {"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
+                {"session_id": "a", "turn": 2, "user_length": 3, "max_tokens": 1},
+            ],
+            1,
+            "field 'turn'.*without gaps",
+        ),
+        (
+            [
+                {"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
+                {"session_id": "a", "turn": 1, "arrival_s": 3, "user_length": 3, "max_tokens": 1},
+            ],
+            2,
+            "field 'arrival_s' is only allowed on turn 0",
+        ),
+        (
+            [
+                {"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
+                {"session_id": "a", "turn": 0, "arrival_s": 0, "user_length": 3, "max_tokens": 1},
+            ],
+            2,
+            "field 'turn' 0 repeats",
+        ),
+    ],
+)
 def test_malformed_kvbench_row_reports_file_and_line(tmp_path, rows, line, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(kvbench_lines(*rows))
@@ -183,10 +232,12 @@ def test_write_then_read_kvbench_jsonl_gives_the_same_workload(tmp_path):
     path = tmp_path / "w.jsonl"
     write_kvbench_jsonl(workload, path)
     back = read_kvbench_jsonl(path)
-    assert [(s.session_id, s.tenant, s.arrival_s, s.context.tolist()) for s in back.sessions] == \
-        [(s.session_id, s.tenant, s.arrival_s, s.context.tolist()) for s in sessions]
-    assert [[(t.user_tokens.tolist(), t.max_tokens, t.think_time_s) for t in s.turns] for s in back.sessions] == \
-        [[(t.user_tokens.tolist(), t.max_tokens, t.think_time_s) for t in s.turns] for s in sessions]
+    assert [(s.session_id, s.tenant, s.arrival_s, s.context.tolist()) for s in back.sessions] == [
+        (s.session_id, s.tenant, s.arrival_s, s.context.tolist()) for s in sessions
+    ]
+    assert [[(t.user_tokens.tolist(), t.max_tokens, t.think_time_s) for t in s.turns] for s in back.sessions] == [
+        [(t.user_tokens.tolist(), t.max_tokens, t.think_time_s) for t in s.turns] for s in sessions
+    ]
     assert [t.tier for t in back.tenants] == ["premium", "basic"]
 
 

@@ -9,8 +9,13 @@ from kvbench.workloads.stats import planned_requests, workload_stats
 def test_hand_built_workload_counts_and_hit_rate():
     shared = list(range(1000, 1100))  # 100 tokens both sessions of tenant a start with
     sessions = (
-        Session("s1", "a", 0.0, token_array(shared), (Turn(token_array([1, 2]), 10),
-                                                      Turn(token_array([3]), 5, think_time_s=4.0))),
+        Session(
+            "s1",
+            "a",
+            0.0,
+            token_array(shared),
+            (Turn(token_array([1, 2]), 10), Turn(token_array([3]), 5, think_time_s=4.0)),
+        ),
         Session("s2", "a", 1.0, token_array(shared + [7]), (Turn(token_array([]), 20),)),
         Session("s3", "b", 2.0, token_array(shared), (Turn(token_array([1, 2]), 10),)),
     )
@@ -26,15 +31,26 @@ def test_hand_built_workload_counts_and_hit_rate():
     assert stats.prompt_tokens.max == 113 and stats.output_tokens.mean == pytest.approx(45 / 4)
     assert stats.duration_s == 4.0
     a, b = stats.per_tenant
-    assert (a.tenant, a.tier, a.sessions, a.requests, a.prompt_tokens_total, a.reusable_tokens_total) == \
-        ("a", "premium", 2, 3, 316, 202)
+    assert (a.tenant, a.tier, a.sessions, a.requests, a.prompt_tokens_total, a.reusable_tokens_total) == (
+        "a",
+        "premium",
+        2,
+        3,
+        316,
+        202,
+    )
     assert (b.tenant, b.oracle_hit_rate) == ("b", 0.0)
     assert stats.to_dict()["per_tenant"][0]["tenant"] == "a"
 
 
 def test_placeholder_answers_sit_between_turns_and_are_deterministic():
-    session = Session("s", "a", 0.0, token_array([5, 5]),
-                      (Turn(token_array([1]), 3), Turn(token_array([2]), 4, 1.0), Turn(token_array([9]), 1, 1.0)))
+    session = Session(
+        "s",
+        "a",
+        0.0,
+        token_array([5, 5]),
+        (Turn(token_array([1]), 3), Turn(token_array([2]), 4, 1.0), Turn(token_array([9]), 1, 1.0)),
+    )
     workload = Workload("w", (session,), 32000)
     first, second, third = (r.prompt for r in planned_requests(workload))
     assert first.tolist() == [5, 5, 1]

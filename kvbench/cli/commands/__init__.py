@@ -15,5 +15,17 @@ from kvbench.cli.commands import (
     workload_cmd,
 )
 
-ALL = (run_cmd, serve_cmd, eval_cmd, report_cmd, compare_cmd, workload_cmd, trace_cmd, sim_cmd, plan_cmd, calibrate_cmd,
-       published_cmd, bench_cmd)
+ALL = (
+    run_cmd,
+    serve_cmd,
+    eval_cmd,
+    report_cmd,
+    compare_cmd,
+    workload_cmd,
+    trace_cmd,
+    sim_cmd,
+    plan_cmd,
+    calibrate_cmd,
+    published_cmd,
+    bench_cmd,
+)

@@ -25,48 +25,75 @@ CALIBRATE_ENGINE_FLAGS = ("model", "kv_dtype", "compute_dtype", "max_step_tokens
 
 def register(commands, formatter) -> None:
     cal = commands.add_parser(
-        "calibrate", help="fit the simulator's hardware profile to our engine's measured step times",
+        "calibrate",
+        help="fit the simulator's hardware profile to our engine's measured step times",
         description="Fit the cost model's FLOP and bandwidth efficiencies and per-step overhead to our engine's "
         "measured steps, and write a hardware profile JSON for `kvbench simulate --hardware` and `kvbench "
         "validate-sim --hardware`. The steps come from the engine serving a real run (--steps: the "
         "engines/<label>/steps.jsonl every `kvbench run` of kvengine writes; this includes the load generator's "
         "share of the CPU; a run on a GPU logs the same file: `--steps it --hardware h200 --compute-dtype bfloat16` "
         "fits the H200 profile, whose efficiencies are otherwise assumptions) or, without --steps, from running the engine in this process on a fixed set of request "
-        "shapes (prefills of 64-2048 tokens, decode batches of 1-8 sequences).", formatter_class=formatter,
+        "shapes (prefills of 64-2048 tokens, decode batches of 1-8 sequences).",
+        formatter_class=formatter,
     )
-    cal.add_argument("--steps", type=Path, action="append", default=[], metavar="FILE",
-                     help="a steps.jsonl logged by our engine during a run (repeatable); --model etc. must match it")
+    cal.add_argument(
+        "--steps",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a steps.jsonl logged by our engine during a run (repeatable); --model etc. must match it",
+    )
     add_flags(cal, EngineConfig, only=CALIBRATE_ENGINE_FLAGS)  # as `kvbench serve` has them
-    cal.add_argument("--hardware", default="cpu", help="profile to start from (peaks, links); its efficiencies are refitted")
+    cal.add_argument(
+        "--hardware", default="cpu", help="profile to start from (peaks, links); its efficiencies are refitted"
+    )
     cal.add_argument("--geometry", help="simulator model geometry (default: from --model)")
-    cal.add_argument("--out", type=Path, default=None,
-                     help="profile JSON to write (default results/sim/<hardware>-calibrated.json)")
-    cal.add_argument("--published", type=Path, nargs="+", metavar="CASE.yaml",
-                     help="fit to published GPU experiments instead (results/sim/published/*.yaml): one case: "
-                     "efficiencies, step overhead and router latency on one router's stages up to --max-rate, the "
-                     "rest checked; several cases of one GPU type: one step overhead and router latency across "
-                     "them (each case's --fit-router arm, else its first, at <= --max-rate; a closed loop's whole run)")
+    cal.add_argument(
+        "--out", type=Path, default=None, help="profile JSON to write (default results/sim/<hardware>-calibrated.json)"
+    )
+    cal.add_argument(
+        "--published",
+        type=Path,
+        nargs="+",
+        metavar="CASE.yaml",
+        help="fit to published GPU experiments instead (results/sim/published/*.yaml): one case: "
+        "efficiencies, step overhead and router latency on one router's stages up to --max-rate, the "
+        "rest checked; several cases of one GPU type: one step overhead and router latency across "
+        "them (each case's --fit-router arm, else its first, at <= --max-rate; a closed loop's whole run)",
+    )
     cal.add_argument("--fit-router", default="precise-prefix", help="with --published: the router fitted on")
     cal.add_argument("--max-rate", type=number_above(0), default=20.0, help="with --published: fit stages <= this")
-    cal.add_argument("--fit-throughput-at", type=number_above(0), action="append", default=[], metavar="RATE",
-                     help="with --published: also fit the output tok/s (only) of the fit router's stage at RATE, "
-                     "repeatable: a saturated stage, the one place large-batch steps show (its TTFT stays checked)")
+    cal.add_argument(
+        "--fit-throughput-at",
+        type=number_above(0),
+        action="append",
+        default=[],
+        metavar="RATE",
+        help="with --published: also fit the output tok/s (only) of the fit router's stage at RATE, "
+        "repeatable: a saturated stage, the one place large-batch steps show (its TTFT stays checked)",
+    )
     cal.add_argument("--max-evaluations", type=int, default=24, help="with --published: simulations at most")
     cal.add_argument("--no-check", action="store_true", help="with --published: skip the check of the rest")
     cal.set_defaults(handler=handle_calibrate)
 
     val = commands.add_parser(
-        "validate-sim", help="simulate a real run of our engine and compare: hit rates, TTFT p50/p99",
+        "validate-sim",
+        help="simulate a real run of our engine and compare: hit rates, TTFT p50/p99",
         description="For each run of our engine (kvengine) in RUN_DIR, simulate the same workload and load with "
         "the same cache and batching settings, sending requests in the order the real run sent them, on a "
         "(calibrated) hardware profile. Prints real and simulated metrics side by side and writes "
         f"RUN_DIR/{SIM_VALIDATION_JSON}. Exit 1 when the cache hit rates differ or TTFT p50/p99 differ by more than "
-        "the tolerance.", formatter_class=formatter,
+        "the tolerance.",
+        formatter_class=formatter,
     )
     val.add_argument("run_dir", type=Path, help="a `kvbench run` folder with kvengine runs")
-    val.add_argument("--hardware", default="cpu",
-                     help="hardware profile: a `kvbench calibrate` JSON (fit it on your machine), or a profile name "
-                     "(default: cpu, fitted on kvbench's development machine)")
+    val.add_argument(
+        "--hardware",
+        default="cpu",
+        help="hardware profile: a `kvbench calibrate` JSON (fit it on your machine), or a profile name "
+        "(default: cpu, fitted on kvbench's development machine)",
+    )
     val.add_argument("--geometry", help="simulator model geometry (default: from the run's model setting)")
     val.add_argument("--tolerance", type=number_above(0), default=0.25, help="relative TTFT p50/p99 tolerance")
     val.set_defaults(handler=handle_validate)
@@ -81,7 +108,6 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from kvbench.engines.kvengine.runtime.budget_probe import build_engine
-
     from kvbench.engines.kvengine.runtime.step_probe import probe_steps, read_step_log
     from kvbench.sim.calibrate import fit_hardware
     from kvbench.sim.hardware import load_hardware, save_hardware
@@ -98,17 +124,29 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         raise SettingsError(f"{error}") from None
     if not args.steps:
         engine = build_engine(config)
-        console.print(f"probing {engine.model_name} ({config.kv_format.label} KV, {torch.get_num_threads()} threads)...")
+        console.print(
+            f"probing {engine.model_name} ({config.kv_format.label} KV, {torch.get_num_threads()} threads)..."
+        )
         steps = probe_steps(engine)
         engine.close()
     weight_dtype = WEIGHT_DTYPES.get(config.compute_dtype, "fp32")
     try:
-        fit = fit_hardware(hardware, geometry, config.kv_dtype.value, weight_dtype, steps, padded_attention=False,
-                           page_size=config.page_size)
+        fit = fit_hardware(
+            hardware,
+            geometry,
+            config.kv_dtype.value,
+            weight_dtype,
+            steps,
+            padded_attention=False,
+            page_size=config.page_size,
+        )
     except ValueError as error:
         raise SettingsError(str(error)) from None
-    source = (f"{len(steps)} steps of our engine logged in {', '.join(str(p) for p in args.steps)}" if args.steps
-              else f"{len(steps)} steps of our engine probed in `kvbench calibrate`")
+    source = (
+        f"{len(steps)} steps of our engine logged in {', '.join(str(p) for p in args.steps)}"
+        if args.steps
+        else f"{len(steps)} steps of our engine probed in `kvbench calibrate`"
+    )
     fit = dataclasses.replace(fit, hardware=dataclasses.replace(fit.hardware, fitted_on=f"{source} ({config.model})"))
     args.out = args.out or Path("results/sim") / f"{hardware.name}-calibrated.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,20 +167,24 @@ def handle_calibrate(args: argparse.Namespace) -> int:
         table.add_row(kind, str(len(members)), f"{measured:.2f}", f"{predicted:.2f}", f"{predicted / measured:.3f}")
     console.print(table)
     device = fit.hardware.device
-    console.print(f"fitted: flops_efficiency {device.flops_efficiency:.3f} (of {device.flops_bf16 / 1e9:.0f} GFLOP/s), "
-                  f"bw_efficiency {device.bw_efficiency:.3f} (of {device.memory_bw / 1e9:.0f} GB/s), step overhead "
-                  f"{fit.hardware.step_overhead_s * 1e3:.1f} ms, overlap={device.overlap}")
+    console.print(
+        f"fitted: flops_efficiency {device.flops_efficiency:.3f} (of {device.flops_bf16 / 1e9:.0f} GFLOP/s), "
+        f"bw_efficiency {device.bw_efficiency:.3f} (of {device.memory_bw / 1e9:.0f} GB/s), step overhead "
+        f"{fit.hardware.step_overhead_s * 1e3:.1f} ms, overlap={device.overlap}"
+    )
     for name in fit.at_bound():
-        console.print(f"[yellow]warning: {name} hit 1.0: the profile's peak is below what the engine achieved; "
-                      "raise it in the profile[/yellow]")
+        console.print(
+            f"[yellow]warning: {name} hit 1.0: the profile's peak is below what the engine achieved; "
+            "raise it in the profile[/yellow]"
+        )
     console.print(f"profile: {args.out}")
     return 0
 
 
 def handle_validate(args: argparse.Namespace) -> int:
-    from kvbench.engines.kvengine.adapter import KVEngineSettings
     import yaml
 
+    from kvbench.engines.kvengine.adapter import KVEngineSettings
     from kvbench.harness import config_schema
     from kvbench.harness.config import load_config_file
     from kvbench.measure.run_folder import read_entries, records_by_run
@@ -185,9 +227,14 @@ def handle_validate(args: argparse.Namespace) -> int:
             raise SettingsError(f"{entry.run_id}: {error}") from None
         spec = next(w for w in experiment.workloads if workload_name_matches(w.name, entry.workload))
         load = next(spec for spec in experiment.load_specs() if spec.label == entry.load)
-        workload = load_workload(spec.name, seed=experiment.seed, num_sessions=spec.num_sessions,
-                                 overrides=spec.overrides, vocab_size=entry.workload_params.get("vocab_size"),
-                                 time_scale=spec.time_scale)
+        workload = load_workload(
+            spec.name,
+            seed=experiment.seed,
+            num_sessions=spec.num_sessions,
+            overrides=spec.overrides,
+            vocab_size=entry.workload_params.get("vocab_size"),
+            time_scale=spec.time_scale,
+        )
         real = records.get(entry.run_id, [])
         simulated = simulate_run(workload, load, config, real, seed=experiment.seed + entry.repeat)
         validation = compare_records(real, simulated.records, args.tolerance)
@@ -200,8 +247,10 @@ def handle_validate(args: argparse.Namespace) -> int:
 
 
 def _print_validation(run_id: str, validation) -> None:
-    table = Table(title=f"{run_id}: real engine vs simulator "
-                  f"({validation.same_cached}/{validation.compared} requests with the same cached tokens)")
+    table = Table(
+        title=f"{run_id}: real engine vs simulator "
+        f"({validation.same_cached}/{validation.compared} requests with the same cached tokens)"
+    )
     for column in ("metric", "real", "sim", "sim / real", "check"):
         table.add_column(column, justify="right")
     for row in validation.rows:

@@ -19,22 +19,38 @@ from rich.markup import escape
 from kvbench.cli.console_table import Column, fits, print_table
 from kvbench.cli.flag_types import at_least, number_between
 from kvbench.cli.tables import wide_console
+from kvbench.measure.run_folder import EVAL_JSON, SUMMARY_JSON, RunFolder, RunFolderError, read_run_folder
+from kvbench.settings import SettingsError
 from kvbench.verdicts.baseline import BASELINE_FILES, DEFAULT_ROOT, PROVENANCE_JSON, BaselineError, promote
 from kvbench.verdicts.compare import CompareOptions, Comparison, MetricComparison, compare
 from kvbench.verdicts.gate_metrics import DEFAULT_METRICS, PERF_METRICS
-from kvbench.measure.run_folder import EVAL_JSON, SUMMARY_JSON, RunFolder, RunFolderError, read_run_folder
-from kvbench.settings import SettingsError
 
 EXIT_OK, EXIT_REGRESSION, EXIT_BAD_INPUT = 0, 1, 2
-CSV_COLUMNS = ["kind", "setting", "kv_dtype", "metric", "better", "scale", "baseline", "new", "delta", "ci_low",
-               "ci_high", "tolerance", "mde", "verdict", "note"]
+CSV_COLUMNS = [
+    "kind",
+    "setting",
+    "kv_dtype",
+    "metric",
+    "better",
+    "scale",
+    "baseline",
+    "new",
+    "delta",
+    "ci_low",
+    "ci_high",
+    "tolerance",
+    "mde",
+    "verdict",
+    "note",
+]
 
 errors = Console(stderr=True, soft_wrap=True)
 
 
 def register(commands, formatter) -> None:
     parser = commands.add_parser(
-        "compare", help="compare a run folder with a baseline; exit 1 on a regression",
+        "compare",
+        help="compare a run folder with a baseline; exit 1 on a regression",
         description="Per engine setting and metric: baseline, new value, delta, a bootstrap confidence interval "
         "of the delta (requests resampled, repetitions too), and a verdict. A regression needs both: the CI lies "
         "wholly on the bad side of 0 AND the delta exceeds the metric's tolerance; no change needs the CI wholly within "
@@ -43,29 +59,56 @@ def register(commands, formatter) -> None:
         "Exit 0: no regression; 1: a regression (or, with --strict, a mismatch or an inconclusive metric); 2: bad input.",
         formatter_class=formatter,
     )
-    parser.add_argument("baseline_dir", type=Path, metavar="BASELINE_DIR", help="baseline (results/baselines/NAME or a run folder)")
+    parser.add_argument(
+        "baseline_dir", type=Path, metavar="BASELINE_DIR", help="baseline (results/baselines/NAME or a run folder)"
+    )
     parser.add_argument("new_dir", type=Path, metavar="NEW_DIR", help="the run folder to judge")
-    parser.add_argument("--metrics", nargs="+", default=None, metavar="METRIC",
-                        help=f"metrics to compare (default {' '.join(DEFAULT_METRICS)}; valid: {', '.join(PERF_METRICS)})")
-    parser.add_argument("--max-regression", action="append", default=[], metavar="METRIC=PCT",
-                        help="tolerance of a metric in percent (rates: percentage points), e.g. ttft_p99=15; repeatable")
-    parser.add_argument("--confidence", type=number_between(0, 1), default=0.99, help="confidence level of the intervals (default 0.99)")
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        default=None,
+        metavar="METRIC",
+        help=f"metrics to compare (default {' '.join(DEFAULT_METRICS)}; valid: {', '.join(PERF_METRICS)})",
+    )
+    parser.add_argument(
+        "--max-regression",
+        action="append",
+        default=[],
+        metavar="METRIC=PCT",
+        help="tolerance of a metric in percent (rates: percentage points), e.g. ttft_p99=15; repeatable",
+    )
+    parser.add_argument(
+        "--confidence", type=number_between(0, 1), default=0.99, help="confidence level of the intervals (default 0.99)"
+    )
     parser.add_argument("--resamples", type=at_least(1), default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--seed", type=at_least(0), default=0, help="bootstrap seed (default 0)")
-    parser.add_argument("--strict", action="store_true", help="also exit 1 when the folders do not measure the same thing, or a metric is inconclusive")
-    parser.add_argument("--allow-inconclusive", action="store_true",
-                        help="with --strict: an inconclusive metric is reported (headline, table) but does not fail; "
-                             "mismatches and regressions still do (for a gate whose runs cannot resolve every metric)")
-    parser.add_argument("--format", choices=("table", "md", "csv"), default="table",
-                        help="table: kvbench's console tables (numbers never cut); md: Markdown; csv")
-    parser.add_argument("--out", type=Path, help="also write the comparison to this file (Markdown, or CSV with "
-                        "--format csv)")
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="also exit 1 when the folders do not measure the same thing, or a metric is inconclusive",
+    )
+    parser.add_argument(
+        "--allow-inconclusive",
+        action="store_true",
+        help="with --strict: an inconclusive metric is reported (headline, table) but does not fail; "
+        "mismatches and regressions still do (for a gate whose runs cannot resolve every metric)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("table", "md", "csv"),
+        default="table",
+        help="table: kvbench's console tables (numbers never cut); md: Markdown; csv",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="also write the comparison to this file (Markdown, or CSV with --format csv)"
+    )
     parser.set_defaults(handler=handle_compare)
 
     baseline = commands.add_parser("baseline", help="manage stored baselines", formatter_class=formatter)
     actions = baseline.add_subparsers(title="actions", metavar="ACTION")
     update = actions.add_parser(
-        "update", help="promote a run folder to results/baselines/NAME",
+        "update",
+        help="promote a run folder to results/baselines/NAME",
         description=f"Copy a run folder's {', '.join(BASELINE_FILES)} (those it has; {SUMMARY_JSON} is required) to "
         f"ROOT/NAME, replacing what was there, and write {PROVENANCE_JSON} (commit, machine, dates, command).",
         formatter_class=formatter,
@@ -133,7 +176,9 @@ def _tolerances(items: list[str], baseline: RunFolder, new: RunFolder) -> dict[s
         if not sep or math.isnan(percent) or percent < 0:
             raise SettingsError(f"--max-regression {item!r}: expected METRIC=PERCENT, e.g. ttft_p99=15")
         if name not in known:
-            raise SettingsError(f"--max-regression {item!r}: unknown metric {name!r}; valid: {', '.join(sorted(known))}")
+            raise SettingsError(
+                f"--max-regression {item!r}: unknown metric {name!r}; valid: {', '.join(sorted(known))}"
+            )
         tolerances[name] = percent / 100.0
     return tolerances
 
@@ -158,52 +203,81 @@ def _delta(row: MetricComparison, value: float | None) -> str:
 def _row_cells(row: MetricComparison) -> dict:
     spec = row.spec
     ci = f"[{_delta(row, row.ci_low)}, {_delta(row, row.ci_high)}]" if row.ci_low is not None else "n/a"
-    tolerance = "" if spec is None else (f"{100 * spec.tolerance:.2f} pp" if spec.scale == "points" else f"{100 * spec.tolerance:.1f}%")
+    tolerance = (
+        ""
+        if spec is None
+        else (f"{100 * spec.tolerance:.2f} pp" if spec.scale == "points" else f"{100 * spec.tolerance:.1f}%")
+    )
     verdict = row.verdict.value.upper() if row.verdict.value == "regression" else row.verdict.value
     return {
-        "setting": row.setting, "kv_dtype": row.kv_dtype, "metric": row.metric,
-        "better": "" if spec is None else spec.better, "baseline": _value(row.baseline), "new": _value(row.new),
-        "delta": _delta(row, row.delta), "CI": ci, "tolerance": tolerance,
-        "MDE": "n/a" if row.mde is None else _delta(row, row.mde).lstrip("+"), "verdict": verdict, "note": row.note,
+        "setting": row.setting,
+        "kv_dtype": row.kv_dtype,
+        "metric": row.metric,
+        "better": "" if spec is None else spec.better,
+        "baseline": _value(row.baseline),
+        "new": _value(row.new),
+        "delta": _delta(row, row.delta),
+        "CI": ci,
+        "tolerance": tolerance,
+        "MDE": "n/a" if row.mde is None else _delta(row, row.mde).lstrip("+"),
+        "verdict": verdict,
+        "note": row.note,
     }
 
 
 def _headline(comparison: Comparison, strong) -> str:
     """The result in one sentence; `strong` marks its alarming parts (Markdown bold, console colour)."""
     regressions, improvements, unresolved = comparison.regressions, comparison.improvements, comparison.inconclusive
-    headline = strong(f"{len(regressions)} regression{'s' if len(regressions) != 1 else ''}") if regressions else "no regression"
-    return (f"Result: {headline}, {len(improvements)} improvement{'s' if len(improvements) != 1 else ''}"
-            + (f", {strong(f'{len(unresolved)} inconclusive')} (the interval reaches past the tolerance: more "
-               "requests or repetitions, or a wider --max-regression)" if unresolved else "")
-            + (f", {strong('the folders do not measure the same thing')} (see Mismatches)" if comparison.mismatched
-               else "") + ".")
+    headline = (
+        strong(f"{len(regressions)} regression{'s' if len(regressions) != 1 else ''}")
+        if regressions
+        else "no regression"
+    )
+    return (
+        f"Result: {headline}, {len(improvements)} improvement{'s' if len(improvements) != 1 else ''}"
+        + (
+            f", {strong(f'{len(unresolved)} inconclusive')} (the interval reaches past the tolerance: more "
+            "requests or repetitions, or a wider --max-regression)"
+            if unresolved
+            else ""
+        )
+        + (f", {strong('the folders do not measure the same thing')} (see Mismatches)" if comparison.mismatched else "")
+        + "."
+    )
 
 
 def _method(comparison: Comparison) -> str:
     options = comparison.options
-    return (f"A regression needs both: the {100 * options.confidence:g}% bootstrap CI of the delta lies wholly on the "
-            f"bad side of 0 ({options.resamples} resamples of requests, repetitions resampled too, seed "
-            f"{options.seed}) AND the delta exceeds the tolerance; no change needs the whole CI within the tolerance, "
-            "else the metric is inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
-            "Values are the mean over repetitions; percentiles use linear interpolation. Throughputs are the run's "
-            "requests in flight x each request's amount per second of its E2E (Little's law). MDE: the smallest "
-            "change this run size calls a regression 4 times in 5.")
+    return (
+        f"A regression needs both: the {100 * options.confidence:g}% bootstrap CI of the delta lies wholly on the "
+        f"bad side of 0 ({options.resamples} resamples of requests, repetitions resampled too, seed "
+        f"{options.seed}) AND the delta exceeds the tolerance; no change needs the whole CI within the tolerance, "
+        "else the metric is inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
+        "Values are the mean over repetitions; percentiles use linear interpolation. Throughputs are the run's "
+        "requests in flight x each request's amount per second of its E2E (Little's law). MDE: the smallest "
+        "change this run size calls a regression 4 times in 5."
+    )
 
 
 def _sections(comparison: Comparison) -> list[tuple[str, list[MetricComparison], bool]]:
     """(title, rows, with the CI) of each table, in order."""
     perf = [row for row in comparison.rows if row.kind == "perf"]
     quality = [row for row in comparison.rows if row.kind == "quality"]
-    sections = [("Regressions", list(comparison.regressions), True), ("Serving metrics", perf, True),
-                (f"Quality ({EVAL_JSON})", quality, False)]
+    sections = [
+        ("Regressions", list(comparison.regressions), True),
+        ("Serving metrics", perf, True),
+        (f"Quality ({EVAL_JSON})", quality, False),
+    ]
     return [section for section in sections if section[1]]
 
 
 def print_comparison(console: Console, comparison: Comparison) -> None:
     """The comparison in kvbench's console style: the result, then each section as a table whose numbers are
     never cut (cli/console_table.py)."""
-    console.print(f"[bold]kvbench compare[/bold]: {escape(str(comparison.baseline_dir))} -> "
-                  f"{escape(str(comparison.new_dir))}", highlight=False)
+    console.print(
+        f"[bold]kvbench compare[/bold]: {escape(str(comparison.baseline_dir))} -> {escape(str(comparison.new_dir))}",
+        highlight=False,
+    )
     console.print(_headline(comparison, lambda text: f"[bold red]{escape(text)}[/bold red]"), highlight=False)
     console.print(_method(comparison), style="dim", highlight=False)
     for title, rows, with_ci in _sections(comparison):
@@ -225,8 +299,12 @@ def print_comparison(console: Console, comparison: Comparison) -> None:
 _NUMERIC = {"baseline", "new", "delta", "CI", "tolerance", "MDE"}
 # A narrow console's layout: each column two values stacked, the verdict in the metric's own cell (the key column
 # every part of a split table repeats), so no verdict is ever printed away from its metric.
-_STACKED = (("metric: verdict\nsetting kv", False), ("baseline\nnew", True), ("delta\nCI", True),
-            ("tolerance\nbetter", True))
+_STACKED = (
+    ("metric: verdict\nsetting kv", False),
+    ("baseline\nnew", True),
+    ("delta\nCI", True),
+    ("tolerance\nbetter", True),
+)
 
 
 def _stacked(cells: list[dict], with_ci: bool) -> tuple[list[Column], list[list[str]], int]:
@@ -234,8 +312,14 @@ def _stacked(cells: list[dict], with_ci: bool) -> tuple[list[Column], list[list[
     rows = []
     for cell in cells:
         key = f"{cell['metric']}: {cell['verdict']}\n{cell['setting']}" + (f" {cell['kv_dtype']}" if with_ci else "")
-        rows.append([key, f"{cell['baseline']}\n{cell['new']}", f"{cell['delta']}\n{cell['CI'] if with_ci else ''}",
-                     f"{cell['tolerance']}\n{cell['better']}"])
+        rows.append(
+            [
+                key,
+                f"{cell['baseline']}\n{cell['new']}",
+                f"{cell['delta']}\n{cell['CI'] if with_ci else ''}",
+                f"{cell['tolerance']}\n{cell['better']}",
+            ]
+        )
     columns = [Column(title, numeric) for title, numeric in _STACKED]
     if not with_ci:
         rows = [row[:2] + [row[2].rstrip()] + row[3:] for row in rows]
@@ -275,14 +359,25 @@ def comparison_csv(comparison: Comparison) -> str:
     records = []
     for row in comparison.rows:
         spec = row.spec
-        records.append({
-            "kind": row.kind, "setting": row.setting, "kv_dtype": row.kv_dtype, "metric": row.metric,
-            "better": spec.better if spec else None, "scale": spec.scale if spec else None,
-            "baseline": row.baseline, "new": row.new, "delta": row.delta, "ci_low": row.ci_low,
-            "ci_high": row.ci_high, "tolerance": spec.tolerance if spec else None, "mde": row.mde,
-            "verdict": row.verdict.value,
-            "note": row.note,
-        })
+        records.append(
+            {
+                "kind": row.kind,
+                "setting": row.setting,
+                "kv_dtype": row.kv_dtype,
+                "metric": row.metric,
+                "better": spec.better if spec else None,
+                "scale": spec.scale if spec else None,
+                "baseline": row.baseline,
+                "new": row.new,
+                "delta": row.delta,
+                "ci_low": row.ci_low,
+                "ci_high": row.ci_high,
+                "tolerance": spec.tolerance if spec else None,
+                "mde": row.mde,
+                "verdict": row.verdict.value,
+                "note": row.note,
+            }
+        )
     records += [{"kind": "mismatch", "note": text} for text in comparison.mismatches]
     records += [{"kind": "note", "note": text} for text in comparison.notes]
     buffer = io.StringIO()

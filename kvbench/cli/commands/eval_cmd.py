@@ -26,22 +26,38 @@ def register(commands, formatter) -> None:
         formatter_class=formatter,
     )
     parser.add_argument("config", nargs="?", type=Path, help="YAML with EvalConfig keys")
-    parser.add_argument("--engine", help="kvengine (default; divergence in-process, exact) or vllm, sglang, lmcache, "
-                        "trtllm (each KV setting served by that engine; divergence from prompt logprobs where it "
-                        "returns them); engine settings go in CONFIG.yaml's engine_settings")
+    parser.add_argument(
+        "--engine",
+        help="kvengine (default; divergence in-process, exact) or vllm, sglang, lmcache, "
+        "trtllm (each KV setting served by that engine; divergence from prompt logprobs where it "
+        "returns them); engine settings go in CONFIG.yaml's engine_settings",
+    )
     parser.add_argument("--model", help="model for the engine (default: the default SmolLM2 model)")
-    parser.add_argument("--kv-dtype", help="comma list, the first unquantized one is the baseline "
-                        "(default fp32,fp16,fp8_e4m3,fp8_e5m2; another engine takes its own names, e.g. vLLM's "
-                        "--kv-cache-dtype auto,bfloat16,fp8_e4m3, TensorRT-LLM's auto,fp8)")
+    parser.add_argument(
+        "--kv-dtype",
+        help="comma list, the first unquantized one is the baseline "
+        "(default fp32,fp16,fp8_e4m3,fp8_e5m2; another engine takes its own names, e.g. vLLM's "
+        "--kv-cache-dtype auto,bfloat16,fp8_e4m3, TensorRT-LLM's auto,fp8)",
+    )
     parser.add_argument("--kv-scale", help="comma list of fp8 scale modes (default tensor,channel)")
-    parser.add_argument("--tasks", help="comma list of lm-eval tasks: the shipped offline ones (default all of them) "
-                        "and lm-eval's own (e.g. arc_easy; `lm-eval ls tasks`), whose data comes from the Hugging Face "
-                        "hub or the local datasets cache")
+    parser.add_argument(
+        "--tasks",
+        help="comma list of lm-eval tasks: the shipped offline ones (default all of them) "
+        "and lm-eval's own (e.g. arc_easy; `lm-eval ls tasks`), whose data comes from the Hugging Face "
+        "hub or the local datasets cache",
+    )
     parser.add_argument("--limit", type=at_least(1), help="documents per lm-eval task (default 3; --full: 40)")
-    parser.add_argument("--full", action="store_true", help="the documented full run (results/evals/: kvbench/evals/runner.py "
-                        "FULL_RUN; ~35 min on 2 CPU cores)")
-    parser.add_argument("--perf-run", type=Path, help="a `kvbench run` folder of the same KV settings: adds the "
-                        "quality-vs-performance table and plot (eval_tradeoff.md/.csv/.png)")
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the documented full run (results/evals/: kvbench/evals/runner.py FULL_RUN; ~35 min on 2 CPU cores)",
+    )
+    parser.add_argument(
+        "--perf-run",
+        type=Path,
+        help="a `kvbench run` folder of the same KV settings: adds the "
+        "quality-vs-performance table and plot (eval_tradeoff.md/.csv/.png)",
+    )
     parser.add_argument("--no-lm-eval", action="store_true", help="direct divergence only")
     parser.add_argument("--no-divergence", action="store_true", help="lm-eval only")
     parser.add_argument("--out", type=Path, help="run folder (default runs/eval-<time>)")
@@ -103,7 +119,14 @@ def print_eval_summary(paths) -> None:
         return
     frame = pd.read_csv(paths[EVAL_SUMMARY_CSV])
     columns = [Column(str(column), frame[column].dtype.kind in "fi") for column in frame.columns]
-    rows = [[escape("n/a" if isinstance(value, float) and math.isnan(value) else summary_cell(str(column), value))
-             for column, value in row.items()] for _, row in frame.iterrows()]
+    rows = [
+        [
+            escape("n/a" if isinstance(value, float) and math.isnan(value) else summary_cell(str(column), value))
+            for column, value in row.items()
+        ]
+        for _, row in frame.iterrows()
+    ]
     print_table(console, columns, rows, title="KV quality eval: summary")
-    console.print(f"paired deltas with intervals, the baseline's scores and positions: {paths[EVAL_MD]}", highlight=False)
+    console.print(
+        f"paired deltas with intervals, the baseline's scores and positions: {paths[EVAL_MD]}", highlight=False
+    )

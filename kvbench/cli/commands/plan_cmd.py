@@ -41,7 +41,8 @@ def register(commands, formatter) -> None:
     from kvbench.sim.presets import PRESETS, ROUTES
 
     plan = commands.add_parser(
-        "plan", help="fewest nodes that meet an SLO, per preset and KV dtype (simulated)",
+        "plan",
+        help="fewest nodes that meet an SLO, per preset and KV dtype (simulated)",
         description="For each preset and KV dtype, simulate the workload on 1, 2, 4, ... nodes until every SLO is "
         "met, then bisect to the fewest nodes that meet them (this assumes more nodes never hurt; the count above "
         "the answer is checked and anything non-monotone is reported). Requests are routed across nodes by the "
@@ -50,16 +51,32 @@ def register(commands, formatter) -> None:
         formatter_class=formatter,
     )
     plan.add_argument("--workload", default="rag-chat", metavar="W|TRACE", help="profile name or trace/param file")
-    plan.add_argument("--slo", type=_slo, required=True,
-                      help=f"comma-separated METRIC_STAT_ms=LIMIT, e.g. {SLO_EXAMPLE} (metrics: "
-                      f"{', '.join(SLO_METRICS)}; statistics: {', '.join(SLO_STATS)})")
-    plan.add_argument("--model", default="qwen2.5-72b", help=f"shipped model ({', '.join(known_models())}) or config.json")
-    plan.add_argument("--hardware", default="8xh200", help="one node's hardware profile: 8xh200, h200, cpu, NxPROFILE, .json")
-    plan.add_argument("--preset", type=_preset, action="append", default=[], metavar="NAME",
-                      help=f"policy preset, repeatable ({', '.join(PRESETS)}; default: all)")
+    plan.add_argument(
+        "--slo",
+        type=_slo,
+        required=True,
+        help=f"comma-separated METRIC_STAT_ms=LIMIT, e.g. {SLO_EXAMPLE} (metrics: "
+        f"{', '.join(SLO_METRICS)}; statistics: {', '.join(SLO_STATS)})",
+    )
+    plan.add_argument(
+        "--model", default="qwen2.5-72b", help=f"shipped model ({', '.join(known_models())}) or config.json"
+    )
+    plan.add_argument(
+        "--hardware", default="8xh200", help="one node's hardware profile: 8xh200, h200, cpu, NxPROFILE, .json"
+    )
+    plan.add_argument(
+        "--preset",
+        type=_preset,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"policy preset, repeatable ({', '.join(PRESETS)}; default: all)",
+    )
     plan.add_argument("--kv-dtype", action="append", default=[], metavar="D", help="KV dtype, repeatable (default fp8)")
     plan.add_argument("--weight-dtype", default=None, help="weight dtype (default: the checkpoint's own)")
-    plan.add_argument("--route", choices=ROUTES, help="routing across nodes for every preset (default: each preset's own)")
+    plan.add_argument(
+        "--route", choices=ROUTES, help="routing across nodes for every preset (default: each preset's own)"
+    )
     plan.add_argument("--max-nodes", type=at_least(1), default=64, help="largest node count to try")
     plan.add_argument("--device-kv-tokens", type=at_least(1), help="override the device KV budget (tokens per node)")
     plan.add_argument("--num-sessions", type=at_least(1), help="sessions to generate (or trace rows to keep)")
@@ -95,14 +112,28 @@ def handle_plan(args: argparse.Namespace) -> int:
             except ValueError as error:
                 raise SettingsError(f"--kv-dtype {kv_dtype} / --weight-dtype: {error}") from None
             configs.append(config)
-    workload = load_workload(args.workload, seed=args.seed, num_sessions=args.num_sessions,
-                             time_scale=args.time_scale, vocab_size=min(geometry.vocab_size, 32000))
+    workload = load_workload(
+        args.workload,
+        seed=args.seed,
+        num_sessions=args.num_sessions,
+        time_scale=args.time_scale,
+        vocab_size=min(geometry.vocab_size, 32000),
+    )
     run_dir = args.out or Path("runs") / f"plan-{Path(workload.name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    settings = {"workload": args.workload, "model": geometry.name, "hardware": hardware.name,
-                "devices_per_node": hardware.num_devices, "load": load.label, "num_sessions": args.num_sessions,
-                "seed": args.seed, "time_scale": args.time_scale, "max_nodes": args.max_nodes,
-                "device_kv_tokens": args.device_kv_tokens, "assumptions": hardware.assumptions(),
-                "search": "doubling from 1 node, then bisection; assumes more nodes never hurt (checked at answer+1)"}
+    settings = {
+        "workload": args.workload,
+        "model": geometry.name,
+        "hardware": hardware.name,
+        "devices_per_node": hardware.num_devices,
+        "load": load.label,
+        "num_sessions": args.num_sessions,
+        "seed": args.seed,
+        "time_scale": args.time_scale,
+        "max_nodes": args.max_nodes,
+        "device_kv_tokens": args.device_kv_tokens,
+        "assumptions": hardware.assumptions(),
+        "search": "doubling from 1 node, then bisection; assumes more nodes never hurt (checked at answer+1)",
+    }
     console.print(f"[yellow]{hardware.assumptions()}[/yellow]")
     targets = args.slo
     lines: list[PlanLine] = []
@@ -112,21 +143,32 @@ def handle_plan(args: argparse.Namespace) -> int:
         def written(point, config=config, label=label):
             verdict = "meets" if point.meets else "misses"
             values = ", ".join(f"{k} {'-' if v is None else f'{v:,.0f}'}" for k, v in point.values.items())
-            console.print(f"{label} on {point.nodes} node(s): {values}: {verdict} "
-                          f"({point.virtual_s:,.0f} s served, simulated in {point.wall_s:.1f} s)")
+            console.print(
+                f"{label} on {point.nodes} node(s): {values}: {verdict} "
+                f"({point.virtual_s:,.0f} s served, simulated in {point.wall_s:.1f} s)"
+            )
 
         floors = slo_floors(workload, config, targets)  # at unbounded nodes: known before any simulation
-        console.print(f"{label} floor at unbounded nodes: "
-                      + ", ".join(f"{name} {value:,.0f} ms" for name, value in floors.items()))
+        console.print(
+            f"{label} floor at unbounded nodes: "
+            + ", ".join(f"{name} {value:,.0f} ms" for name, value in floors.items())
+        )
         reason = unreachable(targets, floors)
         if reason is not None:
             console.print(f"{label}: {reason}")
-            lines.append(PlanLine(config.preset.name, config.kv_dtype, config.preset.route,
-                                  NodeSearch(None, (), (), reason, floors)))
+            lines.append(
+                PlanLine(
+                    config.preset.name, config.kv_dtype, config.preset.route, NodeSearch(None, (), (), reason, floors)
+                )
+            )
             continue
         try:
-            search = search_nodes(lambda n, config=config: plan_point(workload, load, config, n, targets, args.seed),
-                                  args.max_nodes, targets, on_point=written)
+            search = search_nodes(
+                lambda n, config=config: plan_point(workload, load, config, n, targets, args.seed),
+                args.max_nodes,
+                targets,
+                on_point=written,
+            )
         except ValueError as error:
             raise SettingsError(f"{label}: {error}") from None
         search = dataclasses.replace(search, floors=floors)
@@ -134,17 +176,37 @@ def handle_plan(args: argparse.Namespace) -> int:
         write_plan(run_dir, lines, targets, settings, plots=False)  # results as the search goes
     settings["wall_s"] = round(time.perf_counter() - started, 1)
     files = write_plan(run_dir, lines, targets, settings, plots=not args.no_plots)
-    columns = [Column("preset", False), Column("KV", False), Column("routing", False), Column("nodes needed", True),
-               Column("node counts tried", False), Column("node-h at answer", True), Column("non-monotone", True)]
+    columns = [
+        Column("preset", False),
+        Column("KV", False),
+        Column("routing", False),
+        Column("nodes needed", True),
+        Column("node counts tried", False),
+        Column("node-h at answer", True),
+        Column("non-monotone", True),
+    ]
     rows = []
     for row in lines:
         at = next((p for p in row.search.points if p.nodes == row.search.answer), None)
-        rows.append([escape(row.preset), escape(row.kv_dtype), escape(row.route), answer_text(row.search, args.max_nodes),
-                     ", ".join(str(p.nodes) for p in row.search.points),
-                     "-" if at is None else f"{at.node_hours:,.2f}", str(len(row.search.non_monotone))])
-    print_table(console, columns, rows, keys=2,
-                title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
-                f" ({workload.name}, {geometry.name})")
+        rows.append(
+            [
+                escape(row.preset),
+                escape(row.kv_dtype),
+                escape(row.route),
+                answer_text(row.search, args.max_nodes),
+                ", ".join(str(p.nodes) for p in row.search.points),
+                "-" if at is None else f"{at.node_hours:,.2f}",
+                str(len(row.search.non_monotone)),
+            ]
+        )
+    print_table(
+        console,
+        columns,
+        rows,
+        keys=2,
+        title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
+        f" ({workload.name}, {geometry.name})",
+    )
     for row in lines:
         for finding in row.search.non_monotone:
             console.print(f"[yellow]non-monotone {row.preset}/{row.kv_dtype}: {finding}[/yellow]")

@@ -16,23 +16,38 @@ console = Console()
 
 def register(commands, formatter) -> None:
     cmd = commands.add_parser(
-        "validate-published", help="replay a published GPU experiment (case file) and compare it arm by arm",
+        "validate-published",
+        help="replay a published GPU experiment (case file) and compare it arm by arm",
         description="Simulate every arm of a published case (results/sim/published/*.yaml) over its load (stages "
         "or a closed loop) and print published vs simulated per stage and for the whole run with ratios "
         "(simulated / published), the published effects beside the simulated ones, then the accuracy targets. "
         "Writes comparison.md and comparison.json (arms, stages, effects, rows); with --seeds, each seed's under seed-N/ as it finishes "
         "and, at the top, the median across seeds with their range, on which the targets are judged.",
-        formatter_class=formatter)
+        formatter_class=formatter,
+    )
     cmd.add_argument("case", type=Path, help="case file, e.g. results/sim/published/llm-d-precise-prefix.yaml")
     cmd.add_argument("--fit", type=Path, help="fitted efficiencies (kvbench calibrate --published writes one)")
-    cmd.add_argument("--arm", "--router", dest="arm", action="append", default=[],
-                     help="only these arms (repeatable; a version-1 case's arms are its routers)")
+    cmd.add_argument(
+        "--arm",
+        "--router",
+        dest="arm",
+        action="append",
+        default=[],
+        help="only these arms (repeatable; a version-1 case's arms are its routers)",
+    )
     seeds = cmd.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, default=0)
-    seeds.add_argument("--seeds", help="comma-separated seeds, e.g. 0,1,2: simulate each router once per seed and "
-                       "compare the median across seeds per stage (the seeds' min-max range beside it)")
-    cmd.add_argument("--replicas", type=int, help="simulate only this many replicas at that share of every rate "
-                     "(throughput scaled back; for round-robin-like routers): a cheaper check, said in the output")
+    seeds.add_argument(
+        "--seeds",
+        help="comma-separated seeds, e.g. 0,1,2: simulate each router once per seed and "
+        "compare the median across seeds per stage (the seeds' min-max range beside it)",
+    )
+    cmd.add_argument(
+        "--replicas",
+        type=int,
+        help="simulate only this many replicas at that share of every rate "
+        "(throughput scaled back; for round-robin-like routers): a cheaper check, said in the output",
+    )
     cmd.add_argument("--out", type=Path, help="folder for comparison.md/json (default runs/published-<case>-<time>)")
     cmd.set_defaults(handler=handle_validate)
 
@@ -68,8 +83,10 @@ def print_rows(rows, route: str, spreads=None) -> None:
     if stages:
         console.print(table)
     for row in (r for r in rows if r.arm == route and r.stage == WHOLE):
-        console.print(f"  {route} whole run {row.metric}: {fmt_value(row.published, row.metric)} published, "
-                      f"{fmt_simulated(row, spreads)} simulated ({fmt_ratio(row)})")
+        console.print(
+            f"  {route} whole run {row.metric}: {fmt_value(row.published, row.metric)} published, "
+            f"{fmt_simulated(row, spreads)} simulated ({fmt_ratio(row)})"
+        )
 
 
 def handle_validate(args: argparse.Namespace) -> int:
@@ -98,16 +115,20 @@ def handle_validate(args: argparse.Namespace) -> int:
     out = args.out or Path("runs") / f"published-{case.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     header = [f"case: {args.case}", f"fit: {args.fit or 'none (the profile assumed values)'}"]
     if args.replicas is not None:
-        header.append(f"subsampled: {args.replicas} of {full.replicas} replicas at {args.replicas}/{full.replicas} "
-                      f"of every rate, throughput x {case.fleet_scale:g}")
+        header.append(
+            f"subsampled: {args.replicas} of {full.replicas} replicas at {args.replicas}/{full.replicas} "
+            f"of every rate, throughput x {case.fleet_scale:g}"
+        )
         console.print(header[-1])
     fitted = fit.rows_of(case.name) if fit is not None else ()
     stages = list(full.stage_labels)
     if len(seeds) == 1:
         rows, lines = simulate_seed(case, routes, fit, seeds[0], args.case, show=True)
         return report(out, case, rows, check_targets(rows, stages, fitted), header + lines, fitted)
-    seeds_line = (f"seeds: {len(seeds)} ({', '.join(map(str, seeds))}); simulated = the median across seeds, their "
-                  "min-max range beside it; ratios and targets on the medians; each seed's own under seed-N/")
+    seeds_line = (
+        f"seeds: {len(seeds)} ({', '.join(map(str, seeds))}); simulated = the median across seeds, their "
+        "min-max range beside it; ratios and targets on the medians; each seed's own under seed-N/"
+    )
     console.print(seeds_line)
     per_seed, seed_lines = [], []
     for seed in seeds:
@@ -115,8 +136,15 @@ def handle_validate(args: argparse.Namespace) -> int:
         per_seed.append(rows)
         seed_lines += lines
         # Written as each seed finishes: an interrupted sweep keeps the seeds it measured.
-        report(out / f"seed-{seed}", case, rows, check_targets(rows, stages, fitted),
-               header + [f"seed: {seed} (of --seeds {args.seeds})"] + lines, fitted, prefix=f"seed {seed} ")
+        report(
+            out / f"seed-{seed}",
+            case,
+            rows,
+            check_targets(rows, stages, fitted),
+            header + [f"seed: {seed} (of --seeds {args.seeds})"] + lines,
+            fitted,
+            prefix=f"seed {seed} ",
+        )
     header += [seeds_line, *seed_lines]
     spreads = across_seeds(per_seed)
     rows = [s.row for s in spreads]
@@ -136,8 +164,10 @@ def simulate_seed(case, routes, fit, seed: int, case_path: Path, show: bool) -> 
             run = compare_arm(case, route, fit, seed=seed)
         except ValueError as error:
             raise SettingsError(f"{case_path} ({route}): {error}") from None
-        lines.append(f"{route}{'' if show else f' seed {seed}'}: {len(run.result.records):,} requests, "
-                     f"{run.result.virtual_s:,.0f} s virtual, simulated in {run.result.wall_s:.0f} s")
+        lines.append(
+            f"{route}{'' if show else f' seed {seed}'}: {len(run.result.records):,} requests, "
+            f"{run.result.virtual_s:,.0f} s virtual, simulated in {run.result.wall_s:.0f} s"
+        )
         console.print(lines[-1])
         rows += run.rows
         if show:

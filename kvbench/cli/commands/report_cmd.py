@@ -25,20 +25,34 @@ error_console = Console(stderr=True, soft_wrap=True)
 
 def register(commands, formatter) -> None:
     parser = commands.add_parser(
-        "report", help="tables across run folders",
+        "report",
+        help="tables across run folders",
         description=f"Print one table across run folders. A folder whose run was killed before it wrote {SUMMARY_JSON} "
         f"gets one rebuilt from its {CONFIG_YAML} and {REQUESTS_JSONL}.",
         formatter_class=formatter,
     )
-    parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="kvbench run folders, and beside them other tools' result files (table, md, csv): "
-                        "vllm bench serve --save-result JSON, AIPerf's profile_export_aiperf.json or its artifact "
-                        "folder, guidellm's benchmarks.json; the tool column says who measured each row")
-    parser.add_argument("--format", choices=("table", "md", "csv", "html"), default="table",
-                        help="table: kvbench's console table (numbers never cut); md: Markdown; csv; html: one "
-                        "self-contained file (tables, plots, config, env, flags), see --out")
-    parser.add_argument("--out", type=Path, help="--format html: the file to write (default RUN_DIR/report.html for "
-                        "one folder, ./kvbench-report.html for several)")
+    parser.add_argument(
+        "run_dirs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="kvbench run folders, and beside them other tools' result files (table, md, csv): "
+        "vllm bench serve --save-result JSON, AIPerf's profile_export_aiperf.json or its artifact "
+        "folder, guidellm's benchmarks.json; the tool column says who measured each row",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("table", "md", "csv", "html"),
+        default="table",
+        help="table: kvbench's console table (numbers never cut); md: Markdown; csv; html: one "
+        "self-contained file (tables, plots, config, env, flags), see --out",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="--format html: the file to write (default RUN_DIR/report.html for "
+        "one folder, ./kvbench-report.html for several)",
+    )
     parser.add_argument("--all-tenants", action="store_true", help="include per-tenant rows (default: totals only)")
     parser.set_defaults(handler=handle)
 
@@ -59,8 +73,11 @@ def handle(args: argparse.Namespace) -> int:
         else:
             frame = summary_frame(_entries(run_dir))
             frame["tool"] = "kvbench"
-        frame.insert(0, "run_dir", run_dir.name if run_dir.parent.name != PROBES else f"{run_dir.parent.parent.name}/"
-                     f"{run_dir.name}")
+        frame.insert(
+            0,
+            "run_dir",
+            run_dir.name if run_dir.parent.name != PROBES else f"{run_dir.parent.parent.name}/{run_dir.name}",
+        )
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True)
     if not args.all_tenants:
@@ -98,8 +115,10 @@ def _html(args: argparse.Namespace) -> int:
     run_dirs = [folder for given in args.run_dirs for folder in _run_folders(given)]
     for run_dir in run_dirs:
         if is_foreign(run_dir):
-            raise SettingsError(f"{run_dir}: --format html reads kvbench run folders only; show other tools' result "
-                                "files with --format table, md or csv")
+            raise SettingsError(
+                f"{run_dir}: --format html reads kvbench run folders only; show other tools' result "
+                "files with --format table, md or csv"
+            )
     out = args.out or (args.run_dirs[0] / "report.html" if len(args.run_dirs) == 1 else Path("kvbench-report.html"))
     out.write_text(report_html(run_dirs, [_entries(run_dir) for run_dir in run_dirs]))
     print(f"report: {out}")
@@ -114,8 +133,11 @@ def _run_folders(path: Path) -> list[Path]:
     (a `--find-max` search: its probes/NN-.../; any folder of run folders), those, in name order."""
     if not path.is_dir() or (path / SUMMARY_JSON).exists() or (path / REQUESTS_JSONL).exists():
         return [path]
-    inner = sorted(child for child in (*path.glob("*"), *path.glob(f"{PROBES}/*"))
-                   if child.is_dir() and ((child / SUMMARY_JSON).exists() or (child / REQUESTS_JSONL).exists()))
+    inner = sorted(
+        child
+        for child in (*path.glob("*"), *path.glob(f"{PROBES}/*"))
+        if child.is_dir() and ((child / SUMMARY_JSON).exists() or (child / REQUESTS_JSONL).exists())
+    )
     return inner or [path]
 
 
@@ -126,6 +148,9 @@ def _entries(run_dir: Path) -> list[RunEntry]:
 
     entries = rebuild_entries(run_dir)
     write_summaries(run_dir, entries)
-    error_console.print(f"{escape(str(run_dir))}: no {SUMMARY_JSON}; rebuilt it from {CONFIG_YAML} and {REQUESTS_JSONL} "
-                        f"({len(entries)} points, marked interrupted)", highlight=False)
+    error_console.print(
+        f"{escape(str(run_dir))}: no {SUMMARY_JSON}; rebuilt it from {CONFIG_YAML} and {REQUESTS_JSONL} "
+        f"({len(entries)} points, marked interrupted)",
+        highlight=False,
+    )
     return entries

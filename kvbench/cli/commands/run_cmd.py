@@ -12,20 +12,31 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
-    BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 
-from kvbench.cli.flag_types import at_least, checked_by, number_above
 from kvbench.cli import config_flags, find_max_flags, vllm_bench_flags, vllm_flags
+from kvbench.cli.flag_types import at_least, checked_by, number_above
 from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
 from kvbench.cli.tables import print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
-    CONFIG_YAML, ENV_JSON, REQUESTS_JSONL, SUMMARY_CSV, SUMMARY_JSON, SUMMARY_MD, RunEntry, RunMode,
+    CONFIG_YAML,
+    ENV_JSON,
+    REQUESTS_JSONL,
+    SUMMARY_CSV,
+    SUMMARY_JSON,
+    SUMMARY_MD,
+    RunMode,
 )
+from kvbench.measure.schedule import BURSTINESS_RANGE, MAX_CONCURRENCY, MAX_COUNT, MAX_RATE
 from kvbench.measure.stages import STAGE_EXAMPLE, STAGE_GAP_S, StagePlan, parse_stage, parse_stages
-from kvbench.measure.schedule import BURSTINESS_RANGE, MAX_CONCURRENCY, MAX_COUNT, MAX_DURATION_S, MAX_RATE
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.text_datasets import needs_tokenizer
@@ -76,60 +87,120 @@ def _add_target_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name or path for the engine")
     parser.add_argument("--api-key", help="API key sent as a Bearer token")
     parser.add_argument(
-        "--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="engine setting (repeatable), e.g. --set kv_dtype=fp8_e4m3; values are parsed as YAML; with "
         "CONFIG.yaml, it overrides that setting of every engine",
     )
-    parser.add_argument("--workload", default=None,
-                        help=f"profile name, trace/param file, or dataset: sharegpt:FILE (with --tokenizer), "
-                        f"dataset:PATH, random, prefix_repetition (default {DEFAULT_WORKLOAD})")
-    parser.add_argument("--num-sessions", type=at_least(1, MAX_COUNT), help="sessions to generate (or trace rows to keep)")
+    parser.add_argument(
+        "--workload",
+        default=None,
+        help=f"profile name, trace/param file, or dataset: sharegpt:FILE (with --tokenizer), "
+        f"dataset:PATH, random, prefix_repetition (default {DEFAULT_WORKLOAD})",
+    )
+    parser.add_argument(
+        "--num-sessions", type=at_least(1, MAX_COUNT), help="sessions to generate (or trace rows to keep)"
+    )
 
 
 def _add_load_flags(parser: argparse.ArgumentParser) -> None:
     """The load point: one of an open loop, a closed loop, the trace's times or stages."""
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=number_above(0, maximum=MAX_RATE),
-                      help="open loop: new SESSIONS per second (Poisson), each playing all its turns; for requests "
-                      "per second as vLLM counts them, use --request-rate")
-    load.add_argument("--concurrency", type=at_least(1, MAX_CONCURRENCY), help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})")
+    load.add_argument(
+        "--rate",
+        type=number_above(0, maximum=MAX_RATE),
+        help="open loop: new SESSIONS per second (Poisson), each playing all its turns; for requests "
+        "per second as vLLM counts them, use --request-rate",
+    )
+    load.add_argument(
+        "--concurrency",
+        type=at_least(1, MAX_CONCURRENCY),
+        help=f"closed loop: requests in flight (default {DEFAULT_CONCURRENCY})",
+    )
     load.add_argument("--trace-times", action="store_true", help="replay the workload's own arrival times")
     vllm_flags.add_load_flags(load, parser)
-    load.add_argument("--stages", type=checked_by(parse_stages), metavar="R:S,...",
-                      help=f"Poisson load stages RATE:SECONDS (e.g. {STAGE_EXAMPLE}), one after the other on one "
-                      f"server that keeps its cache, each drained before the next ({STAGE_GAP_S:g} s between); a "
-                      "row per stage; each request starts a session of the workload (--num-sessions defaults to "
-                      "their count)")
-    parser.add_argument("--warmup-stage", type=checked_by(parse_stage), metavar="R:S",
-                        help="a stage before --stages, sent and recorded but left out of every result")
-    parser.add_argument("--burstiness", type=number_above(BURSTINESS_RANGE[0], True, BURSTINESS_RANGE[1]), default=1.0,
-                        help="gamma shape for --rate or --request-rate (1.0 = Poisson; smaller is burstier), as vLLM's")
+    load.add_argument(
+        "--stages",
+        type=checked_by(parse_stages),
+        metavar="R:S,...",
+        help=f"Poisson load stages RATE:SECONDS (e.g. {STAGE_EXAMPLE}), one after the other on one "
+        f"server that keeps its cache, each drained before the next ({STAGE_GAP_S:g} s between); a "
+        "row per stage; each request starts a session of the workload (--num-sessions defaults to "
+        "their count)",
+    )
+    parser.add_argument(
+        "--warmup-stage",
+        type=checked_by(parse_stage),
+        metavar="R:S",
+        help="a stage before --stages, sent and recorded but left out of every result",
+    )
+    parser.add_argument(
+        "--burstiness",
+        type=number_above(BURSTINESS_RANGE[0], True, BURSTINESS_RANGE[1]),
+        default=1.0,
+        help="gamma shape for --rate or --request-rate (1.0 = Poisson; smaller is burstier), as vLLM's",
+    )
 
 
 def _add_run_flags(parser: argparse.ArgumentParser) -> None:
     """How the run is carried out: where it runs, where it writes, what it prints."""
-    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
-                        help="run on a Ray cluster (default address: auto): each engine setting as a Ray task on a "
-                        "node with its `resources`, the load workers as Ray actors (`local`: a one-machine cluster; put CONFIG.yaml "
-                        "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'")
-    parser.add_argument("--progress-every", type=number_above(0), default=DEFAULT_EVERY_S, metavar="S",
-                        help="off a terminal (CI logs, pipes): a progress line every S seconds (default "
-                        f"{DEFAULT_EVERY_S:g})")
-    parser.add_argument("--out", type=Path, help="results folder (default runs/<name>-<time>); one that holds a run is "
-                        "refused unless --resume or --overwrite is given")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run on a Ray cluster (default address: auto): each engine setting as a Ray task on a "
+        "node with its `resources`, the load workers as Ray actors (`local`: a one-machine cluster; put CONFIG.yaml "
+        "first: kvbench run CONFIG.yaml --ray); needs pip install 'kvbench[ray]'",
+    )
+    parser.add_argument(
+        "--progress-every",
+        type=number_above(0),
+        default=DEFAULT_EVERY_S,
+        metavar="S",
+        help=f"off a terminal (CI logs, pipes): a progress line every S seconds (default {DEFAULT_EVERY_S:g})",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="results folder (default runs/<name>-<time>); one that holds a run is "
+        "refused unless --resume or --overwrite is given",
+    )
     reuse = parser.add_mutually_exclusive_group()
-    reuse.add_argument("--resume", action="store_true", help="finish the interrupted run in --out (same config): its "
-                       "finished requests are kept and not sent again")
-    reuse.add_argument("--overwrite", action="store_true", help="replace the run in --out (its files are removed first)")
-    parser.add_argument("--dry-run", action="store_true", help="print every cell's command line, environment, "
-                        "generated files and load plan, checked against the engine's --help; launch nothing "
-                        "(exit 2 on a flag the targeted version lacks)")
-    parser.add_argument("--cell", action="append", default=[], metavar="LABEL",
-                        help="with CONFIG.yaml, run only this engine cell (repeatable): a cell's label, e.g. "
-                        "'vllm-prefix[kv_cache_dtype=auto]', or an engine's label for all its swept cells")
-    parser.add_argument("--budget", type=number_above(0), metavar="MINUTES",
-                        help="refuse (exit 2) a plan whose cells' load, one after another, needs more than MINUTES "
-                        "(the dry run's total; e.g. the CI job's timeout-minutes)")
+    reuse.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the interrupted run in --out (same config): its finished requests are kept and not sent again",
+    )
+    reuse.add_argument(
+        "--overwrite", action="store_true", help="replace the run in --out (its files are removed first)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print every cell's command line, environment, "
+        "generated files and load plan, checked against the engine's --help; launch nothing "
+        "(exit 2 on a flag the targeted version lacks)",
+    )
+    parser.add_argument(
+        "--cell",
+        action="append",
+        default=[],
+        metavar="LABEL",
+        help="with CONFIG.yaml, run only this engine cell (repeatable): a cell's label, e.g. "
+        "'vllm-prefix[kv_cache_dtype=auto]', or an engine's label for all its swept cells",
+    )
+    parser.add_argument(
+        "--budget",
+        type=number_above(0),
+        metavar="MINUTES",
+        help="refuse (exit 2) a plan whose cells' load, one after another, needs more than MINUTES "
+        "(the dry run's total; e.g. the CI job's timeout-minutes)",
+    )
 
 
 def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +261,9 @@ def _from_config_file(args: argparse.Namespace, settings: dict) -> dict:
 def _from_flags(args: argparse.Namespace, settings: dict) -> dict:
     """The config mapping of a run from flags alone: one engine (or the main job's two), one workload, one load."""
     if args.cell:
-        raise SettingsError("--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)")
+        raise SettingsError(
+            "--cell: selects cells of CONFIG.yaml; give the config first (kvbench run CONFIG.yaml --cell LABEL)"
+        )
     url, api = vllm_bench_flags.server(args)
     if url and args.url and url != args.url:
         raise SettingsError(f"--url {args.url} and vllm bench serve's server flags ({url}) name two servers: give one")
@@ -234,9 +307,14 @@ def _engines(engine: str, settings: dict, main_job: bool) -> list[dict]:
     """The flag-built run's engine entries: the main job's KV comparison, or the one engine as asked."""
     if not main_job or any(key in settings for key in MAIN_JOB_OVERRIDDEN_BY):
         return [{"engine": engine, "settings": settings}]
-    return [{"engine": engine, "label": _main_job_label(engine, dtype),
-             "settings": {**settings, "kv_dtype": dtype, "kv_capacity_bytes": MAIN_JOB_KV_BYTES}}
-            for dtype in MAIN_JOB_KV_DTYPES]
+    return [
+        {
+            "engine": engine,
+            "label": _main_job_label(engine, dtype),
+            "settings": {**settings, "kv_dtype": dtype, "kv_capacity_bytes": MAIN_JOB_KV_BYTES},
+        }
+        for dtype in MAIN_JOB_KV_DTYPES
+    ]
 
 
 def _main_job_label(engine: str, kv_dtype: str) -> str:
@@ -246,18 +324,31 @@ def _main_job_label(engine: str, kv_dtype: str) -> str:
 def _refuse_matrix_flags(args: argparse.Namespace) -> None:
     """With CONFIG.yaml its engines and workloads are the matrix: a flag that would name another is refused, never
     silently dropped."""
-    for flag, value in (("--engine", args.engine), ("--url", args.url), ("--model", args.model),
-                        ("--api-key", args.api_key), ("--workload", args.workload),
-                        ("--dataset-name", args.dataset_name), ("--base-url", args.base_url), ("--host", args.host),
-                        ("--port", args.port), ("--backend", args.backend), ("--endpoint", args.endpoint)):
+    for flag, value in (
+        ("--engine", args.engine),
+        ("--url", args.url),
+        ("--model", args.model),
+        ("--api-key", args.api_key),
+        ("--workload", args.workload),
+        ("--dataset-name", args.dataset_name),
+        ("--base-url", args.base_url),
+        ("--host", args.host),
+        ("--port", args.port),
+        ("--backend", args.backend),
+        ("--endpoint", args.endpoint),
+    ):
         if value:
-            raise SettingsError(f"{flag}: CONFIG.yaml names the engines and workloads; set it in {args.config} "
-                                "(an engine setting of every cell: --set KEY=VALUE), or drop CONFIG.yaml to run from flags")
+            raise SettingsError(
+                f"{flag}: CONFIG.yaml names the engines and workloads; set it in {args.config} "
+                "(an engine setting of every cell: --set KEY=VALUE), or drop CONFIG.yaml to run from flags"
+            )
 
 
 def _load_asked(args: argparse.Namespace) -> bool:
-    return any(value is not None for value in (args.rate, args.concurrency, args.request_rate, args.max_concurrency,
-                                               args.stages)) or bool(args.trace_times)
+    return any(
+        value is not None
+        for value in (args.rate, args.concurrency, args.request_rate, args.max_concurrency, args.stages)
+    ) or bool(args.trace_times)
 
 
 def _refuse_stop_flags_with_stages(args: argparse.Namespace) -> None:
@@ -266,12 +357,18 @@ def _refuse_stop_flags_with_stages(args: argparse.Namespace) -> None:
         raise SettingsError("--warmup-stage needs --stages (the measured stages after it)")
     if not args.stages:
         return
-    for flag, value in (("--max-concurrency", args.max_concurrency), ("--num-requests", args.num_requests),
-                        ("--duration", args.duration_s), ("--warmup", args.warmup_requests), ("--find-max", args.find_max),
-                        ("--workers", args.workers if args.workers != 1 else None)):
+    for flag, value in (
+        ("--max-concurrency", args.max_concurrency),
+        ("--num-requests", args.num_requests),
+        ("--duration", args.duration_s),
+        ("--warmup", args.warmup_requests),
+        ("--find-max", args.find_max),
+        ("--workers", args.workers if args.workers != 1 else None),
+    ):
         if value is not None:
-            raise SettingsError(f"{flag}: --stages sets the load, its stop and its warm-up (--warmup-stage); leave "
-                                f"out {flag}")
+            raise SettingsError(
+                f"{flag}: --stages sets the load, its stop and its warm-up (--warmup-stage); leave out {flag}"
+            )
 
 
 def _stage_plan(args: argparse.Namespace) -> StagePlan:
@@ -305,21 +402,31 @@ def handle(args: argparse.Namespace) -> int:
 
         over = budget_problem(plan_experiment(config, run_dir, use_installed=False), args.budget)
         if over:
-            error_console.print(f"error: {over} (see it per cell: kvbench run ... --dry-run)", markup=False,
-                                highlight=False)
+            error_console.print(
+                f"error: {over} (see it per cell: kvbench run ... --dry-run)", markup=False, highlight=False
+            )
             return 2
     if args.find_max:
         return find_max_flags.run(args, config, run_dir, console)
     mode = RunMode.RESUME if args.resume else RunMode.OVERWRITE if args.overwrite else RunMode.FRESH
     console.print(f"[bold]kvbench run[/bold] -> {run_dir}")
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console, transient=False,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
         disable=not console.is_terminal,  # off a terminal: live_progress's plain lines instead
     ) as bar:
         try:
             with _terminate_is_interrupt():
-                outcome = run_experiment(config, run_dir, live_progress(bar, args.progress_every), mode, ray_address=args.ray)
+                outcome = run_experiment(
+                    config, run_dir, live_progress(bar, args.progress_every), mode, ray_address=args.ray
+                )
         except UnreachableEngine as exc:
             error_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False)
             return 2
@@ -373,15 +480,33 @@ def _simulate(args: argparse.Namespace) -> int:
     from kvbench.cli.commands.sim_cmd import handle_simulate
 
     if args.request_rate is not None or args.max_concurrency is not None:
-        raise SettingsError("--engine sim: the simulator plays --rate or --concurrency; --request-rate and "
-                            "--max-concurrency are for real engines")
+        raise SettingsError(
+            "--engine sim: the simulator plays --rate or --concurrency; --request-rate and "
+            "--max-concurrency are for real engines"
+        )
     if args.config is not None or args.url or args.duration_s is not None:
-        raise SettingsError("--engine sim: give flags (not CONFIG.yaml, --url or --duration); see kvbench simulate --help")
-    return handle_simulate(argparse.Namespace(
-        model=args.sim_model, hardware=args.sim_hardware, workload=args.workload or "rag-chat",
-        num_sessions=args.num_sessions, preset=args.sim_preset, kv_dtype=args.sim_kv_dtype, weight_dtype=None,
-        device_kv_tokens=None, rate=args.rate, concurrency=args.concurrency, time_scale=1.0,
-        num_requests=args.num_requests, seed=args.seed or 0, out=args.out, no_plots=False, tenants_file=None,
-        stages=parse_stages(args.stages) if args.stages else None,
-        warmup_stage=parse_stage(args.warmup_stage) if args.warmup_stage else None,
-    ))
+        raise SettingsError(
+            "--engine sim: give flags (not CONFIG.yaml, --url or --duration); see kvbench simulate --help"
+        )
+    return handle_simulate(
+        argparse.Namespace(
+            model=args.sim_model,
+            hardware=args.sim_hardware,
+            workload=args.workload or "rag-chat",
+            num_sessions=args.num_sessions,
+            preset=args.sim_preset,
+            kv_dtype=args.sim_kv_dtype,
+            weight_dtype=None,
+            device_kv_tokens=None,
+            rate=args.rate,
+            concurrency=args.concurrency,
+            time_scale=1.0,
+            num_requests=args.num_requests,
+            seed=args.seed or 0,
+            out=args.out,
+            no_plots=False,
+            tenants_file=None,
+            stages=parse_stages(args.stages) if args.stages else None,
+            warmup_stage=parse_stage(args.warmup_stage) if args.warmup_stage else None,
+        )
+    )

@@ -20,16 +20,26 @@ def register(commands, formatter) -> None:
     parser = commands.add_parser("trace", help="trace tools", formatter_class=formatter)
     actions = parser.add_subparsers(title="actions", metavar="ACTION")
     stats = actions.add_parser(
-        "stats", help="prefix hit rates of a trace through our cache core",
+        "stats",
+        help="prefix hit rates of a trace through our cache core",
         description="Replay a trace's prompts through the engine's page pool and prefix index: the unbounded "
         "prefix hit rate (prompt tokens in full pages sent earlier) and the hit rate of an LRU cache of each "
-        "capacity.", formatter_class=formatter,
+        "capacity.",
+        formatter_class=formatter,
     )
     stats.add_argument("file", help="trace file (Mooncake JSONL, Azure CSV, kvbench JSONL)")
-    stats.add_argument("--cache-tokens", type=_capacities, default=(),
-                       help="comma-separated LRU capacities in tokens, e.g. 1000000,4000000")
-    stats.add_argument("--page-size", type=at_least(1), default=DEFAULT_PAGE_SIZE,
-                       help=f"tokens per page (default {DEFAULT_PAGE_SIZE}, our engine's)")
+    stats.add_argument(
+        "--cache-tokens",
+        type=_capacities,
+        default=(),
+        help="comma-separated LRU capacities in tokens, e.g. 1000000,4000000",
+    )
+    stats.add_argument(
+        "--page-size",
+        type=at_least(1),
+        default=DEFAULT_PAGE_SIZE,
+        help=f"tokens per page (default {DEFAULT_PAGE_SIZE}, our engine's)",
+    )
     stats.add_argument("--json", action="store_true", help="print one JSON object")
     stats.set_defaults(handler=handle_stats)
 
@@ -39,7 +49,9 @@ def handle_stats(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     workload = load_workload(args.file)
-    prompts = (session.context if not session.turns[0].user_tokens.size else _prompt(session) for session in workload.sessions)
+    prompts = (
+        session.context if not session.turns[0].user_tokens.size else _prompt(session) for session in workload.sessions
+    )
     stats = replay_prefix_hits(prompts, page_size=args.page_size, capacities_tokens=list(args.cache_tokens))
     elapsed = time.perf_counter() - started
     if args.json:

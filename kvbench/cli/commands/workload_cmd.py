@@ -17,9 +17,11 @@ console = Console()
 
 def register(commands, formatter) -> None:
     parser = commands.add_parser(
-        "workload", help="describe a workload (sessions, turns, tokens, oracle hit rate)",
+        "workload",
+        help="describe a workload (sessions, turns, tokens, oracle hit rate)",
         description="Describe a workload without running it. The oracle hit rate uses placeholder answers "
-        "(the real answers are unknown before a run).", formatter_class=formatter,
+        "(the real answers are unknown before a run).",
+        formatter_class=formatter,
     )
     parser.add_argument("workload", metavar="NAME|PATH", help="profile name, trace file or parameter YAML")
     parser.add_argument("--stats", action="store_true", help="print statistics (the default action)")
@@ -46,7 +48,9 @@ def handle(args: argparse.Namespace) -> int:
     table.add_row("duration of arrivals (s)", f"{stats.duration_s:.1f}")
     for label, counts in (("prompt tokens", stats.prompt_tokens), ("output tokens", stats.output_tokens)):
         if counts is not None:
-            table.add_row(label, f"mean {counts.mean:.0f}  p50 {counts.p50:.0f}  p90 {counts.p90:.0f}  max {counts.max:.0f}")
+            table.add_row(
+                label, f"mean {counts.mean:.0f}  p50 {counts.p50:.0f}  p90 {counts.p90:.0f}  max {counts.max:.0f}"
+            )
     table.add_row("prompt tokens, total", str(stats.prompt_tokens_total))
     table.add_row("reusable tokens (unbounded cache)", str(stats.reusable_tokens_total))
     rate = stats.oracle_hit_rate
@@ -58,7 +62,12 @@ def handle(args: argparse.Namespace) -> int:
             tenants.add_column(column)
         for tenant in stats.per_tenant:
             hit = tenant.oracle_hit_rate
-            tenants.add_row(tenant.tenant, str(tenant.sessions), str(tenant.requests),
-                            str(tenant.prompt_tokens_total), "n/a" if hit is None else f"{100 * hit:.1f}%")
+            tenants.add_row(
+                tenant.tenant,
+                str(tenant.sessions),
+                str(tenant.requests),
+                str(tenant.prompt_tokens_total),
+                "n/a" if hit is None else f"{100 * hit:.1f}%",
+            )
         console.print(tenants)
     return 0

@@ -12,7 +12,13 @@ from pathlib import Path
 from kvbench.engines.base import Capabilities, Endpoint, EngineError
 from kvbench.engines.http import request
 from kvbench.engines.kvengine.settings import openmp
-from kvbench.engines.kvengine.settings.config import ADMIN_KEY_ENV, PORT_RANGE, TIER_SECRET_ENV, EngineConfig, ServeOptions
+from kvbench.engines.kvengine.settings.config import (
+    ADMIN_KEY_ENV,
+    PORT_RANGE,
+    TIER_SECRET_ENV,
+    EngineConfig,
+    ServeOptions,
+)
 from kvbench.engines.kvengine.settings.flags import to_argv
 from kvbench.engines.kvengine.settings.tenants import load_tenants  # torch-free, like config
 from kvbench.engines.launch import LOG_FILE, free_port
@@ -43,8 +49,10 @@ class KVEngineSettings:
         adapter are filled in: the served model name, and the disk tier's folder inside `workdir`."""
         own = {f.name for f in dataclasses.fields(cls)} - {"engine"}
         mine = {key: value for key, value in values.items() if key in own}
-        engine = {"served_model_name": SERVED_MODEL_NAME,
-                  **{key: value for key, value in values.items() if key not in own}}
+        engine = {
+            "served_model_name": SERVED_MODEL_NAME,
+            **{key: value for key, value in values.items() if key not in own},
+        }
         if engine.get("disk_capacity") and not engine.get("disk_dir"):
             engine["disk_dir"] = str(workdir / DISK_DIR)
         if isinstance(mine.get("extra_args"), list):
@@ -80,8 +88,14 @@ class KVEngineAdapter:
     def command(self) -> list[str]:
         """`kvbench serve` with one flag per engine setting that differs from its default."""
         engine = dataclasses.replace(self.settings.engine, tier_secret=None)  # through the environment instead
-        return [sys.executable, "-m", SERVER_MODULE, *to_argv(engine), *to_argv(self.serve_options()),
-                *self.settings.extra_args]
+        return [
+            sys.executable,
+            "-m",
+            SERVER_MODULE,
+            *to_argv(engine),
+            *to_argv(self.serve_options()),
+            *self.settings.extra_args,
+        ]
 
     @property
     def vocab_size(self) -> int | None:
@@ -98,18 +112,34 @@ class KVEngineAdapter:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(True, True, output_token_ids=True, cache_reset=True, prompt_logprobs=True,
-                            isolation=self.settings.engine.isolation.value, shared_prefixes=self._shared_prefixes)
+        return Capabilities(
+            True,
+            True,
+            output_token_ids=True,
+            cache_reset=True,
+            prompt_logprobs=True,
+            isolation=self.settings.engine.isolation.value,
+            shared_prefixes=self._shared_prefixes,
+        )
 
     def describe(self) -> Mapping[str, object]:
         e = self.settings.engine
         # The capacity settings as given (`kv_capacity_bytes` wins); what the engine allocated is the entry's
         # `kv_capacity`, read from its /metrics.
-        return {"kv_dtype": e.kv_format.label, "model": e.model, "kv_capacity_setting": e.kv_capacity,
-                "kv_capacity_bytes_setting": e.kv_capacity_bytes,
-                "prefix_caching": e.prefix_caching, "host_capacity": e.host_capacity, "disk_capacity": e.disk_capacity,
-                "remote": bool(e.remote_url), "isolation": e.isolation.value, "device_ttl_s": e.device_ttl_s,
-                "host_ttl_s": e.host_ttl_s, "tensor_parallel_size": e.tensor_parallel_size}
+        return {
+            "kv_dtype": e.kv_format.label,
+            "model": e.model,
+            "kv_capacity_setting": e.kv_capacity,
+            "kv_capacity_bytes_setting": e.kv_capacity_bytes,
+            "prefix_caching": e.prefix_caching,
+            "host_capacity": e.host_capacity,
+            "disk_capacity": e.disk_capacity,
+            "remote": bool(e.remote_url),
+            "isolation": e.isolation.value,
+            "device_ttl_s": e.device_ttl_s,
+            "host_ttl_s": e.host_ttl_s,
+            "tensor_parallel_size": e.tensor_parallel_size,
+        }
 
     def start(self) -> None:
         self._process.start()
@@ -129,4 +159,3 @@ class KVEngineAdapter:
 
     def stop(self) -> None:
         self._process.stop()
-

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.pages import PageId
 from kvbench.engines.kvengine.core.namespaces import Placement, TenantId
+from kvbench.engines.kvengine.core.pages import PageId
 from kvbench.engines.kvengine.core.scheduler import Scheduler
 
 
@@ -38,8 +38,16 @@ class Adoption:
     no_room: bool = False
 
 
-def adopt_pages(scheduler: Scheduler, placement: Placement, tokens: np.ndarray, tenant: TenantId, now: float, *,
-                first_page: int = 0, fill: Callable[[int, Sequence[PageId]], None] | None = None) -> Adoption:
+def adopt_pages(
+    scheduler: Scheduler,
+    placement: Placement,
+    tokens: np.ndarray,
+    tenant: TenantId,
+    now: float,
+    *,
+    first_page: int = 0,
+    fill: Callable[[int, Sequence[PageId]], None] | None = None,
+) -> Adoption:
     """Cache the full pages of `tokens` that the device lacks, restored by the caller from page `first_page` on.
 
     `fill(first, pages)` is called once the pages are allocated and before the index takes them: write the
@@ -59,8 +67,9 @@ def adopt_pages(scheduler: Scheduler, placement: Placement, tokens: np.ndarray, 
         try:
             if fill is not None:
                 fill(matched, pages)
-            adopted = index.insert_prompt(placement, tokens, list(match.pages) + pages, tenant, now,
-                                          adopt_at=matched).num_adopted
+            adopted = index.insert_prompt(
+                placement, tokens, list(match.pages) + pages, tenant, now, adopt_at=matched
+            ).num_adopted
         finally:
             index.pool.release(pages[adopted:])  # the index took over the references of the pages it adopted
     finally:

@@ -23,10 +23,12 @@ class CompactSteps:
         table. For a caller that needs no page tables (the simulator): building a ScheduledSeq per sequence
         per step was most of a long simulation's time. Commit it with `postprocess_compact`."""
         items, starts, preempted, swap_out, swap_in = self._schedule(now, compact=True)
-        sampled = tuple(e.request_id if type(e) is ScheduledSeq else e.request.request_id
-                        for e in items if type(e) is not ScheduledSeq or e.samples)
-        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in),
-                           sampled)
+        sampled = tuple(
+            e.request_id if type(e) is ScheduledSeq else e.request.request_id
+            for e in items
+            if type(e) is not ScheduledSeq or e.samples
+        )
+        return CompactPlan(now, tuple(items), tuple(starts), tuple(preempted), tuple(swap_out), tuple(swap_in), sampled)
 
     def postprocess_compact(self, plan: CompactPlan, tokens: Sequence[int], now: float) -> tuple[FinishedRequest, ...]:
         """`postprocess` for a CompactPlan: `tokens[i]` is the token sampled for `plan.sampled_ids[i]`."""
@@ -62,8 +64,12 @@ class CompactSteps:
         prompt is computed). Carry it out with `commit_decode_run`; nothing may change the scheduler in
         between."""
         running, config, ps = self._running, self.config, self.index.page_size
-        if (not running or self.ledger is not None or len(running) > config.max_step_tokens
-                or (self._waiting and len(running) < config.max_num_seqs)):
+        if (
+            not running
+            or self.ledger is not None
+            or len(running) > config.max_step_tokens
+            or (self._waiting and len(running) < config.max_num_seqs)
+        ):
             return None
         caching = config.prefix_caching
         steps = None
@@ -71,8 +77,12 @@ class CompactSteps:
         for seq in running:
             req = seq.request
             prompt = len(req.prompt)
-            if (not seq.output or seq.num_computed + 1 != prompt + len(seq.output) or req.stop_token_ids
-                    or (caching and prompt // ps > seq.indexed_pages)):
+            if (
+                not seq.output
+                or seq.num_computed + 1 != prompt + len(seq.output)
+                or req.stop_token_ids
+                or (caching and prompt // ps > seq.indexed_pages)
+            ):
                 return None
             room = seq.room
             steps = room if steps is None else min(steps, room)
@@ -88,11 +98,16 @@ class CompactSteps:
             low, high = (mid, high) if pages_for(mid) <= available else (low, mid - 1)
         if low < 1:
             return None
-        return DecodeRun(low, tuple(seq.request.request_id for seq in running),
-                         sum(seq.num_computed for seq in running), max(seq.num_computed for seq in running))
+        return DecodeRun(
+            low,
+            tuple(seq.request.request_id for seq in running),
+            sum(seq.num_computed for seq in running),
+            max(seq.num_computed for seq in running),
+        )
 
-    def commit_decode_run(self, run: DecodeRun, begins: Sequence[float],
-                          tokens: Sequence[Sequence[int]]) -> CompactPlan:
+    def commit_decode_run(
+        self, run: DecodeRun, begins: Sequence[float], tokens: Sequence[Sequence[int]]
+    ) -> CompactPlan:
         """Carry out the first `len(begins) - 1` steps of `run` and schedule the next one (step j begins at
         `begins[j]`; `tokens[i]` holds the tokens sequence i samples in the steps carried out) exactly as
         `schedule` and `postprocess` one step at a time would: the same pages allocated in the same order,
@@ -100,8 +115,10 @@ class CompactSteps:
         `postprocess_compact` commits like any other (its finishes, if any, then happen at its end)."""
         running, ps, k = self._running, self.index.page_size, len(begins)
         if not 0 < k <= run.steps or len(running) != len(run.request_ids) or len(tokens) != len(running):
-            raise ValueError(f"commit_decode_run: {k} steps of a run of {run.steps}, {len(tokens)} token lists "
-                             f"for {len(running)} running sequences; the run is not the scheduler's now")
+            raise ValueError(
+                f"commit_decode_run: {k} steps of a run of {run.steps}, {len(tokens)} token lists "
+                f"for {len(running)} running sequences; the run is not the scheduler's now"
+            )
         grows = []  # (step, running position): a step's new pages go in running order, as schedule takes them
         for i, seq in enumerate(running):
             grows.extend((j, i) for j in range(len(seq.pages) * ps - seq.num_computed, k, ps))
@@ -117,9 +134,11 @@ class CompactSteps:
                 running[i].pages.append(page)
         for seq, sampled in zip(running, tokens):
             if len(sampled) != k - 1:
-                raise ValueError(f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, "
-                                 f"{k - 1} steps carried out")
+                raise ValueError(
+                    f"commit_decode_run: {len(sampled)} tokens for {seq.request.request_id}, {k - 1} steps carried out"
+                )
             seq.num_computed += k - 1
             seq.output.extend(sampled)
-        return CompactPlan(begins[-1], tuple(running), tuple(seq.num_computed for seq in running),
-                           sampled_ids=run.request_ids)
+        return CompactPlan(
+            begins[-1], tuple(running), tuple(seq.num_computed for seq in running), sampled_ids=run.request_ids
+        )

@@ -62,8 +62,10 @@ class KVFormat:
 
     def __post_init__(self) -> None:
         if self.kv_dtype.quantized == (self.scale_mode == ScaleMode.NONE):
-            raise ValueError(f"scale_mode={self.scale_mode.value!r} does not fit kv_dtype={self.kv_dtype.value!r}; "
-                             f"use {'one of ' + ', '.join(SCALE_MODES) if self.kv_dtype.quantized else 'none'}")
+            raise ValueError(
+                f"scale_mode={self.scale_mode.value!r} does not fit kv_dtype={self.kv_dtype.value!r}; "
+                f"use {'one of ' + ', '.join(SCALE_MODES) if self.kv_dtype.quantized else 'none'}"
+            )
 
     @classmethod
     def parse(cls, kv_dtype: str, scale_mode: str | None = None) -> KVFormat:
@@ -73,12 +75,16 @@ class KVFormat:
         dtype = KVDtype(kv_dtype)
         if not dtype.quantized:
             if scale_mode not in (None, ScaleMode.NONE):
-                raise ValueError(f"scale_mode={scale_mode!r} applies to fp8 kv dtypes only; use scale_mode='none' "
-                                 f"(or None) with kv_dtype={kv_dtype!r}")
+                raise ValueError(
+                    f"scale_mode={scale_mode!r} applies to fp8 kv dtypes only; use scale_mode='none' "
+                    f"(or None) with kv_dtype={kv_dtype!r}"
+                )
             return cls(dtype)
         scale_mode = scale_mode or DEFAULT_SCALE_MODE
         if scale_mode not in SCALE_MODES:
-            raise ValueError(f"scale_mode={scale_mode!r} is unknown for {kv_dtype}; use one of {', '.join(SCALE_MODES)}")
+            raise ValueError(
+                f"scale_mode={scale_mode!r} is unknown for {kv_dtype}; use one of {', '.join(SCALE_MODES)}"
+            )
         return cls(dtype, ScaleMode(scale_mode))
 
     @classmethod

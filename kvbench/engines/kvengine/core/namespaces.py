@@ -69,8 +69,9 @@ class Placement:
         return keys
 
 
-def placement_for(tenant: TenantId, prompt: np.ndarray, *, shared_tokens: int, page_size: int,
-                  strict: bool) -> Placement:
+def placement_for(
+    tenant: TenantId, prompt: np.ndarray, *, shared_tokens: int, page_size: int, strict: bool
+) -> Placement:
     """The placement of a tenant's prompt whose first `shared_tokens` tokens are declared shareable.
 
     Strict isolation, or less than a page declared: all of it in the tenant's namespace. Otherwise the

@@ -48,7 +48,7 @@ from kvbench.engines.kvengine.core.events import (
 )
 from kvbench.engines.kvengine.core.namespaces import Namespace, Placement, TenantId
 from kvbench.engines.kvengine.core.pages import IntegrityError, PageId, PagePool
-from kvbench.engines.kvengine.core.prefix_eviction import EvictResult, Eviction
+from kvbench.engines.kvengine.core.prefix_eviction import Eviction, EvictResult
 from kvbench.engines.kvengine.core.prefix_tree import (
     DEVICE_TIER,
     InsertResult,
@@ -205,7 +205,12 @@ class PrefixIndex(Eviction):
         return not isinstance(self.journal, NullPageJournal)
 
     def insert(
-        self, namespace: Namespace, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float,
+        self,
+        namespace: Namespace,
+        tokens: np.ndarray,
+        pages: Sequence[PageId],
+        tenant: TenantId,
+        now: float,
         adopt_at: int | None = None,
     ) -> InsertResult:
         """Cache the full pages of `tokens`, whose KV is in `pages` (one page id per full page, in order).
@@ -223,8 +228,7 @@ class PrefixIndex(Eviction):
         self._tick += 1
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = Node(0, None, bytearray(), [], tenant,
-                                                  [root_key(self.key_salt, namespace)])
+            root = self._roots[namespace] = Node(0, None, bytearray(), [], tenant, [root_key(self.key_salt, namespace)])
         node, pos, matched = root, 0, []
         while pos < n:
             child = node.children.get(kb[pos * pb : (pos + 1) * pb])
@@ -252,8 +256,16 @@ class PrefixIndex(Eviction):
                     self.journal.record_page(PageRecord(PageChange.STORED, key, page, tenant, now))
             else:
                 keys = [_UNKEYED] * (n - pos)  # no lower tier listens: skip hashing every page (hot in replays)
-            leaf = Node(self._next_id, node, bytearray(kb[pos * pb : n * pb]), new_pages, tenant, keys,
-                         tick=self._tick, last_access=now)
+            leaf = Node(
+                self._next_id,
+                node,
+                bytearray(kb[pos * pb : n * pb]),
+                new_pages,
+                tenant,
+                keys,
+                tick=self._tick,
+                last_access=now,
+            )
             self._next_id += 1
             self._num_nodes += 1
             node.children[kb[pos * pb : (pos + 1) * pb]] = leaf
@@ -267,11 +279,20 @@ class PrefixIndex(Eviction):
             node = leaf
         elif node is not root:
             self._push_if_leaf(node)
-        return InsertResult(num_pages=n, num_cached=pos, matches=(PrefixMatch(namespace, tuple(matched), ps, node),),
-                            num_adopted=adopted)
+        return InsertResult(
+            num_pages=n,
+            num_cached=pos,
+            matches=(PrefixMatch(namespace, tuple(matched), ps, node),),
+            num_adopted=adopted,
+        )
 
     def insert_prompt(
-        self, placement: Placement, tokens: np.ndarray, pages: Sequence[PageId], tenant: TenantId, now: float,
+        self,
+        placement: Placement,
+        tokens: np.ndarray,
+        pages: Sequence[PageId],
+        tenant: TenantId,
+        now: float,
         adopt_at: int | None = None,
     ) -> InsertResult:
         """`insert` of each part of `placement` (the full pages of `tokens`, one page id per full page).
@@ -302,8 +323,17 @@ class PrefixIndex(Eviction):
         """Cut `node` after its first m pages, keeping `node` as the head (so matches that point at it stay
         valid); a new child takes the tail and the children. Returns the tail. `node` must be unlocked."""
         pb = 4 * self.page_size
-        tail = Node(self._next_id, node, node.key[m * pb :], node.pages[m:], node.tenant, node.keys[m:],
-                     children=node.children, tick=node.tick, last_access=node.last_access)
+        tail = Node(
+            self._next_id,
+            node,
+            node.key[m * pb :],
+            node.pages[m:],
+            node.tenant,
+            node.keys[m:],
+            children=node.children,
+            tick=node.tick,
+            last_access=node.last_access,
+        )
         self._next_id += 1
         self._num_nodes += 1
         for child in tail.children.values():
@@ -318,8 +348,17 @@ class PrefixIndex(Eviction):
         pb = 4 * self.page_size
         parent = child.parent
         assert parent is not None
-        upper = Node(self._next_id, parent, child.key[: m * pb], child.pages[:m], child.tenant, child.keys[:m],
-                      lock_ref=child.lock_ref, tick=child.tick, last_access=child.last_access)
+        upper = Node(
+            self._next_id,
+            parent,
+            child.key[: m * pb],
+            child.pages[:m],
+            child.tenant,
+            child.keys[:m],
+            lock_ref=child.lock_ref,
+            tick=child.tick,
+            last_access=child.last_access,
+        )
         self._next_id += 1
         self._num_nodes += 1
         parent.children[bytes(upper.key[:pb])] = upper
@@ -382,8 +421,10 @@ class PrefixIndex(Eviction):
                 ev_t[node.tenant] = ev_t.get(node.tenant, 0) + len(node.pages)
             pages_t[node.tenant] = pages_t.get(node.tenant, 0) + len(node.pages)
         if (evictable, protected, nodes) != (self._evictable, self._protected, self._num_nodes):
-            raise IntegrityError(f"counters: evictable/protected/nodes {self._evictable}/{self._protected}/"
-                                 f"{self._num_nodes} != walked {evictable}/{protected}/{nodes}")
+            raise IntegrityError(
+                f"counters: evictable/protected/nodes {self._evictable}/{self._protected}/"
+                f"{self._num_nodes} != walked {evictable}/{protected}/{nodes}"
+            )
         for counted, walked in ((self._evictable_by_tenant, ev_t), (self._pages_by_tenant, pages_t)):
             if {t: k for t, k in counted.items() if k} != walked:
                 raise IntegrityError(f"per-tenant counters {counted} != walked {walked}")

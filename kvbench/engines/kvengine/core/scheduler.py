@@ -39,8 +39,8 @@ import numpy as np
 
 from kvbench.engines.kvengine.core.compact_steps import CompactSteps
 from kvbench.engines.kvengine.core.events import EventKind
-from kvbench.engines.kvengine.core.pages import IntegrityError, PageId
 from kvbench.engines.kvengine.core.namespaces import Placement, TenantId, placement_for
+from kvbench.engines.kvengine.core.pages import IntegrityError, PageId
 from kvbench.engines.kvengine.core.plans import (
     DEFAULT_TENANT,
     CompactPlan,
@@ -58,8 +58,20 @@ from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex,
 from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
 
 # What callers import from here: the scheduler, and what it takes and returns (defined in `plans`).
-__all__ = ["DEFAULT_TENANT", "CompactPlan", "DecodeRun", "FinishedRequest", "Request", "RequestId",
-           "ScheduledSeq", "Scheduler", "SchedulerConfig", "StepPlan", "SwapIn", "SwapOut"]
+__all__ = [
+    "DEFAULT_TENANT",
+    "CompactPlan",
+    "DecodeRun",
+    "FinishedRequest",
+    "Request",
+    "RequestId",
+    "ScheduledSeq",
+    "Scheduler",
+    "SchedulerConfig",
+    "StepPlan",
+    "SwapIn",
+    "SwapOut",
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -137,15 +149,17 @@ class Scheduler(CompactSteps):
                 raise IntegrityError(f"{seq.request.request_id}: borrowed pages {missing[:8]} are not cached")
             unlocked = [p for p in seq.pages if p in evictable]
             if unlocked:
-                raise IntegrityError(f"{seq.request.request_id}: its pages {unlocked[:8]} are cached unlocked "
-                                     "(evictable while it runs)")
+                raise IntegrityError(
+                    f"{seq.request.request_id}: its pages {unlocked[:8]} are cached unlocked (evictable while it runs)"
+                )
             for p in seq.pages[seq.borrowed :]:
                 holders[p] = holders.get(p, 0) + 1
         wrong = [(p, pool.ref_count(p), n) for p, n in holders.items() if pool.ref_count(p) != n]
         in_use = pool.capacity - pool.num_free
         if wrong or in_use != len(holders):
-            raise IntegrityError(f"reference counts (page, count, holders) {wrong[:8]}; {in_use} pages in use, "
-                                 f"{len(holders)} held")
+            raise IntegrityError(
+                f"reference counts (page, count, holders) {wrong[:8]}; {in_use} pages in use, {len(holders)} held"
+            )
 
     def add(self, request: Request) -> None:
         if request.request_id in self._seqs:
@@ -153,16 +167,23 @@ class Scheduler(CompactSteps):
         need = self._pages_for(len(request.prompt) + request.max_new_tokens)
         if need > self.index.pool.capacity:
             # It could never be admitted and would wait forever: refuse it now.
-            raise ValueError(f"request {request.request_id}: needs {need} pages, the pool holds "
-                             f"{self.index.pool.capacity}; shorten the prompt or max_new_tokens")
+            raise ValueError(
+                f"request {request.request_id}: needs {need} pages, the pool holds "
+                f"{self.index.pool.capacity}; shorten the prompt or max_new_tokens"
+            )
         seq = _Seq(request, self.placement(request))
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
 
     def placement(self, request: Request) -> Placement:
         """Where the request's pages are cached (one namespace in strict isolation)."""
-        return placement_for(request.tenant, request.prompt, shared_tokens=request.shared_tokens,
-                             page_size=self.index.page_size, strict=self.config.strict_isolation)
+        return placement_for(
+            request.tenant,
+            request.prompt,
+            shared_tokens=request.shared_tokens,
+            page_size=self.index.page_size,
+            strict=self.config.strict_isolation,
+        )
 
     def _pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.index.page_size)
@@ -237,8 +258,7 @@ class Scheduler(CompactSteps):
                 continue
             n = min(len(seq.request.prompt) + len(seq.output) - seq.num_computed, budget)
             need = -(-(seq.num_computed + n) // ps) - len(seq.pages)
-            if need > 0 and not self._make_room(running.index(seq), need, now, scheduled, dropped, preempted,
-                                                swap_out):
+            if need > 0 and not self._make_room(running.index(seq), need, now, scheduled, dropped, preempted, swap_out):
                 continue
             scheduled.add(seq)
             items.append(self._item(seq, n))
@@ -259,8 +279,9 @@ class Scheduler(CompactSteps):
             running.append(self._waiting.popleft())
         return items, starts, preempted, swap_out, swap_in
 
-    def _make_room(self, i: int, need: int, now: float, scheduled: set, dropped: set, preempted: list,
-                   swap_out: list) -> bool:
+    def _make_room(
+        self, i: int, need: int, now: float, scheduled: set, dropped: set, preempted: list, swap_out: list
+    ) -> bool:
         """Allocate `need` pages to running[i], evicting cached pages, then preempting the latest admitted sequences
         after it that this step has not scheduled; if that is not enough, running[i] itself is preempted (False)."""
         running = self._running
@@ -306,8 +327,14 @@ class Scheduler(CompactSteps):
 
     def _item(self, seq: _Seq, n: int) -> ScheduledSeq:
         end = seq.num_computed + n
-        return ScheduledSeq(seq.request.request_id, seq.page_table(), seq.num_computed, end,
-                            seq.num_cached_tokens or 0, samples=end == seq.length)
+        return ScheduledSeq(
+            seq.request.request_id,
+            seq.page_table(),
+            seq.num_computed,
+            end,
+            seq.num_cached_tokens or 0,
+            samples=end == seq.length,
+        )
 
     def _index_computed(self, seq: _Seq, now: float) -> None:
         """Put the sequence's newly computed full prompt pages in the prefix index now, not only when it
@@ -320,8 +347,9 @@ class Scheduler(CompactSteps):
             return
         req = seq.request
         tokens = req.prompt[: full * self.index.page_size]
-        inserted = self.index.insert_prompt(seq.placement, tokens, seq.pages[:full], req.tenant, now,
-                                            adopt_at=seq.borrowed)
+        inserted = self.index.insert_prompt(
+            seq.placement, tokens, seq.pages[:full], req.tenant, now, adopt_at=seq.borrowed
+        )
         seq.borrowed += inserted.num_adopted
         match = PromptMatch(inserted.matches)
         self.index.lock_prompt(match, now)  # before the old lock goes: it keeps the adopted pages alive
@@ -333,8 +361,9 @@ class Scheduler(CompactSteps):
         """Return a sequence's pages; with `cache`, its computed full pages go to the prefix index first."""
         req = seq.request
         if cache and seq.num_computed and self.config.prefix_caching:
-            seq.borrowed += self.index.insert_prompt(seq.placement, seq.tokens()[: seq.num_computed], seq.pages,
-                                                     req.tenant, now, adopt_at=seq.borrowed).num_adopted
+            seq.borrowed += self.index.insert_prompt(
+                seq.placement, seq.tokens()[: seq.num_computed], seq.pages, req.tenant, now, adopt_at=seq.borrowed
+            ).num_adopted
         self.index.pool.release(seq.pages[seq.borrowed :] if seq.borrowed else seq.pages)
         if seq.match is not None:
             self.index.unlock_prompt(seq.match)
@@ -351,8 +380,9 @@ class Scheduler(CompactSteps):
             seq.num_computed = 0
         self._waiting.appendleft(seq)
 
-    def finish(self, request_id: RequestId, now: float, reason: str = "abort",
-               cache: bool = True) -> FinishedRequest | None:
+    def finish(
+        self, request_id: RequestId, now: float, reason: str = "abort", cache: bool = True
+    ) -> FinishedRequest | None:
         """End a request now: a stop the caller found (a stop string), a client that went away, or a request
         whose computation failed (then `cache=False`: none of its pages not yet cached enters the index).
 
@@ -367,8 +397,9 @@ class Scheduler(CompactSteps):
             self._release(seq, now, cache=cache)
         else:
             self._waiting.remove(seq)  # a waiting sequence holds no device pages
-        return FinishedRequest(request_id, len(seq.request.prompt), seq.num_cached_tokens or 0,
-                               tuple(seq.output), reason)
+        return FinishedRequest(
+            request_id, len(seq.request.prompt), seq.num_cached_tokens or 0, tuple(seq.output), reason
+        )
 
     def postprocess(self, plan: StepPlan, sampled: Mapping[RequestId, int], now: float) -> tuple[FinishedRequest, ...]:
         """Record that `plan` was computed; append `sampled[id]` for each sequence with `samples`.
@@ -395,5 +426,12 @@ class Scheduler(CompactSteps):
             self._release(seq, now, cache=True)
             self._running.remove(seq)
             del self._seqs[req.request_id]
-            finished.append(FinishedRequest(req.request_id, len(req.prompt), seq.num_cached_tokens or 0,
-                                            tuple(seq.output), "stop" if stop else "length"))
+            finished.append(
+                FinishedRequest(
+                    req.request_id,
+                    len(req.prompt),
+                    seq.num_cached_tokens or 0,
+                    tuple(seq.output),
+                    "stop" if stop else "length",
+                )
+            )

@@ -109,7 +109,11 @@ class TenantLedger:
 
 
 def evict_for(
-    index: PrefixIndex, ledger: TenantLedger, requester: TenantId, need: int, usage: Mapping[TenantId, int],
+    index: PrefixIndex,
+    ledger: TenantLedger,
+    requester: TenantId,
+    need: int,
+    usage: Mapping[TenantId, int],
     now: float,
 ) -> dict[TenantId, int]:
     """Carry out `ledger.eviction_plan` on `index` until `need` pages are dropped. Returns pages per tenant."""
@@ -119,8 +123,9 @@ def evict_for(
     for step in ledger.eviction_plan(requester, need, usage, evictable):
         if left <= 0:
             break
-        res: EvictResult = index.evict(step.max_pages if step.enforce else min(left, step.max_pages), now,
-                                       tenants=step.tenants)
+        res: EvictResult = index.evict(
+            step.max_pages if step.enforce else min(left, step.max_pages), now, tenants=step.tenants
+        )
         left -= res.num_freed
         for t, k in res.by_tenant.items():
             taken[t] = taken.get(t, 0) + k

@@ -13,8 +13,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE, PagePool
 from kvbench.engines.kvengine.core.namespaces import Namespace, TenantId
+from kvbench.engines.kvengine.core.pages import DEFAULT_PAGE_SIZE, PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 
 _NS = Namespace("trace")
@@ -88,8 +88,9 @@ def replay_prefix_hits(
     for prompt in prompts:
         arr = np.asarray(prompt)
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"prompts[{requests}]: expected a 1-D integer array of token ids, got "
-                             f"{arr.dtype} of shape {arr.shape}")
+            raise ValueError(
+                f"prompts[{requests}]: expected a 1-D integer array of token ids, got {arr.dtype} of shape {arr.shape}"
+            )
         arr = arr.astype(np.int32, copy=False)
         for cache in caches:
             cache.feed(arr, float(requests))

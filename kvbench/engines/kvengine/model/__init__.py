@@ -24,7 +24,19 @@ from kvbench.engines.kvengine.model.sampling import SamplingParams, TokenLogprob
 from kvbench.engines.kvengine.model.tiny import tiny_model
 
 __all__ = [
-    "ForwardBatch", "KVScales", "LlamaForCausalLM", "LoadedModel", "ModelConfig", "PagedKVCache",
-    "SamplingParams", "SequenceChunk", "TokenLogprobs", "calibrate_kv_scales", "calibration_token_ids",
-    "load_model", "sample", "tiny_model", "token_logprobs",
+    "ForwardBatch",
+    "KVScales",
+    "LlamaForCausalLM",
+    "LoadedModel",
+    "ModelConfig",
+    "PagedKVCache",
+    "SamplingParams",
+    "SequenceChunk",
+    "TokenLogprobs",
+    "calibrate_kv_scales",
+    "calibration_token_ids",
+    "load_model",
+    "sample",
+    "tiny_model",
+    "token_logprobs",
 ]

@@ -72,6 +72,5 @@ def calibrate_kv_scales(
     scales = []
     for data, rope_pairs in ((cache.k_data, True), (cache.v_data, False)):  # keys are stored after RoPE
         x = data.reshape(L, -1, H, D)[:, :n]  # pages 0.. in order, so rows are positions 0..n-1
-        scales.append(torch.stack([fp8.calibrate_scale(fmt, x[layer], margin, rope_pairs)
-                                   for layer in range(L)]).cpu())
+        scales.append(torch.stack([fp8.calibrate_scale(fmt, x[layer], margin, rope_pairs) for layer in range(L)]).cpu())
     return KVScales(scales[0], scales[1])

@@ -41,9 +41,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
+            raise ValueError(f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}")
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
@@ -52,8 +50,7 @@ class ModelConfig:
         model_type = d.get("model_type", "llama")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
-                f"config.json model_type={model_type!r} is not supported; kvbench's engine runs "
-                f"{SUPPORTED_MODEL_TYPES}"
+                f"config.json model_type={model_type!r} is not supported; kvbench's engine runs {SUPPORTED_MODEL_TYPES}"
             )
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json hidden_act={d['hidden_act']!r}: only 'silu' (SwiGLU) is supported")
@@ -104,8 +101,9 @@ class ModelConfig:
             )
         return {
             "model_type": self.model_type,
-            "architectures": [{"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(
-                self.model_type, "LlamaForCausalLM")],
+            "architectures": [
+                {"qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
+            ],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

@@ -30,8 +30,13 @@ from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 def applies(device: torch.device | str, fmt: KVFormat, compute_dtype: torch.dtype) -> bool:
     """Whether the kernels can attend this cache: CPU, fp32 compute, fp32 or tensor-scale fp8
     pages, and the kernel built (`cpu_kernels.library`)."""
-    return (torch.device(device).type == "cpu" and compute_dtype == torch.float32 and not fmt.shifted
-            and fp8.storage_dtype(fmt) in cpu_kernels.ATTENTION_FORMATS and cpu_kernels.library() is not None)
+    return (
+        torch.device(device).type == "cpu"
+        and compute_dtype == torch.float32
+        and not fmt.shifted
+        and fp8.storage_dtype(fmt) in cpu_kernels.ATTENTION_FORMATS
+        and cpu_kernels.library() is not None
+    )
 
 
 def _page_table(tables: list[tuple[int, ...]]) -> torch.Tensor:
@@ -67,28 +72,48 @@ class CpuPagedAttention:
             return torch.tensor([values[i] + plus for i in seqs], dtype=torch.int64)
 
         return CpuPagedLayout(
-            column(batch.query_starts, decode), _page_table([batch.page_tables[i] for i in decode]),
-            column(batch.num_computed_tokens, decode, 1), column(batch.query_starts, chunks),
-            column(batch.query_lens, chunks), column(batch.num_computed_tokens, chunks),
-            _page_table([batch.page_tables[i] for i in chunks]), torch.get_num_threads())
+            column(batch.query_starts, decode),
+            _page_table([batch.page_tables[i] for i in decode]),
+            column(batch.num_computed_tokens, decode, 1),
+            column(batch.query_starts, chunks),
+            column(batch.query_lens, chunks),
+            column(batch.num_computed_tokens, chunks),
+            _page_table([batch.page_tables[i] for i in chunks]),
+            torch.get_num_threads(),
+        )
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, layer: int, prepared: object) -> torch.Tensor:
         layout = cast(CpuPagedLayout, prepared)
         out = torch.empty_like(q)
         c = cache.config
-        pages = (cache.k_data[layer].view(-1, c.num_kv_heads, c.head_dim),
-                 cache.v_data[layer].view(-1, c.num_kv_heads, c.head_dim), cache.page_size)
+        pages = (
+            cache.k_data[layer].view(-1, c.num_kv_heads, c.head_dim),
+            cache.v_data[layer].view(-1, c.num_kv_heads, c.head_dim),
+            cache.page_size,
+        )
         scales = cache.tensor_scales
         scale = (1.0, 1.0) if scales is None else (scales[0][layer], scales[1][layer])
         # channel scales and per-token shifts are not the kernels': refused before they read a byte
         ok = not cache.fmt.shifted
         if ok and layout.chunk_lens.numel():
-            ok = cpu_kernels.prefill_attention(q, out, *pages, scale, layout.chunk_starts, layout.chunk_lens,
-                                             layout.chunk_computed, layout.chunk_table, layout.threads)
+            ok = cpu_kernels.prefill_attention(
+                q,
+                out,
+                *pages,
+                scale,
+                layout.chunk_starts,
+                layout.chunk_lens,
+                layout.chunk_computed,
+                layout.chunk_table,
+                layout.threads,
+            )
         if ok and layout.rows.numel():
-            ok = cpu_kernels.decode_attention(q, out, *pages, scale, layout.rows, layout.page_table, layout.lens,
-                                            layout.threads)
+            ok = cpu_kernels.decode_attention(
+                q, out, *pages, scale, layout.rows, layout.page_table, layout.lens, layout.threads
+            )
         if not ok:
-            raise ValueError(f"CpuPagedAttention cannot read this cache ({cache.fmt} on {cache.device}, "
-                             f"{cache.compute_dtype}): build it where `cpu_attention.applies`")
+            raise ValueError(
+                f"CpuPagedAttention cannot read this cache ({cache.fmt} on {cache.device}, "
+                f"{cache.compute_dtype}): build it where `cpu_attention.applies`"
+            )
         return out

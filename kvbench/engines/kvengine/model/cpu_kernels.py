@@ -123,14 +123,16 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _check_shapes(scale: torch.Tensor, shift: torch.Tensor | None, shift_rows: int, heads: int, dim: int,
-                  *values: torch.Tensor) -> None:
+def _check_shapes(
+    scale: torch.Tensor, shift: torch.Tensor | None, shift_rows: int, heads: int, dim: int, *values: torch.Tensor
+) -> None:
     """The kernel trusts its pointers: a shape that does not match would read or write past a tensor."""
     channel = scale.dim() > 0
     if tuple(scale.shape) not in ((), (heads, dim)):
         raise ValueError(f"scale has shape {tuple(scale.shape)}: () or ({heads}, {dim})")
-    if channel != (shift is not None) or (shift is not None and (
-            shift.dtype != torch.bfloat16 or tuple(shift.shape) != (shift_rows, heads))):
+    if channel != (shift is not None) or (
+        shift is not None and (shift.dtype != torch.bfloat16 or tuple(shift.shape) != (shift_rows, heads))
+    ):
         raise ValueError("a channel scale needs a bf16 shift [rows, heads], a tensor scale none")
     for v in values:
         if tuple(v.shape[1:]) != (heads, dim):
@@ -157,9 +159,14 @@ def decode(
     None when the kernel does not apply (not built, not CPU, not contiguous, not fp32 out): use torch's path.
     `lib`: a build of the kernel (`load`) to use instead of `library()`."""
     lib = lib or library()
-    if (lib is None or rows.dtype not in FORMAT_CODES or (out is not None and out.dtype != torch.float32)
-            or (slots is not None and slots.dtype != torch.int64) or scale.dtype != torch.float32
-            or not _usable(rows, slots, scale, shift, out)):
+    if (
+        lib is None
+        or rows.dtype not in FORMAT_CODES
+        or (out is not None and out.dtype != torch.float32)
+        or (slots is not None and slots.dtype != torch.int64)
+        or scale.dtype != torch.float32
+        or not _usable(rows, slots, scale, shift, out)
+    ):
         return None
     num_rows, heads, dim = rows.shape
     n = num_rows if slots is None else slots.shape[0]
@@ -168,8 +175,19 @@ def decode(
     if out.shape[0] != n:
         raise ValueError(f"out has {out.shape[0]} rows for {n} slots")
     _check_shapes(scale, shift, num_rows, heads, dim, out)
-    bad = lib.kv_decode(FORMAT_CODES[rows.dtype], rows.data_ptr(), num_rows, _ptr(slots), n, heads, dim,
-                        scale.data_ptr(), int(scale.dim() > 0), _ptr(shift), out.data_ptr())
+    bad = lib.kv_decode(
+        FORMAT_CODES[rows.dtype],
+        rows.data_ptr(),
+        num_rows,
+        _ptr(slots),
+        n,
+        heads,
+        dim,
+        scale.data_ptr(),
+        int(scale.dim() > 0),
+        _ptr(shift),
+        out.data_ptr(),
+    )
     _check(bad, slots, n, num_rows)
     return out
 
@@ -189,10 +207,15 @@ def encode(
     writes it into `shift` bf16 [n, H]; tensor mode takes neither. False when the kernel does not apply (then
     nothing is written). `lib` as in `decode`."""
     lib = lib or library()
-    if (lib is None or rows.dtype not in FORMAT_CODES or x.dtype != torch.float32 or scale.dtype != torch.float32
-            or (slots is not None and slots.dtype != torch.int64)
-            or (weight is not None and weight.dtype != torch.float32)
-            or not _usable(x, scale, weight, shift, rows, slots)):
+    if (
+        lib is None
+        or rows.dtype not in FORMAT_CODES
+        or x.dtype != torch.float32
+        or scale.dtype != torch.float32
+        or (slots is not None and slots.dtype != torch.int64)
+        or (weight is not None and weight.dtype != torch.float32)
+        or not _usable(x, scale, weight, shift, rows, slots)
+    ):
         return False
     n, heads, dim = x.shape
     num_rows = rows.shape[0]
@@ -201,8 +224,20 @@ def encode(
     _check_shapes(scale, shift, n, heads, dim, rows)
     if (weight is None) != (shift is None) or (weight is not None and tuple(weight.shape) != (heads, dim)):
         raise ValueError(f"a channel scale needs the shift weights [{heads}, {dim}], a tensor scale none")
-    bad = lib.kv_encode(FORMAT_CODES[rows.dtype], x.data_ptr(), _ptr(slots), n, heads, dim, scale.data_ptr(),
-                        int(scale.dim() > 0), _ptr(weight), _ptr(shift), rows.data_ptr(), num_rows)
+    bad = lib.kv_encode(
+        FORMAT_CODES[rows.dtype],
+        x.data_ptr(),
+        _ptr(slots),
+        n,
+        heads,
+        dim,
+        scale.data_ptr(),
+        int(scale.dim() > 0),
+        _ptr(weight),
+        _ptr(shift),
+        rows.data_ptr(),
+        num_rows,
+    )
     _check(bad, slots, n, num_rows)
     return True
 
@@ -210,26 +245,55 @@ def encode(
 ATTENTION_FORMATS = {torch.float32: -1, **FORMAT_CODES}  # page storage dtypes `decode_attention` reads
 
 
-def _attention_applies(lib: ctypes.CDLL | None, q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor,
-                       v_rows: torch.Tensor, index_tensors: tuple[torch.Tensor, ...]) -> bool:
+def _attention_applies(
+    lib: ctypes.CDLL | None,
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    index_tensors: tuple[torch.Tensor, ...],
+) -> bool:
     """Whether an attention kernel takes these: built, fp32 queries and outputs over pages it reads, int64 indices,
     all contiguous on the CPU."""
-    return (lib is not None and k_rows.dtype in ATTENTION_FORMATS and v_rows.dtype == k_rows.dtype
-            and q.dtype == torch.float32 and out.dtype == torch.float32
-            and all(t.dtype == torch.int64 for t in index_tensors) and _usable(q, out, k_rows, v_rows, *index_tensors))
+    return (
+        lib is not None
+        and k_rows.dtype in ATTENTION_FORMATS
+        and v_rows.dtype == k_rows.dtype
+        and q.dtype == torch.float32
+        and out.dtype == torch.float32
+        and all(t.dtype == torch.int64 for t in index_tensors)
+        and _usable(q, out, k_rows, v_rows, *index_tensors)
+    )
 
 
-def _pages_match(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
-                 page_size: int) -> bool:
+def _pages_match(
+    q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, page_size: int
+) -> bool:
     """Whether q / out [*, Hq, D] and the pages k_rows / v_rows [pages * page_size, Hkv, D] fit one another."""
     num_rows, heads, dim = k_rows.shape
-    return (tuple(v_rows.shape) == tuple(k_rows.shape) and num_rows % page_size == 0 and q.dim() == 3
-            and q.shape[2] == dim and q.shape[1] % heads == 0 and out.shape == q.shape)
+    return (
+        tuple(v_rows.shape) == tuple(k_rows.shape)
+        and num_rows % page_size == 0
+        and q.dim() == 3
+        and q.shape[2] == dim
+        and q.shape[1] % heads == 0
+        and out.shape == q.shape
+    )
 
 
-def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, page_size: int,
-                     scales: tuple[float, float], rows: torch.Tensor, page_table: torch.Tensor, lens: torch.Tensor,
-                     threads: int, lib: ctypes.CDLL | None = None) -> bool:
+def decode_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    page_size: int,
+    scales: tuple[float, float],
+    rows: torch.Tensor,
+    page_table: torch.Tensor,
+    lens: torch.Tensor,
+    threads: int,
+    lib: ctypes.CDLL | None = None,
+) -> bool:
     """One query per sequence over its pages, in the kernel (`kv_decode_attention`): sequence s's query heads
     `q[rows[s]] [Hq, D]` attend keys 0..lens[s]-1 of its pages `page_table[s]` in `k_rows` / `v_rows`
     `[pages * page_size, Hkv, D]` (fp32, or fp8 with the tensor `scales` (k, v)); the result goes to
@@ -241,28 +305,59 @@ def decode_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v
         return False
     num_rows, heads, dim = k_rows.shape
     n, q_heads = len(rows), q.shape[1]
-    if (not _pages_match(q, out, k_rows, v_rows, page_size) or page_table.shape[0] != n or lens.shape != (n,)):
-        raise ValueError(f"decode_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
-                         f"of {page_size} rows, page table {tuple(page_table.shape)}, lens {tuple(lens.shape)} "
-                         f"for {n} rows do not match")
+    if not _pages_match(q, out, k_rows, v_rows, page_size) or page_table.shape[0] != n or lens.shape != (n,):
+        raise ValueError(
+            f"decode_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
+            f"of {page_size} rows, page table {tuple(page_table.shape)}, lens {tuple(lens.shape)} "
+            f"for {n} rows do not match"
+        )
     if n and (int(rows.min()) < 0 or int(rows.max()) >= q.shape[0]):
         raise IndexError(f"decode_attention: a row of {rows.tolist()} is outside q's {q.shape[0]} rows")
     bad = lib.kv_decode_attention(
-        ATTENTION_FORMATS[k_rows.dtype], k_rows.data_ptr(), v_rows.data_ptr(), num_rows // page_size, page_size,
-        heads, dim, scales[0], scales[1], q.data_ptr(), rows.data_ptr(), q_heads, n, page_table.data_ptr(),
-        page_table.shape[1], lens.data_ptr(), dim**-0.5, out.data_ptr(), threads)
+        ATTENTION_FORMATS[k_rows.dtype],
+        k_rows.data_ptr(),
+        v_rows.data_ptr(),
+        num_rows // page_size,
+        page_size,
+        heads,
+        dim,
+        scales[0],
+        scales[1],
+        q.data_ptr(),
+        rows.data_ptr(),
+        q_heads,
+        n,
+        page_table.data_ptr(),
+        page_table.shape[1],
+        lens.data_ptr(),
+        dim**-0.5,
+        out.data_ptr(),
+        threads,
+    )
     if bad < 0:
         raise MemoryError("decode_attention: the kernel could not allocate its buffers")
     if bad:
-        raise IndexError(f"decode_attention: sequence {bad - 1}'s length {int(lens[bad - 1])} or one of its pages "
-                         f"is outside the {num_rows // page_size} pages of {page_size}")
+        raise IndexError(
+            f"decode_attention: sequence {bad - 1}'s length {int(lens[bad - 1])} or one of its pages "
+            f"is outside the {num_rows // page_size} pages of {page_size}"
+        )
     return True
 
 
-def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
-                      page_size: int, scales: tuple[float, float], q_starts: torch.Tensor, q_lens: torch.Tensor,
-                      computed: torch.Tensor, page_table: torch.Tensor, threads: int,
-                      lib: ctypes.CDLL | None = None) -> bool:
+def prefill_attention(
+    q: torch.Tensor,
+    out: torch.Tensor,
+    k_rows: torch.Tensor,
+    v_rows: torch.Tensor,
+    page_size: int,
+    scales: tuple[float, float],
+    q_starts: torch.Tensor,
+    q_lens: torch.Tensor,
+    computed: torch.Tensor,
+    page_table: torch.Tensor,
+    threads: int,
+    lib: ctypes.CDLL | None = None,
+) -> bool:
     """Chunks of queries over their pages, in the kernel (`kv_prefill_attention`): chunk s's rows
     `q[q_starts[s] : q_starts[s] + q_lens[s]] [*, Hq, D]`, query i at position computed[s] + i, attend keys
     0..computed[s] + i of its pages `page_table[s]` in `k_rows` / `v_rows` (as in `decode_attention`); the result
@@ -274,40 +369,75 @@ def prefill_attention(q: torch.Tensor, out: torch.Tensor, k_rows: torch.Tensor, 
         return False
     num_rows, heads, dim = k_rows.shape
     n, q_heads = len(q_lens), q.shape[1]
-    if (not _pages_match(q, out, k_rows, v_rows, page_size) or page_table.shape[0] != n
-            or q_starts.shape != (n,) or computed.shape != (n,)):
-        raise ValueError(f"prefill_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
-                         f"of {page_size} rows, page table {tuple(page_table.shape)}, starts {tuple(q_starts.shape)}, "
-                         f"lens {tuple(q_lens.shape)}, computed {tuple(computed.shape)} do not match")
+    if (
+        not _pages_match(q, out, k_rows, v_rows, page_size)
+        or page_table.shape[0] != n
+        or q_starts.shape != (n,)
+        or computed.shape != (n,)
+    ):
+        raise ValueError(
+            f"prefill_attention: q {tuple(q.shape)}, out {tuple(out.shape)}, pages {tuple(k_rows.shape)} "
+            f"of {page_size} rows, page table {tuple(page_table.shape)}, starts {tuple(q_starts.shape)}, "
+            f"lens {tuple(q_lens.shape)}, computed {tuple(computed.shape)} do not match"
+        )
     bad = lib.kv_prefill_attention(
-        ATTENTION_FORMATS[k_rows.dtype], k_rows.data_ptr(), v_rows.data_ptr(), num_rows // page_size, page_size,
-        heads, dim, scales[0], scales[1], q.data_ptr(), q.shape[0], q_heads, n, q_starts.data_ptr(),
-        q_lens.data_ptr(), computed.data_ptr(), page_table.data_ptr(), page_table.shape[1], dim**-0.5,
-        out.data_ptr(), threads)
+        ATTENTION_FORMATS[k_rows.dtype],
+        k_rows.data_ptr(),
+        v_rows.data_ptr(),
+        num_rows // page_size,
+        page_size,
+        heads,
+        dim,
+        scales[0],
+        scales[1],
+        q.data_ptr(),
+        q.shape[0],
+        q_heads,
+        n,
+        q_starts.data_ptr(),
+        q_lens.data_ptr(),
+        computed.data_ptr(),
+        page_table.data_ptr(),
+        page_table.shape[1],
+        dim**-0.5,
+        out.data_ptr(),
+        threads,
+    )
     if bad < 0:
         raise MemoryError("prefill_attention: the kernel could not allocate its buffers")
     if bad:
         s = bad - 1
-        raise IndexError(f"prefill_attention: chunk {s} (rows {int(q_starts[s])}.. of {int(q_lens[s])} queries after "
-                         f"{int(computed[s])} keys) or one of its pages is outside q's {q.shape[0]} rows or the "
-                         f"{num_rows // page_size} pages of {page_size}")
+        raise IndexError(
+            f"prefill_attention: chunk {s} (rows {int(q_starts[s])}.. of {int(q_lens[s])} queries after "
+            f"{int(computed[s])} keys) or one of its pages is outside q's {q.shape[0]} rows or the "
+            f"{num_rows // page_size} pages of {page_size}"
+        )
     return True
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int,
-                lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+def linear_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int, lib: ctypes.CDLL | None = None
+) -> torch.Tensor | None:
     """`x [m, k] @ weight[n, k].T (+ bias [n])` in the kernel (`linear_rows`: the weights streamed once, for the few
     rows of a decode step), fp32, contiguous, k a multiple of 8. None when the kernel does not apply (not built,
     no AVX2+FMA in this build, another dtype or layout): use torch's. `lib` as in `decode`."""
     lib = lib or library()
-    if (lib is None or x.dtype != torch.float32 or weight.dtype != torch.float32 or x.dim() != 2
-            or (bias is not None and bias.dtype != torch.float32) or not _usable(x, weight, bias)):
+    if (
+        lib is None
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or x.dim() != 2
+        or (bias is not None and bias.dtype != torch.float32)
+        or not _usable(x, weight, bias)
+    ):
         return None
     m, k = x.shape
     n = weight.shape[0]
     if tuple(weight.shape) != (n, k) or (bias is not None and tuple(bias.shape) != (n,)):
-        raise ValueError(f"linear_rows: x {tuple(x.shape)}, weight {tuple(weight.shape)}, bias "
-                         f"{None if bias is None else tuple(bias.shape)} do not match")
+        raise ValueError(
+            f"linear_rows: x {tuple(x.shape)}, weight {tuple(weight.shape)}, bias "
+            f"{None if bias is None else tuple(bias.shape)} do not match"
+        )
     out = torch.empty(m, n, dtype=torch.float32)
     if lib.linear_rows(x.data_ptr(), m, k, weight.data_ptr(), n, _ptr(bias), out.data_ptr(), threads):
         return None
@@ -321,16 +451,24 @@ def has_linear_rows() -> bool:
     return lib is not None and linear_rows(torch.zeros(1, 8), torch.zeros(4, 8), None, 1, lib) is not None
 
 
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int,
-         lib: ctypes.CDLL | None = None) -> torch.Tensor | None:
+def rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, threads: int, lib: ctypes.CDLL | None = None
+) -> torch.Tensor | None:
     """Rotary embedding of `x [n, heads, D]` (each row's heads contiguous, rows any stride: a slice of the fused
     QKV output) with `cos` / `sin [n, D]`, halves layout, into a new contiguous [n, heads, D]: bit-equal to
     `llama.apply_rope`'s torch operations. None when the kernel does not apply (not built, not fp32 on a CPU,
     another layout, an odd D): use torch's. `lib` as in `decode`."""
     lib = lib or library()
-    if (lib is None or x.dim() != 3 or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (x, cos, sin))
-            or x.stride(2) != 1 or x.stride(1) != x.shape[2] or not _usable(cos, sin)
-            or tuple(cos.shape) != (x.shape[0], x.shape[2]) or cos.shape != sin.shape):
+    if (
+        lib is None
+        or x.dim() != 3
+        or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in (x, cos, sin))
+        or x.stride(2) != 1
+        or x.stride(1) != x.shape[2]
+        or not _usable(cos, sin)
+        or tuple(cos.shape) != (x.shape[0], x.shape[2])
+        or cos.shape != sin.shape
+    ):
         return None
     n, heads, dim = x.shape
     out = torch.empty(n, heads, dim, dtype=torch.float32)
@@ -344,8 +482,13 @@ def silu_mul(gate_up: torch.Tensor, threads: int, lib: ctypes.CDLL | None = None
     [n, width], in one pass: within fp32 rounding of torch's (another e^x). None when the kernel does not apply
     (not built, not fp32 on a CPU, not contiguous, an odd width): use torch's. `lib` as in `decode`."""
     lib = lib or library()
-    if (lib is None or gate_up.dim() != 2 or gate_up.dtype != torch.float32 or not _usable(gate_up)
-            or gate_up.shape[1] % 2):
+    if (
+        lib is None
+        or gate_up.dim() != 2
+        or gate_up.dtype != torch.float32
+        or not _usable(gate_up)
+        or gate_up.shape[1] % 2
+    ):
         return None
     n, width = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(n, width, dtype=torch.float32)

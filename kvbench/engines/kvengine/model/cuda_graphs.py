@@ -87,8 +87,12 @@ class DecodeGraphs:
 
     def fits(self, batch: ForwardBatch) -> bool:
         """A decode step: one new token per sequence, last-token logits only, within the buckets."""
-        return (not batch.all_logits and all(n == 1 for n in batch.query_lens)
-                and batch.num_seqs <= self.max_batch and max(map(len, batch.page_tables)) <= self.max_pages)
+        return (
+            not batch.all_logits
+            and all(n == 1 for n in batch.query_lens)
+            and batch.num_seqs <= self.max_batch
+            and max(map(len, batch.page_tables)) <= self.max_pages
+        )
 
     def __call__(self, batch: ForwardBatch, cache: PagedKVCache) -> torch.Tensor:
         if cache is not self.cache or not self.fits(batch):
@@ -125,9 +129,15 @@ class DecodeGraphs:
             return torch.zeros(shape, dtype=torch.int64, device=dev)
 
         batch = ForwardBatch(
-            input_ids=zeros(size), positions=zeros(size), slot_mapping=zeros(size),
-            query_starts=tuple(range(size)), query_lens=(1,) * size, num_computed_tokens=(0,) * size,
-            page_tables=((NULL_PAGE,),) * size, page_size=self.cache.page_size, all_logits=False,
+            input_ids=zeros(size),
+            positions=zeros(size),
+            slot_mapping=zeros(size),
+            query_starts=tuple(range(size)),
+            query_lens=(1,) * size,
+            num_computed_tokens=(0,) * size,
+            page_tables=((NULL_PAGE,),) * size,
+            page_size=self.cache.page_size,
+            all_logits=False,
             logit_rows=torch.arange(size, device=dev),
         )
         layout = GraphLayout(zeros(size, width), torch.ones(size, dtype=torch.int64, device=dev))

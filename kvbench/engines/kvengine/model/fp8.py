@@ -37,8 +37,11 @@ from kvbench.engines.kvengine.model import cpu_kernels
 
 # The torch dtype of every KV dtype name (the names and their sizes are `core.kv_format`'s).
 TORCH_DTYPES: Mapping[KVDtype, torch.dtype] = {
-    KVDtype.FP32: torch.float32, KVDtype.BF16: torch.bfloat16, KVDtype.FP16: torch.float16,
-    KVDtype.FP8_E5M2: torch.float8_e5m2, KVDtype.FP8_E4M3: torch.float8_e4m3fn,
+    KVDtype.FP32: torch.float32,
+    KVDtype.BF16: torch.bfloat16,
+    KVDtype.FP16: torch.float16,
+    KVDtype.FP8_E5M2: torch.float8_e5m2,
+    KVDtype.FP8_E4M3: torch.float8_e4m3fn,
 }
 SHIFT_DTYPE = torch.bfloat16  # range of fp32 (K/V outliers can pass fp16's 65504); rounding cancels anyway
 DEFAULT_MARGIN = 2.0  # headroom over the calibrated amax for values the calibration pass did not see
@@ -59,7 +62,8 @@ def fp8_max(dtype: torch.dtype) -> float:
 # exponent). e4m3fn ("fn": finite, NaN only) has no inf and one NaN pattern per sign (S.1111.111); e5m2 is the
 # top byte of an IEEE fp16.
 _FP8_BITS: Mapping[torch.dtype, tuple[int, int, int, bool]] = {
-    torch.float8_e4m3fn: (4, 3, 7, False), torch.float8_e5m2: (5, 2, 15, True),
+    torch.float8_e4m3fn: (4, 3, 7, False),
+    torch.float8_e5m2: (5, 2, 15, True),
 }
 
 
@@ -116,8 +120,15 @@ def lut_decode(codes: torch.Tensor, table: torch.Tensor, out: torch.Tensor | Non
     if out is None:
         out = torch.empty(codes.shape, dtype=table.dtype, device=table.device)
     n = codes.numel()
-    if (n >= PAIR_DECODE_MIN and n % 2 == 0 and codes.is_contiguous() and out.is_contiguous()
-            and table.element_size() in _PAIR_VIEWS and sys.byteorder == "little" and codes.device.type == "cpu"):
+    if (
+        n >= PAIR_DECODE_MIN
+        and n % 2 == 0
+        and codes.is_contiguous()
+        and out.is_contiguous()
+        and table.element_size() in _PAIR_VIEWS
+        and sys.byteorder == "little"
+        and codes.device.type == "cpu"
+    ):
         index = codes.view(-1).view(torch.int16).to(torch.int32).bitwise_and_(0xFFFF)
         pairs = _pair_table(table)
         torch.index_select(pairs, 0, index, out=out.view(-1).view(pairs.dtype))
@@ -167,8 +178,9 @@ def rope_pair_amax(amax: torch.Tensor) -> torch.Tensor:
     return torch.cat((pair, pair), dim=-1)
 
 
-def calibrate_scale(fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARGIN,
-                    rope_pairs: bool = False) -> torch.Tensor:
+def calibrate_scale(
+    fmt: KVFormat, x: torch.Tensor, margin: float = DEFAULT_MARGIN, rope_pairs: bool = False
+) -> torch.Tensor:
     """Static scale for one layer's K (or V) from calibration values `x [T, H, D]`.
 
     tensor: amax over everything. channel: amax per (head, channel) of the shifted residual; the shift needs
@@ -204,14 +216,23 @@ def encode(
     payload = torch.empty(x.shape, dtype=dtype, device=x.device) if out is None else out[0]
     shift = None
     if fmt.shifted:
-        shift = out[1] if out is not None and out[1] is not None else torch.empty(
-            x.shape[:-1], dtype=SHIFT_DTYPE, device=x.device)
+        shift = (
+            out[1]
+            if out is not None and out[1] is not None
+            else torch.empty(x.shape[:-1], dtype=SHIFT_DTYPE, device=x.device)
+        )
     _encode_into(fmt, x, scale, payload, None, shift)
     return payload, shift
 
 
-def _encode_into(fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor, rows: torch.Tensor,
-                 slots: torch.Tensor | None, shift: torch.Tensor | None) -> None:
+def _encode_into(
+    fmt: KVFormat,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    rows: torch.Tensor,
+    slots: torch.Tensor | None,
+    shift: torch.Tensor | None,
+) -> None:
     """Quantize `x [n, H, D]` into rows[slots] (into `rows`, of x's shape, when slots is None) and (channel
     mode) its shifts into `shift [n, H]`: one C pass on CPU (`cpu_kernels`), else torch."""
     weight = shift_weights(scale) if fmt.shifted else None
@@ -271,8 +292,9 @@ def decode(
     if out_dtype == torch.float32 and payload.is_contiguous() and (out is None or out.is_contiguous()):
         heads, dim = payload.shape[-2:]
         flat_shift = None if shift is None else shift.reshape(-1, heads)
-        fast = cpu_kernels.decode(payload.view(-1, heads, dim), None, scale, flat_shift,
-                                None if out is None else out.view(-1, heads, dim))
+        fast = cpu_kernels.decode(
+            payload.view(-1, heads, dim), None, scale, flat_shift, None if out is None else out.view(-1, heads, dim)
+        )
         if fast is not None:
             return fast.view(payload.shape) if out is None else out
     table = decode_table(payload.dtype, payload.device)

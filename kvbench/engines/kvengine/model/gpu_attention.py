@@ -88,13 +88,13 @@ class TritonPagedAttention:
         out = torch.empty_like(q)
         VarlenAttention.attend(q, cache, layer, layout.rest, out)
         if layout.rows.numel():
-            out[layout.rows] = paged_decode(q[layout.rows].contiguous(), cache, layer, layout.page_table,
-                                            layout.lens)
+            out[layout.rows] = paged_decode(q[layout.rows].contiguous(), cache, layer, layout.page_table, layout.lens)
         return out
 
 
-def paged_decode(q: torch.Tensor, cache: PagedKVCache, layer: int, page_table: torch.Tensor,
-                 lens: torch.Tensor) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor, cache: PagedKVCache, layer: int, page_table: torch.Tensor, lens: torch.Tensor
+) -> torch.Tensor:
     """One query per row `q [B, Hq, D]` over its pages -> [B, Hq, D], with the Triton kernel."""
     from kvbench.engines.kvengine.model import triton_kernels
 
@@ -114,12 +114,28 @@ def paged_decode(q: torch.Tensor, cache: PagedKVCache, layer: int, page_table: t
     shift_k = cache.k_shift[layer] if mode == 2 else dummy
     shift_v = cache.v_shift[layer] if mode == 2 else dummy
     triton_kernels.paged_decode_kernel[(B, hkv)](
-        q, out, k_data, v_data,
-        tables[0] if tables else dummy, tables[1] if tables else dummy,
-        scale_k, scale_v, shift_k, shift_v,
-        page_table, lens, d**-0.5, page_table.stride(0),
-        H=hkv, HQ=hq, D=d, G=hq // hkv, GP=triton_kernels.next_power_of_2(hq // hkv),
-        PAGE=cache.page_size, MODE=mode, WIDTH=page_table.shape[1],
+        q,
+        out,
+        k_data,
+        v_data,
+        tables[0] if tables else dummy,
+        tables[1] if tables else dummy,
+        scale_k,
+        scale_v,
+        shift_k,
+        shift_v,
+        page_table,
+        lens,
+        d**-0.5,
+        page_table.stride(0),
+        H=hkv,
+        HQ=hq,
+        D=d,
+        G=hq // hkv,
+        GP=triton_kernels.next_power_of_2(hq // hkv),
+        PAGE=cache.page_size,
+        MODE=mode,
+        WIDTH=page_table.shape[1],
     )
     return out
 
@@ -152,8 +168,18 @@ class FlashInferAttention:
         indices = layout.page_table[width[None, :] < pages[:, None]].to(torch.int32)
         last = (lens - (pages - 1) * ps).to(torch.int32)
         c = cache.config
-        self._wrapper.plan(indptr, indices, last, c.num_heads, c.num_kv_heads, c.head_dim, ps,
-                           pos_encoding_mode="NONE", q_data_type=q.dtype, kv_data_type=cache.k_data.dtype)
+        self._wrapper.plan(
+            indptr,
+            indices,
+            last,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            ps,
+            pos_encoding_mode="NONE",
+            q_data_type=q.dtype,
+            kv_data_type=cache.k_data.dtype,
+        )
         self._planned = True
 
     def __call__(self, q: torch.Tensor, cache: PagedKVCache, layer: int, prepared: object) -> torch.Tensor:
@@ -174,4 +200,3 @@ class FlashInferAttention:
 def describe(backend: AttentionBackend) -> str:
     """The backend's name for tables and logs."""
     return type(backend).__name__
-

@@ -159,8 +159,14 @@ class PagedKVCache:
             (self.k_data, self.k_shift, self.scales.k[layer], k),
             (self.v_data, self.v_shift, self.scales.v[layer], v),
         ):
-            fp8.store(self.fmt, x, scale, data[layer].view(-1, H, D), slots,
-                      None if shift is None else shift[layer].view(-1, H))
+            fp8.store(
+                self.fmt,
+                x,
+                scale,
+                data[layer].view(-1, H, D),
+                slots,
+                None if shift is None else shift[layer].view(-1, H),
+            )
 
     def gather(
         self, layer: int, slots: torch.Tensor, out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -176,10 +182,12 @@ class PagedKVCache:
         H, D = self.config.num_kv_heads, self.config.head_dim
         c_decode = self.fmt.quantized and self.compute_dtype == torch.float32
         result = []
-        for i, (data, shift, scale) in enumerate((
-            (self.k_data, self.k_shift, self.scales.k[layer]),
-            (self.v_data, self.v_shift, self.scales.v[layer]),
-        )):
+        for i, (data, shift, scale) in enumerate(
+            (
+                (self.k_data, self.k_shift, self.scales.k[layer]),
+                (self.v_data, self.v_shift, self.scales.v[layer]),
+            )
+        ):
             dst = None if out is None else out[i][:n]
             rows = data[layer].view(-1, H, D)
             shift_rows = None if shift is None else shift[layer].view(-1, H)

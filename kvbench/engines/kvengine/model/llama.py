@@ -115,8 +115,9 @@ class MLP(nn.Module):
         return self.down_proj(silu_and_mul(F.linear(x, self.gate_up_weight)))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None,
-           threads: int = 0) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None, threads: int = 0
+) -> torch.Tensor:
     """x @ weight.T + bias: in our row kernel with `threads` threads where given (`row_kernel_rows`), else through
     `packed` (the same weight prepacked by oneDNN, see `prepack`) where given, else F.linear."""
     if threads:
@@ -130,8 +131,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
 
 def can_prepack(device: torch.device | str, dtype: torch.dtype) -> bool:
     """Whether oneDNN-prepacked linear weights are available: fp32 on a CPU whose torch has oneDNN."""
-    return (torch.device(device).type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    return (
+        torch.device(device).type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
 
 
 def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -174,8 +179,9 @@ class LlamaForCausalLM(nn.Module):
     `config` is the model's; `self.config` is what this rank computes (`parallel.local_config(config)`, the
     same with one rank), which is the geometry its KV cache takes."""
 
-    def __init__(self, config: ModelConfig, attention: AttentionBackend | None = None,
-                 parallel: TensorParallel = SINGLE) -> None:
+    def __init__(
+        self, config: ModelConfig, attention: AttentionBackend | None = None, parallel: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         self.full_config = config
         self.parallel = parallel
@@ -204,9 +210,15 @@ class LlamaForCausalLM(nn.Module):
         if not can_prepack(weight.device, weight.dtype):
             return 0
         pack = torch.ops.mkldnn._reorder_linear_weight
-        layers = tuple((pack(layer.self_attn.qkv_weight, rows_hint), pack(layer.self_attn.o_proj.weight, rows_hint),
-                        pack(layer.mlp.gate_up_weight, rows_hint), pack(layer.mlp.down_proj.weight, rows_hint))
-                       for layer in self.model.layers)
+        layers = tuple(
+            (
+                pack(layer.self_attn.qkv_weight, rows_hint),
+                pack(layer.self_attn.o_proj.weight, rows_hint),
+                pack(layer.mlp.gate_up_weight, rows_hint),
+                pack(layer.mlp.down_proj.weight, rows_hint),
+            )
+            for layer in self.model.layers
+        )
         self.prepacked = layers + ((pack(weight, rows_hint),),)
         self.prepacked_min_rows = prepacked_min_rows()
         return prepacked_bytes(self)
@@ -325,6 +337,5 @@ def prepacked_bytes(model: LlamaForCausalLM) -> int:
     this rank), in the weights' dtype (fp32 on the CPU where it applies). Counted by the memory budget."""
     c, head = model.config, model.lm_head.weight
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    per_layer = sum(t.numel() for t in (attn.qkv_weight, attn.o_proj.weight, mlp.gate_up_weight,
-                                        mlp.down_proj.weight))
+    per_layer = sum(t.numel() for t in (attn.qkv_weight, attn.o_proj.weight, mlp.gate_up_weight, mlp.down_proj.weight))
     return (c.num_layers * per_layer + head.numel()) * head.element_size()

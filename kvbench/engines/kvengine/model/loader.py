@@ -36,7 +36,9 @@ class LoadedModel:
 
 
 def load_model(
-    source: str = "default", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    source: str = "default",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
     parallel: TensorParallel = SINGLE,
 ) -> LoadedModel:
     """Load a Llama-family model from 'default', a .gguf file or a safetensors folder (see `weights.py`); with

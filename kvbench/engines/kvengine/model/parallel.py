@@ -108,17 +108,21 @@ class TensorParallel:
         if config.num_heads % n:
             raise ValueError(f"{SETTING} {n} must divide the model's {config.num_heads} attention heads")
         if config.num_kv_heads % n and n % config.num_kv_heads:
-            raise ValueError(f"{SETTING} {n} must divide the model's {config.num_kv_heads} KV heads or be a "
-                             "multiple of them")
+            raise ValueError(
+                f"{SETTING} {n} must divide the model's {config.num_kv_heads} KV heads or be a multiple of them"
+            )
         if config.intermediate_size % n:
             raise ValueError(f"{SETTING} {n} must divide the model's MLP size {config.intermediate_size}")
 
     def local_config(self, config: ModelConfig) -> ModelConfig:
         """The geometry this rank computes: its query and KV heads, its part of the MLP, the full vocabulary."""
         self.check(config)
-        return dataclasses.replace(config, num_heads=config.num_heads // self.size,
-                                   num_kv_heads=max(config.num_kv_heads // self.size, 1),
-                                   intermediate_size=config.intermediate_size // self.size)
+        return dataclasses.replace(
+            config,
+            num_heads=config.num_heads // self.size,
+            num_kv_heads=max(config.num_kv_heads // self.size, 1),
+            intermediate_size=config.intermediate_size // self.size,
+        )
 
     def vocab_rows(self, config: ModelConfig) -> int:
         """Rows of this rank's embedding and LM head: ceil(vocab / size), equal on every rank."""

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import math
 
 import torch
 
@@ -56,9 +55,7 @@ def sample(
     loops over seeded requests the same way); unseeded rows share one draw from torch's default generator.
     """
     if not (len(params) == len(generators) == logits.shape[0]):
-        raise ValueError(
-            f"logits has {logits.shape[0]} rows but {len(params)} params and {len(generators)} generators"
-        )
+        raise ValueError(f"logits has {logits.shape[0]} rows but {len(params)} params and {len(generators)} generators")
     logits = logits.float()
     out = logits.argmax(-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]

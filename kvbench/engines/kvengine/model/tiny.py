@@ -48,8 +48,11 @@ def tiny_model(
             else:
                 p.copy_(0.2 * torch.randn(p.shape, generator=gen))
     if parallel.size > 1:
-        state = {name: t for name, t in model.state_dict().items() if name != "lm_head.weight" or
-                 not config.tie_word_embeddings}
+        state = {
+            name: t
+            for name, t in model.state_dict().items()
+            if name != "lm_head.weight" or not config.tie_word_embeddings
+        }
         model = LlamaForCausalLM(config, parallel=parallel)
         model.load_hf_state_dict(parallel.shard_state_dict(state, config))
     return model.to(device=device, dtype=dtype).eval()

@@ -10,10 +10,28 @@ next_power_of_2 = triton.next_power_of_2
 
 @triton.jit
 def paged_decode_kernel(
-    q_ptr, out_ptr, k_ptr, v_ptr, lut_k_ptr, lut_v_ptr, scale_k_ptr, scale_v_ptr, shift_k_ptr, shift_v_ptr,
-    table_ptr, lens_ptr, sm_scale, stride_table,
-    H: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    PAGE: tl.constexpr, MODE: tl.constexpr, WIDTH: tl.constexpr,
+    q_ptr,
+    out_ptr,
+    k_ptr,
+    v_ptr,
+    lut_k_ptr,
+    lut_v_ptr,
+    scale_k_ptr,
+    scale_v_ptr,
+    shift_k_ptr,
+    shift_v_ptr,
+    table_ptr,
+    lens_ptr,
+    sm_scale,
+    stride_table,
+    H: tl.constexpr,
+    HQ: tl.constexpr,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    GP: tl.constexpr,
+    PAGE: tl.constexpr,
+    MODE: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
     """One program per (sequence, kv head): its G query heads over the sequence's pages, online softmax.
 

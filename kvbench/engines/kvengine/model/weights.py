@@ -95,8 +95,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     state = model.state_dict()
     if model.config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # safetensors refuses shared storage; the loader re-ties
-    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, str(out_dir / "model.safetensors"), metadata={"format": "pt"}
+    )
     # the dequantized copy is plain fp32: drop the marker that makes transformers expect GGUF tensors
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -105,8 +106,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def load_state_dict(folder: Path, device: torch.device | str = "cpu", parallel: TensorParallel = SINGLE,
-                    config: ModelConfig | None = None) -> dict[str, torch.Tensor]:
+def load_state_dict(
+    folder: Path,
+    device: torch.device | str = "cpu",
+    parallel: TensorParallel = SINGLE,
+    config: ModelConfig | None = None,
+) -> dict[str, torch.Tensor]:
     """Every tensor of every `*.safetensors` file in `folder`, by Hugging Face name; with several ranks only
     this rank's slice of each sharded weight is read (`TensorParallel.cut`; `config` is the model's)."""
     files = sorted(Path(folder).glob("*.safetensors"))

@@ -20,14 +20,18 @@ import numpy as np
 from kvbench.engines.kvengine.core.plans import PROBE_CHUNKS, ProbeShape, probe_shape
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.runtime.engine import Engine, StepTiming
-from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget, measure_prefill_budget
 from kvbench.engines.kvengine.runtime.model_runner import Ranks
+from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget, measure_prefill_budget
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 
 
-def build_engine(config: EngineConfig, loaded: LoadedModel | None = None,
-                 clock: Callable[[], float] = time.monotonic, ranks: Ranks = Ranks()) -> Engine:
+def build_engine(
+    config: EngineConfig,
+    loaded: LoadedModel | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    ranks: Ranks = Ranks(),
+) -> Engine:
     """`Engine(config, ...)`, its prefill budget timed and set when the config says `auto`."""
     engine = Engine(config, loaded, clock, ranks)
     if engine.config.max_prefill_beside_decodes == AUTO:
@@ -43,8 +47,9 @@ def probe_prefill_budget(engine: Engine) -> PrefillBudget:
     shape = probe_shape(before.max_step_tokens, engine.pool.capacity * engine.pool.page_size)
     rng = np.random.default_rng(0)
     try:
-        budget = measure_prefill_budget(lambda chunk: _probe_round(engine, rng, shape, chunk), shape,
-                                        engine.config.decode_stall_factor)
+        budget = measure_prefill_budget(
+            lambda chunk: _probe_round(engine, rng, shape, chunk), shape, engine.config.decode_stall_factor
+        )
     finally:
         engine.scheduler.config = before
     engine.use_prefill_budget(budget)
@@ -55,16 +60,14 @@ def _probe_round(engine: Engine, rng: np.random.Generator, shape: ProbeShape, ch
     """One decode beside PROBE_CHUNKS prefill chunks of `chunk` tokens, then alone: the median seconds of a
     pure decode step and of a mixed one."""
     # nothing the probe computes is cached (nor written to a lower or shared tier)
-    engine.scheduler.config = replace(engine.scheduler.config, max_prefill_beside_decodes=chunk,
-                                      prefix_caching=False)
+    engine.scheduler.config = replace(engine.scheduler.config, max_prefill_beside_decodes=chunk, prefix_caching=False)
     vocab = engine.loaded.config.vocab_size
 
     def prompt(n: int) -> tuple[int, ...]:
         return tuple(int(t) for t in rng.integers(0, vocab, n))
 
     # its tokens: one from its prefill, one beside each chunk, then PROBE_CHUNKS alone
-    engine.add(GenerationRequest("budget-probe-decode", prompt(shape.context), 2 * PROBE_CHUNKS + 1,
-                                 ignore_eos=True))
+    engine.add(GenerationRequest("budget-probe-decode", prompt(shape.context), 2 * PROBE_CHUNKS + 1, ignore_eos=True))
     engine.step()  # its prefill, in one step (at most the step budget)
     engine.add(GenerationRequest("budget-probe-prefill", prompt(PROBE_CHUNKS * chunk), 1, ignore_eos=True))
     steps = steps_until_idle(engine)

@@ -27,13 +27,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig, IsolationMode
 from kvbench.engines.kvengine.core.events import CacheEvent, EventLog, PageJournal
-from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import TenantId, shared_tokens_of
+from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import (
     FinishedRequest,
@@ -43,20 +43,32 @@ from kvbench.engines.kvengine.core.scheduler import (
     Scheduler,
     SchedulerConfig,
 )
+from kvbench.engines.kvengine.core.tenants import TenantLedger
 from kvbench.engines.kvengine.model.batch import SequenceChunk
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
-from kvbench.engines.kvengine.core.tenants import TenantLedger
 from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY_RANDOM: evals import it here
-    TINY_RANDOM, TORCH_COMPUTE_DTYPES, DeviceOp, DropSwap, Forward, ForwardResult, Ranks, SwapIn, SwapOut, build_runner,
-    chunks_of, is_device_error, load_rank_model, model_config_of, model_digest, rank_device,
+    TINY_RANDOM,
+    TORCH_COMPUTE_DTYPES,
+    DeviceOp,
+    DropSwap,
+    Forward,
+    ForwardResult,
+    Ranks,
+    SwapIn,
+    SwapOut,
+    build_runner,
+    chunks_of,
+    is_device_error,
+    load_rank_model,
+    model_config_of,
+    model_digest,
+    rank_device,
 )
 from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
 from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget
-from kvbench.engines.kvengine.runtime.shared_prefixes import declared_prefixes
-from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
 from kvbench.engines.kvengine.runtime.requests import (
     GenerationRequest,
     LiveRequest,
@@ -64,6 +76,9 @@ from kvbench.engines.kvengine.runtime.requests import (
     StepOutput,
     TokenLogprob,
 )
+from kvbench.engines.kvengine.runtime.shared_prefixes import declared_prefixes
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig, IsolationMode
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig, load_tenants
 from kvbench.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -82,7 +97,10 @@ class Engine:
     """A model, its paged KV cache and the core's scheduler. Not thread-safe: one caller at a time."""
 
     def __init__(
-        self, config: EngineConfig, loaded: LoadedModel | None = None, clock: Callable[[], float] = time.monotonic,
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        clock: Callable[[], float] = time.monotonic,
         ranks: Ranks = Ranks(),
     ) -> None:
         self.device = rank_device(config.device, ranks.parallel.rank)
@@ -115,15 +133,17 @@ class Engine:
             SchedulerConfig(
                 max_num_seqs=config.max_num_seqs,
                 max_step_tokens=config.max_step_tokens,
-                max_prefill_beside_decodes=None if config.max_prefill_beside_decodes == AUTO
+                max_prefill_beside_decodes=None
+                if config.max_prefill_beside_decodes == AUTO
                 else config.max_prefill_beside_decodes,
                 strict_isolation=config.isolation == IsolationMode.STRICT,
                 prefix_caching=config.prefix_caching,
             ),
             ledger=self._ledger(),
         )
-        self.offload = executor_for(config, self.kv_cache, self.scheduler, self.tenants, journal, self.events,
-                                    self.key_salt)
+        self.offload = executor_for(
+            config, self.kv_cache, self.scheduler, self.tenants, journal, self.events, self.key_salt
+        )
         self.limits = RequestLimits(self.max_model_len, config.page_size, self.pool.capacity, model_config.vocab_size)
         shared_prefix = config.isolation == IsolationMode.SHARED_PREFIX
         self._shared_prefixes = declared_prefixes(self.tenants, self.loaded) if shared_prefix else ()
@@ -354,8 +374,9 @@ class Engine:
         if by_tier is None:
             by_tier = {DEVICE_TIER: finished.num_cached_tokens} if finished.num_cached_tokens else {}
         tenant = request.request.tenant if request is not None else "default"
-        self.metrics.finished(finished.finish_reason, finished.prompt_tokens, finished.num_cached_tokens,
-                              tenant, by_tier)
+        self.metrics.finished(
+            finished.finish_reason, finished.prompt_tokens, finished.num_cached_tokens, tenant, by_tier
+        )
         return StepOutput(
             request_id=finished.request_id,
             token_id=None,

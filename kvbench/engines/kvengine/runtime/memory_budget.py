@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.llama import LlamaForCausalLM, can_prepack, prepacked_bytes
 from kvbench.engines.kvengine.model.parallel import TensorParallel
 from kvbench.engines.kvengine.runtime.model_runner import TORCH_COMPUTE_DTYPES, capacity_pages
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.settings import SettingsError
 
 GB = 1e9
@@ -75,9 +75,11 @@ class MemoryBudget:
 
     def describe(self) -> str:
         share = f"{self.ranks_per_memory} ranks x " if self.ranks_per_memory > 1 else ""
-        return (f"{share}(weights {self.weights / GB:.2f} GB + KV {self.kv / GB:.2f} GB for {self.kv_tokens:,} "
-                f"tokens + activations {self.activations / GB:.2f} GB) = {self.needed / GB:.2f} GB of "
-                f"memory_utilization {self.utilization:g} x {self.free / GB:.2f} GB free = {self.limit / GB:.2f} GB")
+        return (
+            f"{share}(weights {self.weights / GB:.2f} GB + KV {self.kv / GB:.2f} GB for {self.kv_tokens:,} "
+            f"tokens + activations {self.activations / GB:.2f} GB) = {self.needed / GB:.2f} GB of "
+            f"memory_utilization {self.utilization:g} x {self.free / GB:.2f} GB free = {self.limit / GB:.2f} GB"
+        )
 
 
 def activation_bytes(local: ModelConfig, vocab_rows: int, config: EngineConfig, context: int, dtype_bytes: int) -> int:
@@ -106,8 +108,7 @@ def plan_memory(model_config: ModelConfig, config: EngineConfig, free_bytes: int
     weights = sum(p.numel() for p in model.parameters()) * dtype.itemsize  # a tied LM head counts once
     if config.prepacked_weights and can_prepack(config.device, dtype):
         weights += prepacked_bytes(model)  # oneDNN's copies of the linear weights (LlamaForCausalLM.prepack)
-    per_token = PagedKVCache(local, 1, config.page_size, config.kv_format, "meta",
-                             compute_dtype=dtype).bytes_per_token
+    per_token = PagedKVCache(local, 1, config.page_size, config.kv_format, "meta", compute_dtype=dtype).bytes_per_token
     context = config.max_model_len or model_config.max_position_embeddings
     activations = activation_bytes(local, parallel.vocab_rows(model_config), config, context, dtype.itemsize)
     ranks_per_memory = config.tensor_parallel_size if not config.device.startswith("cuda") else 1
@@ -117,8 +118,16 @@ def plan_memory(model_config: ModelConfig, config: EngineConfig, free_bytes: int
         pages = max(room // page_bytes, 1)  # the null page included
     else:
         pages = capacity_pages(config, per_token)
-    return MemoryBudget(weights, pages * page_bytes, activations, (pages - 1) * config.page_size, per_token,
-                        ranks_per_memory, free_bytes, config.memory_utilization)
+    return MemoryBudget(
+        weights,
+        pages * page_bytes,
+        activations,
+        (pages - 1) * config.page_size,
+        per_token,
+        ranks_per_memory,
+        free_bytes,
+        config.memory_utilization,
+    )
 
 
 def fit_memory(model_config: ModelConfig, config: EngineConfig, free_bytes: int) -> tuple[EngineConfig, MemoryBudget]:
@@ -134,14 +143,18 @@ def fit_memory(model_config: ModelConfig, config: EngineConfig, free_bytes: int)
         return resolved, budget
     without_kv = budget.ranks_per_memory * (budget.weights + budget.activations)
     if without_kv + budget.ranks_per_memory * 2 * config.page_size * budget.kv_bytes_per_token > budget.limit:
-        fix = (f"weights and activations alone leave no room for KV: raise tensor_parallel_size (now "
-               f"{config.tensor_parallel_size}) or memory_utilization, or lower max_num_seqs (now "
-               f"{config.max_num_seqs}), max_step_tokens or max_model_len")
+        fix = (
+            f"weights and activations alone leave no room for KV: raise tensor_parallel_size (now "
+            f"{config.tensor_parallel_size}) or memory_utilization, or lower max_num_seqs (now "
+            f"{config.max_num_seqs}), max_step_tokens or max_model_len"
+        )
     else:
         room = budget.limit // budget.ranks_per_memory - budget.weights - budget.activations
         most = (room // (config.page_size * budget.kv_bytes_per_token) - 1) * config.page_size
-        fix = (f"lower kv_capacity to at most {most:,} tokens (or kv_capacity: auto), or raise "
-               f"tensor_parallel_size (now {config.tensor_parallel_size})")
+        fix = (
+            f"lower kv_capacity to at most {most:,} tokens (or kv_capacity: auto), or raise "
+            f"tensor_parallel_size (now {config.tensor_parallel_size})"
+        )
     raise SettingsError(f"memory budget on {config.device}: {budget.describe()}; {fix}")
 
 

@@ -38,50 +38,81 @@ class EngineMetrics:
         self.model_name = model_name
         self.quotas = dict(quotas or {})
         r = self.registry
-        self.requests = Counter("kvbench:requests", "Finished requests by reason", labels + ["finish_reason"], registry=r)
+        self.requests = Counter(
+            "kvbench:requests", "Finished requests by reason", labels + ["finish_reason"], registry=r
+        )
         self.prompt_tokens = Counter("kvbench:prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
         self.cached_tokens = Counter(
             "kvbench:prompt_tokens_cached", "Prompt tokens served from the prefix cache", labels, registry=r
         )
         self.generation_tokens = Counter("kvbench:generation_tokens", "Generated tokens", labels, registry=r)
         self.cache_events = Counter(
-            "kvbench:kv_cache_events", "Prefix cache events in pages (stored, hit, evicted, moved)",
-            labels + ["event", "tier"], registry=r,
+            "kvbench:kv_cache_events",
+            "Prefix cache events in pages (stored, hit, evicted, moved)",
+            labels + ["event", "tier"],
+            registry=r,
         )
         self.pages_used = Gauge("kvbench:kv_pages_used", "Device KV pages in use (held or cached)", labels, registry=r)
         self.pages_total = Gauge("kvbench:kv_pages_capacity", "Usable device KV pages", labels, registry=r)
         self.bytes_per_token = Gauge("kvbench:kv_bytes_per_token", "KV bytes per cached token", labels, registry=r)
-        self.capacity_tokens = Gauge("kvbench:kv_capacity_tokens", "Device KV tier size in tokens, per device",
-                                     labels, registry=r)
-        self.capacity_bytes = Gauge("kvbench:kv_capacity_bytes", "Device KV tier size in bytes, per device",
-                                    labels, registry=r)
-        self.prefill_budget = Gauge("kvbench:prefill_beside_decodes_tokens", "Prefill tokens a step computes "
-                                    "beside running decodes (max_prefill_beside_decodes, resolved)", labels,
-                                    registry=r)
+        self.capacity_tokens = Gauge(
+            "kvbench:kv_capacity_tokens", "Device KV tier size in tokens, per device", labels, registry=r
+        )
+        self.capacity_bytes = Gauge(
+            "kvbench:kv_capacity_bytes", "Device KV tier size in bytes, per device", labels, registry=r
+        )
+        self.prefill_budget = Gauge(
+            "kvbench:prefill_beside_decodes_tokens",
+            "Prefill tokens a step computes beside running decodes (max_prefill_beside_decodes, resolved)",
+            labels,
+            registry=r,
+        )
         self.running = Gauge("kvbench:num_requests_running", "Requests being computed", labels, registry=r)
         self.waiting = Gauge("kvbench:num_requests_waiting", "Requests waiting for admission", labels, registry=r)
         tenant = labels + ["tenant"]
-        self.tenant_prompt = Counter("kvbench:tenant_prompt_tokens", "Prompt tokens of finished requests, per tenant",
-                                     tenant, registry=r)
-        self.tenant_cached = Counter("kvbench:tenant_cached_tokens", "Cached prompt tokens per tenant by source tier",
-                                     tenant + ["tier"], registry=r)
-        self.tenant_evictions = Counter("kvbench:tenant_kv_evictions", "Pages that left a tier, per tenant",
-                                        tenant + ["tier"], registry=r)
-        self.tenant_moves = Counter("kvbench:tenant_kv_moves", "Pages that entered a tier from another, per tenant",
-                                    tenant + ["tier"], registry=r)
-        self.tenant_pages = Gauge("kvbench:tenant_kv_pages", "Pages held per tenant and tier", tenant + ["tier"],
-                                  registry=r)
+        self.tenant_prompt = Counter(
+            "kvbench:tenant_prompt_tokens", "Prompt tokens of finished requests, per tenant", tenant, registry=r
+        )
+        self.tenant_cached = Counter(
+            "kvbench:tenant_cached_tokens",
+            "Cached prompt tokens per tenant by source tier",
+            tenant + ["tier"],
+            registry=r,
+        )
+        self.tenant_evictions = Counter(
+            "kvbench:tenant_kv_evictions", "Pages that left a tier, per tenant", tenant + ["tier"], registry=r
+        )
+        self.tenant_moves = Counter(
+            "kvbench:tenant_kv_moves",
+            "Pages that entered a tier from another, per tenant",
+            tenant + ["tier"],
+            registry=r,
+        )
+        self.tenant_pages = Gauge(
+            "kvbench:tenant_kv_pages", "Pages held per tenant and tier", tenant + ["tier"], registry=r
+        )
         self.quota_pages = Gauge("kvbench:tenant_kv_quota_pages", "Device page quota per tenant", tenant, registry=r)
-        self.quota_usage = Gauge("kvbench:tenant_kv_quota_usage_ratio", "Device pages held / quota, per tenant",
-                                 tenant, registry=r)
-        self.tier_failures_total = Counter("kvbench:kv_tier_failures", "Tier operations skipped or pages rejected",
-                                           labels + ["tier", "reason"], registry=r)
+        self.quota_usage = Gauge(
+            "kvbench:tenant_kv_quota_usage_ratio", "Device pages held / quota, per tenant", tenant, registry=r
+        )
+        self.tier_failures_total = Counter(
+            "kvbench:kv_tier_failures",
+            "Tier operations skipped or pages rejected",
+            labels + ["tier", "reason"],
+            registry=r,
+        )
         for name, quota in self.quotas.items():
             self.quota_pages.labels(model_name, name).set(quota)
             self.quota_usage.labels(model_name, name).set(0)
 
-    def finished(self, reason: str, prompt_tokens: int, cached_tokens: int, tenant: str = "default",
-                 cached_by_tier: Mapping[str, int] | None = None) -> None:
+    def finished(
+        self,
+        reason: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        tenant: str = "default",
+        cached_by_tier: Mapping[str, int] | None = None,
+    ) -> None:
         name = self.model_name
         self.requests.labels(name, reason).inc()
         self.prompt_tokens.labels(name).inc(prompt_tokens)

@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvbench.engines.kvengine.settings.config import COMPUTE_DTYPES, EngineConfig
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales, calibration_token_ids
+from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.gpu_attention import attention_for
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
-from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.loader import LoadedModel, load_model
 from kvbench.engines.kvengine.model.parallel import SINGLE, TensorParallel
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG
 from kvbench.engines.kvengine.model.weights import resolve_source
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import COMPUTE_DTYPES, EngineConfig
 
 TINY_RANDOM = "tiny-random"  # a seeded random-weight model with a byte tokenizer, for fast end-to-end tests
 TORCH_COMPUTE_DTYPES = {name: getattr(torch, name) for name in COMPUTE_DTYPES}
@@ -160,8 +160,7 @@ def build_runner(config: EngineConfig, loaded: LoadedModel, dtype: torch.dtype, 
     probe = PagedKVCache(model_config, 1, config.page_size, fmt, "meta", compute_dtype=dtype)
     num_pages = capacity_pages(config, probe.bytes_per_token)
     scales = calibrate_kv_scales(loaded.model, calibration_token_ids(loaded.tokenizer), fmt)
-    kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, device, scales=scales,
-                            compute_dtype=dtype)
+    kv_cache = PagedKVCache(model_config, num_pages, config.page_size, fmt, device, scales=scales, compute_dtype=dtype)
     # Paged attention for this device and format: a kernel on CUDA where one is installed (model/gpu_attention.py).
     loaded.model.attention = attention_for(device, fmt, dtype)
     if config.prepacked_weights:

@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.content_keys import PageKey
 from kvbench.engines.kvengine.core.events import EventKind, EventLog, PageChange, PageJournal, PageRecord
@@ -55,8 +54,9 @@ from kvbench.engines.kvengine.core.tiers import (
     TierTTL,
 )
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
-from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
+from kvbench.engines.kvengine.settings.config import EngineConfig
+from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 
 REMOTE_TIER = "remote"
 log = logging.getLogger(__name__)
@@ -138,8 +138,11 @@ class OffloadExecutor:
         sources = [self.policy.tier_of(k).name.lower() for k in plan.keys]
         if not plan.keys and self.remote is None:
             return Admission(request, (DEVICE_TIER,) * start)
-        host_rows = {k: self.host.get_tensor(k) for k in plan.keys if self.host is not None and
-                     self.policy.tier_of(k) == Tier.HOST}
+        host_rows = {
+            k: self.host.get_tensor(k)
+            for k in plan.keys
+            if self.host is not None and self.policy.tier_of(k) == Tier.HOST
+        }
         rows = self._workers.submit(self._stage1, keys, sources, host_rows)
         self._restores.append(_Restore(request, keys, start, sources, rows))
         return None
@@ -156,7 +159,7 @@ class OffloadExecutor:
             if row is None:
                 return rows
             rows.append(row)
-        rest = keys[len(sources):]
+        rest = keys[len(sources) :]
         if self.remote is not None and rest:
             for payload in self.remote.get_many(list(rest)):
                 if payload is None:
@@ -186,14 +189,21 @@ class OffloadExecutor:
 
         def write(first: int, pages: Sequence[PageId]) -> None:
             self.sync_pages(now)  # pages evicted to make room: copied down before they are overwritten
-            data = torch.stack(rows[first - job.start:])
+            data = torch.stack(rows[first - job.start :])
             if self.kv_cache.device.type == "cuda":  # pinned: the copy up runs without blocking the step thread
                 data = data.pin_memory()
             self.kv_cache.write_pages(list(pages), data)
 
         end = (job.start + num_read) * self.index.page_size
-        adoption = adopt_pages(self.scheduler, self.scheduler.placement(request), request.prompt[:end],
-                               request.tenant, now, first_page=job.start, fill=write)
+        adoption = adopt_pages(
+            self.scheduler,
+            self.scheduler.placement(request),
+            request.prompt[:end],
+            request.tenant,
+            now,
+            first_page=job.start,
+            fill=write,
+        )
         tiers = (DEVICE_TIER,) * adoption.matched_pages
         if adoption.no_room:
             return Admission(request, tiers)
@@ -231,8 +241,12 @@ class OffloadExecutor:
         Returns once the pages' bytes are gathered (their ids may be reused right after); the writes into the
         tiers run on the demotion worker (`end_step` records them)."""
         records = self.journal.take_pages()
-        dropped = [(r, t) for r in records if r.change == PageChange.DROPPED
-                   and (t := self.policy.tier_for_evicted(r.tenant, r.last_access, now)) is not None]
+        dropped = [
+            (r, t)
+            for r in records
+            if r.change == PageChange.DROPPED
+            and (t := self.policy.tier_for_evicted(r.tenant, r.last_access, now)) is not None
+        ]
         stored = [r for r in records if r.change == PageChange.STORED] if self.remote is not None else []
         if not dropped and not stored:
             return
@@ -261,14 +275,17 @@ class OffloadExecutor:
             done.record(stream)
         return host, done.synchronize
 
-    def _put_down(self, dropped: list[tuple[PageRecord, Tier]], data: torch.Tensor,
-                  ready: Callable[[], None]) -> list[tuple[PageRecord, Tier, bool]]:
+    def _put_down(
+        self, dropped: list[tuple[PageRecord, Tier]], data: torch.Tensor, ready: Callable[[], None]
+    ) -> list[tuple[PageRecord, Tier, bool]]:
         """Demotion worker: write each dropped page into its tier."""
         ready()
         out = []
         for i, (record, tier) in enumerate(dropped):
             store, row = self._store(tier), data[i]
-            ok = store.put_tensor(record.key, row) if tier == Tier.HOST else store.put(record.key, row.numpy().tobytes())
+            ok = (
+                store.put_tensor(record.key, row) if tier == Tier.HOST else store.put(record.key, row.numpy().tobytes())
+            )
             out.append((record, tier, ok))
         return out
 
@@ -336,8 +353,15 @@ class OffloadExecutor:
         self._demoter.shutdown(wait=True)
 
 
-def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Scheduler, tenants: TenantsConfig,
-                 journal: PageJournal, events: EventLog, key_salt: str) -> OffloadExecutor:
+def executor_for(
+    config: EngineConfig,
+    kv_cache: PagedKVCache,
+    scheduler: Scheduler,
+    tenants: TenantsConfig,
+    journal: PageJournal,
+    events: EventLog,
+    key_salt: str,
+) -> OffloadExecutor:
     """The executor of an engine's settings: the lower tiers they name, in whole pages, with their TTLs."""
     ps = config.page_size
     capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
@@ -345,20 +369,33 @@ def executor_for(config: EngineConfig, kv_cache: PagedKVCache, scheduler: Schedu
     secret = (config.tier_secret or "").encode()
     if config.host_capacity >= ps:
         capacities[Tier.HOST] = config.host_capacity // ps
-        host = HostStore(capacities[Tier.HOST], kv_cache.page_bytes,
-                         pin=torch.cuda.is_available() and kv_cache.device.type == "cuda")
+        host = HostStore(
+            capacities[Tier.HOST], kv_cache.page_bytes, pin=torch.cuda.is_available() and kv_cache.device.type == "cuda"
+        )
     if config.disk_capacity >= ps:
         capacities[Tier.DISK] = config.disk_capacity // ps
         disk = DiskStore(Path(config.disk_dir), kv_cache.layout_fingerprint, secret)
     if config.remote_url:
         remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint, secret)
         if not secret:
-            log.warning("the remote KV tier has no tier secret (--tier-secret-file or $KVENGINE_TIER_SECRET): "
-                        "anyone who can write to that Redis can forge pages that this engine would serve")
+            log.warning(
+                "the remote KV tier has no tier secret (--tier-secret-file or $KVENGINE_TIER_SECRET): "
+                "anyone who can write to that Redis can forge pages that this engine would serve"
+            )
     default_ttl = TierTTL(config.device_ttl_s, config.host_ttl_s)
     policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls()), events=events)
-    return OffloadExecutor(kv_cache, scheduler, policy, journal, events, key_salt, host, disk, remote,
-                           maintenance_interval_s=config.tier_interval_s)
+    return OffloadExecutor(
+        kv_cache,
+        scheduler,
+        policy,
+        journal,
+        events,
+        key_salt,
+        host,
+        disk,
+        remote,
+        maintenance_interval_s=config.tier_interval_s,
+    )
 
 
 def _row(payload: bytes) -> torch.Tensor:

@@ -25,12 +25,15 @@ class PrefillBudget:
 
     def describe(self) -> str:
         timed = ", ".join(f"{n} tokens {seconds * 1e3:.1f} ms" for n, seconds in self.step_s)
-        return (f"{self.tokens} prefill tokens beside running decodes (decode_stall_factor {self.factor:g}; "
-                f"a decode step with prefill beside it: {timed})")
+        return (
+            f"{self.tokens} prefill tokens beside running decodes (decode_stall_factor {self.factor:g}; "
+            f"a decode step with prefill beside it: {timed})"
+        )
 
 
-def measure_prefill_budget(time_round: Callable[[int], tuple[float, float]], shape: ProbeShape,
-                           factor: float) -> PrefillBudget:
+def measure_prefill_budget(
+    time_round: Callable[[int], tuple[float, float]], shape: ProbeShape, factor: float
+) -> PrefillBudget:
     """The budget the rule gives for `shape` and `factor`, timing `time_round(chunk)` (the median seconds of a
     pure decode step and of a decode step beside a prefill chunk of `chunk` tokens) at each size it asks for."""
     timed: dict[int, float] = {}

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.engines.kvengine.runtime.engine import Engine, StepTiming
 from kvbench.engines.kvengine.runtime.budget_probe import steps_until_idle
+from kvbench.engines.kvengine.runtime.engine import Engine, StepTiming
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 
 
@@ -30,16 +30,25 @@ class ProbeCase:
 
 
 DEFAULT_CASES: tuple[ProbeCase, ...] = (
-    ProbeCase(64), ProbeCase(128), ProbeCase(256), ProbeCase(512), ProbeCase(1024), ProbeCase(2048),
-    ProbeCase(128, batch=1, max_tokens=16), ProbeCase(128, batch=4, max_tokens=16),
-    ProbeCase(128, batch=8, max_tokens=16), ProbeCase(512, batch=1, max_tokens=16),
-    ProbeCase(512, batch=8, max_tokens=16), ProbeCase(1024, batch=4, max_tokens=16),
+    ProbeCase(64),
+    ProbeCase(128),
+    ProbeCase(256),
+    ProbeCase(512),
+    ProbeCase(1024),
+    ProbeCase(2048),
+    ProbeCase(128, batch=1, max_tokens=16),
+    ProbeCase(128, batch=4, max_tokens=16),
+    ProbeCase(128, batch=8, max_tokens=16),
+    ProbeCase(512, batch=1, max_tokens=16),
+    ProbeCase(512, batch=8, max_tokens=16),
+    ProbeCase(1024, batch=4, max_tokens=16),
     ProbeCase(2048, batch=2, max_tokens=16),
 )
 
 
-def probe_steps(engine: Engine, cases: Sequence[ProbeCase] = DEFAULT_CASES, seed: int = 0,
-                warmup: bool = True) -> list[StepTiming]:
+def probe_steps(
+    engine: Engine, cases: Sequence[ProbeCase] = DEFAULT_CASES, seed: int = 0, warmup: bool = True
+) -> list[StepTiming]:
     """Run `cases` one after another on an idle `engine`; returns the timing of every model step.
 
     The engine's prefix cache is emptied before each case so that nothing is reused. With `warmup`, the first
@@ -84,6 +93,8 @@ def read_step_log(path: Path) -> list[StepTiming]:
             data = json.loads(line)
             steps.append(StepTiming(tuple((int(a), int(b)) for a, b in data["work"]), float(data["seconds"])))
         except (ValueError, KeyError, TypeError):
-            raise ValueError(f"{path}:{number}: not a step line ({line[:60]!r}); expected "
-                             '{"work": [[start, end], ...], "seconds": s}') from None
+            raise ValueError(
+                f"{path}:{number}: not a step line ({line[:60]!r}); expected "
+                '{"work": [[start, end], ...], "seconds": s}'
+            ) from None
     return steps

@@ -229,8 +229,9 @@ class RedisStore:
     def __post_init__(self) -> None:
         import redis
 
-        self._client = redis.Redis.from_url(self.url, socket_timeout=self.timeout_s,
-                                            socket_connect_timeout=self.timeout_s)
+        self._client = redis.Redis.from_url(
+            self.url, socket_timeout=self.timeout_s, socket_connect_timeout=self.timeout_s
+        )
 
     def _call(self, fn, *args, **kwargs) -> tuple[bool, object]:
         """(reached Redis, its answer); a failure is counted, never raised."""
@@ -267,9 +268,11 @@ class RedisStore:
 
     def clear(self) -> None:
         """Delete every page under this store's prefix (a cache reset; other engines lose them too)."""
+
         def delete_all():
             for batch in _batches(self._client.scan_iter(match=self.prefix + "*", count=1000), 1000):
                 self._client.delete(*batch)
+
         self._call(delete_all)
 
 

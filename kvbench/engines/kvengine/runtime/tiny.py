@@ -32,20 +32,28 @@ def byte_tokenizer():
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core)
-    tokenizer.add_special_tokens({"eos_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.add_special_tokens(
+        {"eos_token": "<|endoftext|>", "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}
+    )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's byte -> printable character map, which the ByteLevel pre-tokenizer and decoder assume."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     extra = iter(range(256, 512))
     return {byte: chr(byte if byte in printable else next(extra)) for byte in range(256)}
 
 
-def tiny_loaded_model(seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                      parallel: TensorParallel = SINGLE) -> LoadedModel:
+def tiny_loaded_model(
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    parallel: TensorParallel = SINGLE,
+) -> LoadedModel:
     """The tiny model on `device` in `dtype` (this rank's shard of it with several ranks)."""
     return LoadedModel(
         model=tiny_model(seed, device=device, dtype=dtype, parallel=parallel),

@@ -40,8 +40,9 @@ def admitted_json(raw: bytes) -> bytes:
         try:
             raw = raw.decode(encoding).encode("utf-8")
         except UnicodeError:
-            raise RequestError(f"the body is not valid {encoding} text (JSON must be UTF-8, UTF-16 or UTF-32); "
-                               "send UTF-8") from None
+            raise RequestError(
+                f"the body is not valid {encoding} text (JSON must be UTF-8, UTF-16 or UTF-32); send UTF-8"
+            ) from None
     check_json_shape(raw)
     return raw
 
@@ -58,11 +59,15 @@ def check_json_shape(raw: bytes, depth_limit: int = MAX_JSON_DEPTH, count_limit:
     opens = opening[brackets]
     depth = int(np.cumsum(np.where(opens, 1, -1)).max(initial=0))
     if depth > depth_limit:
-        raise RequestError(f"the body nests JSON {depth} levels deep; at most {depth_limit} are accepted (a request "
-                           "needs a handful): flatten it")
+        raise RequestError(
+            f"the body nests JSON {depth} levels deep; at most {depth_limit} are accepted (a request "
+            "needs a handful): flatten it"
+        )
     if int(opens.sum()) > count_limit:
-        raise RequestError(f"the body holds {int(opens.sum())} JSON objects and arrays; at most {count_limit} are "
-                           f"accepted (a chat holds at most {MAX_MESSAGES} messages): send less")
+        raise RequestError(
+            f"the body holds {int(opens.sum())} JSON objects and arrays; at most {count_limit} are "
+            f"accepted (a chat holds at most {MAX_MESSAGES} messages): send less"
+        )
 
 
 def _outside_strings(data: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -89,9 +94,11 @@ class TemplateCost:
     @classmethod
     def measure(cls, tokenizer) -> TemplateCost:
         """Rendered once at start: one user message, then user-assistant-user, all empty."""
+
         def chars(roles: list[str]) -> int:
-            text = tokenizer.apply_chat_template([{"role": r, "content": ""} for r in roles], tokenize=False,
-                                                 add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [{"role": r, "content": ""} for r in roles], tokenize=False, add_generation_prompt=True
+            )
             return len(text) - sum(map(len, roles))
 
         try:
@@ -113,18 +120,27 @@ def check_messages(body: Mapping, template: TemplateCost, max_chars: int) -> int
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: give a non-empty list of {role, content} objects", "messages")
     if len(messages) > MAX_MESSAGES:
-        raise RequestError(f"messages: {len(messages)} messages; at most {MAX_MESSAGES} per request (as the OpenAI "
-                           "API): send fewer", "messages")
+        raise RequestError(
+            f"messages: {len(messages)} messages; at most {MAX_MESSAGES} per request (as the OpenAI API): send fewer",
+            "messages",
+        )
     for index, message in enumerate(messages):
-        if not (isinstance(message, Mapping) and isinstance(message.get("content"), str)
-                and isinstance(message.get("role"), str)):
-            raise RequestError(f"messages[{index}]: each message needs a string 'role' and a string 'content'",
-                               "messages")
+        if not (
+            isinstance(message, Mapping)
+            and isinstance(message.get("content"), str)
+            and isinstance(message.get("role"), str)
+        ):
+            raise RequestError(
+                f"messages[{index}]: each message needs a string 'role' and a string 'content'", "messages"
+            )
     bound = template.bound(messages)
     if bound > max_chars:
-        raise RequestError(f"messages: the chat template makes about {bound} characters of {len(messages)} "
-                           f"messages, more than the model's context can hold ({max_chars} characters are "
-                           "tokenised at most); shorten it", "messages")
+        raise RequestError(
+            f"messages: the chat template makes about {bound} characters of {len(messages)} "
+            f"messages, more than the model's context can hold ({max_chars} characters are "
+            "tokenised at most); shorten it",
+            "messages",
+        )
     return bound
 
 

@@ -52,8 +52,10 @@ class Answer:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens,
-                                      "cached_tokens_by_tier": dict(self.cached_by_tier or {})},
+            "prompt_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "cached_tokens_by_tier": dict(self.cached_by_tier or {}),
+            },
         }
 
     def _decode(self, token_id: int) -> str:
@@ -108,16 +110,34 @@ class Answer:
             )
         if self.parsed.return_token_ids:
             choice["token_ids"] = new_ids
-        return {"id": self.id, "object": self._object(True), "created": self.created, "model": self.model, "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": self._object(True),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def final_chunk(self) -> dict:
         choice: dict = {"index": 0, "finish_reason": self.finish_reason}
         choice["delta" if self.chat else "text"] = {} if self.chat else ""
-        return {"id": self.id, "object": self._object(True), "created": self.created, "model": self.model, "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": self._object(True),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def usage_chunk(self) -> dict:
-        return {"id": self.id, "object": self._object(True), "created": self.created, "model": self.model,
-                "choices": [], "usage": self.usage()}
+        return {
+            "id": self.id,
+            "object": self._object(True),
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage(),
+        }
 
     def body(self) -> dict:
         choice: dict = {"index": 0, "finish_reason": self.finish_reason}
@@ -129,13 +149,20 @@ class Answer:
             choice["text"] = prompt_text + self.text.text
             choice["logprobs"] = (
                 self.completion_logprobs(self.logprobs, with_prompt=self.parsed.echo)
-                if self.parsed.logprobs is not None else None
+                if self.parsed.logprobs is not None
+                else None
             )
         if self.parsed.return_token_ids:
             choice["token_ids"] = self.token_ids
             choice["prompt_token_ids"] = list(self.parsed.generation.prompt_ids)
-        return {"id": self.id, "object": self._object(False), "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.usage()}
+        return {
+            "id": self.id,
+            "object": self._object(False),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage(),
+        }
 
     def _object(self, streaming: bool) -> str:
         if self.chat:

@@ -42,8 +42,6 @@ from aiohttp import web
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import StepOutput
-from kvbench.engines.kvengine.settings.config import ServeOptions
-from kvbench.settings import shown
 from kvbench.engines.kvengine.server.admission import TemplateCost, admitted_json, check_messages, check_prompt
 from kvbench.engines.kvengine.server.answer import Answer
 from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
@@ -57,6 +55,8 @@ from kvbench.engines.kvengine.server.protocol import (
 )
 from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
 from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes, chars_per_token
+from kvbench.engines.kvengine.settings.config import ServeOptions
+from kvbench.settings import shown
 
 SHAPE_INLINE_BYTES = 1 << 16  # bodies up to this size have their JSON shape checked on the event loop
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
@@ -94,16 +94,25 @@ TEMPLATE = web.AppKey("template", TemplateCost)
 STALL_TIMEOUT_S = web.AppKey("stall_timeout_s", float)
 
 
-def make_app(async_engine: AsyncEngine, api_key: str | None = None, admin_key: str | None = None,
-             metrics_open: bool = False, lane_limits: LaneLimits = LaneLimits(),
-             stall_timeout_s: float = ServeOptions.stall_timeout_s) -> web.Application:
+def make_app(
+    async_engine: AsyncEngine,
+    api_key: str | None = None,
+    admin_key: str | None = None,
+    metrics_open: bool = False,
+    lane_limits: LaneLimits = LaneLimits(),
+    stall_timeout_s: float = ServeOptions.stall_timeout_s,
+) -> web.Application:
     engine = async_engine.engine
     app = web.Application(client_max_size=max_body_bytes(engine.max_model_len), middlewares=[openai_errors])
     app[ASYNC_ENGINE] = async_engine
     app[KEYS] = Keys(api_key, admin_key, metrics_open)
     app[SERVER_METRICS] = ServerMetrics(engine.metrics.registry, engine.model_name)
-    app[LANES] = TokenizerLanes(max_prompt_chars(engine.max_model_len), app[SERVER_METRICS], lane_limits,
-                                chars_per_token(engine.loaded.tokenizer))
+    app[LANES] = TokenizerLanes(
+        max_prompt_chars(engine.max_model_len),
+        app[SERVER_METRICS],
+        lane_limits,
+        chars_per_token(engine.loaded.tokenizer),
+    )
     app[TEMPLATE] = TemplateCost.measure(engine.loaded.tokenizer)
     app[STALL_TIMEOUT_S] = stall_timeout_s
     app.on_cleanup.append(_stop_tokenizer)
@@ -128,8 +137,11 @@ async def _stop_tokenizer(app: web.Application) -> None:
 
 
 async def _body(request: web.Request) -> Mapping:
-    too_large = RequestError(f"the body is larger than this server accepts ({request.client_max_size} bytes for "
-                             "its model's context); shorten the prompt", status=413)
+    too_large = RequestError(
+        f"the body is larger than this server accepts ({request.client_max_size} bytes for "
+        "its model's context); shorten the prompt",
+        status=413,
+    )
     if (request.content_length or 0) > request.client_max_size:
         raise too_large  # refused before a byte of it is read
     try:
@@ -158,7 +170,7 @@ def _caller(request: web.Request) -> Caller:
     keys = request.app[KEYS]
     tenants = _engine(request).tenants
     header = request.headers.get("Authorization", "")
-    key = header[len("Bearer "):] if header.startswith("Bearer ") else None
+    key = header[len("Bearer ") :] if header.startswith("Bearer ") else None
     keyed = bool(tenants.tenants or keys.api_key)  # inference needs a key
     if not keyed and keys.admin_key is None:
         return Caller("default", admin=True, known=True)  # no key at all: a local, single-user server
@@ -175,12 +187,17 @@ def _caller(request: web.Request) -> Caller:
 def _tenant(request: web.Request, body: Mapping | None = None) -> str:
     tenant = _caller(request).tenant
     if tenant is None:
-        raise RequestError("invalid or missing API key (Authorization: Bearer ...)", status=401,
-                           kind="authentication_error")
+        raise RequestError(
+            "invalid or missing API key (Authorization: Bearer ...)", status=401, kind="authentication_error"
+        )
     claimed = [c for c in (request.headers.get("X-Tenant"), (body or {}).get("tenant")) if c is not None]
     if any(c != tenant for c in claimed):
-        raise RequestError("tenant: a request cannot claim another tenant's identity; the API key decides the tenant",
-                           "tenant", status=403, kind="permission_error")
+        raise RequestError(
+            "tenant: a request cannot claim another tenant's identity; the API key decides the tenant",
+            "tenant",
+            status=403,
+            kind="permission_error",
+        )
     return tenant
 
 
@@ -189,10 +206,14 @@ def _require_admin(request: web.Request, what: str) -> None:
     if caller.admin:
         return
     if caller.known:
-        raise RequestError(f"{what} needs the admin key; a tenant's key cannot act on every tenant's cache",
-                           status=403, kind="permission_error")
-    raise RequestError(f"{what} needs the admin key (Authorization: Bearer ...)", status=401,
-                       kind="authentication_error")
+        raise RequestError(
+            f"{what} needs the admin key; a tenant's key cannot act on every tenant's cache",
+            status=403,
+            kind="permission_error",
+        )
+    raise RequestError(
+        f"{what} needs the admin key (Authorization: Bearer ...)", status=401, kind="authentication_error"
+    )
 
 
 def _check_model(request: web.Request, body: Mapping) -> None:
@@ -202,23 +223,34 @@ def _check_model(request: web.Request, body: Mapping) -> None:
         raise RequestError(f"model: must be a string, got {shown(name)}", "model")
     if name is not None and name not in (engine.model_name, "default"):
         raise RequestError(
-            f"model {shown(name)} is not served here; use {engine.model_name!r}", "model", status=404, kind="not_found_error"
+            f"model {shown(name)} is not served here; use {engine.model_name!r}",
+            "model",
+            status=404,
+            kind="not_found_error",
         )
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
-    return await _handle(request, lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
-                         lambda body: check_prompt(body, limit), chat=False)
+    return await _handle(
+        request,
+        lambda body, tenant: parse_completion(body, engine.loaded.tokenizer, tenant, limit),
+        lambda body: check_prompt(body, limit),
+        chat=False,
+    )
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = _engine(request)
     limit = max_prompt_chars(engine.max_model_len)
     template = request.app[TEMPLATE]
-    return await _handle(request, lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant, limit),
-                         lambda body: check_messages(body, template, limit), chat=True)
+    return await _handle(
+        request,
+        lambda body, tenant: parse_chat(body, engine.loaded.chat_prompt_ids, tenant, limit),
+        lambda body: check_messages(body, template, limit),
+        chat=True,
+    )
 
 
 async def _handle(request: web.Request, parse, cost, chat: bool) -> web.StreamResponse:
@@ -340,10 +372,19 @@ def _event(payload: dict) -> bytes:
 async def models(request: web.Request) -> web.Response:
     _tenant(request)
     engine = _engine(request)
-    return web.json_response({
-        "object": "list",
-        "data": [{"id": engine.model_name, "object": "model", "owned_by": "kvbench", "max_model_len": engine.max_model_len}],
-    })
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": engine.model_name,
+                    "object": "model",
+                    "owned_by": "kvbench",
+                    "max_model_len": engine.max_model_len,
+                }
+            ],
+        }
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -362,9 +403,16 @@ async def ready(request: web.Request) -> web.Response:
     failure, saturated = request.app[ASYNC_ENGINE].failure, lanes.saturated()
     busy = saturated or running >= slots
     status = "failed" if failure is not None else "saturated" if busy else "ready"
-    return web.json_response({"status": status, "saturated_lanes": saturated, "queue_depth": lanes.depths(),
-                              "running": running, "max_num_seqs": slots},
-                             status=200 if status == "ready" else 503)
+    return web.json_response(
+        {
+            "status": status,
+            "saturated_lanes": saturated,
+            "queue_depth": lanes.depths(),
+            "running": running,
+            "max_num_seqs": slots,
+        },
+        status=200 if status == "ready" else 503,
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -29,11 +29,17 @@ CLIENT_LEFT_STATUS = 499  # nobody reads it; the access log (if any) sees why th
 _KINDS = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
-def error_response(message: str, status: int = 400, kind: str | None = None, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    message: str,
+    status: int = 400,
+    kind: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     kind = kind or _KINDS.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                             status=status, headers=headers)
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status=status, headers=headers
+    )
 
 
 @web.middleware
@@ -58,13 +64,13 @@ async def openai_errors(request: web.Request, handler) -> web.StreamResponse:
 class NamesOnlyRequestHandler(RequestHandler):
     """aiohttp's connection handler, answering requests its parser refuses without echoing their bytes."""
 
-    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         if status != 400 or exc is None:
             return super().handle_error(request, status, exc, message)
         if isinstance(exc, LineTooLong):
-            status, text = 431, (f"a request header or the request line is longer than {exc.args[1]} bytes; "
-                                 "shorten it")
+            status, text = 431, (f"a request header or the request line is longer than {exc.args[1]} bytes; shorten it")
         else:
             text = f"the request is not valid HTTP ({type(exc).__name__}); fix the client"
         log.info("refused a request from %s: %s", request.remote, text)  # never the offending bytes
@@ -85,5 +91,10 @@ class AppRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        return _Server(server.request_handler, request_factory=server.request_factory,
-                       handler_cancellation=server.handler_cancellation, loop=server._loop, **server._kwargs)
+        return _Server(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            **server._kwargs,
+        )

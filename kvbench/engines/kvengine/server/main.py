@@ -33,8 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _no_secret_flag(text: str) -> None:
-    raise argparse.ArgumentTypeError(f"a secret is never a flag (argv is public on the machine): put it in a file "
-                                     f"(--tier-secret-file) or ${TIER_SECRET_ENV}")
+    raise argparse.ArgumentTypeError(
+        f"a secret is never a flag (argv is public on the machine): put it in a file "
+        f"(--tier-secret-file) or ${TIER_SECRET_ENV}"
+    )
 
 
 def tier_secret(path: str | None) -> str | None:
@@ -48,11 +50,14 @@ def tier_secret(path: str | None) -> str | None:
         with open(path, encoding="utf-8") as file:
             secret = file.readline(MAX_SECRET_CHARS + 1).rstrip("\r\n")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SettingsError(f"tier_secret_file: cannot read {path!r} ({type(exc).__name__}); give a readable "
-                            "UTF-8 file whose first line is the secret") from None
+        raise SettingsError(
+            f"tier_secret_file: cannot read {path!r} ({type(exc).__name__}); give a readable "
+            "UTF-8 file whose first line is the secret"
+        ) from None
     if not secret or len(secret) > MAX_SECRET_CHARS:
-        raise SettingsError(f"tier_secret_file: the first line of {path!r} must hold the secret (1 to "
-                            f"{MAX_SECRET_CHARS} characters)")
+        raise SettingsError(
+            f"tier_secret_file: the first line of {path!r} must hold the secret (1 to {MAX_SECRET_CHARS} characters)"
+        )
     return secret
 
 
@@ -68,6 +73,7 @@ def serve(args: argparse.Namespace) -> int:
         load_tenants(config.tenants_file)  # a bad file is reported now, not after loading the model
 
     import torch
+
     from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
     from kvbench.engines.kvengine.runtime.budget_probe import build_engine
     from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
@@ -97,6 +103,7 @@ def serve(args: argparse.Namespace) -> int:
     workers = RankProcesses(config) if config.tensor_parallel_size > 1 else None
     ranks = Ranks()
     if workers is not None:
+
         def rank_exited(rank: int, pid: int, code: int) -> None:
             """A worker rank died: the model cannot run without it. Stop serving (exit 1); should the engine
             thread hang in a collective (NCCL waits for the dead peer), exit anyway after a grace period."""
@@ -121,8 +128,13 @@ def serve(args: argparse.Namespace) -> int:
 
     async_engine = AsyncEngine(engine, on_fatal=exit_on_failure)
     admin_key = options.admin_key or os.environ.get(ADMIN_KEY_ENV)
-    app = make_app(async_engine, api_key=options.api_key, admin_key=admin_key, metrics_open=options.metrics_open,
-                   stall_timeout_s=options.stall_timeout_s)
+    app = make_app(
+        async_engine,
+        api_key=options.api_key,
+        admin_key=admin_key,
+        metrics_open=options.metrics_open,
+        stall_timeout_s=options.stall_timeout_s,
+    )
 
     async def remember_loop(app) -> None:
         loop.append(asyncio.get_running_loop())
@@ -135,8 +147,13 @@ def serve(args: argparse.Namespace) -> int:
 
     app.on_startup.append(remember_loop)
     app.on_cleanup.append(stop_engine)
-    log.info("serving %s on http://%s:%d (%d KV bytes per token)", engine.model_name, options.host, options.port,
-             engine.bytes_per_token)
+    log.info(
+        "serving %s on http://%s:%d (%d KV bytes per token)",
+        engine.model_name,
+        options.host,
+        options.port,
+        engine.bytes_per_token,
+    )
     _run_app(app, options.host, options.port)
     return EXIT_ENGINE_FAILED if async_engine.failure is not None or rank_failure else 0
 

@@ -36,7 +36,6 @@ MAX_INT = 2**63 - 1  # an integer field past it is refused before a limit check 
 _ids = itertools.count()
 
 
-
 def _absent_or(*no_ops: object):
     return lambda value: value is None or any(value == v and type(value) is type(v) for v in no_ops)
 
@@ -123,10 +122,14 @@ def parse_chat(body: Mapping, chat_prompt_ids, tenant: str, max_chars: int) -> P
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: give a non-empty list of {role, content} objects", "messages")
     for index, message in enumerate(messages):
-        if not (isinstance(message, Mapping) and isinstance(message.get("content"), str)
-                and isinstance(message.get("role"), str)):
-            raise RequestError(f"messages[{index}]: each message needs a string 'role' and a string 'content'",
-                               "messages")
+        if not (
+            isinstance(message, Mapping)
+            and isinstance(message.get("content"), str)
+            and isinstance(message.get("role"), str)
+        ):
+            raise RequestError(
+                f"messages[{index}]: each message needs a string 'role' and a string 'content'", "messages"
+            )
     check_chars(sum(len(m["content"]) + len(m["role"]) for m in messages), max_chars, "messages")
     prompt_ids = tuple(chat_prompt_ids([{"role": m["role"], "content": m["content"]} for m in messages]))
     want = _bool(body, "logprobs", False)
@@ -136,8 +139,9 @@ def parse_chat(body: Mapping, chat_prompt_ids, tenant: str, max_chars: int) -> P
     return _parsed(body, prompt_ids, max_tokens, (top or 0) if want else None, False, tenant)
 
 
-def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprobs: int | None, echo: bool,
-            tenant: str) -> ParsedRequest:
+def _parsed(
+    body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprobs: int | None, echo: bool, tenant: str
+) -> ParsedRequest:
     check_unsupported(body)
     if _int(body, "n", 1, 1) != 1:
         raise RequestError("n: only n=1 is supported", "n")
@@ -159,8 +163,11 @@ def _parsed(body: Mapping, prompt_ids: tuple[int, ...], max_tokens: int, logprob
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise RequestError("stop: give a string or a list of strings", "stop")
     if len(stop) > MAX_STOP_STRINGS or sum(map(len, stop)) > MAX_STOP_CHARS:
-        raise RequestError(f"stop: {len(stop)} strings of {sum(map(len, stop))} characters; at most "
-                           f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters together: send fewer", "stop")
+        raise RequestError(
+            f"stop: {len(stop)} strings of {sum(map(len, stop))} characters; at most "
+            f"{MAX_STOP_STRINGS} strings of {MAX_STOP_CHARS} characters together: send fewer",
+            "stop",
+        )
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
         raise RequestError("stop_token_ids: give a list of token ids", "stop_token_ids")
@@ -195,15 +202,21 @@ def check_unsupported(body: Mapping) -> None:
     named = sorted(name for name, no_op in UNSUPPORTED.items() if not no_op(body.get(name)))
     if named:
         them = "them" if len(named) > 1 else "it"
-        raise RequestError(f"{', '.join(named)}: not supported by this engine; omit {them} (or send the default: "
-                           "best_of 1, penalties 0, no tools)", named[0])
+        raise RequestError(
+            f"{', '.join(named)}: not supported by this engine; omit {them} (or send the default: "
+            "best_of 1, penalties 0, no tools)",
+            named[0],
+        )
 
 
 def check_chars(count: int, max_chars: int, name: str) -> None:
     if count > max_chars:
-        raise RequestError(f"{name}: {count} characters cannot fit the model's context of "
-                           f"{max_chars // MAX_CHARS_PER_TOKEN} tokens (at most {max_chars} characters are "
-                           "tokenised); shorten it", name)
+        raise RequestError(
+            f"{name}: {count} characters cannot fit the model's context of "
+            f"{max_chars // MAX_CHARS_PER_TOKEN} tokens (at most {max_chars} characters are "
+            "tokenised); shorten it",
+            name,
+        )
 
 
 def _is_int(value: object) -> bool:

@@ -59,8 +59,9 @@ def init_rank(device: str, rank: int, world_size: int, init_method: str):
 
     if device.startswith("cuda"):
         torch.cuda.set_device(rank_device(device, rank))
-    dist.init_process_group(backend_of(device), init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=RENDEZVOUS_TIMEOUT)
+    dist.init_process_group(
+        backend_of(device), init_method=init_method, rank=rank, world_size=world_size, timeout=RENDEZVOUS_TIMEOUT
+    )
     collectives = collectives_for(device, rank, world_size, RENDEZVOUS_TIMEOUT.total_seconds())
     return TensorParallel(rank, world_size, collectives)
 
@@ -71,9 +72,11 @@ class RankProcesses:
     def __init__(self, config: EngineConfig) -> None:
         """SettingsError, before anything starts, for settings that need a single rank."""
         if config.host_capacity or config.disk_capacity or config.remote_url:
-            raise SettingsError(f"tensor_parallel_size {config.tensor_parallel_size} with lower KV tiers "
-                                "(host_capacity, disk_capacity, remote_url) is not supported yet: use "
-                                "tensor_parallel_size 1 with them")
+            raise SettingsError(
+                f"tensor_parallel_size {config.tensor_parallel_size} with lower KV tiers "
+                "(host_capacity, disk_capacity, remote_url) is not supported yet: use "
+                "tensor_parallel_size 1 with them"
+            )
         if config.kv_capacity == AUTO and config.kv_capacity_bytes is None:
             # every rank must allocate the same pages: rank 0 sizes them once (`fit_memory`), before the start
             raise ValueError("RankProcesses needs kv_capacity resolved to tokens (memory_budget.fit_memory)")
@@ -93,9 +96,13 @@ class RankProcesses:
         argv = to_argv(self.config)
         for rank in range(1, self.world_size):
             command = [sys.executable, "-m", WORKER_MODULE, "--rank", str(rank), "--init-method", init_method, *argv]
-            self._workers[rank] = subprocess.Popen(command, stdin=subprocess.PIPE, start_new_session=True,
-                                                   preexec_fn=dies_with_this_thread(),
-                                                   env={**os.environ, **openmp.environment()})
+            self._workers[rank] = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=dies_with_this_thread(),
+                env={**os.environ, **openmp.environment()},
+            )
             log.info("tensor-parallel rank %d started (pid %d)", rank, self._workers[rank].pid)
         self._watch(on_exit)
         return Ranks(init_rank(self.config.device, 0, self.world_size, init_method), self.send)
@@ -141,4 +148,3 @@ class RankProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-

@@ -17,14 +17,24 @@ class ServerMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
         self.model_name = model_name
         labels = ["model_name"]
-        self.disconnects = Counter("kvbench:client_disconnects", "Requests whose client left before the answer",
-                                   labels, registry=registry)
-        self.stalled = Counter("kvbench:client_stalled", "Streams ended because their client stopped reading",
-                               labels, registry=registry)
-        self.queue_depth = Gauge("kvbench:tokenize_queue_depth", "Requests queued or running in a tokenizer lane",
-                                 labels + ["lane"], registry=registry)
-        self.rejected = Counter("kvbench:tokenize_rejected", "Requests refused (429) because their tokenizer lane "
-                                "was full", labels + ["lane"], registry=registry)
+        self.disconnects = Counter(
+            "kvbench:client_disconnects", "Requests whose client left before the answer", labels, registry=registry
+        )
+        self.stalled = Counter(
+            "kvbench:client_stalled", "Streams ended because their client stopped reading", labels, registry=registry
+        )
+        self.queue_depth = Gauge(
+            "kvbench:tokenize_queue_depth",
+            "Requests queued or running in a tokenizer lane",
+            labels + ["lane"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "kvbench:tokenize_rejected",
+            "Requests refused (429) because their tokenizer lane was full",
+            labels + ["lane"],
+            registry=registry,
+        )
 
     def client_left(self) -> None:
         self.disconnects.labels(self.model_name).inc()

@@ -53,8 +53,7 @@ def shm_dir() -> Path:
 class SharedMemoryCollectives:
     """`Collectives` over one shared file; build it with `connect` on every rank."""
 
-    def __init__(self, rank: int, size: int, buffer: torch.Tensor, timeout_s: float,
-                 fallback: Collectives) -> None:
+    def __init__(self, rank: int, size: int, buffer: torch.Tensor, timeout_s: float, fallback: Collectives) -> None:
         self.rank, self.size, self.timeout_s, self.fallback = rank, size, timeout_s, fallback
         self._buffer = buffer  # keeps the mapping alive
         counters = buffer[:_HEADER_BYTES].view(torch.int64).numpy()
@@ -133,8 +132,9 @@ class SharedMemoryCollectives:
         while counters.min() < generation:
             if time.monotonic() > deadline:
                 late = [r for r in range(self.size) if counters[r] < generation]
-                raise RuntimeError(f"tensor-parallel rank(s) {late} did not reach collective {generation} "
-                                   f"within {self.timeout_s:g} s")
+                raise RuntimeError(
+                    f"tensor-parallel rank(s) {late} did not reach collective {generation} within {self.timeout_s:g} s"
+                )
             os.sched_yield()
 
 
@@ -149,7 +149,8 @@ def collectives_for(device: str, rank: int, size: int, timeout_s: float) -> Coll
         log.warning("tensor-parallel ranks exchange over gloo: %s", exc)
         return DistributedCollectives()
     if rank == 0:
-        log.info("tensor-parallel ranks exchange through shared memory (%d MiB)",
-                 SharedMemoryCollectives.file_bytes(size) >> 20)
+        log.info(
+            "tensor-parallel ranks exchange through shared memory (%d MiB)",
+            SharedMemoryCollectives.file_bytes(size) >> 20,
+        )
     return collectives
-

@@ -36,8 +36,10 @@ RETRY_AFTER_S = 1
 LARGE_LANE_NICENESS = 10  # the large lane's thread yields the CPU to the engine, the loop and the small lane
 
 
-SAMPLE = ("The quick brown fox jumps over the lazy dog while the cache keeps every page it can, and the server "
-          "answers each request in turn. ") * 4
+SAMPLE = (
+    "The quick brown fox jumps over the lazy dog while the cache keeps every page it can, and the server "
+    "answers each request in turn. "
+) * 4
 
 
 def chars_per_token(tokenizer) -> float:
@@ -62,8 +64,9 @@ class LaneFull(Exception):
     """The request's lane cannot take it now; retry after `retry_after_s`."""
 
     def __init__(self, lane: str, retry_after_s: int = RETRY_AFTER_S) -> None:
-        super().__init__(f"the server is busy tokenising other long requests ({lane} lane full); retry after "
-                         f"{retry_after_s} s")
+        super().__init__(
+            f"the server is busy tokenising other long requests ({lane} lane full); retry after {retry_after_s} s"
+        )
         self.lane = lane
         self.retry_after_s = retry_after_s
 
@@ -104,10 +107,16 @@ class TokenizerLanes:
     def __post_init__(self) -> None:
         limits, largest = self.limits, self.max_request_chars
         self.lanes = {
-            "small": Lane("small", limits.small_requests, None, self.small_chars,
-                          ThreadPoolExecutor(1, "kvengine-tokenize-small")),
-            "large": Lane("large", limits.large_requests, limits.large_chars or 2 * largest, largest,
-                          ThreadPoolExecutor(1, "kvengine-tokenize-large", initializer=_lower_priority)),
+            "small": Lane(
+                "small", limits.small_requests, None, self.small_chars, ThreadPoolExecutor(1, "kvengine-tokenize-small")
+            ),
+            "large": Lane(
+                "large",
+                limits.large_requests,
+                limits.large_chars or 2 * largest,
+                largest,
+                ThreadPoolExecutor(1, "kvengine-tokenize-large", initializer=_lower_priority),
+            ),
         }
         for name in self.lanes:
             self.metrics.lane_depth(name, 0)

@@ -60,9 +60,18 @@ class IsolationMode(StrEnum):
     SHARED_PREFIX = "shared-prefix"  # the tenants file's shared_prefixes (a system prompt), nothing else
 
 
-def setting(default: Any, help: str, *, unit: str = "", gt: float | None = None, ge: float | None = None,
-            le: float | None = None, choices: tuple[str, ...] | None = None, repr: bool = True,
-            flag: bool = True) -> Any:
+def setting(
+    default: Any,
+    help: str,
+    *,
+    unit: str = "",
+    gt: float | None = None,
+    ge: float | None = None,
+    le: float | None = None,
+    choices: tuple[str, ...] | None = None,
+    repr: bool = True,
+    flag: bool = True,
+) -> Any:
     """A settings field: its default, its help (a flag's), its unit and range (`settings.build` enforces
     them, and so does the config itself) and, for a string, its choices (an enum field's are its values).
     `repr=False` keeps a secret out of the config's repr (and so out of logs); `flag=False` keeps it off the
@@ -103,68 +112,115 @@ class EngineConfig:
     (then the token count follows the KV format: FP8 holds twice the tokens of bf16 in the same bytes).
     `kv_format` is `kv_dtype` + `kv_scale` parsed once, here; the model receives it."""
 
-    model: str = setting("default", "'default' (SmolLM2-135M-Instruct), a .gguf file, a safetensors folder, or "
-                         "'tiny-random' (tests)")
+    model: str = setting(
+        "default", "'default' (SmolLM2-135M-Instruct), a .gguf file, a safetensors folder, or 'tiny-random' (tests)"
+    )
     kv_dtype: KVDtype = setting(DEFAULT_KV_DTYPE, "KV cache storage dtype")
-    kv_scale: ScaleMode = setting(DEFAULT_SCALE_MODE, "fp8 scales: per tensor, or per channel + per-token shift "
-                                  "(fp8 dtypes only; others ignore it)", choices=SCALE_MODES)
-    kv_capacity: int | Literal["auto"] = setting(32768, f"device KV tier ('{AUTO}': what fits in memory_utilization "
-                                                 "of the free device memory once weights and activations are "
-                                                 "counted)", unit="tokens", ge=1)
-    kv_capacity_bytes: int | None = setting(None, "device KV tier in bytes, per device (overrides kv_capacity)",
-                                            unit="bytes", ge=1)
-    memory_utilization: float = setting(0.9, "fraction of the free device memory at start (host RAM on cpu) that "
-                                        "weights, KV and activations may fill (vLLM's gpu_memory_utilization)",
-                                        gt=0, le=1)
+    kv_scale: ScaleMode = setting(
+        DEFAULT_SCALE_MODE,
+        "fp8 scales: per tensor, or per channel + per-token shift (fp8 dtypes only; others ignore it)",
+        choices=SCALE_MODES,
+    )
+    kv_capacity: int | Literal["auto"] = setting(
+        32768,
+        f"device KV tier ('{AUTO}': what fits in memory_utilization "
+        "of the free device memory once weights and activations are "
+        "counted)",
+        unit="tokens",
+        ge=1,
+    )
+    kv_capacity_bytes: int | None = setting(
+        None, "device KV tier in bytes, per device (overrides kv_capacity)", unit="bytes", ge=1
+    )
+    memory_utilization: float = setting(
+        0.9,
+        "fraction of the free device memory at start (host RAM on cpu) that "
+        "weights, KV and activations may fill (vLLM's gpu_memory_utilization)",
+        gt=0,
+        le=1,
+    )
     page_size: int = setting(DEFAULT_PAGE_SIZE, "tokens per KV page", unit="tokens", ge=1)
     max_num_seqs: int = setting(16, "sequences running at once", ge=1)
     max_step_tokens: int = setting(512, "token budget of one step (chunked prefill)", unit="tokens", ge=1)
     max_prefill_beside_decodes: int | Literal["auto"] = setting(
-        AUTO, "prefill tokens a step computes beside running decodes (decodes go first; a step without decodes "
+        AUTO,
+        "prefill tokens a step computes beside running decodes (decodes go first; a step without decodes "
         f"prefills up to max_step_tokens; '{AUTO}': timed at start, the most that keeps such a step within "
-        "decode_stall_factor of a pure decode step)", unit="tokens", ge=1)
+        "decode_stall_factor of a pure decode step)",
+        unit="tokens",
+        ge=1,
+    )
     decode_stall_factor: float = setting(
-        DEFAULT_DECODE_STALL_FACTOR, f"with max_prefill_beside_decodes '{AUTO}': how many times a pure decode "
+        DEFAULT_DECODE_STALL_FACTOR,
+        f"with max_prefill_beside_decodes '{AUTO}': how many times a pure decode "
         "step a step with prefill beside its decodes may take (the bound on ITL p99 / p50 under new prompts)",
-        gt=1)
+        gt=1,
+    )
     prefix_caching: bool = setting(True, "reuse cached prompt prefixes")
-    device: str = setting("cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` "
-                          "is cuda:0 .. cuda:N-1)")
-    tensor_parallel_size: int = setting(1, "ranks the model is split over (attention heads, MLP, vocabulary), one "
-                                        "process and device each; nccl on cuda, shared memory + gloo on cpu", ge=1)
+    device: str = setting(
+        "cpu", "torch device of the model and the device KV tier (with several ranks, `cuda` is cuda:0 .. cuda:N-1)"
+    )
+    tensor_parallel_size: int = setting(
+        1,
+        "ranks the model is split over (attention heads, MLP, vocabulary), one "
+        "process and device each; nccl on cuda, shared memory + gloo on cpu",
+        ge=1,
+    )
     compute_dtype: str = setting("float32", "dtype of weights and activations", choices=COMPUTE_DTYPES)
     max_model_len: int | None = setting(None, "context length (default: the model's)", unit="tokens", ge=1)
     served_model_name: str | None = setting(None, "model name in the API (default: the model folder's name)")
-    threads: int | None = setting(None, "torch threads, set by `kvbench serve` (default: all cores, with a passive "
-                                  "OpenMP wait)", ge=1)
-    prepacked_weights: bool = setting(True, "on cpu with float32 weights, keep oneDNN-prepacked copies of the "
-                                      "linear weights for steps of more than one token (batch 4-8 decodes: 14-24% "
-                                      "less CPU time; one more copy of those weights, counted in the memory budget)")
-    cuda_graphs: bool = setting(False, "replay decode steps as CUDA graphs, one per batch-size and context bucket, "
-                                "captured on first use (needs a cuda device; refused on others)")
+    threads: int | None = setting(
+        None, "torch threads, set by `kvbench serve` (default: all cores, with a passive OpenMP wait)", ge=1
+    )
+    prepacked_weights: bool = setting(
+        True,
+        "on cpu with float32 weights, keep oneDNN-prepacked copies of the "
+        "linear weights for steps of more than one token (batch 4-8 decodes: 14-24% "
+        "less CPU time; one more copy of those weights, counted in the memory budget)",
+    )
+    cuda_graphs: bool = setting(
+        False,
+        "replay decode steps as CUDA graphs, one per batch-size and context bucket, "
+        "captured on first use (needs a cuda device; refused on others)",
+    )
     # Lower tiers (0 / None: not used), in tokens like kv_capacity.
     host_capacity: int = setting(0, "host-memory KV tier (0: none)", unit="tokens", ge=0)
     disk_capacity: int = setting(0, "disk KV tier (0: none; needs disk_dir)", unit="tokens", ge=0)
     disk_dir: str | None = setting(None, "directory of the disk tier's page files")
-    remote_url: str | None = setting(None, "shared Redis KV tier, e.g. redis://127.0.0.1:6379/0 (shared by every "
-                                     "engine of the same model and KV format)")
+    remote_url: str | None = setting(
+        None,
+        "shared Redis KV tier, e.g. redis://127.0.0.1:6379/0 (shared by every engine of the same model and KV format)",
+    )
     # Neither in repr (a logged config never shows it) nor a flag (argv is public on the machine): YAML, the
     # environment ($KVENGINE_TIER_SECRET) or tier_secret_file.
-    tier_secret: str | None = setting(None, f"secret of the HMAC-SHA256 that authenticates disk and remote tier "
-                                      f"records (default: ${TIER_SECRET_ENV}); one per shared store: an engine "
-                                      "with another secret misses every record", repr=False, flag=False)
-    tier_secret_file: str | None = setting(None, "a file whose first line is the tier secret (instead of "
-                                           f"${TIER_SECRET_ENV}; the secret itself is never a flag)")
-    device_ttl_s: float = setting(DEFAULT_TTL.device_s, "idle seconds before a page leaves device (tenants may "
-                                  "set their own)", unit="s", gt=0)
+    tier_secret: str | None = setting(
+        None,
+        f"secret of the HMAC-SHA256 that authenticates disk and remote tier "
+        f"records (default: ${TIER_SECRET_ENV}); one per shared store: an engine "
+        "with another secret misses every record",
+        repr=False,
+        flag=False,
+    )
+    tier_secret_file: str | None = setting(
+        None,
+        "a file whose first line is the tier secret (instead of "
+        f"${TIER_SECRET_ENV}; the secret itself is never a flag)",
+    )
+    device_ttl_s: float = setting(
+        DEFAULT_TTL.device_s, "idle seconds before a page leaves device (tenants may set their own)", unit="s", gt=0
+    )
     host_ttl_s: float = setting(DEFAULT_TTL.host_s, "idle seconds before a page leaves host memory", unit="s", gt=0)
-    tier_interval_s: float = setting(DEFAULT_TIER_INTERVAL_S, "engine seconds between tier placement passes (0: every step)",
-                                     unit="s", ge=0)
+    tier_interval_s: float = setting(
+        DEFAULT_TIER_INTERVAL_S, "engine seconds between tier placement passes (0: every step)", unit="s", ge=0
+    )
     # Tenants: API keys, quotas, reservations and TTLs from a file; isolation across tenants.
     tenants_file: str | None = setting(None, "YAML/JSON: API keys -> tenants, quotas, reservations, TTLs")
-    isolation: IsolationMode = setting(IsolationMode.STRICT, "strict: no page shared across tenants; "
-                                       "shared-prefix: the tenants file's shared_prefixes (e.g. a system prompt) "
-                                       "are shared, nothing else")
+    isolation: IsolationMode = setting(
+        IsolationMode.STRICT,
+        "strict: no page shared across tenants; "
+        "shared-prefix: the tenants file's shared_prefixes (e.g. a system prompt) "
+        "are shared, nothing else",
+    )
     kv_format: KVFormat = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -175,16 +231,19 @@ class EngineConfig:
             if value != AUTO and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f"{name} {value!r} must be a number of tokens or '{AUTO}'")
         if isinstance(self.kv_capacity, int) and self.kv_capacity < self.page_size:
-            raise ValueError(f"kv_capacity ({self.kv_capacity}) must hold at least one page of {self.page_size} "
-                             "tokens")
+            raise ValueError(f"kv_capacity ({self.kv_capacity}) must hold at least one page of {self.page_size} tokens")
         if self.cuda_graphs and not self.device.startswith("cuda"):
-            raise ValueError(f"cuda_graphs needs a cuda device, but device is {self.device!r}: set device=cuda "
-                             "or leave cuda_graphs off")
+            raise ValueError(
+                f"cuda_graphs needs a cuda device, but device is {self.device!r}: set device=cuda "
+                "or leave cuda_graphs off"
+            )
         if self.disk_capacity and not self.disk_dir:
             raise ValueError("disk_capacity > 0 needs disk_dir, a directory for the disk tier's page files")
         if self.device_ttl_s > self.host_ttl_s:
-            raise ValueError(f"device_ttl_s ({self.device_ttl_s:g}) must be <= host_ttl_s ({self.host_ttl_s:g}): "
-                             "a page leaves device before it leaves host")
+            raise ValueError(
+                f"device_ttl_s ({self.device_ttl_s:g}) must be <= host_ttl_s ({self.host_ttl_s:g}): "
+                "a page leaves device before it leaves host"
+            )
 
 
 @dataclass(frozen=True)
@@ -193,18 +252,28 @@ class ServeOptions:
 
     host: str = setting("127.0.0.1", "address to listen on")
     port: int = setting(DEFAULT_PORT, "port to listen on", **PORT_RANGE)
-    api_key: str | None = setting(None, "require this Bearer key (tenant 'default'; it administers too unless "
-                                  "--admin-key is given)")
+    api_key: str | None = setting(
+        None, "require this Bearer key (tenant 'default'; it administers too unless --admin-key is given)"
+    )
     # No default from the environment here: --help would show the key.
-    admin_key: str | None = setting(None, f"the Bearer key of /reset_prefix_cache and /metrics (default: "
-                                    f"${ADMIN_KEY_ENV}, else --api-key); with any key configured, those "
-                                    "endpoints need it")
+    admin_key: str | None = setting(
+        None,
+        f"the Bearer key of /reset_prefix_cache and /metrics (default: "
+        f"${ADMIN_KEY_ENV}, else --api-key); with any key configured, those "
+        "endpoints need it",
+    )
     metrics_open: bool = setting(False, "serve /metrics without a key (a Prometheus that sends none)")
-    stall_timeout_s: float = setting(5.0, "a streaming client that reads nothing for this long (its socket full) "
-                                     "is ended: its request aborted, its slot and pages freed "
-                                     "(kvbench:client_stalled_total)", unit="s", gt=0)
-    step_log: str | None = setting(None, "append every model step's token ranges and seconds to this JSONL file "
-                                   "(for `kvbench calibrate --steps`)")
+    stall_timeout_s: float = setting(
+        5.0,
+        "a streaming client that reads nothing for this long (its socket full) "
+        "is ended: its request aborted, its slot and pages freed "
+        "(kvbench:client_stalled_total)",
+        unit="s",
+        gt=0,
+    )
+    step_log: str | None = setting(
+        None, "append every model step's token ranges and seconds to this JSONL file (for `kvbench calibrate --steps`)"
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)

@@ -42,8 +42,12 @@ def _is_tuple(base: Any) -> bool:
 
 def _words(hint: Any) -> tuple[str, ...]:
     """The words a number field also takes (`int | Literal["auto"]`: auto)."""
-    return tuple(word for arg in typing.get_args(hint) if typing.get_origin(arg) is typing.Literal
-                 for word in typing.get_args(arg))
+    return tuple(
+        word
+        for arg in typing.get_args(hint)
+        if typing.get_origin(arg) is typing.Literal
+        for word in typing.get_args(arg)
+    )
 
 
 def _number_or(base: type, words: tuple[str, ...]) -> Callable[[str], Any]:
@@ -56,23 +60,28 @@ def _number_or(base: type, words: tuple[str, ...]) -> Callable[[str], Any]:
 
 def _init_fields(cls: type, only: Collection[str] | None = None) -> list[tuple[dataclasses.Field, Any]]:
     hints = typing.get_type_hints(cls)
-    return [(f, _base(hints[f.name])) for f in dataclasses.fields(cls)
-            if f.init and f.metadata.get("flag", True) and (only is None or f.name in only)]
+    return [
+        (f, _base(hints[f.name]))
+        for f in dataclasses.fields(cls)
+        if f.init and f.metadata.get("flag", True) and (only is None or f.name in only)
+    ]
 
 
 def _hint(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
-def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
-              only: Collection[str] | None = None) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, only: Collection[str] | None = None
+) -> None:
     """One flag per init field of `cls` (or per field named in `only`, for a command that sets a few)."""
     for f, base in _init_fields(cls, only):
         help_text = f.metadata.get("help", "").replace("%", "%%")  # a setting's help is plain text, not a format
         help_text += " (default: %(default)s)" if f.default not in (None, ()) else ""
         if base is bool:
-            parser.add_argument(flag_of(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=f.default, help=help_text)
+            parser.add_argument(
+                flag_of(f.name), dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
             continue
         kwargs: dict[str, Any] = {"dest": f.name, "default": f.default, "metavar": _metavar(f)}
         if _is_tuple(base):

@@ -142,8 +142,9 @@ def parse_tenants(data: object, where: str = "tenants", default_ttl: TierTTL = T
     if data is None:
         raise SettingsError(f"{where}: empty; expected a mapping with a non-empty 'tenants' mapping of name -> terms")
     if not isinstance(data, Mapping):
-        raise SettingsError(f"{where}: expected a mapping with a non-empty 'tenants' mapping of name -> terms, "
-                            f"got {_kind(data)}")
+        raise SettingsError(
+            f"{where}: expected a mapping with a non-empty 'tenants' mapping of name -> terms, got {_kind(data)}"
+        )
     unknown = [str(k) for k in data if k not in _TOP_KEYS]
     if unknown:
         raise SettingsError(f"{where}: unknown keys {sorted(unknown)}; valid: {', '.join(_TOP_KEYS)}")
@@ -162,8 +163,10 @@ def parse_tenants(data: object, where: str = "tenants", default_ttl: TierTTL = T
 
 def _tenant(name: object, terms: object, where: str, default_ttl: TierTTL, by_key: dict) -> TenantSpec:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise SettingsError(f"{where}: tenants: name {_show(name)}: expected 1-64 letters, digits, '_', '-' or '.', "
-                            "starting with a letter or digit")
+        raise SettingsError(
+            f"{where}: tenants: name {_show(name)}: expected 1-64 letters, digits, '_', '-' or '.', "
+            "starting with a letter or digit"
+        )
     at = f"{where}: tenants.{name}"
     if not isinstance(terms, Mapping):
         raise SettingsError(f"{at}: expected a mapping of {', '.join(_TENANT_KEYS)}, got {_kind(terms)}")
@@ -172,8 +175,10 @@ def _tenant(name: object, terms: object, where: str, default_ttl: TierTTL, by_ke
         raise SettingsError(f"{at}: unknown keys {sorted(unknown)}; valid: {', '.join(_TENANT_KEYS)}")
     keys = terms.get("api_keys")
     if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys):
-        raise SettingsError(f"{at}.api_keys: expected a non-empty list of key strings (1-256 printable ASCII "
-                            f"characters, no spaces), got {_show(keys)}")
+        raise SettingsError(
+            f"{at}.api_keys: expected a non-empty list of key strings (1-256 printable ASCII "
+            f"characters, no spaces), got {_show(keys)}"
+        )
     for key in keys:
         if key in by_key and by_key[key] != name:
             raise SettingsError(f"{at}.api_keys: key {key[:4]}... already belongs to tenant {by_key[key]!r}")
@@ -181,15 +186,18 @@ def _tenant(name: object, terms: object, where: str, default_ttl: TierTTL, by_ke
     quota = _count(terms, "quota_pages", at)
     reserved = _count(terms, "reserved_device_pages", at) or 0
     if quota is not None and reserved > quota:
-        raise SettingsError(f"{at}.reserved_device_pages: {reserved} exceeds its quota_pages ({quota}); "
-                            "reserve at most the quota")
+        raise SettingsError(
+            f"{at}.reserved_device_pages: {reserved} exceeds its quota_pages ({quota}); reserve at most the quota"
+        )
     ttl = None
     if "device_ttl_s" in terms or "host_ttl_s" in terms:
         device = _seconds(terms, "device_ttl_s", at, default_ttl.device_s)
         host = _seconds(terms, "host_ttl_s", at, default_ttl.host_s)
         if device > host:
-            raise SettingsError(f"{at}.device_ttl_s: {device:g} s exceeds host_ttl_s ({host:g} s); a page leaves "
-                                "device before it leaves host")
+            raise SettingsError(
+                f"{at}.device_ttl_s: {device:g} s exceeds host_ttl_s ({host:g} s); a page leaves "
+                "device before it leaves host"
+            )
         ttl = TierTTL(device, host)
     return TenantSpec(TenantId(name), tuple(keys), quota, reserved, ttl)
 
@@ -218,12 +226,16 @@ def _shared_prefixes(value: object, where: str) -> tuple[SharedPrefix, ...]:
     for i, entry in enumerate(value):
         if isinstance(entry, str) and entry:
             out.append(entry)
-        elif (isinstance(entry, list) and entry
-              and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in entry)):
+        elif (
+            isinstance(entry, list)
+            and entry
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in entry)
+        ):
             out.append(tuple(entry))
         else:
-            raise SettingsError(f"{at}[{i}]: expected a non-empty text or a non-empty list of token ids >= 0, "
-                                f"got {_show(entry)}")
+            raise SettingsError(
+                f"{at}[{i}]: expected a non-empty text or a non-empty list of token ids >= 0, got {_show(entry)}"
+            )
     return tuple(out)
 
 

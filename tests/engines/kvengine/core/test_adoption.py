@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from kvbench.engines.kvengine.core.adoption import Adoption, adopt_pages
-from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import Namespace, Placement, TenantId
+from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Scheduler
 
@@ -33,8 +33,15 @@ def test_restored_pages_join_the_device_prefix_with_exact_ids_and_no_lock_left()
     # The device holds A B (pages 1 2); a restore brings C D, the prompt's pages 2 and 3.
     assert adopt_pages(s, HERE, toks(10, 11), A, now=1.0) == Adoption(0, (1, 2))
     filled = []
-    adoption = adopt_pages(s, HERE, toks(10, 11, 12, 13), A, now=2.0, first_page=2,
-                           fill=lambda first, pages: filled.append((first, list(pages))))
+    adoption = adopt_pages(
+        s,
+        HERE,
+        toks(10, 11, 12, 13),
+        A,
+        now=2.0,
+        first_page=2,
+        fill=lambda first, pages: filled.append((first, list(pages))),
+    )
     assert adoption == Adoption(matched_pages=2, pages=(3, 4))
     assert filled == [(2, [3, 4])]  # prompt page 2 -> page 3, prompt page 3 -> page 4, before the index took them
     assert s.index.match_prompt(HERE, toks(10, 11, 12, 13)).pages == (1, 2, 3, 4)

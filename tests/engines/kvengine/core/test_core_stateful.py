@@ -5,15 +5,16 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.namespaces import TenantId, namespace_for
+from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.tenants import TenantLedger, TenantTerms, evict_for
 
 PS = 4
 TENANTS = [TenantId("a"), TenantId("b"), TenantId("premium")]
 prompts = st.lists(st.integers(0, 3), min_size=1, max_size=6).map(
-    lambda pages: np.repeat(np.array(pages, dtype=np.int32), PS))
+    lambda pages: np.repeat(np.array(pages, dtype=np.int32), PS)
+)
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -21,8 +22,14 @@ class CoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = PagePool(17, PS)
         self.index = PrefixIndex(self.pool)
-        self.ledger = TenantLedger(16, {TENANTS[0]: TenantTerms(6), TENANTS[1]: TenantTerms(6),
-                                        TENANTS[2]: TenantTerms(8, reserved_device_pages=4)})
+        self.ledger = TenantLedger(
+            16,
+            {
+                TENANTS[0]: TenantTerms(6),
+                TENANTS[1]: TenantTerms(6),
+                TENANTS[2]: TenantTerms(8, reserved_device_pages=4),
+            },
+        )
         self.held = []  # (match, own pages) of "running requests"
         self.now = 0.0
         self.inserted = {t: [] for t in TENANTS}  # prompts each tenant inserted

@@ -35,7 +35,11 @@ def engine_step(sched: Scheduler, t: int):
     plan = sched.schedule(float(t))
     done = sched.postprocess(plan, {s.request_id: TOKEN for s in plan.seqs if s.samples}, t + 1.0)
     sched.check_integrity()
-    return [(s.request_id, s.start, s.end, s.page_table) for s in plan.seqs], plan.preempted, [f.request_id for f in done]
+    return (
+        [(s.request_id, s.start, s.end, s.page_table) for s in plan.seqs],
+        plan.preempted,
+        [f.request_id for f in done],
+    )
 
 
 def test_a_readmitted_sequence_keeps_its_borrowed_generated_page_locked_engine_path():
@@ -80,8 +84,12 @@ def run_step(sched: Scheduler, t: int):
         plan = sched.commit_decode_run(run, [float(t + j) for j in range(run.steps)], tokens)
         t += run.steps - 1
     starts = iter(plan.decode_starts)
-    entries = [(e.request_id, e.start, e.page_table) if hasattr(e, "start") else
-               (e.request.request_id, next(starts), e.page_table()) for e in plan.entries]
+    entries = [
+        (e.request_id, e.start, e.page_table)
+        if hasattr(e, "start")
+        else (e.request.request_id, next(starts), e.page_table())
+        for e in plan.entries
+    ]
     done = sched.postprocess_compact(plan, [TOKEN] * len(plan.sampled_ids), t + 1.0)
     sched.check_integrity()
     return t + 1, entries, plan.preempted, [f.request_id for f in done]

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from kvbench.engines.kvengine.core.plans import PROBE_CHUNKS, ProbeShape, probe_shape, stall_bounded_prefill
 
-shapes = st.builds(lambda first, extra: ProbeShape(min(64, first), first, first + extra),
-                   st.integers(1, 512), st.integers(0, 8192))
+shapes = st.builds(
+    lambda first, extra: ProbeShape(min(64, first), first, first + extra), st.integers(1, 512), st.integers(0, 8192)
+)
 
 
 @given(a=st.floats(1e-4, 1.0), b=st.floats(1e-7, 1e-1), factor=st.floats(1.05, 8.0), shape=shapes)
@@ -32,8 +33,13 @@ def test_on_a_line_the_budget_is_the_largest_within_the_factor(a, b, factor, sha
         assert a + b * (n + 1) > factor * a - slack  # one more token would not be
 
 
-@given(a=st.floats(1e-3, 1.0), knee=st.integers(0, 4096), b=st.floats(1e-7, 1e-2), factor=st.floats(1.05, 8.0),
-       shape=shapes)
+@given(
+    a=st.floats(1e-3, 1.0),
+    knee=st.integers(0, 4096),
+    b=st.floats(1e-7, 1e-2),
+    factor=st.floats(1.05, 8.0),
+    shape=shapes,
+)
 def test_on_a_roofline_the_flat_part_is_walked_and_the_factor_kept(a, knee, b, factor, shape):
     def step_s(n: int) -> float:  # a GPU-like step: the weights' read hides the first `knee` prefill tokens
         return a + b * max(0, n - knee)

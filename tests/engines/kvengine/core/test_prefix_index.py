@@ -5,8 +5,8 @@ import pytest
 
 from kvbench.engines.kvengine.core.adoption import adopt_pages
 from kvbench.engines.kvengine.core.events import EventKind, EventLog
-from kvbench.engines.kvengine.core.pages import IntegrityError, PagePool, PoolExhausted
 from kvbench.engines.kvengine.core.namespaces import SHARED_NAMESPACE, Namespace, Placement, TenantId, namespace_for
+from kvbench.engines.kvengine.core.pages import IntegrityError, PagePool, PoolExhausted
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Scheduler
 
@@ -74,8 +74,14 @@ def test_narrated_insert_match_split_and_lru_eviction():
     assert index.evict(1, now=7.0).num_pages == 1
     assert index.match(NS, toks(10, 11, 20, 21)).pages == (1, 2, 4)
     kinds = [(e.kind, e.num_pages) for e in events.take_events()]
-    assert kinds == [(EventKind.STORED, 3), (EventKind.STORED, 2), (EventKind.STORED, 2),
-                     (EventKind.EVICTED, 2), (EventKind.EVICTED, 1), (EventKind.EVICTED, 1)]
+    assert kinds == [
+        (EventKind.STORED, 3),
+        (EventKind.STORED, 2),
+        (EventKind.STORED, 2),
+        (EventKind.EVICTED, 2),
+        (EventKind.EVICTED, 1),
+        (EventKind.EVICTED, 1),
+    ]
     assert events.take_events() == []
     pool.release([7, 3])
     index.check_integrity()

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from kvbench.engines.kvengine.core.namespaces import namespace_for
 from kvbench.engines.kvengine.core.pages import PagePool
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
-from kvbench.engines.kvengine.core.namespaces import namespace_for
 from kvbench.engines.kvengine.core.scheduler import DEFAULT_TENANT, Request, RequestId, Scheduler, SchedulerConfig
 
 PS = 16
@@ -33,12 +33,16 @@ def test_chunked_prefill_splits_under_token_budget():
     assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [("r1", 0, 64, False)]
     assert plan.seqs[0].page_table == (1, 2, 3, 4)
     plan, _ = step(sched, 1.0)  # r1's last 36 tokens (pages 5-7), then r2's first 28 tokens (pages 8-9)
-    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [("r1", 64, 100, True),
-                                                                             ("r2", 0, 28, False)]
+    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [
+        ("r1", 64, 100, True),
+        ("r2", 0, 28, False),
+    ]
     assert plan.seqs[0].page_table == (1, 2, 3, 4, 5, 6, 7) and plan.seqs[1].page_table == (8, 9)
     plan, done = step(sched, 2.0)  # r1 decodes its sampled token (position 100); r2 finishes its prefill
-    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [("r1", 100, 101, True),
-                                                                             ("r2", 28, 40, True)]
+    assert [(s.request_id, s.start, s.end, s.samples) for s in plan.seqs] == [
+        ("r1", 100, 101, True),
+        ("r2", 28, 40, True),
+    ]
     assert [f.request_id for f in done] == ["r1", "r2"]
     assert done[0].output == (7, 7) and done[1].output == (7,)
     assert not sched.has_work()
@@ -218,11 +222,17 @@ def test_shared_prefix_pages_over_two_namespaces_are_counted_once_per_holder():
     count is its holders (the index, and each sequence's own pages beyond what it borrowed from the index),
     and the shared pages end up cached once, with one reference."""
     shared = prompt(48, 9)
-    sched = Scheduler(PrefixIndex(PagePool(1 + 11, PS)),
-                      SchedulerConfig(max_step_tokens=64, strict_isolation=False))
-    requests = [Request(RequestId(f"r{k}"), np.concatenate([shared, prompt(40, k)]), max_new_tokens=40,
-                        tenant=tenant, shared_tokens=48)
-                for k, tenant in enumerate(["a", "b"])]
+    sched = Scheduler(PrefixIndex(PagePool(1 + 11, PS)), SchedulerConfig(max_step_tokens=64, strict_isolation=False))
+    requests = [
+        Request(
+            RequestId(f"r{k}"),
+            np.concatenate([shared, prompt(40, k)]),
+            max_new_tokens=40,
+            tenant=tenant,
+            shared_tokens=48,
+        )
+        for k, tenant in enumerate(["a", "b"])
+    ]
     sched.add(requests[0])
     now, preempted, done = 0.0, [], {}
     while sched.has_work() and now < 400:

@@ -20,10 +20,14 @@ def prompt(n: int, seed: int) -> np.ndarray:
 
 def arrivals() -> dict[int, list[Request]]:
     """By step: a short request whose pages stay cached (evictable), then long decodes that outgrow the pool."""
-    return {0: [Request(RequestId("short"), prompt(40, 1), max_new_tokens=2)],
-            3: [Request(RequestId("a"), prompt(33, 2), max_new_tokens=70),
-                Request(RequestId("b"), prompt(20, 3), max_new_tokens=60)],
-            30: [Request(RequestId("c"), prompt(18, 4), max_new_tokens=50)]}
+    return {
+        0: [Request(RequestId("short"), prompt(40, 1), max_new_tokens=2)],
+        3: [
+            Request(RequestId("a"), prompt(33, 2), max_new_tokens=70),
+            Request(RequestId("b"), prompt(20, 3), max_new_tokens=60),
+        ],
+        30: [Request(RequestId("c"), prompt(18, 4), max_new_tokens=50)],
+    }
 
 
 def token(rid: str, k: int) -> int:

@@ -32,18 +32,26 @@ def workloads(draw):
         out = draw(st.integers(1, max(1, min(4 * ps, capacity_tokens - len(tokens)))))
         step = draw(st.integers(0, 3))
         tenant = draw(st.sampled_from(["a", "b"]))
-        arrivals.setdefault(step, []).append(Request(RequestId(f"r{k}"), tokens, max_new_tokens=out, tenant=tenant,
-                                                     shared_tokens=len(shared)))
-    config = SchedulerConfig(max_num_seqs=draw(st.integers(2, 4)), max_step_tokens=draw(st.integers(4, 64)),
-                             allow_swap=draw(st.booleans()), strict_isolation=draw(st.booleans()),
-                             max_prefill_beside_decodes=draw(st.none() | st.integers(1, 8)))
+        arrivals.setdefault(step, []).append(
+            Request(RequestId(f"r{k}"), tokens, max_new_tokens=out, tenant=tenant, shared_tokens=len(shared))
+        )
+    config = SchedulerConfig(
+        max_num_seqs=draw(st.integers(2, 4)),
+        max_step_tokens=draw(st.integers(4, 64)),
+        allow_swap=draw(st.booleans()),
+        strict_isolation=draw(st.booleans()),
+        max_prefill_beside_decodes=draw(st.none() | st.integers(1, 8)),
+    )
     return num_pages, ps, arrivals, config
 
 
 def check(num_pages, ps, arrivals, config) -> None:
     drives = {path: Drive(num_pages, ps, arrivals, path, config).play() for path in (ENGINE, COMPACT, RUNS)}
-    expected = {r.request_id: tuple(token(r.request_id, k) for k in range(r.max_new_tokens))
-                for rs in arrivals.values() for r in rs}
+    expected = {
+        r.request_id: tuple(token(r.request_id, k) for k in range(r.max_new_tokens))
+        for rs in arrivals.values()
+        for r in rs
+    }
     for path, drive in drives.items():
         assert drive.finished == expected, path
         assert not drive.sched.has_work()
@@ -78,8 +86,9 @@ def check_budget(num_pages, ps, arrivals, config) -> int:
         length = {rid: len(r.prompt) + produced[rid] for rid, r in requests.items()}
         plan = drive.plans[t]
         # a decode: the last token of a request that has sampled (recomputed after a preemption, or not)
-        decodes = {rid for rid, start, end, _ in plan if produced[rid] and (start, end) == (length[rid] - 1,
-                                                                                           length[rid])}
+        decodes = {
+            rid for rid, start, end, _ in plan if produced[rid] and (start, end) == (length[rid] - 1, length[rid])
+        }
         prefill = sum(end - start for rid, start, end, _ in plan if rid not in decodes)
         if len(decoding) <= config.max_step_tokens:  # room for every decode: none may wait
             assert decoding - decodes <= preempted.get(t, set()), (t, decoding, plan)
@@ -104,8 +113,10 @@ def test_decodes_go_first_and_prefill_beside_them_stays_within_its_budget(worklo
 def test_a_prompt_beside_a_decode_is_prefilled_in_chunks_of_the_budget():
     """The property's rule binds: a request arriving while another decodes is prefilled in chunks of the
     budget beside it, where without the budget its whole prompt runs in one step beside the decode."""
-    arrivals = {0: [Request(RequestId("a"), prompt(6, 1), max_new_tokens=12)],
-                2: [Request(RequestId("b"), prompt(30, 2), max_new_tokens=2)]}
+    arrivals = {
+        0: [Request(RequestId("a"), prompt(6, 1), max_new_tokens=12)],
+        2: [Request(RequestId("b"), prompt(30, 2), max_new_tokens=2)],
+    }
     budgeted = SchedulerConfig(max_step_tokens=64, max_prefill_beside_decodes=4)
     assert check_budget(20, 4, arrivals, budgeted) == 8  # b's 30 tokens: 7 chunks of 4, then 2, beside a
     unlimited = SchedulerConfig(max_step_tokens=64)

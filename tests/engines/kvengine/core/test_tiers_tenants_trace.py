@@ -50,11 +50,25 @@ def test_ttl_demotion_pressure_and_restore_plan():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["track", "touch", "forget", "plan", "apply_some"]),
-                          st.integers(0, 11), st.sampled_from([Tier.DEVICE, Tier.HOST, Tier.DISK]),
-                          st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0]), st.integers(0, 3)), max_size=60),
-       st.sampled_from([{Tier.DEVICE: 0, Tier.HOST: 3, Tier.DISK: 5}, {Tier.DEVICE: 2, Tier.HOST: 2, Tier.DISK: 4},
-                        {Tier.DEVICE: 0, Tier.DISK: 4}]))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["track", "touch", "forget", "plan", "apply_some"]),
+            st.integers(0, 11),
+            st.sampled_from([Tier.DEVICE, Tier.HOST, Tier.DISK]),
+            st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0]),
+            st.integers(0, 3),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from(
+        [
+            {Tier.DEVICE: 0, Tier.HOST: 3, Tier.DISK: 5},
+            {Tier.DEVICE: 2, Tier.HOST: 2, Tier.DISK: 4},
+            {Tier.DEVICE: 0, Tier.DISK: 4},
+        ]
+    ),
+)
 def test_plan_quick_answer_agrees_with_the_full_pass(ops, capacities):
     """`plan` answers "nothing to do" from its bookkeeping when it can; that answer must always be the full
     pass's. Random tracks, touches, forgets and partly applied plans, on a clock that only moves forward in
@@ -88,8 +102,11 @@ def test_ledger_victim_order_quota_cap_and_reservation():
     evictable = {A: 40, B: 20, P: 30}
     steps = ledger.eviction_plan(B, need=20, usage=usage, evictable=evictable)
     # a is 15 over quota: those go first; then LRU among plain tenants; premium only above its 20 reserved.
-    assert steps == (EvictionStep(frozenset({A}), 15), EvictionStep(frozenset({A, B}), 20),
-                     EvictionStep(frozenset({P}), 10))
+    assert steps == (
+        EvictionStep(frozenset({A}), 15),
+        EvictionStep(frozenset({A, B}), 20),
+        EvictionStep(frozenset({P}), 10),
+    )
     # Under contention a tenant at the cap must first give up its own pages.
     steps = ledger.eviction_plan(A, need=10, usage={A: 50, B: 50}, evictable={A: 50, B: 50})
     assert steps[0] == EvictionStep(frozenset({A}), 20) and steps[1] == EvictionStep(frozenset({A}), 10, enforce=True)
@@ -110,8 +127,12 @@ def _brute_force_unbounded(prompts, ps):
 def test_replay_matches_brute_force_and_lru_is_bounded():
     rng = np.random.default_rng(0)
     bases = [rng.integers(0, 50, 200, dtype=np.int32) for _ in range(5)]
-    prompts = [np.concatenate([bases[rng.integers(5)][: rng.integers(10, 200)],
-                               rng.integers(0, 50, rng.integers(0, 40), dtype=np.int32)]) for _ in range(60)]
+    prompts = [
+        np.concatenate(
+            [bases[rng.integers(5)][: rng.integers(10, 200)], rng.integers(0, 50, rng.integers(0, 40), dtype=np.int32)]
+        )
+        for _ in range(60)
+    ]
     stats = replay_prefix_hits(prompts, page_size=16, capacities_tokens=(64, 100_000))
     assert stats.requests == 60 and stats.prompt_tokens == sum(len(p) for p in prompts)
     assert stats.unbounded_token_hit_rate == pytest.approx(_brute_force_unbounded(prompts, 16))

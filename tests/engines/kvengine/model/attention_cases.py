@@ -11,8 +11,15 @@ from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG
 
-ALL_FORMATS = [("fp32", None), ("bf16", None), ("fp16", None), ("fp8_e4m3", "tensor"), ("fp8_e4m3", "channel"),
-               ("fp8_e5m2", "tensor"), ("fp8_e5m2", "channel")]
+ALL_FORMATS = [
+    ("fp32", None),
+    ("bf16", None),
+    ("fp16", None),
+    ("fp8_e4m3", "tensor"),
+    ("fp8_e4m3", "channel"),
+    ("fp8_e5m2", "tensor"),
+    ("fp8_e5m2", "channel"),
+]
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -31,8 +38,10 @@ def max_error_against_reference(model, fmt_names, backend, device="cpu", compute
     gen = torch.Generator().manual_seed(5)
     slots = torch.arange(12 * page_size, device=device)
     for layer in range(c.num_layers):
-        k, v = (torch.randn(len(slots), c.num_kv_heads, c.head_dim, generator=gen).to(device, compute_dtype)
-                for _ in range(2))
+        k, v = (
+            torch.randn(len(slots), c.num_kv_heads, c.head_dim, generator=gen).to(device, compute_dtype)
+            for _ in range(2)
+        )
         cache.write(layer, slots, k, v)
     batch = ForwardBatch.build(
         [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -55,8 +54,11 @@ def hf(model):
 
 
 @pytest.mark.parametrize("page_size", [16, 5])
-@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention(), CpuPagedAttention()],
-                         ids=["reference", "padded", "varlen", "cpu-paged"])
+@pytest.mark.parametrize(
+    "attention",
+    [ReferenceAttention(), PaddedAttention(), VarlenAttention(), CpuPagedAttention()],
+    ids=["reference", "padded", "varlen", "cpu-paged"],
+)
 def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attention):
     model.attention = attention
     prompt = tokens(37, seed=1)
@@ -79,8 +81,11 @@ def test_chunked_prefill_then_decode_matches_dense(model, hf, page_size, attenti
         assert (got[0] - dense_logits(hf, seq)[-1]).abs().max() < TOL
 
 
-@pytest.mark.parametrize("attention", [ReferenceAttention(), PaddedAttention(), VarlenAttention(), CpuPagedAttention()],
-                         ids=["reference", "padded", "varlen", "cpu-paged"])
+@pytest.mark.parametrize(
+    "attention",
+    [ReferenceAttention(), PaddedAttention(), VarlenAttention(), CpuPagedAttention()],
+    ids=["reference", "padded", "varlen", "cpu-paged"],
+)
 def test_sequences_sharing_prefix_pages_match_dense(model, hf, attention):
     model.attention = attention
     page_size = 4

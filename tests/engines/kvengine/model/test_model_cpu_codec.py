@@ -42,8 +42,9 @@ def values_to_encode(dtype: torch.dtype, seed: int) -> torch.Tensor:
     near = torch.cat([mids, torch.nextafter(mids, mids.abs() * 2), torch.nextafter(mids, torch.zeros_like(mids))])
     limit = fp8.fp8_max(dtype)
     noise = [torch.randn(4096, generator=gen) * s for s in (limit / 4, 1.0, 1e-3, 1e-6)]
-    edge = torch.tensor([0.0, -0.0, limit, -limit, limit * 1.01, -limit * 3, 1e30, float("inf"), -float("inf"),
-                         float("nan")])
+    edge = torch.tensor(
+        [0.0, -0.0, limit, -limit, limit * 1.01, -limit * 3, 1e30, float("inf"), -float("inf"), float("nan")]
+    )
     return torch.cat([near, -near, finite, *noise, edge])
 
 
@@ -100,8 +101,7 @@ def test_scatter_then_gather_of_slots_equals_torch_on_the_same_rows(lib, fmt):
     shift_rows = None if shift is None else torch.randn(num_rows, heads, generator=gen).bfloat16()
     read = torch.tensor([30, 30, 0, 11, 39, 2])
     got = cpu_kernels.decode(rows, read, scale, shift_rows, None, lib=lib)
-    want = fp8.decode_reference(fmt, rows[read], None if shift_rows is None else shift_rows[read], scale,
-                                torch.float32)
+    want = fp8.decode_reference(fmt, rows[read], None if shift_rows is None else shift_rows[read], scale, torch.float32)
     assert torch.equal(bits(got), bits(want))
 
 
@@ -131,8 +131,9 @@ def test_shapes_that_do_not_match_are_refused_not_read_past(lib):
     with pytest.raises(ValueError, match="rows of shape"):
         cpu_kernels.encode(torch.ones(2, 2, 4), torch.tensor(1.0), None, None, rows, None, lib=lib)
     with pytest.raises(ValueError, match="shift weights"):
-        cpu_kernels.encode(torch.ones(4, 2, 8), torch.ones(2, 8), torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), rows,
-                         None, lib=lib)
+        cpu_kernels.encode(
+            torch.ones(4, 2, 8), torch.ones(2, 8), torch.ones(2, 4), torch.zeros(4, 2).bfloat16(), rows, None, lib=lib
+        )
 
 
 def test_what_the_kernel_does_not_take_is_left_to_torch(lib):

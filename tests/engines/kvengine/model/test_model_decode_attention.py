@@ -30,7 +30,7 @@ def pages_of(lens: list[int], page_size: int, gen: torch.Generator) -> tuple[tor
     table = torch.zeros(len(lens), max(need), dtype=torch.int64)
     at = 0
     for s, n in enumerate(need):
-        table[s, :n] = order[at:at + n]
+        table[s, :n] = order[at : at + n]
         at += n
     return table, num_pages
 
@@ -51,8 +51,20 @@ def expected(q, k_rows, v_rows, page_size, scales, rows, table, lens) -> torch.T
     return out
 
 
-def run(lib, *, q_heads=9, kv_heads=3, dim=64, page_size=16, lens=LENS, dtype=torch.float32, scales=(1.0, 1.0),
-        threads=2, keys=None, seed=0):
+def run(
+    lib,
+    *,
+    q_heads=9,
+    kv_heads=3,
+    dim=64,
+    page_size=16,
+    lens=LENS,
+    dtype=torch.float32,
+    scales=(1.0, 1.0),
+    threads=2,
+    keys=None,
+    seed=0,
+):
     gen = torch.Generator().manual_seed(seed)
     table, num_pages = pages_of(lens, page_size, gen)
     shape = (num_pages * page_size, kv_heads, dim)
@@ -95,14 +107,16 @@ def test_query_groups_and_head_dims(lib, q_heads, kv_heads, dim, dtype):
 def trend(slope: float):
     """Keys whose scores rise (slope > 0) or fall along each sequence, by ~|slope| * 60 from its first key to its
     last: the running max of an online softmax moves on in every block, or never after the first."""
+
     def keys(shape, table, page_size, lens):
         gen = torch.Generator().manual_seed(3)
         k = torch.randn(shape, generator=gen) * 0.1
         for s, n in enumerate(lens):
             for p, page in enumerate(table[s, : -(-n // page_size)].tolist()):  # the sequence's own pages
                 position = torch.arange(page_size) + p * page_size
-                k[page * page_size:(page + 1) * page_size] += (slope * position / 700.0)[:, None, None]
+                k[page * page_size : (page + 1) * page_size] += (slope * position / 700.0)[:, None, None]
         return k
+
     return keys
 
 

@@ -101,14 +101,17 @@ def test_decode_table_equals_torch_cast_bit_for_bit_for_all_256_codes(kv_dtype):
     assert int(got.isnan().sum()) == {"fp8_e4m3": 2, "fp8_e5m2": 6}[kv_dtype]
     finite = ~want.isnan()
     assert torch.equal(got[finite].view(torch.int32), want[finite].view(torch.int32))  # -0.0 and inf included
-    assert torch.equal(fp8.lut_decode(codes.view(16, 16), got).view(torch.int32)[finite.view(16, 16)],
-                       want.view(16, 16).view(torch.int32)[finite.view(16, 16)])
+    assert torch.equal(
+        fp8.lut_decode(codes.view(16, 16), got).view(torch.int32)[finite.view(16, 16)],
+        want.view(16, 16).view(torch.int32)[finite.view(16, 16)],
+    )
 
 
 @pytest.mark.parametrize("table_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kv_dtype", FP8_DTYPES)
-def test_the_two_byte_lookup_of_a_bulk_decode_equals_the_one_byte_lookup_for_every_pair(kv_dtype, table_dtype,
-                                                                                         monkeypatch):
+def test_the_two_byte_lookup_of_a_bulk_decode_equals_the_one_byte_lookup_for_every_pair(
+    kv_dtype, table_dtype, monkeypatch
+):
     """Every (lo, hi) byte pair, in a [256, 256, 2] block: the 65,536-entry pair table (taken from
     PAIR_DECODE_MIN values on) gives the same bits as looking each byte up alone."""
     dtype = fp8.storage_dtype(KVFormat.parse(kv_dtype))
@@ -146,8 +149,8 @@ def test_rope_pair_scales_keep_keys_rotated_past_the_calibration_text_in_range()
     torch.manual_seed(0)
     T, H, D = 64, 2, 8
     x = torch.randn(T, H, D) * 0.01
-    x[..., :D // 2] += torch.randn(T, H, D // 2) * 3.0  # channels 0..3 carry the energy, 4..7 almost none
-    rotated = torch.cat((-x[..., D // 2:], x[..., :D // 2]), dim=-1)  # RoPE's rotate-half at 90 degrees
+    x[..., : D // 2] += torch.randn(T, H, D // 2) * 3.0  # channels 0..3 carry the energy, 4..7 almost none
+    rotated = torch.cat((-x[..., D // 2 :], x[..., : D // 2]), dim=-1)  # RoPE's rotate-half at 90 degrees
     fmt = KVFormat.parse("fp8_e4m3", "channel")
     limit = fp8.fp8_max(torch.float8_e4m3fn)
 
@@ -159,6 +162,6 @@ def test_rope_pair_scales_keep_keys_rotated_past_the_calibration_text_in_range()
     paired = fp8.calibrate_scale(fmt, x, rope_pairs=True)
     assert peak(per_channel) > 10 * limit  # clipped: the quiet channels' scales are ~300x too small
     assert peak(paired) <= limit
-    assert torch.equal(paired[..., :D // 2], paired[..., D // 2:])  # a pair shares one scale
+    assert torch.equal(paired[..., : D // 2], paired[..., D // 2 :])  # a pair shares one scale
     a = torch.tensor([[3.0, 1.0, 4.0, 0.0]])
     assert torch.allclose(fp8.rope_pair_amax(a), torch.tensor([[5.0, 1.0, 5.0, 1.0]]))  # sqrt(3^2 + 4^2) = 5

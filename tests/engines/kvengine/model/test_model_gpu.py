@@ -13,9 +13,9 @@ import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model import cpu_kernels
-from kvbench.engines.kvengine.model.cpu_attention import CpuPagedAttention
 from kvbench.engines.kvengine.model.attention import VarlenAttention
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
+from kvbench.engines.kvengine.model.cpu_attention import CpuPagedAttention
 from kvbench.engines.kvengine.model.gpu_attention import (
     FlashInferAttention,
     TritonPagedAttention,
@@ -40,11 +40,13 @@ def test_without_a_gpu_or_kernels_the_cpu_path_is_chosen():
     assert isinstance(backend, TritonPagedAttention if triton_available() and INTERPRETED else cpu_kernel)
     # channel scales with shifts are not the C kernel's
     assert type(attention_for("cpu", KVFormat.parse("fp8_e4m3", "channel"), torch.float32)) in (
-        TritonPagedAttention if triton_available() and INTERPRETED else VarlenAttention,)
+        TritonPagedAttention if triton_available() and INTERPRETED else VarlenAttention,
+    )
 
 
-@pytest.mark.skipif(not (triton_available() and (CUDA or INTERPRETED)),
-                    reason="needs triton, on CUDA or with TRITON_INTERPRET=1")
+@pytest.mark.skipif(
+    not (triton_available() and (CUDA or INTERPRETED)), reason="needs triton, on CUDA or with TRITON_INTERPRET=1"
+)
 @pytest.mark.parametrize("fmt", ALL_FORMATS, ids=str)
 def test_triton_paged_decode_equals_reference(fmt):
     device = "cuda" if CUDA else "cpu"
@@ -89,8 +91,9 @@ def test_cuda_graph_decode_equals_eager_decode(fmt):
     lengths = [len(p) for p in prompts]
     for _ in range(12):  # crosses page boundaries: 17 -> 29 and 33 -> 45 keys
         nxt = want.argmax(-1).tolist()
-        batch = ForwardBatch.build([SequenceChunk([t], n, tb) for t, n, tb in zip(nxt, lengths, tables)], 16,
-                                   device="cuda")
+        batch = ForwardBatch.build(
+            [SequenceChunk([t], n, tb) for t, n, tb in zip(nxt, lengths, tables)], 16, device="cuda"
+        )
         want, got = model(batch, eager_cache), graphs(batch, graph_cache)
         assert (want - got).abs().max() < 1e-4
         lengths = [n + 1 for n in lengths]
@@ -101,9 +104,9 @@ def test_cuda_graph_decode_equals_eager_decode(fmt):
 def test_engine_on_cuda_with_graphs_and_a_host_tier_gives_the_cpu_tokens():
     """tiny-random on CUDA (graphs on, pages demoted through the side-stream copy and restored) generates
     what it generates on CPU."""
-    from kvbench.engines.kvengine.settings.config import EngineConfig
     from kvbench.engines.kvengine.runtime.engine import Engine
     from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+    from kvbench.engines.kvengine.settings.config import EngineConfig
 
     def generate(**settings) -> list[list[int]]:
         engine = Engine(EngineConfig(model="tiny-random", kv_capacity=96, host_capacity=1024, **settings))

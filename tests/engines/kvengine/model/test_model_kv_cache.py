@@ -6,19 +6,32 @@ import pytest
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
-from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model import cpu_kernels
+from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.calibration import calibrate_kv_scales
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.model.kv_cache import KVScales, PagedKVCache
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
 
 SMOLLM2 = ModelConfig(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9, num_kv_heads=3,
-    head_dim=64, tie_word_embeddings=True,
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    tie_word_embeddings=True,
 )
-FORMATS = [("fp32", None), ("bf16", None), ("fp16", None), ("fp8_e4m3", "tensor"), ("fp8_e5m2", "tensor"),
-           ("fp8_e4m3", "channel"), ("fp8_e5m2", "channel")]
+FORMATS = [
+    ("fp32", None),
+    ("bf16", None),
+    ("fp16", None),
+    ("fp8_e4m3", "tensor"),
+    ("fp8_e5m2", "tensor"),
+    ("fp8_e4m3", "channel"),
+    ("fp8_e5m2", "channel"),
+]
 
 
 def test_bytes_per_token_follows_the_dtype():
@@ -115,8 +128,13 @@ def test_set_scales_checks_shape_and_sign():
 
 
 def test_tensor_scales_are_each_layers_installed_scales_as_floats_and_follow_a_new_install():
-    cache = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"),
-                         scales=KVScales(torch.tensor([0.25, 0.5]), torch.tensor([2.0, 4.0])))
+    cache = PagedKVCache(
+        TINY_CONFIG,
+        2,
+        16,
+        KVFormat.parse("fp8_e4m3"),
+        scales=KVScales(torch.tensor([0.25, 0.5]), torch.tensor([2.0, 4.0])),
+    )
     assert cache.tensor_scales == ((0.25, 0.5), (2.0, 4.0))
     cache.set_scales(KVScales(torch.tensor([1.5, 3.0]), torch.tensor([0.125, 8.0])))
     assert cache.tensor_scales == ((1.5, 3.0), (0.125, 8.0))
@@ -128,8 +146,13 @@ def test_kernel_decode_tables_fold_each_layers_tensor_scale_and_are_bare_in_chan
     from kvbench.engines.kvengine.model import fp8
 
     table = fp8.decode_table(torch.float8_e4m3fn)
-    cache = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"),
-                         scales=KVScales(torch.tensor([0.25, 0.5]), torch.tensor([2.0, 4.0])))
+    cache = PagedKVCache(
+        TINY_CONFIG,
+        2,
+        16,
+        KVFormat.parse("fp8_e4m3"),
+        scales=KVScales(torch.tensor([0.25, 0.5]), torch.tensor([2.0, 4.0])),
+    )
     for layer, (k_scale, v_scale) in enumerate([(0.25, 2.0), (0.5, 4.0)]):
         k, v = cache.decode_tables(layer)
         assert torch.equal(k.view(torch.int32), (table * k_scale).view(torch.int32))  # NaN codes by their bits
@@ -141,7 +164,9 @@ def test_kernel_decode_tables_fold_each_layers_tensor_scale_and_are_bare_in_chan
 
 def test_layout_fingerprint_changes_with_scales():
     a = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"))
-    b = PagedKVCache(TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"), scales=KVScales(torch.full((2,), 0.5), torch.ones(2)))
+    b = PagedKVCache(
+        TINY_CONFIG, 2, 16, KVFormat.parse("fp8_e4m3"), scales=KVScales(torch.full((2,), 0.5), torch.ones(2))
+    )
     assert a.layout_fingerprint != b.layout_fingerprint
     assert a.layout_fingerprint == PagedKVCache(TINY_CONFIG, 5, 16, KVFormat.parse("fp8_e4m3")).layout_fingerprint
 

@@ -27,8 +27,12 @@ def test_the_kernel_equals_torchs_linear(m, n, k, bias, threads):
     b = torch.randn(n, generator=gen) if bias else None
     out = cpu_kernels.linear_rows(x, weight, b, threads)
     assert out is not None and out.shape == (m, n)
-    torch.testing.assert_close(out, F.linear(x.double(), weight.double(), None if b is None else b.double()).float(),
-                               atol=1e-5 * k**0.5, rtol=1e-5)
+    torch.testing.assert_close(
+        out,
+        F.linear(x.double(), weight.double(), None if b is None else b.double()).float(),
+        atol=1e-5 * k**0.5,
+        rtol=1e-5,
+    )
 
 
 @native

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.kv_format import KVFormat
 from kvbench.engines.kvengine.model.batch import ForwardBatch, SequenceChunk
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.model.llama import can_prepack, prepacked_bytes
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
 from kvbench.engines.kvengine.runtime.memory_budget import plan_memory
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 PS = 4
 
@@ -43,7 +43,10 @@ def test_fused_projections_are_views_of_the_named_weights():
     assert not torch.allclose(batch_logits(model, [3]), before)
     moved = model.to(torch.float64)  # a conversion rebuilds the fused tensors from the converted weights
     assert moved.model.layers[0].self_attn.qkv_weight.dtype == torch.float64
-    assert moved.model.layers[0].self_attn.q_proj.weight.data_ptr() == moved.model.layers[0].self_attn.qkv_weight.data_ptr()
+    assert (
+        moved.model.layers[0].self_attn.q_proj.weight.data_ptr()
+        == moved.model.layers[0].self_attn.qkv_weight.data_ptr()
+    )
 
 
 @pytest.mark.skipif(not can_prepack("cpu", torch.float32), reason="this torch has no oneDNN")
@@ -59,16 +62,18 @@ def test_prepacked_linears_give_the_plain_forward_logits():
 
 def test_the_memory_budget_counts_the_prepacked_copies():
     with_copies = plan_memory(TINY_CONFIG, EngineConfig(model="tiny-random", kv_capacity=256), 1 << 34)
-    without = plan_memory(TINY_CONFIG, EngineConfig(model="tiny-random", kv_capacity=256, prepacked_weights=False),
-                          1 << 34)
+    without = plan_memory(
+        TINY_CONFIG, EngineConfig(model="tiny-random", kv_capacity=256, prepacked_weights=False), 1 << 34
+    )
     expected = prepacked_bytes(tiny_model(seed=0)) if can_prepack("cpu", torch.float32) else 0
     assert with_copies.weights - without.weights == expected
 
 
 @pytest.mark.skipif(not can_prepack("cpu", torch.float32), reason="this torch has no oneDNN")
 @pytest.mark.parametrize("capability, one_row_packed", [("AVX2", True), ("AVX512", False), ("DEFAULT", False)])
-def test_one_row_steps_use_the_prepacked_weights_only_where_torchs_kernels_are_avx2(monkeypatch, capability,
-                                                                                    one_row_packed):
+def test_one_row_steps_use_the_prepacked_weights_only_where_torchs_kernels_are_avx2(
+    monkeypatch, capability, one_row_packed
+):
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     model = tiny_model(seed=3)
     model.row_kernel_rows = 0  # the few rows' own kernel aside (test_model_linear_rows.py): torch's linears only

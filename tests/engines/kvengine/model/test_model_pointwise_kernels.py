@@ -62,8 +62,9 @@ def test_what_the_kernel_does_not_take_is_left_to_torch(lib):
     assert cpu_kernels.rope(x, cos[:3], sin[:3], 1, lib) is None  # one cos row short
     odd, c, s = inputs(4, 3, 5, seed=3)
     assert cpu_kernels.rope(odd, c[:, :5], s[:, :5], 1, lib) is None  # an odd head dim has no halves
-    assert torch.equal(llama.apply_rope(x.double(), cos.double(), sin.double()),
-                       torch_rope(x.double(), cos.double(), sin.double()))
+    assert torch.equal(
+        llama.apply_rope(x.double(), cos.double(), sin.double()), torch_rope(x.double(), cos.double(), sin.double())
+    )
 
 
 @pytest.mark.parametrize("n, width", [(1, 1536), (3, 13), (600, 1536)])  # 13: the 8-lane loop's tail

@@ -38,19 +38,32 @@ def expected(q, k_rows, v_rows, page_size, scales, starts, chunks, table) -> tor
         v = v_rows[stored].double() * scales[1]
         visible = t[None, :] <= (computed + torch.arange(n))[:, None]  # [n, keys]
         for h in range(q_heads):
-            scores = q[starts[s]:starts[s] + n, h].double() @ k[:, h // group].T / math.sqrt(dim)
+            scores = q[starts[s] : starts[s] + n, h].double() @ k[:, h // group].T / math.sqrt(dim)
             weights = torch.softmax(scores.masked_fill(~visible, -math.inf), -1)
-            out[starts[s]:starts[s] + n, h] = weights @ v[:, h // group]
+            out[starts[s] : starts[s] + n, h] = weights @ v[:, h // group]
     return out
 
 
-def run(lib, *, q_heads=9, kv_heads=3, dim=64, page_size=16, chunks=CHUNKS, dtype=torch.float32,
-        scales=(1.0, 1.0), threads=2, keys=None, seed=0):
+def run(
+    lib,
+    *,
+    q_heads=9,
+    kv_heads=3,
+    dim=64,
+    page_size=16,
+    chunks=CHUNKS,
+    dtype=torch.float32,
+    scales=(1.0, 1.0),
+    threads=2,
+    keys=None,
+    seed=0,
+):
     gen = torch.Generator().manual_seed(seed)
     table, num_pages = pages_of([n + computed for n, computed in chunks], page_size, gen)
     shape = (num_pages * page_size, kv_heads, dim)
-    k_rows = torch.randn(shape, generator=gen) if keys is None else keys(shape, table, page_size,
-                                                                        [n + c for n, c in chunks])
+    k_rows = (
+        torch.randn(shape, generator=gen) if keys is None else keys(shape, table, page_size, [n + c for n, c in chunks])
+    )
     k_rows, v_rows = k_rows.to(dtype), torch.randn(shape, generator=gen).to(dtype)
     # the chunks' rows of q in reverse order, with a row before, between and after them that no chunk owns
     starts, row = [], 1
@@ -60,13 +73,24 @@ def run(lib, *, q_heads=9, kv_heads=3, dim=64, page_size=16, chunks=CHUNKS, dtyp
     q = torch.randn(row, q_heads, dim, generator=gen)
     out = torch.full_like(q, 7.0)
     column = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-    assert cpu_kernels.prefill_attention(q, out, k_rows, v_rows, page_size, scales, column(starts),
-                                       column([n for n, _ in chunks]), column([c for _, c in chunks]), table,
-                                       threads, lib)
+    assert cpu_kernels.prefill_attention(
+        q,
+        out,
+        k_rows,
+        v_rows,
+        page_size,
+        scales,
+        column(starts),
+        column([n for n, _ in chunks]),
+        column([c for _, c in chunks]),
+        table,
+        threads,
+        lib,
+    )
     want = expected(q, k_rows, v_rows, page_size, scales, starts, chunks, table)
     owned = torch.zeros(len(q), dtype=torch.bool)
     for start, (n, _) in zip(starts, chunks):
-        owned[start:start + n] = True
+        owned[start : start + n] = True
     assert (out[~owned] == 7.0).all()  # rows outside the chunks are not written
     return out[owned].double(), want[owned]
 

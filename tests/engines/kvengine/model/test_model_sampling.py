@@ -69,8 +69,16 @@ def test_a_temperature_below_1e_5_is_greedy_where_dividing_by_it_would_give_nan(
     assert not SamplingParams(temperature=1e-5).greedy
 
 
-@pytest.mark.parametrize("bad", [{"temperature": float("nan")}, {"temperature": float("inf")},
-                                 {"top_p": float("nan")}, {"seed": 2**63}, {"seed": -(2**63) - 1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": float("nan")},
+        {"seed": 2**63},
+        {"seed": -(2**63) - 1},
+    ],
+)
 def test_values_torch_would_fail_on_mid_step_are_refused_up_front(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
@@ -100,7 +108,9 @@ def test_vectorised_sampling_equals_the_per_row_version_for_fixed_seeds():
     logits = torch.randn(12, 300, generator=gen) * torch.tensor([0.1, 1.0, 4.0, 10.0] * 3)[:, None]
     temperatures = [0.0, 0.7, 1.0, 1.5, 1e-6, 0.3, 2.0, 1.0, 0.9, 0.0, 5.0, 0.5]
     top_ps = [1.0, 0.9, 0.5, 1.0, 0.3, 0.05, 1.0, 0.99, 0.7, 0.2, 0.8, 1.0]
-    params = [SamplingParams(temperature=t, top_p=p, seed=100 + i) for i, (t, p) in enumerate(zip(temperatures, top_ps))]
+    params = [
+        SamplingParams(temperature=t, top_p=p, seed=100 + i) for i, (t, p) in enumerate(zip(temperatures, top_ps))
+    ]
     fast = [p.generator() for p in params]
     slow = [p.generator() for p in params]
     for step in range(20):  # the generators advance together, step after step

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.engines.kvengine.model.sampling import SamplingParams
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.core.kv_format import KVFormat
+from kvbench.engines.kvengine.model.sampling import SamplingParams
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.runtime.tiny import EOS_ID, tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from .tiers_fixtures import greedy, run, tokens
 

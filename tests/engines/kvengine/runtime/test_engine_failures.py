@@ -41,8 +41,9 @@ def poisoned_sampling(monkeypatch):
 
 
 def poisoned(request_id: str, prompt) -> GenerationRequest:
-    return GenerationRequest(request_id, tuple(prompt), 8, SamplingParams(temperature=1.0, seed=POISON_SEED),
-                             ignore_eos=True)
+    return GenerationRequest(
+        request_id, tuple(prompt), 8, SamplingParams(temperature=1.0, seed=POISON_SEED), ignore_eos=True
+    )
 
 
 PROMPTS = {f"r{i}": list(range(100 + 7 * i, 150 + 9 * i)) for i in range(3)}

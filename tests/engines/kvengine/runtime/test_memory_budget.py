@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from kvbench.engines.kvengine.adapter import KVEngineSettings
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.model.config import ModelConfig
 from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, plan_memory
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.settings import SettingsError
 
 REPO = Path(__file__).resolve().parents[4]
@@ -24,8 +24,17 @@ H200 = 141 * 10**9  # bytes of one device
 
 
 def qwen_tp8(**settings) -> EngineConfig:
-    return EngineConfig(**{"device": "cuda", "compute_dtype": "bfloat16", "kv_dtype": "bf16",
-                           "tensor_parallel_size": 8, "kv_capacity": 100_000, "max_model_len": 32768, **settings})
+    return EngineConfig(
+        **{
+            "device": "cuda",
+            "compute_dtype": "bfloat16",
+            "kv_dtype": "bf16",
+            "tensor_parallel_size": 8,
+            "kv_capacity": 100_000,
+            "max_model_len": 32768,
+            **settings,
+        }
+    )
 
 
 def test_the_budget_of_qwen_72b_at_tp8_equals_a_hand_computation():
@@ -40,8 +49,11 @@ def test_the_budget_of_qwen_72b_at_tp8_equals_a_hand_computation():
     pages = 100_000 // 16 + 1  # kv_capacity in 16-token pages, + the null page
     assert budget.kv == pages * 16 * 80 * 2 * 128 * 2 and budget.kv_tokens == 100_000
     t, s, ctx = 512, 16, 32768
-    assert budget.activations == ((t * hidden * 4 + t * (8 + 2) * 128 + t * mlp * 3 + s * ctx * 1 * 128 * 2) * 2
-                                  + t * 8 * ctx * 4 + s * (vocab + 152064) * 4)
+    assert budget.activations == (
+        (t * hidden * 4 + t * (8 + 2) * 128 + t * mlp * 3 + s * ctx * 1 * 128 * 2) * 2
+        + t * 8 * ctx * 4
+        + s * (vocab + 152064) * 4
+    )
     assert budget.needed == budget.weights + budget.kv + budget.activations  # one rank per device
     assert budget.limit == int(0.9 * H200)
 
@@ -94,4 +106,3 @@ def test_the_kvengine_rows_of_the_8xh200_configs_fit_and_the_old_row_did_not(pat
     old = dataclasses.replace(row, tensor_parallel_size=1, kv_capacity=2_000_000)
     with pytest.raises(SettingsError, match="tensor_parallel_size"):
         fit_memory(QWEN_72B, old, H200)
-

@@ -9,11 +9,11 @@ import types
 
 import pytest
 
-from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 from kvbench.engines.kvengine.runtime import engine as engine_module
 from kvbench.engines.kvengine.runtime.budget_probe import build_engine
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+from kvbench.engines.kvengine.settings.config import AUTO, EngineConfig
 
 DECODE_S = 0.040
 PER_TOKEN_S = 0.0015  # 40 ms a decode step, 1.5 ms a prefill token: within 3x (the default), 53 tokens
@@ -24,8 +24,9 @@ def instrument(monkeypatch):
     """The engine's perf_counter, advanced only by model runs: DECODE_S + per_token x the tokens of its prefill
     chunks. Returns the namespace; set its per_token to change the cost."""
     clock = types.SimpleNamespace(now=0.0, per_token=PER_TOKEN_S, runs=[])
-    monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock.now,
-                                                                     monotonic=lambda: clock.now))
+    monkeypatch.setattr(
+        engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock.now, monotonic=lambda: clock.now)
+    )
     real_run = Engine._run
 
     def timed_run(self, seqs):
@@ -39,8 +40,9 @@ def instrument(monkeypatch):
 
 
 def settings(**overrides) -> EngineConfig:
-    return EngineConfig(**{"model": "tiny-random", "kv_capacity": 2048, "max_step_tokens": 256, "threads": 1,
-                           **overrides})
+    return EngineConfig(
+        **{"model": "tiny-random", "kv_capacity": 2048, "max_step_tokens": 256, "threads": 1, **overrides}
+    )
 
 
 def metric(engine: Engine, name: str) -> float | None:
@@ -125,8 +127,9 @@ def test_greedy_output_is_the_same_whatever_the_budget():
         try:
             while t <= max(arrivals) or engine.has_work():
                 for rid, n, out in arrivals.get(t, []):
-                    engine.add(GenerationRequest(rid, tuple(range(7 * len(rid), 7 * len(rid) + n)), out,
-                                                 ignore_eos=True))
+                    engine.add(
+                        GenerationRequest(rid, tuple(range(7 * len(rid), 7 * len(rid) + n)), out, ignore_eos=True)
+                    )
                 for output in engine.step():
                     if output.token_id is not None:
                         tokens[output.request_id].append(output.token_id)

@@ -82,6 +82,7 @@ def test_a_stopped_redis_leaves_the_engine_serving_and_is_counted(loaded, redis)
 
 # --- authenticated records (issue 28) ---------------------------------------------------------------------
 
+
 def _page_keys(engine, prompt):
     from kvbench.engines.kvengine.core.content_keys import page_keys
     from kvbench.engines.kvengine.core.namespaces import namespace_for

@@ -1,8 +1,8 @@
 """The step probe records exactly the work of every model step, for the simulator's calibration."""
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.step_probe import ProbeCase, probe_steps
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 
 def test_every_step_is_recorded_with_the_token_ranges_it_computed():
@@ -10,8 +10,12 @@ def test_every_step_is_recorded_with_the_token_ranges_it_computed():
     steps = probe_steps(engine, [ProbeCase(1024, batch=1, max_tokens=3), ProbeCase(100, batch=3, max_tokens=2)])
     works = [step.work for step in steps]
     assert works == [
-        ((0, 512),), ((512, 1024),), ((1024, 1025),), ((1025, 1026),),  # chunked prefill, then two decodes
-        ((0, 100), (0, 100), (0, 100)), ((100, 101), (100, 101), (100, 101)),  # a batch of three
+        ((0, 512),),
+        ((512, 1024),),
+        ((1024, 1025),),
+        ((1025, 1026),),  # chunked prefill, then two decodes
+        ((0, 100), (0, 100), (0, 100)),
+        ((100, 101), (100, 101), (100, 101)),  # a batch of three
     ]
     assert all(step.seconds > 0 for step in steps)
     assert not engine.has_work() and engine.step_listeners == []

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import mannwhitneyu
 
-from kvbench.engines.kvengine.settings.tenants import load_tenants, parse_tenants
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.tenants import load_tenants, parse_tenants
 
 from .tiers_fixtures import greedy, make_engine, run, tokens
 
@@ -92,8 +92,11 @@ def b_timings(loaded, isolation: str, tenants_file: str | None = None) -> tuple[
 
 def ab_tenants(tmp_path, shared_prefixes: list) -> str:
     path = tmp_path / "tenants.json"
-    path.write_text(json.dumps({"tenants": {"A": {"api_keys": ["k-a"]}, "B": {"api_keys": ["k-b"]}},
-                                "shared_prefixes": shared_prefixes}))
+    path.write_text(
+        json.dumps(
+            {"tenants": {"A": {"api_keys": ["k-a"]}, "B": {"api_keys": ["k-b"]}}, "shared_prefixes": shared_prefixes}
+        )
+    )
     return str(path)
 
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.model.batch import SequenceChunk
 from kvbench.engines.kvengine.model.parallel import TensorParallel
 from kvbench.engines.kvengine.model.tiny import TINY_CONFIG, tiny_model
@@ -18,6 +17,7 @@ from kvbench.engines.kvengine.runtime.model_runner import Forward
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.server.ranks import RankProcesses
 from kvbench.engines.kvengine.server.shm_collectives import SharedMemoryCollectives
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from .tiers_fixtures import run, tokens
 
@@ -30,8 +30,11 @@ def requests() -> list[list[GenerationRequest]]:
     """Rounds of requests, each run to completion: a prompt, the same prompt with another ending (its first
     pages come from the prefix cache), then four at once under chunked prefill and preemption."""
     ask = lambda rid, prompt, n=8: GenerationRequest(rid, tuple(prompt), n, ignore_eos=True, logprobs=3)  # noqa: E731
-    return [[ask("a", PREFIX)], [ask("b", PREFIX + [7, 8, 9])],
-            [ask(f"c{i}", list(range(200 + 13 * i, 260 + 13 * i)), 24) for i in range(4)]]
+    return [
+        [ask("a", PREFIX)],
+        [ask("b", PREFIX + [7, 8, 9])],
+        [ask(f"c{i}", list(range(200 + 13 * i, 260 + 13 * i)), 24) for i in range(4)],
+    ]
 
 
 class RecordingScheduler:
@@ -112,10 +115,19 @@ def test_every_ranks_query_heads_read_the_kv_head_it_holds(size):
         part = TensorParallel(rank, size).shard_state_dict(full, c)
         q = part["model.layers.0.self_attn.q_proj.weight"].view(-1, d, c.hidden_size)
         k = part["model.layers.0.self_attn.k_proj.weight"].view(-1, d, c.hidden_size)
-        q_heads = [h for h in range(c.num_heads) if any(torch.equal(q[i], full["model.layers.0.self_attn.q_proj.weight"]
-                   .view(-1, d, c.hidden_size)[h]) for i in range(len(q)))]
-        kv_heads = [h for h in range(c.num_kv_heads) if torch.equal(k[0], full["model.layers.0.self_attn.k_proj.weight"]
-                    .view(-1, d, c.hidden_size)[h])]
+        q_heads = [
+            h
+            for h in range(c.num_heads)
+            if any(
+                torch.equal(q[i], full["model.layers.0.self_attn.q_proj.weight"].view(-1, d, c.hidden_size)[h])
+                for i in range(len(q))
+            )
+        ]
+        kv_heads = [
+            h
+            for h in range(c.num_kv_heads)
+            if torch.equal(k[0], full["model.layers.0.self_attn.k_proj.weight"].view(-1, d, c.hidden_size)[h])
+        ]
         assert len(q) == c.num_heads // size and len(k) == max(c.num_kv_heads // size, 1)
         assert {h // group for h in q_heads} == set(kv_heads), (rank, q_heads, kv_heads)
         held_q += q_heads

@@ -27,8 +27,7 @@ def loaded():
 @pytest.fixture
 def tiered(loaded, tmp_path):
     clock = FakeClock()
-    engine = make_engine(loaded, clock, host_capacity=1024, disk_capacity=4096,
-                         disk_dir=str(tmp_path / "disk"))
+    engine = make_engine(loaded, clock, host_capacity=1024, disk_capacity=4096, disk_dir=str(tmp_path / "disk"))
     yield engine, clock
     engine.close()
 
@@ -91,8 +90,9 @@ def demote_to_disk(engine, clock) -> None:
 
 
 @pytest.mark.parametrize("damage, reason", [("flip", "forged"), ("truncate", "corrupt"), ("copied", "forged")])
-def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_unchanged(loaded, tiered, damage,
-                                                                                           reason):
+def test_a_corrupted_truncated_or_foreign_disk_page_is_a_miss_and_the_output_is_unchanged(
+    loaded, tiered, damage, reason
+):
     engine, clock = tiered
     reference = tokens(run(make_engine(loaded), greedy("ref", NEXT))["ref"])
     demote_to_disk(engine, clock)
@@ -150,8 +150,7 @@ def test_a_full_disk_is_skipped_and_counted_and_the_engine_keeps_serving(loaded,
 
 def test_host_capacity_pushes_the_least_recent_pages_to_disk(loaded, tmp_path):
     clock = FakeClock()
-    engine = make_engine(loaded, clock, host_capacity=64, disk_capacity=4096,
-                         disk_dir=str(tmp_path / "d"))
+    engine = make_engine(loaded, clock, host_capacity=64, disk_capacity=4096, disk_dir=str(tmp_path / "d"))
     run(engine, greedy("t1", PROMPT))
     clock.advance(31)
     engine.step()  # 5 pages leave device for a 4-page host tier: the oldest moves on to disk

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from .tiers_fixtures import greedy, run, tokens
 

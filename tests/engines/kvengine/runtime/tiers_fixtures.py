@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 
 @dataclass
@@ -84,7 +84,8 @@ def redis_server(tmp: Path) -> Iterator[RedisServer]:
     port = free_port()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     server = RedisServer(f"redis://127.0.0.1:{port}/0", process)
     try:

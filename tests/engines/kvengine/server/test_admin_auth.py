@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from .server_fixture import serving
 
@@ -36,8 +36,15 @@ def engine(tmp_path=None) -> Engine:
     if tmp_path is not None:
         tenants = tmp_path / "tenants.yaml"
         tenants.write_text("tenants:\n  acme:\n    api_keys: [k-acme]\n  beta:\n    api_keys: [k-beta]\n")
-    return Engine(EngineConfig(kv_capacity=1024, max_model_len=512, served_model_name="tiny",
-                               tenants_file=str(tenants) if tenants else None), tiny_loaded_model(5))
+    return Engine(
+        EngineConfig(
+            kv_capacity=1024,
+            max_model_len=512,
+            served_model_name="tiny",
+            tenants_file=str(tenants) if tenants else None,
+        ),
+        tiny_loaded_model(5),
+    )
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,11 @@ from kvbench.engines.kvengine.server.admission import TemplateCost, check_json_s
 from kvbench.engines.kvengine.server.protocol import RequestError
 
 TEXT = st.text(alphabet='[]{}"\\ax\n', max_size=8)
-VALUES = st.recursive(st.none() | st.integers() | TEXT,
-                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-                      max_leaves=40)
+VALUES = st.recursive(
+    st.none() | st.integers() | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=40,
+)
 
 
 def depth_and_count(value) -> tuple[int, int]:
@@ -40,8 +42,11 @@ def test_depth_and_object_count_are_read_from_the_bytes_as_json_reads_them(value
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "system", "x"]), st.text(max_size=30)),
-                min_size=1, max_size=20))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["user", "assistant", "system", "x"]), st.text(max_size=30)), min_size=1, max_size=20
+    )
+)
 def test_the_template_bound_is_never_below_the_templated_text(messages):
     tokenizer = byte_tokenizer()
     chat = [{"role": role, "content": content} for role, content in messages]

@@ -26,17 +26,22 @@ SLOTS = 2
 
 @pytest.fixture(scope="module")
 def served():
-    engine = Engine(EngineConfig(kv_capacity=16384, max_model_len=8192, max_num_seqs=SLOTS,
-                                 served_model_name="tiny"), tiny_loaded_model(5))
+    engine = Engine(
+        EngineConfig(kv_capacity=16384, max_model_len=8192, max_num_seqs=SLOTS, served_model_name="tiny"),
+        tiny_loaded_model(5),
+    )
     with serving(engine, stall_timeout_s=1.0) as base:
         yield engine, base
 
 
 @pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
-@pytest.mark.parametrize("shape, word", [
-    (lambda: "[" * 100_000 + "]" * 100_000, "levels deep"),
-    (lambda: json.dumps({**BODY, "extra": [{}] * 100_000}), "objects and arrays"),
-])
+@pytest.mark.parametrize(
+    "shape, word",
+    [
+        (lambda: "[" * 100_000 + "]" * 100_000, "levels deep"),
+        (lambda: json.dumps({**BODY, "extra": [{}] * 100_000}), "objects and arrays"),
+    ],
+)
 def test_a_body_in_any_json_encoding_meets_the_same_bounds(served, encoding, shape, word):
     """Before: UTF-16-LE nested 100,000 deep was a 500 (RecursionError); 300,000 `{}` were served (200)."""
     engine, url = served
@@ -64,9 +69,16 @@ def test_a_stop_list_at_its_bound_is_served_and_one_past_it_is_a_400_naming_stop
         assert status == 400 and body["error"]["param"] == "stop", body
 
 
-@pytest.mark.parametrize("field, value", [("temperature", "x" * 3_000_000), ("max_tokens", 10**3999),
-                                          ("model", ["y" * 100_000] * 10), ("seed", -(10**3999))],
-                         ids=["3MB-temperature", "4000-digit-max_tokens", "list-model", "4000-digit-seed"])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", "x" * 3_000_000),
+        ("max_tokens", 10**3999),
+        ("model", ["y" * 100_000] * 10),
+        ("seed", -(10**3999)),
+    ],
+    ids=["3MB-temperature", "4000-digit-max_tokens", "list-model", "4000-digit-seed"],
+)
 def test_an_error_names_the_field_and_cuts_the_value(served, field, value):
     """Before: the whole 3 MB value, or all 4,000 digits, came back in the message."""
     _, url = served
@@ -82,8 +94,11 @@ def stream_never_read(url: str) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     return sock
 
 

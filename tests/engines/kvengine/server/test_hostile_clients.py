@@ -17,9 +17,9 @@ import urllib.parse
 
 import pytest
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from .server_fixture import serving
 from .test_robustness import BODY, send, served_ok, settled
@@ -30,8 +30,7 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_t
 @pytest.fixture(scope="module")
 def served():
     # An 8192-token context: bodies up to 4 MB, text up to 524,288 characters (protocol.max_prompt_chars).
-    engine = Engine(EngineConfig(kv_capacity=8192, max_model_len=8192, served_model_name="tiny"),
-                    tiny_loaded_model(5))
+    engine = Engine(EngineConfig(kv_capacity=8192, max_model_len=8192, served_model_name="tiny"), tiny_loaded_model(5))
     with serving(engine) as base:
         yield engine, base
 
@@ -84,11 +83,14 @@ def is_openai_error(body, status: int) -> bool:
 DEEP = 100_000
 
 
-@pytest.mark.parametrize("path, raw", [
-    ("/v1/completions", b"[" * DEEP + b"]" * DEEP),
-    ("/v1/completions", json.dumps({**BODY, "prompt": "@"}).encode().replace(b'"@"', b"[" * DEEP + b"]" * DEEP)),
-    ("/v1/chat/completions", json.dumps(CHAT).encode().replace(b'"hi"', b'{"a":' * DEEP + b"1" + b"}" * DEEP)),
-])
+@pytest.mark.parametrize(
+    "path, raw",
+    [
+        ("/v1/completions", b"[" * DEEP + b"]" * DEEP),
+        ("/v1/completions", json.dumps({**BODY, "prompt": "@"}).encode().replace(b'"@"', b"[" * DEEP + b"]" * DEEP)),
+        ("/v1/chat/completions", json.dumps(CHAT).encode().replace(b'"hi"', b'{"a":' * DEEP + b"1" + b"}" * DEEP)),
+    ],
+)
 def test_a_body_nested_100000_deep_is_a_400_naming_the_depth_and_the_server_goes_on(served, path, raw):
     """Before: 500 "Server got itself in trouble" as plain text, and a RecursionError traceback."""
     engine, url = served
@@ -108,6 +110,7 @@ def test_routing_errors_are_openai_errors_too(served, path, method, status):
 
 
 # --- chats whose template makes them long -------------------------------------------------------------------
+
 
 def test_a_100000_message_chat_is_refused_before_it_reaches_the_tokenizer(served, spied):
     """Before: 3.6 s of templating and tokenising 900,011 tokens, then a 400."""
@@ -151,8 +154,9 @@ def test_five_long_chats_never_hold_a_normal_request_and_the_large_lane_is_bound
     def call(name: str, body: dict) -> None:
         import urllib.request
 
-        request = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + "/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=300) as reply:
                 status, headers = reply.status, dict(reply.headers)
@@ -192,6 +196,7 @@ def test_five_long_chats_never_hold_a_normal_request_and_the_large_lane_is_bound
 
 # --- clients that leave -------------------------------------------------------------------------------------
 
+
 def test_300_streaming_clients_leaving_log_no_error_and_are_counted(served, caplog):
     """Before: 300 ERROR tracebacks (`Cannot write to closing transport`, ~7,500 lines)."""
     engine, url = served
@@ -199,8 +204,10 @@ def test_300_streaming_clients_leaving_log_no_error_and_are_counted(served, capl
     left_before = metric(url, "kvbench:client_disconnects_total") or 0.0
     host, port = urllib.parse.urlparse(url).netloc.split(":")
     body = json.dumps({**BODY, "max_tokens": 3000, "stream": True}).encode()
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode())
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+    )
     with caplog.at_level(logging.DEBUG):
         sockets = []
         for _ in range(300):
@@ -226,6 +233,7 @@ def test_300_streaming_clients_leaving_log_no_error_and_are_counted(served, capl
 
 # --- headers are never echoed -------------------------------------------------------------------------------
 
+
 def raw_exchange(url: str, request: bytes) -> bytes:
     host, port = urllib.parse.urlparse(url).netloc.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -236,10 +244,13 @@ def raw_exchange(url: str, request: bytes) -> bytes:
     return reply
 
 
-@pytest.mark.parametrize("header, status", [
-    (b"Authorization: Bearer sk-SECRETKEY" + b"A" * 100_000, 431),
-    (b"X-Tenant: sk-SECRETKEY\x01", 400),
-])
+@pytest.mark.parametrize(
+    "header, status",
+    [
+        (b"Authorization: Bearer sk-SECRETKEY" + b"A" * 100_000, 431),
+        (b"X-Tenant: sk-SECRETKEY\x01", 400),
+    ],
+)
 def test_a_bad_header_is_answered_and_logged_by_name_never_by_value(served, caplog, header, status):
     """Before: a 100 kB Authorization header got 400 with `Bearer <start of the key>` in the body and the log."""
     _, url = served
@@ -255,10 +266,19 @@ def test_a_bad_header_is_answered_and_logged_by_name_never_by_value(served, capl
 
 # --- fields this engine would ignore, and strict booleans ---------------------------------------------------
 
-@pytest.mark.parametrize("field, value", [
-    ("best_of", 100), ("presence_penalty", 0.5), ("frequency_penalty", -1), ("logit_bias", {"5": 10}),
-    ("suffix", "end"), ("min_tokens", 3), ("use_beam_search", True),
-])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("best_of", 100),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", -1),
+        ("logit_bias", {"5": 10}),
+        ("suffix", "end"),
+        ("min_tokens", 3),
+        ("use_beam_search", True),
+    ],
+)
 def test_a_field_this_engine_would_ignore_is_a_400_naming_it(served, field, value):
     _, url = served
     status, body = send(url, "/v1/completions", {**BODY, field: value})

@@ -17,21 +17,26 @@ import urllib.request
 import pytest
 
 import kvbench.engines.kvengine.runtime.engine as engine_module
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from .server_fixture import serving
 
 PROMPT = list(range(300, 340))
-BODY = {"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True}
+BODY = {
+    "model": "tiny",
+    "prompt": PROMPT,
+    "max_tokens": 4,
+    "temperature": 0,
+    "ignore_eos": True,
+    "return_token_ids": True,
+}
 
 
 @pytest.fixture(scope="module")
 def served():
-    engine = Engine(EngineConfig(kv_capacity=8192, max_model_len=4096, served_model_name="tiny"),
-                    tiny_loaded_model(5))
+    engine = Engine(EngineConfig(kv_capacity=8192, max_model_len=4096, served_model_name="tiny"), tiny_loaded_model(5))
     with serving(engine) as base:
         yield engine, base
 
@@ -44,8 +49,9 @@ def url(served):
 def send(url, path, body, method="POST", raw: bytes | None = None):
     """(status, parsed JSON body or text) of one request; `raw` sends those bytes as the body."""
     data = raw if raw is not None else json.dumps(body).encode()  # json.dumps writes NaN and Infinity
-    request = urllib.request.Request(url + path, data=data if method == "POST" else None, method=method,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + path, data=data if method == "POST" else None, method=method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
             return reply.status, _decode(reply.read())
@@ -78,6 +84,7 @@ def settled(engine: Engine, timeout_s: float = 60.0) -> None:
 
 
 # --- 1. sampling parameters ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("temperature", [math.nan, math.inf, -math.inf])
 def test_a_temperature_that_is_not_finite_is_a_400_and_the_next_request_is_served(served, temperature):
@@ -271,6 +278,7 @@ def test_a_request_whose_step_fails_fails_alone_and_its_pages_are_freed(served, 
 
 # --- 3. a non-streaming client that leaves ----------------------------------------------------------------
 
+
 def finished_count(engine: Engine, reason: str) -> float:
     return engine.metrics.requests.labels(engine.model_name, reason)._value.get()
 
@@ -282,8 +290,11 @@ def test_a_non_streaming_client_that_leaves_is_aborted_and_frees_its_sequence(se
     host, port = urllib.parse.urlparse(url).netloc.split(":")
     body = json.dumps({**BODY, "max_tokens": 4000}).encode()
     with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         deadline = time.monotonic() + 60
         while not engine.scheduler.num_running and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -295,6 +306,7 @@ def test_a_non_streaming_client_that_leaves_is_aborted_and_frees_its_sequence(se
 
 
 # --- 4. oversized prompts ---------------------------------------------------------------------------------
+
 
 def test_a_20_mb_prompt_is_refused_while_health_keeps_answering(served, monkeypatch):
     """Refused from its Content-Length, before it is read or tokenised (before the fix one /health waited

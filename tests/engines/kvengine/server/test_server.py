@@ -9,9 +9,9 @@ import urllib.request
 import openai
 import pytest
 
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.prometheus import parse_samples
 
 from .server_fixture import serving
@@ -32,7 +32,9 @@ def client(url):
 
 
 def post(url, path, body):
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request) as reply:
             return reply.status, json.loads(reply.read())
@@ -42,11 +44,23 @@ def post(url, path, body):
 
 def test_official_client_streams_completions_with_usage_and_cached_tokens(client):
     def stream():
-        chunks = list(client.completions.create(
-            model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True, "return_token_ids": True},
-        ))
-        ids = [token for chunk in chunks if chunk.choices for token in (chunk.choices[0].model_extra.get("token_ids") or [])]
+        chunks = list(
+            client.completions.create(
+                model="tiny",
+                prompt=PROMPT,
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            )
+        )
+        ids = [
+            token
+            for chunk in chunks
+            if chunk.choices
+            for token in (chunk.choices[0].model_extra.get("token_ids") or [])
+        ]
         usage = chunks[-1].usage
         return ids, usage
 
@@ -59,15 +73,23 @@ def test_official_client_streams_completions_with_usage_and_cached_tokens(client
 
 def test_official_client_chat_stream_and_non_stream_agree(client):
     messages = [{"role": "user", "content": "hello there"}]
-    whole = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
-    pieces = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    pieces = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0, stream=True, extra_body={"ignore_eos": True}
+    )
     text = "".join(chunk.choices[0].delta.content or "" for chunk in pieces if chunk.choices)
     assert text == whole.choices[0].message.content
     assert whole.usage.completion_tokens == 8
 
 
 def test_echo_with_logprobs_scores_the_prompt_like_lm_eval_asks(url):
-    status, body = post(url, "/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0})
+    status, body = post(
+        url,
+        "/v1/completions",
+        {"model": "tiny", "prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1, "temperature": 0},
+    )
     assert status == 200
     logprobs = body["choices"][0]["logprobs"]
     assert len(logprobs["token_logprobs"]) == len(PROMPT)
@@ -77,18 +99,28 @@ def test_echo_with_logprobs_scores_the_prompt_like_lm_eval_asks(url):
 
 
 def test_stop_string_ends_the_text_before_it(client):
-    base = client.completions.create(model="tiny", prompt="abc", max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    base = client.completions.create(
+        model="tiny", prompt="abc", max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+    )
     text = base.choices[0].text
     # random weights emit arbitrary bytes: stop on the first printable ASCII character after the first one
     stop = next(char for char in text[1:] if 32 < ord(char) < 127)
-    cut = client.completions.create(model="tiny", prompt="abc", max_tokens=12, temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    cut = client.completions.create(
+        model="tiny", prompt="abc", max_tokens=12, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
     assert cut.choices[0].text == text[: text.find(stop)]
     assert cut.choices[0].finish_reason == "stop"
 
 
 def test_concurrent_requests_all_finish(client):
     def one(index):
-        return client.completions.create(model="tiny", prompt=[300 + index] * (20 + index), max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+        return client.completions.create(
+            model="tiny",
+            prompt=[300 + index] * (20 + index),
+            max_tokens=5,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         results = list(pool.map(one, range(12)))
@@ -126,13 +158,17 @@ def test_metrics_count_what_usage_reported_and_reset_clears_the_cache(url, clien
     before = scrape()
     prompt = list(range(400, 448))
     client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
-    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+    again = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = scrape()
     key = 'kvbench:prompt_tokens_cached_total{model_name="tiny"}'
     assert after[key] - before.get(key, 0) == again.usage.prompt_tokens_details.cached_tokens == 32
     status, body = post(url, "/reset_prefix_cache", {})
     assert status == 200 and body["freed_pages"] > 0
-    cold = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body={"ignore_eos": True})
+    cold = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=2, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
 
 

@@ -58,14 +58,32 @@ def test_an_engine_failure_exits_the_server_process_non_zero(tmp_path):
     port = free_port()
     process = subprocess.Popen(
         # a number of prefill tokens: `auto` would time steps at start, and the scheduler fails at its first
-        [sys.executable, str(script), "--model", "tiny-random", "--kv-capacity", "2048", "--port", str(port),
-         "--max-prefill-beside-decodes", "64"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            "tiny-random",
+            "--kv-capacity",
+            "2048",
+            "--port",
+            str(port),
+            "--max-prefill-beside-decodes",
+            "64",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, process)
-        reply = request("POST", url + "/v1/completions", timeout_s=60,
-                        json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        reply = request(
+            "POST",
+            url + "/v1/completions",
+            timeout_s=60,
+            json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True},
+        )
         assert not reply.ok  # a 500 naming the failure, or the connection closed as the server went down
         output, _ = process.communicate(timeout=120)
     finally:
@@ -79,8 +97,19 @@ def test_an_engine_failure_exits_the_server_process_non_zero(tmp_path):
 @pytest.mark.parametrize("name", ["wrong_type_quota.yaml", "not_yaml.yaml", "binary.yaml"])
 def test_a_bad_tenants_file_exits_2_with_one_line_before_the_model_loads(name):
     result = subprocess.run(
-        [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", "tiny-random",
-         "--tenants-file", str(BAD_TENANTS / name)], capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "kvbench.engines.kvengine.server.main",
+            "--model",
+            "tiny-random",
+            "--tenants-file",
+            str(BAD_TENANTS / name),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and name in lines[0] and "Traceback" not in result.stderr
@@ -90,16 +119,20 @@ def test_a_bad_tenants_file_exits_2_with_one_line_before_the_model_loads(name):
 def test_the_adapter_resets_and_scrapes_with_its_admin_key_while_the_run_uses_a_tenant_key(tmp_path):
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text("tenants:\n  acme:\n    api_keys: [k-acme]\n")
-    adapter = KVEngineAdapter({"model": "tiny-random", "kv_capacity": 2048, "tenants_file": str(tenants),
-                               "api_key": "k-acme"}, tmp_path)
+    adapter = KVEngineAdapter(
+        {"model": "tiny-random", "kv_capacity": 2048, "tenants_file": str(tenants), "api_key": "k-acme"}, tmp_path
+    )
     assert not any("admin" in part for part in adapter.command())  # the key travels in the environment
     adapter.start()
     try:
         adapter.wait_healthy(180)
         url = adapter.base_url
         body = json.dumps({"prompt": list(range(40)), "max_tokens": 2}).encode()
-        tenant_call = urllib.request.Request(url + "/v1/completions", data=body, headers={
-            "Authorization": "Bearer k-acme", "Content-Type": "application/json"})
+        tenant_call = urllib.request.Request(
+            url + "/v1/completions",
+            data=body,
+            headers={"Authorization": "Bearer k-acme", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(tenant_call, timeout=60) as reply:
             assert reply.status == 200
         assert not request("POST", url + "/reset_prefix_cache", api_key="k-acme").ok  # a tenant may not
@@ -110,20 +143,39 @@ def test_the_adapter_resets_and_scrapes_with_its_admin_key_while_the_run_uses_a_
         adapter.stop()
 
 
-
 def start_tp2_server(log_path: Path) -> tuple[subprocess.Popen, str, int]:
     """`kvbench serve` at tensor_parallel_size 2, healthy and answering; returns it, its URL and rank 1's pid."""
     port = free_port()
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "kvbench.engines.kvengine.server.main", "--model", "tiny-random", "--kv-capacity",
-             "2048", "--tensor-parallel-size", "2", "--threads", "1", "--port", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+            [
+                sys.executable,
+                "-m",
+                "kvbench.engines.kvengine.server.main",
+                "--model",
+                "tiny-random",
+                "--kv-capacity",
+                "2048",
+                "--tensor-parallel-size",
+                "2",
+                "--threads",
+                "1",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"},
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, process)
-        reply = request("POST", url + "/v1/completions", timeout_s=60,
-                        json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True})
+        reply = request(
+            "POST",
+            url + "/v1/completions",
+            timeout_s=60,
+            json_body={"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": True},
+        )
         assert reply.ok, reply.error  # both ranks serve
         started = re.search(r"tensor-parallel rank 1 started \(pid (\d+)\)", log_path.read_text())
         assert started, log_path.read_text()

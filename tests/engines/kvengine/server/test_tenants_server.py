@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import kvbench.engines.kvengine as kvengine_package
-from kvbench.engines.kvengine.settings.config import EngineConfig
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.config import EngineConfig
 
 from ..runtime.tiers_fixtures import free_port
 from .server_fixture import serving
@@ -30,10 +30,12 @@ DASHBOARD = Path(kvengine_package.__file__).parent / "grafana" / "kvengine-dashb
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     path = tmp_path_factory.mktemp("tenants") / "tenants.yaml"
-    path.write_text("tenants:\n  acme:\n    api_keys: [k-acme]\n    quota_pages: 100\n"
-                    "  beta:\n    api_keys: [k-beta]\n")
-    config = EngineConfig(kv_capacity=4096, max_model_len=512, served_model_name="tiny",
-                          tenants_file=str(path), host_capacity=1024)
+    path.write_text(
+        "tenants:\n  acme:\n    api_keys: [k-acme]\n    quota_pages: 100\n  beta:\n    api_keys: [k-beta]\n"
+    )
+    config = EngineConfig(
+        kv_capacity=4096, max_model_len=512, served_model_name="tiny", tenants_file=str(path), host_capacity=1024
+    )
     with serving(Engine(config, tiny_loaded_model(5)), admin_key=ADMIN) as base:
         yield base
 
@@ -95,8 +97,13 @@ def test_every_dashboard_expression_names_an_exported_metric(url):
         used = set(re.findall(r"kvbench:[a-z_:]+", expr))
         assert used, expr
         assert used <= names, f"{expr}: {sorted(used - names)} not exported"
-    for wanted in ("kvbench:tenant_cached_tokens_total", "kvbench:tenant_kv_evictions_total",
-                   "kvbench:tenant_kv_quota_usage_ratio", "kvbench:tenant_kv_pages", "kvbench:tenant_kv_moves_total"):
+    for wanted in (
+        "kvbench:tenant_cached_tokens_total",
+        "kvbench:tenant_kv_evictions_total",
+        "kvbench:tenant_kv_quota_usage_ratio",
+        "kvbench:tenant_kv_pages",
+        "kvbench:tenant_kv_moves_total",
+    ):
         assert any(wanted in e for e in exprs), wanted
 
 
@@ -110,11 +117,19 @@ def test_a_real_prometheus_scrapes_per_tenant_metrics(url, tmp_path):
     (tmp_path / "prometheus.yml").write_text(
         f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: kvengine\n"
         f"    authorization: {{credentials: {ADMIN}}}\n"
-        f"    static_configs:\n      - targets: ['{target}']\n")
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
     port = free_port()
     process = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            binary,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         query = urllib.parse.quote('kvbench:tenant_prompt_tokens_total{tenant="acme"}')
         deadline, result = time.monotonic() + 60, []

@@ -14,27 +14,56 @@ from dataclasses import dataclass
 import pytest
 
 from kvbench.engines.kvengine.adapter import KVEngineAdapter, KVEngineSettings
-from kvbench.engines.kvengine.settings.config import TIER_SECRET_ENV, EngineConfig, IsolationMode, ServeOptions, setting
 from kvbench.engines.kvengine.core.kv_format import KVDtype, KVFormat, ScaleMode
+from kvbench.engines.kvengine.server.main import add_arguments
+from kvbench.engines.kvengine.settings.config import TIER_SECRET_ENV, EngineConfig, IsolationMode, ServeOptions, setting
 from kvbench.engines.kvengine.settings.flags import add_flags, from_args, to_argv
 from kvbench.engines.process import child_environment
-from kvbench.engines.kvengine.server.main import add_arguments
 from kvbench.settings import SettingsError, build
 
 # A value other than the default for every EngineConfig field, as YAML would give it.
 NON_DEFAULT_ENGINE = {
-    "model": "tiny-random", "kv_dtype": "fp8_e4m3", "kv_scale": "channel", "kv_capacity": 4096,
-    "kv_capacity_bytes": 1 << 20, "page_size": 32, "max_num_seqs": 3, "max_step_tokens": 96,
-    "max_prefill_beside_decodes": 24, "decode_stall_factor": 2.5, "prepacked_weights": False,
-    "prefix_caching": False, "device": "cuda:1", "tensor_parallel_size": 2, "memory_utilization": 0.5,
-    "compute_dtype": "bfloat16", "max_model_len": 777,
-    "served_model_name": "tiny", "threads": 2, "cuda_graphs": True, "host_capacity": 1024, "disk_capacity": 2048,
-    "disk_dir": "/tmp/kv-disk", "remote_url": "redis://127.0.0.1:6379/1", "device_ttl_s": 2.5,
-    "host_ttl_s": 1e6, "tier_interval_s": 0.125, "tenants_file": "tenants.yaml", "isolation": "shared-prefix",
-    "tier_secret": "s3", "tier_secret_file": "/run/secrets/tier",
+    "model": "tiny-random",
+    "kv_dtype": "fp8_e4m3",
+    "kv_scale": "channel",
+    "kv_capacity": 4096,
+    "kv_capacity_bytes": 1 << 20,
+    "page_size": 32,
+    "max_num_seqs": 3,
+    "max_step_tokens": 96,
+    "max_prefill_beside_decodes": 24,
+    "decode_stall_factor": 2.5,
+    "prepacked_weights": False,
+    "prefix_caching": False,
+    "device": "cuda:1",
+    "tensor_parallel_size": 2,
+    "memory_utilization": 0.5,
+    "compute_dtype": "bfloat16",
+    "max_model_len": 777,
+    "served_model_name": "tiny",
+    "threads": 2,
+    "cuda_graphs": True,
+    "host_capacity": 1024,
+    "disk_capacity": 2048,
+    "disk_dir": "/tmp/kv-disk",
+    "remote_url": "redis://127.0.0.1:6379/1",
+    "device_ttl_s": 2.5,
+    "host_ttl_s": 1e6,
+    "tier_interval_s": 0.125,
+    "tenants_file": "tenants.yaml",
+    "isolation": "shared-prefix",
+    "tier_secret": "s3",
+    "tier_secret_file": "/run/secrets/tier",
 }
-NON_DEFAULT_SERVE = {"host": "0.0.0.0", "port": 9999, "api_key": "k1", "admin_key": "k2", "metrics_open": True,
-                     "step_log": "steps.jsonl", "stall_timeout_s": 2.5}
+NON_DEFAULT_SERVE = {
+    "host": "0.0.0.0",
+    "port": 9999,
+    "api_key": "k1",
+    "admin_key": "k2",
+    "metrics_open": True,
+    "step_log": "steps.jsonl",
+    "stall_timeout_s": 2.5,
+}
 
 
 SECRETS = ("tier_secret",)  # no flag: argv is public on the machine
@@ -50,8 +79,9 @@ def init_names(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
-@pytest.mark.parametrize("cls, values", [(EngineConfig, NON_DEFAULT_ENGINE), (ServeOptions, NON_DEFAULT_SERVE)],
-                         ids=["engine", "serve"])
+@pytest.mark.parametrize(
+    "cls, values", [(EngineConfig, NON_DEFAULT_ENGINE), (ServeOptions, NON_DEFAULT_SERVE)], ids=["engine", "serve"]
+)
 def test_every_setting_round_trips_through_the_serve_argv(cls, values):
     assert set(values) == init_names(cls), "give every field a non-default value here"
     config = build(cls, values, "test")
@@ -63,8 +93,16 @@ def test_every_setting_round_trips_through_the_serve_argv(cls, values):
 
 
 def test_the_adapter_launches_the_server_with_its_settings_and_nothing_else(tmp_path):
-    adapter = KVEngineAdapter({**NON_DEFAULT_ENGINE, "tenants_file": None, "api_key": "sk-run", "port": 8123,
-                               "extra_args": ["--metrics-open"]}, tmp_path)
+    adapter = KVEngineAdapter(
+        {
+            **NON_DEFAULT_ENGINE,
+            "tenants_file": None,
+            "api_key": "sk-run",
+            "port": 8123,
+            "extra_args": ["--metrics-open"],
+        },
+        tmp_path,
+    )
     command = adapter.command()
     assert command[1:3] == ["-m", "kvbench.engines.kvengine.server.main"]
     args = serve_parser().parse_args(command[3:])
@@ -105,16 +143,19 @@ def test_yaml_names_become_values_once():
     assert EngineConfig(kv_scale="channel").kv_format == KVFormat(KVDtype.FP32)  # fp32 has no scale to choose
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"kv_dtype": "fp9"}, "kv_dtype 'fp9' is not one of fp32, bf16, fp16, fp8_e5m2, fp8_e4m3"),
-    ({"kv_scale": "none"}, "kv_scale 'none' is not one of tensor, channel"),
-    ({"isolation": "private"}, "isolation 'private' is not one of strict, shared-prefix"),
-    ({"kv_capacity": 0}, "engine.kvengine.kv_capacity: must be >= 1 tokens"),
-    ({"kv_capacity": 8}, "kv_capacity (8) must hold at least one page of 16 tokens"),
-    ({"device_ttl_s": 700}, "device_ttl_s (700) must be <= host_ttl_s (600)"),
-    ({"disk_capacity": 64}, "disk_capacity > 0 needs disk_dir"),
-    ({"kv_capacty": 1}, "unknown key 'kv_capacty' (did you mean 'kv_capacity'?)"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"kv_dtype": "fp9"}, "kv_dtype 'fp9' is not one of fp32, bf16, fp16, fp8_e5m2, fp8_e4m3"),
+        ({"kv_scale": "none"}, "kv_scale 'none' is not one of tensor, channel"),
+        ({"isolation": "private"}, "isolation 'private' is not one of strict, shared-prefix"),
+        ({"kv_capacity": 0}, "engine.kvengine.kv_capacity: must be >= 1 tokens"),
+        ({"kv_capacity": 8}, "kv_capacity (8) must hold at least one page of 16 tokens"),
+        ({"device_ttl_s": 700}, "device_ttl_s (700) must be <= host_ttl_s (600)"),
+        ({"disk_capacity": 64}, "disk_capacity > 0 needs disk_dir"),
+        ({"kv_capacty": 1}, "unknown key 'kv_capacty' (did you mean 'kv_capacity'?)"),
+    ],
+)
 def test_bad_settings_are_one_line_naming_the_field(values, message):
     with pytest.raises(SettingsError, match="^engine.kvengine") as error:
         build(EngineConfig, values, "engine.kvengine")

@@ -9,10 +9,9 @@ import pytest
 import yaml
 
 from kvbench.engines.kvengine.core.tiers import TierTTL
-from kvbench.engines.kvengine.settings.tenants import load_tenants, parse_tenants
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
+from kvbench.engines.kvengine.settings.tenants import load_tenants, parse_tenants
 from kvbench.settings import SettingsError
-
 from tests.engines.kvengine.runtime.tiers_fixtures import make_engine
 
 BAD = Path(__file__).parents[3] / "data" / "bad_inputs" / "tenants"
@@ -53,7 +52,8 @@ def test_a_good_file_loads_every_field(tmp_path):
         "tenants:\n"
         "  acme:\n    api_keys: [k-acme-1, k-acme-2]\n    quota_pages: 40\n    reserved_device_pages: 8\n"
         "    device_ttl_s: 5\n"
-        "  beta.team-2:\n    api_keys: [k-beta]\n")
+        "  beta.team-2:\n    api_keys: [k-beta]\n"
+    )
     config = load_tenants(path, default_ttl=TierTTL(30, 900))
     assert config.cap_fraction == 0.25
     assert config.shared_prefixes == ("You are helpful.", (1, 2, 3))
