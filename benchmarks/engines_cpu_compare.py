@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -212,6 +213,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         redis_url = None
         if "lmcache-redis" in chosen:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's tests/: its loopback Redis
             from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
 
             args.out.mkdir(parents=True, exist_ok=True)
