@@ -3,7 +3,7 @@
 A file is decoded once (msgspec's JSON reader: linear, no Python recursion) and converted into its tool's
 schema: any JSON value in any field is either the type the schema says or a `msgspec.ValidationError` naming
 its path (`$.time_to_first_token.unit`). Fields kvbench does not read are skipped; a missing field is None
-(missing, never 0). The metric fields are derived from `foreign_results`' key maps (their one owner), so a
+(missing, never 0). The metric fields are derived from `foreign_columns`' key maps (their one owner), so a
 column added there is typed here without a second list.
 """
 
@@ -14,7 +14,7 @@ from typing import Annotated
 
 import msgspec
 
-Count = int | float  # a count may be written 6.0; `foreign_results` checks it is whole and >= 0
+Count = int | float  # a count may be written 6.0; `foreign_columns` checks it is whole and >= 0
 Number = float | None
 Label = str | None
 _OPTIONAL = {"forbid_unknown_fields": False}

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvbench.measure.foreign_columns import MAX_GUIDELLM_BENCHMARKS, MAX_LABEL_CHARS
 from kvbench.measure.foreign_results import (
-    MAX_GUIDELLM_BENCHMARKS,
-    MAX_LABEL_CHARS,
     ForeignResultError,
     foreign_rows,
     read_foreign,
