@@ -13,16 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.evals.paired import CLAIM_PCT
-from kvbench.evals.results import (
-    SettingResult,
-    baseline_frame,
-    claims_frame,
-    eval_json,
-    layer_frames,
-    metric_rows,
-    position_rows,
-    summary_frame,
-)
+from kvbench.evals.result_frames import baseline_frame, claims_frame, layer_frames, summary_frame
+from kvbench.evals.results import SettingResult, eval_json, metric_rows, position_rows
 from kvbench.measure.run_folder import EVAL_CSV, EVAL_JSON, EVAL_MD, EVAL_POSITIONS_PNG, EVAL_SUMMARY_CSV
 
 

@@ -7,7 +7,7 @@ import torch
 from kvbench.engines.kvengine.runtime.tiny import tiny_loaded_model
 from kvbench.evals.kv_settings import KVSetting
 from kvbench.evals.layers import exact_kv, layer_errors
-from kvbench.evals.results import layer_frames
+from kvbench.evals.result_frames import layer_frames
 
 
 def test_e5m2_error_exceeds_e4m3_everywhere_and_outliers_are_exact():

@@ -126,7 +126,8 @@ def test_tradeoff_puts_a_run_folders_performance_beside_the_evals_deltas(tmp_pat
 
 
 def test_items_for_the_claim_scale_with_the_square_of_the_half_width():
-    from kvbench.evals.results import MetricRow, items_for_claim
+    from kvbench.evals.result_frames import items_for_claim
+    from kvbench.evals.results import MetricRow
 
     row = MetricRow("fp8", "direct", "perplexity", 21.5, None, 21.3, 0.2, -0.9, -1.9, 0.1, "delta_pct", None, 100)
     assert items_for_claim(row) == 400  # half-width 1.0% -> (1.0 / 0.5)^2 x 100 items
