@@ -29,7 +29,6 @@ OVER_LIMIT = {
     "engines/kvengine/runtime/offload.py": 402,  # issue 46
     "harness/loadgen.py": 401,  # issue 45: the client's hot path
     "measure/run_folder.py": 413,  # issue 49
-    "workloads/traces.py": 405,  # issue 49
 }
 
 

@@ -6,16 +6,11 @@ import json
 import numpy as np
 import pytest
 
+from kvbench.workloads.kvbench_jsonl import read_kvbench_jsonl, write_kvbench_jsonl
 from kvbench.workloads.spec import Session, TenantSpec, Turn, Workload, token_array
 from kvbench.workloads.stats import workload_stats
-from kvbench.workloads.traces import (
-    TraceFormatError,
-    read_azure,
-    read_kvbench_jsonl,
-    read_mooncake,
-    sniff_trace_format,
-    write_kvbench_jsonl,
-)
+from kvbench.workloads.trace_fields import TraceFormatError
+from kvbench.workloads.traces import read_azure, read_mooncake, sniff_trace_format
 
 
 def input_lengths(workload):
