@@ -32,7 +32,8 @@ from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import failure_reason, ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
 from kvbench.measure.report import write_summaries
-from kvbench.measure.run_folder import INTERRUPTED, Resumed, RunEntry, engine_dir, records_by_run
+from kvbench.measure.run_folder import INTERRUPTED, RunEntry, engine_dir, records_by_run
+from kvbench.measure.run_open import Resumed
 from kvbench.measure.schedule import LoadSpec
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.workloads.spec import Workload

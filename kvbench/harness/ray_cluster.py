@@ -39,15 +39,8 @@ from kvbench.harness.workers import Done, Lost, Message, Ready, Sent, WorkerJob,
 from kvbench.measure.metrics import ttft_values
 from kvbench.measure.records import PointId, RecordWriter, RequestRecord
 from kvbench.measure.report import write_plots, write_summaries
-from kvbench.measure.run_folder import (
-    REQUESTS_JSONL,
-    Resumed,
-    RunEntry,
-    RunMode,
-    engine_dir,
-    open_run_dir,
-    write_config_and_env,
-)
+from kvbench.measure.run_folder import REQUESTS_JSONL, RunEntry, RunMode, engine_dir, write_config_and_env
+from kvbench.measure.run_open import Resumed, open_run_dir
 from kvbench.settings import SettingsError
 
 RAY_MISSING = "--ray needs Ray, which is not installed: pip install 'kvbench[ray]'"

@@ -13,7 +13,7 @@ the engine. After a SIGKILL, `rebuild_entries` makes the entries from config.yam
 
 A run folder is written by one run at a time (`measure/folder_lock.py`: a second exits 2 naming the holder).
 A failed write of it (disk full, read-only, no permission) raises `RunWriteError` after the summary of the
-records flushed so far is written where the disk allows. A run folder is used once (`measure/run_folder.open_run_dir`): `RunMode.FRESH` refuses a folder that holds a run,
+records flushed so far is written where the disk allows. A run folder is used once (`measure/run_open.open_run_dir`): `RunMode.FRESH` refuses a folder that holds a run,
 `OVERWRITE` removes that run's files first, `RESUME` continues it.
 """
 
@@ -49,10 +49,10 @@ from kvbench.measure.run_folder import (
     RunEntry,
     RunMode,
     engine_dir,
-    open_run_dir,
     records_by_run,
     write_config_and_env,
 )
+from kvbench.measure.run_open import open_run_dir
 from kvbench.measure.write_errors import RunWriteError
 from kvbench.settings import SettingsError
 from kvbench.workloads.profiles import load_workload

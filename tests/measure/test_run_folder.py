@@ -16,14 +16,13 @@ from kvbench.measure.run_folder import (
     SUMMARY_JSON,
     RunEntry,
     RunFolderError,
-    RunFolderInUse,
     RunMode,
     engine_dir,
-    open_run_dir,
     read_entries,
     read_run_folder,
     write_entries,
 )
+from kvbench.measure.run_open import RunFolderInUse, open_run_dir
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 OLD_FOLDERS = [
