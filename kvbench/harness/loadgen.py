@@ -5,7 +5,7 @@ simulator plays them with: this module is their wall clock and their HTTP transp
 precomputed absolute schedule (or, closed loop, as slots free up). Turn k+1 of a session is queued when turn
 k completes plus its think time, and its prompt carries turn k's real answer as token ids: from the server
 when it returns them, else the answer text re-tokenized, else placeholder tokens of the reported length (each
-record says which). Records are written and flushed as each request finishes.
+record says which; `next_prompt`). Records are written and flushed as each request finishes.
 
 A run that resumes an interrupted one is given the records it finished (`finished`): a turn with a finished
 record is not sent again; its record and recorded answer are replayed into the conversation and the oracle,
@@ -27,7 +27,6 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import aiohttp
 import numpy as np
@@ -42,23 +41,19 @@ from kvbench.harness.client import (
 )
 from kvbench.harness.client_check import ClientCheck, check_lags, probe_loop
 from kvbench.harness.clock import PreciseTimer
+from kvbench.harness.next_prompt import ChatPrompt, TextCodec, answer_as_next_turn
 from kvbench.harness.pacing import Gate, OpenGate, gate_for
 from kvbench.measure import metrics
-from kvbench.measure.answer import Answer, FailureKind
+from kvbench.measure.answer import FailureKind
 from kvbench.measure.conversation import (
-    Ask,
     Conversation,
     ConversationDriver,
     Isolation,
     ReuseOracle,
     SharedPrefix,
-    placeholder_tokens,
 )
-from kvbench.measure.record_builder import NextTurn, build_record
+from kvbench.measure.record_builder import build_record
 from kvbench.measure.records import (
-    ANSWER_PLACEHOLDER,
-    ANSWER_RETOKENIZED,
-    ANSWER_TOKEN_IDS,
     RecordWriter,
     RequestRecord,
 )
@@ -68,14 +63,6 @@ from kvbench.workloads.spec import Session, Workload
 _PREOPENED_CONNECTIONS = 64
 # Error kinds that mean the server did not answer at all (as opposed to answering with an error).
 UNANSWERED_KINDS = (FailureKind.CONNECTION, FailureKind.TIMEOUT, FailureKind.STALLED)
-
-
-class TextCodec(Protocol):
-    """A tokenizer seen from the client: only for re-tokenizing answers and for text (chat) prompts."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -252,7 +239,7 @@ class LoadGenerator:
         if session.tenant in self.tenant_api_keys:
             endpoint = dataclasses.replace(endpoint, api_key=self.tenant_api_keys[session.tenant])
         talk = state.driver.start(session)
-        chat = _Chat(self.codec, session) if self.endpoint.api == API_CHAT and self.codec is not None else None
+        chat = ChatPrompt(self.codec, session) if self.endpoint.api == API_CHAT and self.codec is not None else None
         queued_ns = start_ns
         while not talk.finished:
             previous = state.finished.get((session.session_id, talk.turn))
@@ -269,7 +256,7 @@ class LoadGenerator:
                 return  # the run is over, or a failed turn ended its session (the next prompt would not be real)
 
     def _replay(
-        self, record: RequestRecord, talk: Conversation, chat: _Chat | None, state: _RunState
+        self, record: RequestRecord, talk: Conversation, chat: ChatPrompt | None, state: _RunState
     ) -> RequestRecord | None:
         """Take a finished turn of the interrupted run as if it had just been answered again."""
         if not state.may_send():
@@ -287,7 +274,7 @@ class LoadGenerator:
         http: aiohttp.ClientSession,
         endpoint: EndpointConfig,
         talk: Conversation,
-        chat: _Chat | None,
+        chat: ChatPrompt | None,
         queued_ns: int,
         state: _RunState,
     ) -> RequestRecord | None:
@@ -313,7 +300,7 @@ class LoadGenerator:
         state.schedule_lag_ms.append((answer.sent_ns - queued_ns) / 1e6 if answer.sent_ns else 0.0)
         next_turn = None
         if answer.failure is None:
-            next_turn = self._next_turn(answer, ask, state.vocab_size, chat is not None)
+            next_turn = answer_as_next_turn(answer, ask, self.codec, state.vocab_size, chat is not None)
             talk.answered(np.asarray(next_turn.tokens, dtype=np.int32))
             if chat is not None:
                 chat.answered(answer.text)
@@ -340,23 +327,6 @@ class LoadGenerator:
 
         await asyncio.gather(*(touch() for _ in range(count)))
 
-    def _next_turn(self, answer: Answer, ask: Ask, vocab_size: int, chat: bool) -> NextTurn:
-        """What the next prompt carries as this answer: its token ids, else its text re-tokenized, else
-        placeholders of its length."""
-        text = answer.text if chat else None
-        if answer.token_ids:
-            return NextTurn(ANSWER_TOKEN_IDS, list(answer.token_ids), text)
-        if self.codec is not None and answer.text:
-            return NextTurn(ANSWER_RETOKENIZED, list(self.codec.encode(answer.text)), text)
-        usage = answer.usage
-        length = (
-            usage.completion_tokens
-            if usage is not None and usage.completion_tokens is not None
-            else sum(n for _, n in answer.chunks or ())
-        )
-        tokens = placeholder_tokens(ask.asked.session_id, ask.turn, length, vocab_size)
-        return NextTurn(ANSWER_PLACEHOLDER, tokens.tolist(), text)
-
     def _finish(self, record: RequestRecord, state: _RunState) -> None:
         state.records.append(record)
         if state.writer is not None:
@@ -380,22 +350,3 @@ class LoadGenerator:
         """The self-check of these lags (ms) against a bound relative to the records' TTFT (see `client_check`)."""
         ttft = Distribution.of(metrics.ttft_values(records))
         return check_lags(schedule_lags, loop_lags, self.max_lag_ms, self.load.mode, ttft.p50 if ttft else None)
-
-
-@dataclass(slots=True)
-class _Chat:
-    """The chat form (api=chat) of a conversation's prompt: the same turns as text messages, the context as a
-    system message and each answer as the text the server sent."""
-
-    codec: TextCodec
-    session: Session
-    messages: list[dict] = field(default_factory=list)
-
-    def asked(self, turn: int) -> None:
-        if turn == 0 and self.session.context.size:
-            self.messages = [{"role": "system", "content": self.codec.decode(self.session.context.tolist())}]
-        user = self.session.turns[turn].user_tokens
-        self.messages = self.messages + [{"role": "user", "content": self.codec.decode(user.tolist())}]
-
-    def answered(self, text: str) -> None:
-        self.messages.append({"role": "assistant", "content": text})
