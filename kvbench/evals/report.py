@@ -39,69 +39,67 @@ def write_tables(
     lines = [f"# KV quality eval (baseline: {baseline})", ""]
     lines += [f"- {key}: {value}" for key, value in (notes or {}).items()]
     lines += ["", "## Summary", "", _markdown(summary, _summary_format), ""]
-    refused = [r for r in results if r.refused]
-    if refused:
-        lines += [
-            "## Settings the engine refused",
-            "",
-            "Nothing was measured for them; the reason is the engine's.",
-            "",
-            *[f"- {r.label}: {r.refused}" for r in refused],
-            "",
-        ]
-    base_table = baseline_frame(results, baseline)
-    if not base_table.empty:
-        lines += [
-            "## The baseline's own scores",
-            "",
-            "A task whose baseline is at or below chance cannot show a "
-            "loss; passkey lengths where the baseline fails are not run for the other settings.",
-            "",
-            _markdown(base_table, _row_format),
-            "",
-        ]
-    claims = claims_frame(all_rows, baseline)
-    if not claims.empty:
-        lines += [
-            f"## Paired deltas with 95% intervals (the claim tested: loss < {CLAIM_PCT:g}%)",
-            "",
-            "delta % is signed (negative = worse). `detectable_pct` is the interval's half-width: roughly the "
-            "smallest change this run can tell from zero; `items_for_claim`: the items a run needs for a half-width of "
-            f"{CLAIM_PCT:g}% at the observed per-item variance. An interval wider than the claim reads "
-            "'cannot resolve', never 'no loss'. p_mcnemar: exact test on items that flipped.",
-            "",
-            _markdown(claims, _row_format),
-            "",
-        ]
+    lines += _refused_section(results)
+    lines += _frame_section(
+        "The baseline's own scores",
+        "A task whose baseline is at or below chance cannot show a "
+        "loss; passkey lengths where the baseline fails are not run for the other settings.",
+        baseline_frame(results, baseline),
+    )
+    lines += _frame_section(
+        f"Paired deltas with 95% intervals (the claim tested: loss < {CLAIM_PCT:g}%)",
+        "delta % is signed (negative = worse). `detectable_pct` is the interval's half-width: roughly the "
+        "smallest change this run can tell from zero; `items_for_claim`: the items a run needs for a half-width of "
+        f"{CLAIM_PCT:g}% at the observed per-item variance. An interval wider than the claim reads "
+        "'cannot resolve', never 'no loss'. p_mcnemar: exact test on items that flipped.",
+        claims_frame(all_rows, baseline),
+    )
     if positions:
         paths[EVAL_POSITIONS_PNG] = run_dir / EVAL_POSITIONS_PNG
-        from kvbench.evals.plots import position_plot
-
-        position_plot(positions, paths[EVAL_POSITIONS_PNG])
-        frame = pd.DataFrame([row.__dict__ for row in positions])
-        lines += [
-            "## By context position (tokens already seen)",
-            "",
-            f"![positions]({EVAL_POSITIONS_PNG})",
-            "",
-            _markdown(
-                frame[["setting", "source", "name", "value", "delta_pct", "ci_low", "ci_high", "ci_of", "items"]],
-                _row_format,
-            ),
-            "",
-        ]
+        lines += _positions_section(positions, paths[EVAL_POSITIONS_PNG])
     lines += list(sections)
-    lines += [
-        "## Every metric",
-        "",
+    lines += _section(
+        "Every metric",
         "delta % is signed: negative = worse than the baseline (perplexity and KL: lower is better). ci_low/"
         "ci_high bound `ci_of` (the delta % where there is one, else the value).",
-        "",
         _markdown(rows, _row_format),
-        "",
-    ]
+    )
     paths[EVAL_MD].write_text("\n".join(lines))
     return paths
+
+
+def _section(title: str, note: str, body: str) -> list[str]:
+    """A markdown section of eval.md: its heading, a note on how to read it, and its body."""
+    return [f"## {title}", "", note, "", body, ""]
+
+
+def _frame_section(title: str, note: str, frame: pd.DataFrame) -> list[str]:
+    """A section holding one table; none when the table is empty (that part was not run)."""
+    return [] if frame.empty else _section(title, note, _markdown(frame, _row_format))
+
+
+def _refused_section(results: Sequence[SettingResult]) -> list[str]:
+    refused = [r for r in results if r.refused]
+    if not refused:
+        return []
+    reasons = "\n".join(f"- {r.label}: {r.refused}" for r in refused)
+    return _section(
+        "Settings the engine refused", "Nothing was measured for them; the reason is the engine's.", reasons
+    )
+
+
+def _positions_section(positions: Sequence, plot: Path) -> list[str]:
+    """The direct measures per context-position bucket, with their plot (written to `plot`)."""
+    from kvbench.evals.plots import position_plot
+
+    position_plot(positions, plot)
+    frame = pd.DataFrame([row.__dict__ for row in positions])
+    columns = ["setting", "source", "name", "value", "delta_pct", "ci_low", "ci_high", "ci_of", "items"]
+    return _section(
+        "By context position (tokens already seen)",
+        f"![positions]({plot.name})",
+        _markdown(frame[columns], _row_format),
+    )
 
 
 def _summary_format(column: str, value: object) -> str:
