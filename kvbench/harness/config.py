@@ -32,13 +32,12 @@ Unknown keys anywhere are errors that name the valid keys. A run folder's config
 from __future__ import annotations
 
 import enum
-import itertools
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvbench.harness.config_matrix import EngineSpec, check_matrix_size, engine_specs, list_field
 from kvbench.measure.conversation import Isolation
 from kvbench.measure.metrics import SLO
 from kvbench.measure.schedule import MAX_COUNT, MAX_DURATION_S, LoadSpec
@@ -51,18 +50,6 @@ from kvbench.workloads.text_datasets import needs_tokenizer
 # The config.yaml form's version: bump it when a key is added or a default changes, and say in
 # harness/config_schema.py what a config of the version before meant (compare fills it in before comparing).
 SCHEMA_VERSION = 6
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """One engine configuration of the matrix (after sweeps are expanded)."""
-
-    engine: str
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    label: str = ""
-    # What a node must have to run this engine setting under `kvbench run --ray` (Ray resource names: CPU,
-    # GPU, or a custom one), e.g. {GPU: 8}; without --ray it is not read.
-    resources: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -233,9 +220,6 @@ class TopScalars:
     repeat: int = bounded(1, ge=1, help="repetitions of every load point")
 
 
-_ENGINE_KEYS = ("engine", "label", "settings", "sweep", "resources")
-
-
 def parse_config(data: Mapping[str, Any], where: str = "config") -> ExperimentConfig:
     """Validate a config mapping (from YAML) and expand engine sweeps; errors read `WHERE: field.path: ...`."""
     try:
@@ -257,19 +241,19 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
             f"(1..{SCHEMA_VERSION}); drop the key to read the file as today's form"
         )
     scalars = build(TopScalars, {key: data[key] for key in ("name", "seed", "repeat") if key in data}, "")
-    _check_matrix_size(data, scalars.repeat)
+    check_matrix_size(data, scalars.repeat)
     engines = tuple(
-        spec for index, raw in enumerate(_list(data, "engines")) for spec in _engines(raw, f"engines[{index}]")
+        spec for index, raw in enumerate(list_field(data, "engines")) for spec in engine_specs(raw, f"engines[{index}]")
     )
     if not engines:
         raise SettingsError("engines: give at least one engine, e.g. engines: [{engine: kvengine}]")
     workloads = tuple(
         build(WorkloadSpec, raw if isinstance(raw, Mapping) else {"name": raw}, f"workloads[{index}]")
-        for index, raw in enumerate(_list(data, "workloads") or ["rag-chat-mini"])
+        for index, raw in enumerate(list_field(data, "workloads") or ["rag-chat-mini"])
     )
     loads = tuple(
         build(LoadPoint, raw, f"loads[{index}]")
-        for index, raw in enumerate(_list(data, "loads") or [{"concurrency": 1}])
+        for index, raw in enumerate(list_field(data, "loads") or [{"concurrency": 1}])
     )
     config = ExperimentConfig(
         engines=engines,
@@ -301,101 +285,8 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     return config
 
 
-# Cells of a matrix (engine settings x workloads x load points x repetitions) `kvbench run` accepts: each cell
-# is at least one engine start or one measured point, so past this a config is a typo (or a generated sweep
-# gone wrong), and expanding it first would cost memory and minutes before any error.
-MAX_CELLS = 10_000
-
-
-def _check_matrix_size(data: Mapping[str, Any], repeat: int) -> None:
-    """Count the matrix from the lists' lengths, before anything is expanded; refuse it past MAX_CELLS, naming
-    the count and its largest factors. Malformed entries count 1 here (their own checks name them after)."""
-    factors: list[tuple[str, int]] = []
-    settings = 0
-    for index, raw in enumerate(_list(data, "engines")):
-        sweep = raw.get("sweep") if isinstance(raw, Mapping) else None
-        lengths = (
-            [
-                (f"engines[{index}].sweep.{key}", len(values))
-                for key, values in sweep.items()
-                if isinstance(values, list) and values
-            ]
-            if isinstance(sweep, Mapping)
-            else []
-        )
-        settings += math.prod(length for _, length in lengths)
-        factors += lengths
-    loads = sum(
-        str(raw["stages"]).count(",") + 1 if isinstance(raw, Mapping) and raw.get("stages") else 1
-        for raw in _list(data, "loads")
-    )  # a staged load point is one cell per stage
-    factors += [("workloads", len(_list(data, "workloads")) or 1), ("loads", loads or 1), ("repeat", repeat)]
-    cells = max(settings, 1) * math.prod(length for name, length in factors if not name.startswith("engines["))
-    if cells > MAX_CELLS:
-        largest = sorted((item for item in factors if item[1] > 1), key=lambda item: -item[1])[:3]
-        named = ", ".join(f"{name} {length:,}" for name, length in largest)
-        raise SettingsError(
-            f"the matrix has {cells:,} cells (engine settings x workloads x loads x repeat), more "
-            f"than {MAX_CELLS:,}; largest factors: {named}; shorten those lists or split the config"
-        )
-
-
 def load_config_file(path: Path) -> ExperimentConfig:
     return parse_config(read_yaml(path, "config") or {}, where=str(path))
-
-
-def _engines(raw: Any, where: str) -> list[EngineSpec]:
-    if isinstance(raw, str):
-        raw = {"engine": raw}
-    if not isinstance(raw, Mapping):
-        raise SettingsError(f"{where}: expected a mapping with an 'engine' key")
-    for key in raw:
-        if key not in _ENGINE_KEYS:
-            raise SettingsError(f"{where}: unknown key {key!r}; valid keys: {', '.join(_ENGINE_KEYS)}")
-    if "engine" not in raw:
-        raise SettingsError(f"{where}: missing 'engine' (the adapter name, e.g. kvengine or endpoint)")
-    settings = _mapping(raw, "settings", where)
-    sweep = _mapping(raw, "sweep", where)
-    resources = _mapping(raw, "resources", where)
-    for key, amount in resources.items():
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not amount >= 0:
-            raise SettingsError(f"{where}.resources.{key}: expected a number >= 0 (e.g. GPU: 8), got {amount!r:.40}")
-    for key, values in sweep.items():
-        if not isinstance(values, list) or not values:
-            raise SettingsError(f"{where}.sweep.{key}: expected a non-empty list of values")
-    keys = list(sweep)
-    specs = []
-    for combination in itertools.product(*(sweep[key] for key in keys)) if keys else [()]:
-        swept = dict(zip(keys, combination))
-        suffix = ",".join(f"{key}={value}" for key, value in swept.items())
-        label = str(raw.get("label") or raw["engine"])
-        specs.append(
-            EngineSpec(
-                engine=str(raw["engine"]),
-                settings={**settings, **swept},
-                label=f"{label}[{suffix}]" if suffix else label,
-                resources=resources,
-            )
-        )
-    return specs
-
-
-def _mapping(data: Mapping[str, Any], key: str, where: str) -> dict:
-    value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SettingsError(f"{where}.{key}: expected a mapping (key: value), got {value!r:.80}")
-    return dict(value)
-
-
-def _list(data: Mapping[str, Any], key: str) -> list:
-    value = data.get(key)
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise SettingsError(f"{key}: expected a list, got {value!r:.80}")
-    return value
 
 
 def _plain(value: Any) -> Any:
