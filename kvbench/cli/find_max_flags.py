@@ -46,7 +46,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> int:
-    from kvbench.cli.console_table import Column, print_table
     from kvbench.harness.find_max import CONCURRENCY, FIND_MAX_JSON, find_max
 
     if not args.slo:
@@ -73,6 +72,16 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
         )
     except ValueError as exc:
         raise SettingsError(str(exc)) from None
+    _print_probes(console, args, search)
+    _print_answer(console, args, search, unit)
+    console.print(f"results: {run_dir / FIND_MAX_JSON}, one run folder per probe under {run_dir / 'probes'}")
+    return 0 if search.answer is not None else 1
+
+
+def _print_probes(console: Console, args: argparse.Namespace, search) -> None:
+    """Every probe, by load: its SLO metrics, requests, errors, verdict and run folder."""
+    from kvbench.cli.console_table import Column, print_table
+
     names = [target.name for target in args.slo]
     columns = [
         Column(args.find_max, True),
@@ -94,6 +103,10 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
         for probe in sorted(search.probes, key=lambda probe: probe.load)
     ]
     print_table(console, columns, rows, title=f"probes ({', '.join(f'{t.name} <= {t.limit_ms:g}' for t in args.slo)})")
+
+
+def _print_answer(console: Console, args: argparse.Namespace, search, unit: str) -> None:
+    """What the search found: the highest load meeting the SLO with its interval, or why there is none."""
     for finding in search.non_monotone:
         console.print(f"[yellow]non-monotone: {escape(finding)}[/yellow]")
     if search.capped:
@@ -117,8 +130,6 @@ def run(args: argparse.Namespace, config, run_dir: Path, console: Console) -> in
             f"{upper}; {len(search.probes)} probes)",
             highlight=False,
         )
-    console.print(f"results: {run_dir / FIND_MAX_JSON}, one run folder per probe under {run_dir / 'probes'}")
-    return 0 if search.answer is not None else 1
 
 
 def _verdict(probe) -> str:
