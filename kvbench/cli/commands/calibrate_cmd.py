@@ -152,6 +152,14 @@ def handle_calibrate(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_hardware(fit.hardware, args.out)
 
+    _print_fit(fit, steps)
+    console.print(f"profile: {args.out}")
+    return 0
+
+
+def _print_fit(fit, steps) -> None:
+    """The measured steps against the fitted cost model, by kind of step (decode only, prefill only, mixed, all),
+    then the fitted efficiencies and any that hit the profile's peak."""
     table = Table(title=f"{len(steps)} measured steps of our engine vs the fitted cost model")
     for column in ("steps", "count", "measured s", "predicted s", "predicted / measured"):
         table.add_column(column, justify="right")
@@ -177,8 +185,6 @@ def handle_calibrate(args: argparse.Namespace) -> int:
             f"[yellow]warning: {name} hit 1.0: the profile's peak is below what the engine achieved; "
             "raise it in the profile[/yellow]"
         )
-    console.print(f"profile: {args.out}")
-    return 0
 
 
 def handle_validate(args: argparse.Namespace) -> int:
