@@ -86,13 +86,9 @@ def register(commands, formatter) -> None:
 
 def handle_plan(args: argparse.Namespace) -> int:
     from kvbench.measure.schedule import LoadSpec
-    from kvbench.sim.engine import SimConfig
     from kvbench.sim.geometry import load_geometry
     from kvbench.sim.hardware import load_hardware
-    from kvbench.sim.plan import NodeSearch, plan_point, search_nodes
-    from kvbench.sim.plan_floor import slo_floors, unreachable
-    from kvbench.sim.plan_report import PlanLine, answer_text, write_plan
-    from kvbench.sim.presets import PRESETS
+    from kvbench.sim.plan_report import PlanLine, write_plan
     from kvbench.workloads.profiles import load_workload
 
     started = time.perf_counter()
@@ -102,16 +98,7 @@ def handle_plan(args: argparse.Namespace) -> int:
         load = LoadSpec(rate=args.rate, concurrency=args.concurrency, num_requests=args.num_requests)
     except ValueError as error:
         raise SettingsError(str(error)) from None
-    configs = []
-    for name in args.preset or list(PRESETS):
-        preset = PRESETS[name] if args.route is None else dataclasses.replace(PRESETS[name], route=args.route)
-        for kv_dtype in args.kv_dtype or ["fp8"]:
-            config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens)
-            try:
-                config.device_pages()  # an unknown dtype or weights that do not fit: before any simulation
-            except ValueError as error:
-                raise SettingsError(f"--kv-dtype {kv_dtype} / --weight-dtype: {error}") from None
-            configs.append(config)
+    configs = _configs(args, geometry, hardware)
     workload = load_workload(
         args.workload,
         seed=args.seed,
@@ -138,44 +125,77 @@ def handle_plan(args: argparse.Namespace) -> int:
     targets = args.slo
     lines: list[PlanLine] = []
     for config in configs:
-        label = f"{config.preset.name}/{config.kv_dtype}"
-
-        def written(point, config=config, label=label):
-            verdict = "meets" if point.meets else "misses"
-            values = ", ".join(f"{k} {'-' if v is None else f'{v:,.0f}'}" for k, v in point.values.items())
-            console.print(
-                f"{label} on {point.nodes} node(s): {values}: {verdict} "
-                f"({point.virtual_s:,.0f} s served, simulated in {point.wall_s:.1f} s)"
-            )
-
-        floors = slo_floors(workload, config, targets)  # at unbounded nodes: known before any simulation
-        console.print(
-            f"{label} floor at unbounded nodes: "
-            + ", ".join(f"{name} {value:,.0f} ms" for name, value in floors.items())
-        )
-        reason = unreachable(targets, floors)
-        if reason is not None:
-            console.print(f"{label}: {reason}")
-            lines.append(
-                PlanLine(
-                    config.preset.name, config.kv_dtype, config.preset.route, NodeSearch(None, (), (), reason, floors)
-                )
-            )
-            continue
-        try:
-            search = search_nodes(
-                lambda n, config=config: plan_point(workload, load, config, n, targets, args.seed),
-                args.max_nodes,
-                targets,
-                on_point=written,
-            )
-        except ValueError as error:
-            raise SettingsError(f"{label}: {error}") from None
-        search = dataclasses.replace(search, floors=floors)
-        lines.append(PlanLine(config.preset.name, config.kv_dtype, config.preset.route, search))
+        lines.append(_plan_config(workload, load, config, targets, args))
         write_plan(run_dir, lines, targets, settings, plots=False)  # results as the search goes
     settings["wall_s"] = round(time.perf_counter() - started, 1)
     files = write_plan(run_dir, lines, targets, settings, plots=not args.no_plots)
+    _print_plan(lines, args.max_nodes, targets, f"{hardware.name} nodes", f"{workload.name}, {geometry.name}")
+    console.print(f"planned in {settings['wall_s']} s; results: {', '.join(str(f) for f in files)}")
+    return 0
+
+
+def _configs(args: argparse.Namespace, geometry, hardware) -> list:
+    """One simulator config per preset x KV dtype asked for, each checked to fit before any simulation."""
+    from kvbench.sim.engine import SimConfig
+    from kvbench.sim.presets import PRESETS
+
+    configs = []
+    for name in args.preset or list(PRESETS):
+        preset = PRESETS[name] if args.route is None else dataclasses.replace(PRESETS[name], route=args.route)
+        for kv_dtype in args.kv_dtype or ["fp8"]:
+            config = SimConfig(geometry, hardware, preset, kv_dtype, args.weight_dtype, args.device_kv_tokens)
+            try:
+                config.device_pages()  # an unknown dtype or weights that do not fit: before any simulation
+            except ValueError as error:
+                raise SettingsError(f"--kv-dtype {kv_dtype} / --weight-dtype: {error}") from None
+            configs.append(config)
+    return configs
+
+
+def _plan_config(workload, load, config, targets, args: argparse.Namespace):
+    """The node search of one config: its SLO floors at unbounded nodes first (an SLO below them is refused
+    without simulating), then doubling and bisection, each point said as it is simulated."""
+    from kvbench.sim.plan import NodeSearch, plan_point, search_nodes
+    from kvbench.sim.plan_floor import slo_floors, unreachable
+    from kvbench.sim.plan_report import PlanLine
+
+    label = f"{config.preset.name}/{config.kv_dtype}"
+
+    def written(point):
+        verdict = "meets" if point.meets else "misses"
+        values = ", ".join(f"{k} {'-' if v is None else f'{v:,.0f}'}" for k, v in point.values.items())
+        console.print(
+            f"{label} on {point.nodes} node(s): {values}: {verdict} "
+            f"({point.virtual_s:,.0f} s served, simulated in {point.wall_s:.1f} s)"
+        )
+
+    floors = slo_floors(workload, config, targets)  # at unbounded nodes: known before any simulation
+    console.print(
+        f"{label} floor at unbounded nodes: " + ", ".join(f"{name} {value:,.0f} ms" for name, value in floors.items())
+    )
+    reason = unreachable(targets, floors)
+    if reason is not None:
+        console.print(f"{label}: {reason}")
+        search = NodeSearch(None, (), (), reason, floors)
+        return PlanLine(config.preset.name, config.kv_dtype, config.preset.route, search)
+    try:
+        search = search_nodes(
+            lambda n: plan_point(workload, load, config, n, targets, args.seed),
+            args.max_nodes,
+            targets,
+            on_point=written,
+        )
+    except ValueError as error:
+        raise SettingsError(f"{label}: {error}") from None
+    search = dataclasses.replace(search, floors=floors)
+    return PlanLine(config.preset.name, config.kv_dtype, config.preset.route, search)
+
+
+def _print_plan(lines, max_nodes: int, targets, nodes: str, what: str) -> None:
+    """The answer of every config (fewest nodes meeting the SLO, what was tried, node-hours), then any
+    non-monotone findings."""
+    from kvbench.sim.plan_report import answer_text
+
     columns = [
         Column("preset", False),
         Column("KV", False),
@@ -193,7 +213,7 @@ def handle_plan(args: argparse.Namespace) -> int:
                 escape(row.preset),
                 escape(row.kv_dtype),
                 escape(row.route),
-                answer_text(row.search, args.max_nodes),
+                answer_text(row.search, max_nodes),
                 ", ".join(str(p.nodes) for p in row.search.points),
                 "-" if at is None else f"{at.node_hours:,.2f}",
                 str(len(row.search.non_monotone)),
@@ -204,11 +224,8 @@ def handle_plan(args: argparse.Namespace) -> int:
         columns,
         rows,
         keys=2,
-        title=f"fewest {hardware.name} nodes for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)}"
-        f" ({workload.name}, {geometry.name})",
+        title=f"fewest {nodes} for {', '.join(f'{t.name} <= {t.limit_ms:g}' for t in targets)} ({what})",
     )
     for row in lines:
         for finding in row.search.non_monotone:
             console.print(f"[yellow]non-monotone {row.preset}/{row.kv_dtype}: {finding}[/yellow]")
-    console.print(f"planned in {settings['wall_s']} s; results: {', '.join(str(f) for f in files)}")
-    return 0
