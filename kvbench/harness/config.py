@@ -118,6 +118,21 @@ class LoadPoint:
         """`request_rate` as a number (infinity for `inf`)."""
         return float("inf") if isinstance(self.request_rate, str) else self.request_rate
 
+    def load_spec(self, stop: StopSpec | None = None) -> LoadSpec:
+        """The load of an unstaged point under `stop`'s conditions (none: just the load, as the config check
+        builds it); ValueError names a load that cannot be (e.g. concurrency with a rate)."""
+        stop = stop or StopSpec()
+        return LoadSpec(
+            rate=self.rate,
+            concurrency=self.concurrency,
+            burstiness=self.burstiness,
+            request_rate=self.requests_per_s,
+            max_concurrency=self.max_concurrency,
+            num_requests=stop.num_requests,
+            duration_s=stop.duration_s,
+            warmup_requests=stop.warmup_requests,
+        )
+
 
 @dataclass(frozen=True)
 class StopSpec:
@@ -189,18 +204,7 @@ class ExperimentConfig:
             if point.plan is not None:
                 specs += [LoadSpec(rate=staged.stage.rate, stage=staged) for staged in point.plan.points()]
                 continue
-            specs.append(
-                LoadSpec(
-                    rate=point.rate,
-                    concurrency=point.concurrency,
-                    burstiness=point.burstiness,
-                    request_rate=point.requests_per_s,
-                    max_concurrency=point.max_concurrency,
-                    num_requests=self.stop.num_requests,
-                    duration_s=self.stop.duration_s,
-                    warmup_requests=self.stop.warmup_requests,
-                )
-            )
+            specs.append(point.load_spec(self.stop))
         return specs
 
     def to_dict(self) -> dict:
@@ -268,13 +272,7 @@ def _parse(data: Mapping[str, Any]) -> ExperimentConfig:
     )
     for index, load in enumerate(config.loads):
         try:
-            LoadSpec(
-                rate=load.rate,
-                concurrency=load.concurrency,
-                burstiness=load.burstiness,
-                request_rate=load.requests_per_s,
-                max_concurrency=load.max_concurrency,
-            )
+            load.load_spec()
         except ValueError as exc:
             raise SettingsError(f"loads[{index}]: {exc}") from None
     if config.client.workers > 1 and any(load.plan is not None for load in config.loads):
