@@ -1,7 +1,8 @@
 """No module of the kvbench package passes 400 lines (STYLE.md: a module that grows past it is split by concept).
 
 A module over the limit may stand only in OVER_LIMIT below, with its line count as a ceiling it may not pass:
-each is a module another change is splitting right now, and its entry goes when that change lands.
+each is a module another change is splitting right now, and its entry goes when that change lands (after a
+merge, `test_the_allow_list_holds_only_modules_still_over_the_limit` names the entries to remove).
 """
 
 from __future__ import annotations
