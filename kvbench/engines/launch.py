@@ -313,6 +313,11 @@ def installed_version(python: str, distributions: Sequence[str]) -> str | None:
     return ", ".join(done.stdout.split("\n")).strip(", ") or None
 
 
+def optional_flags(values: Mapping[str, object], text: Callable[[object], str] = str) -> list[str]:
+    """`[flag, text(value)]` for each flag whose value is set (None: leave the server's default), in order."""
+    return [part for flag, value in values.items() if value is not None for part in (flag, text(value))]
+
+
 def kv_dtype_label(kv_cache_dtype: str, dtype: str | None) -> str:
     """How result tables name an engine's KV dtype: the setting, or what `auto` resolves to."""
     return kv_cache_dtype if kv_cache_dtype != "auto" else f"auto ({dtype or 'model dtype'})"

@@ -27,6 +27,7 @@ from kvbench.engines.launch import (
     free_port,
     installed_version,
     kv_dtype_label,
+    optional_flags,
 )
 from kvbench.engines.vllm import resolve_model, settings_values
 from kvbench.settings import bounded, build
@@ -130,9 +131,7 @@ def sglang_arguments(settings: SGLangSettings, model: str, port: int) -> list[st
         "--quantization": s.quantization,
         "--device": s.device,
     }
-    for flag, value in optional.items():
-        if value is not None:
-            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    args += optional_flags(optional, lambda value: f"{value:g}" if isinstance(value, float) else str(value))
     return args + list(s.extra_args)
 
 

@@ -30,6 +30,7 @@ from kvbench.engines.launch import (
     LaunchPlan,
     free_port,
     installed_version,
+    optional_flags,
 )
 from kvbench.engines.vllm import resolve_model, settings_values
 from kvbench.settings import build
@@ -116,13 +117,9 @@ def trtllm_plan(settings: TRTLLMSettings, model: str, port: int, workdir: Path) 
         "--extra_llm_api_options",
         str((workdir / OPTIONS_FILE).resolve()),
     ]
-    for flag, value in {
-        "--max_batch_size": s.max_batch_size,
-        "--max_num_tokens": s.max_num_tokens,
-        "--max_seq_len": s.max_seq_len,
-    }.items():
-        if value is not None:
-            command += [flag, str(value)]
+    command += optional_flags(
+        {"--max_batch_size": s.max_batch_size, "--max_num_tokens": s.max_num_tokens, "--max_seq_len": s.max_seq_len}
+    )
     return LaunchPlan(
         command=(*command, *s.extra_args),
         env=dict(s.env or {}),

@@ -34,6 +34,7 @@ from kvbench.engines.launch import (
     free_port,
     installed_version,
     kv_dtype_label,
+    optional_flags,
 )
 from kvbench.settings import bounded, build
 
@@ -141,9 +142,7 @@ def vllm_arguments(settings: VLLMSettings, model: str, port: int) -> list[str]:
         "--block-size": s.block_size,
         "--kv-cache-memory-bytes": s.kv_cache_memory_bytes,
     }
-    for flag, value in optional.items():
-        if value is not None:
-            args += [flag, str(value)]
+    args += optional_flags(optional)
     if s.chunked_prefill is not None:
         args.append("--enable-chunked-prefill" if s.chunked_prefill else "--no-enable-chunked-prefill")
     if s.enforce_eager:
