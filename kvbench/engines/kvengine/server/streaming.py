@@ -29,7 +29,7 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its cl
 # A streaming answer's socket send buffer: small, so that a client that stops reading backs our writes up
 # within kilobytes (Linux grows the buffer to megabytes otherwise) and its request is parked early.
 STREAM_SEND_BUFFER_BYTES = 1 << 12
-PARK_BACKLOG_BYTES = 1 << 14  # unsent bytes (past the socket's buffers) that park a stream's request
+PARK_BACKLOG_BYTES = 1 << 12  # unsent bytes (past the socket's buffers) that park a stream's request
 BACKLOG_POLL_S = 0.02  # how often a parked stream looks whether its backlog was sent
 
 
