@@ -89,8 +89,13 @@ def test_an_error_names_the_field_and_cuts_the_value(served, field, value):
 
 def stream_never_read(url: str, stream: bool = True) -> socket.socket:
     """A long request whose client reads nothing (a small receive window, so the server's writes back up)."""
+    return stream_never_read_body(url, {**BODY, "max_tokens": 8000, "stream": stream, "logprobs": 20})
+
+
+def stream_never_read_body(url: str, request: dict) -> socket.socket:
+    """`request` sent from a socket with a small receive window, of which nothing is read yet."""
     host, port = urllib.parse.urlparse(url).netloc.split(":")
-    body = json.dumps({**BODY, "max_tokens": 8000, "stream": stream, "logprobs": 20}).encode()
+    body = json.dumps(request).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
@@ -148,3 +153,47 @@ def test_ready_says_saturated_while_every_slot_is_held(served):
             sock.close()  # the handlers notice within their poll and abort the requests
     settled(engine)
     assert send(url, "/ready", None, "GET")[0] == 200
+
+
+def test_a_slow_reader_is_parked_and_resumed_and_gets_the_same_answer(served):
+    """A client that reads in bursts is parked whenever its socket backs up and resumed when it reads: its
+    request recomputes from its cached pages, and the tokens it receives are the ones a fast client gets."""
+    engine, url = served
+    settled(engine)
+    body = {**BODY, "max_tokens": 400, "logprobs": 20}
+    status, whole = send(url, "/v1/completions", body)
+    assert status == 200, whole
+    parked_before = metric(url, "kvbench:requests_parked_total") or 0.0
+    sock = stream_never_read_body(url, {**body, "stream": True})
+    received, end = bytearray(), b"\r\n0\r\n\r\n"  # the last chunk of a chunked body
+    try:
+        sock.settimeout(60)
+        while not received.endswith(end):
+            time.sleep(0.2)  # a pause long enough for its socket to fill and its request to be parked
+            for _ in range(8):
+                chunk = sock.recv(4096)
+                assert chunk, "the server closed the stream"
+                received += chunk
+                if received.endswith(end):
+                    break
+    finally:
+        sock.close()
+    streamed = []
+    for event in dechunked(bytes(received).split(b"\r\n\r\n", 1)[1]).split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            streamed += json.loads(event[6:])["choices"][0].get("token_ids") or []
+    assert streamed == whole["choices"][0]["token_ids"]
+    assert (metric(url, "kvbench:requests_parked_total") or 0.0) > parked_before  # it was parked, and resumed
+    settled(engine)
+
+
+def dechunked(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's data."""
+    data, at = bytearray(), 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end], 16)
+        if size == 0:
+            return bytes(data)
+        data += body[line_end + 2 : line_end + 2 + size]
+        at = line_end + 2 + size + 2
