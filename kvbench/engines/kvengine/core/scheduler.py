@@ -26,7 +26,7 @@ prefix reuses them; generated pages enter when the request finishes. A preempted
 recomputes (its computed full pages go to the prefix index, so recompute is mostly prefix hits) or, with
 `allow_swap`, is swapped to host: `StepPlan.swap_out` lists its device pages, which the executor must copy
 before anything else in the step (they may be reused by this very plan); `swap_in` gives the new pages to
-copy them back into.
+copy them back into. A sequence whose client reads nothing is parked (`parking`): no slot, no device page.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class Scheduler(CompactSteps, Parking):
         """Raise IntegrityError unless every page's reference count is its number of holders: the prefix index
         (one per cached page) and each running sequence's own pages; a sequence's borrowed pages must be cached
         (the index holds their one reference), and no page of a running sequence may be evictable (eviction
-        would free it, or leave it to two holders, under the sequence). Also checks the index and the pool."""
+        would free it, or leave it to two holders, under the sequence); a parked sequence holds none. Also checks
+        the index and the pool."""
         check_holders(self.index, self._running, self._parked.values())
 
     def add(self, request: Request) -> None:
