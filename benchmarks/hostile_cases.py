@@ -69,7 +69,8 @@ async def long_prompts(session, base, port, seen):
 
 
 async def stalled_streams(session, base, port, seen):
-    """16 streams of 8,000 tokens whose clients never read, held 20 s; /ready polled meanwhile."""
+    """16 streams of 8,000 tokens whose clients never read, held 20 s; /ready polled meanwhile; then how many
+    times a request was parked and how many streams were ended for their stall, from /metrics."""
     body = json.dumps({**HELLO, "max_tokens": 8000, "stream": True, "logprobs": 5}).encode()
     socks = []
     for _ in range(16):
@@ -88,6 +89,11 @@ async def stalled_streams(session, base, port, seen):
             async with session.get(base + "/ready") as reply:
                 seen[f"/ready {(await reply.json()).get('status')}"] += 1
             await asyncio.sleep(0.5)
+        async with session.get(base + "/metrics") as reply:
+            text = await reply.text()
+        for name in ("kvbench:requests_parked_total", "kvbench:client_stalled_total"):
+            values = [line.split()[-1] for line in text.splitlines() if line.startswith(name)]
+            seen[f"{name.split(':')[1]} {float(values[0]):g}" if values else f"{name.split(':')[1]} n/a"] += 1
     finally:
         for sock in socks:
             sock.close()

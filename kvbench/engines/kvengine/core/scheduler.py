@@ -26,7 +26,7 @@ prefix reuses them; generated pages enter when the request finishes. A preempted
 recomputes (its computed full pages go to the prefix index, so recompute is mostly prefix hits) or, with
 `allow_swap`, is swapped to host: `StepPlan.swap_out` lists its device pages, which the executor must copy
 before anything else in the step (they may be reused by this very plan); `swap_in` gives the new pages to
-copy them back into.
+copy them back into. A sequence whose client reads nothing is parked (`parking`): no slot, no device page.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import numpy as np
-
 from kvbench.engines.kvengine.core.compact_steps import CompactSteps
 from kvbench.engines.kvengine.core.events import EventKind
 from kvbench.engines.kvengine.core.namespaces import Placement, TenantId, placement_for
-from kvbench.engines.kvengine.core.pages import IntegrityError, PageId
+from kvbench.engines.kvengine.core.parking import Parking
 from kvbench.engines.kvengine.core.plans import (
     DEFAULT_TENANT,
     CompactPlan,
@@ -55,6 +53,7 @@ from kvbench.engines.kvengine.core.plans import (
     SwapOut,
 )
 from kvbench.engines.kvengine.core.prefix_index import DEVICE_TIER, PrefixIndex, PromptMatch
+from kvbench.engines.kvengine.core.sequence import Sequence, check_holders
 from kvbench.engines.kvengine.core.tenants import TenantLedger, evict_for
 
 # What callers import from here: the scheduler, and what it takes and returns (defined in `plans`).
@@ -74,53 +73,15 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True, eq=False)
-class _Seq:
-    request: Request
-    placement: Placement
-    output: list[int] = field(default_factory=list)
-    pages: list[PageId] = field(default_factory=list)
-    match: PromptMatch | None = None
-    num_computed: int = 0
-    num_cached_tokens: int | None = None
-    # Leading full pages already in the prefix index and locked through `match`: at least `borrowed`
-    indexed_pages: int = 0
-    swapped_pages: int = 0  # > 0 while swapped out to host
-    # Leading pages whose one reference is the prefix index's, not the sequence's: the cached pages it matched
-    # at admission and the pages it cached itself since (adopted: `insert`'s `adopt_at`). They stay locked
-    # through `match` until `_release`, so nothing can free them under it; a second reference on each, taken
-    # and dropped again at the finish, was a third of a long simulation's time.
-    borrowed: int = 0
-    _table: tuple[PageId, ...] | None = None  # `pages` as a tuple, rebuilt only after `pages` changes
-
-    def page_table(self) -> tuple[PageId, ...]:
-        """The page ids as an immutable tuple; cached, because a decode step adds a page only every page_size
-        tokens and copying long tables every step dominated long simulations."""
-        if self._table is None or len(self._table) != len(self.pages):  # `pages` only grows between resets
-            self._table = tuple(self.pages)
-        return self._table
-
-    @property
-    def length(self) -> int:
-        return len(self.request.prompt) + len(self.output)
-
-    @property
-    def room(self) -> int:
-        """Tokens it may still sample: the one that reaches max_new_tokens finishes it (see `_sampled`)."""
-        return self.request.max_new_tokens - len(self.output)
-
-    def tokens(self) -> np.ndarray:
-        return np.concatenate([np.asarray(self.request.prompt, np.int32), np.asarray(self.output, np.int32)])
-
-
 @dataclass(slots=True)
-class Scheduler(CompactSteps):
+class Scheduler(CompactSteps, Parking):
     index: PrefixIndex
     config: SchedulerConfig = SchedulerConfig()
     ledger: TenantLedger | None = None  # None: plain LRU eviction across tenants
     _waiting: deque = field(default_factory=deque)
     _running: list = field(default_factory=list)
     _seqs: dict = field(default_factory=dict)
+    _parked: dict = field(default_factory=dict)  # request id -> Sequence set aside (`parking`)
 
     @property
     def num_waiting(self) -> int:
@@ -137,29 +98,9 @@ class Scheduler(CompactSteps):
         """Raise IntegrityError unless every page's reference count is its number of holders: the prefix index
         (one per cached page) and each running sequence's own pages; a sequence's borrowed pages must be cached
         (the index holds their one reference), and no page of a running sequence may be evictable (eviction
-        would free it, or leave it to two holders, under the sequence). Also checks the index and the pool."""
-        self.index.check_integrity()
-        pool = self.index.pool
-        pool.check_integrity()
-        holders = dict.fromkeys(self.index.cached_page_ids(), 1)
-        evictable = set(self.index.evictable_page_ids())
-        for seq in self._running:
-            missing = [p for p in seq.pages[: seq.borrowed] if p not in holders]
-            if missing:
-                raise IntegrityError(f"{seq.request.request_id}: borrowed pages {missing[:8]} are not cached")
-            unlocked = [p for p in seq.pages if p in evictable]
-            if unlocked:
-                raise IntegrityError(
-                    f"{seq.request.request_id}: its pages {unlocked[:8]} are cached unlocked (evictable while it runs)"
-                )
-            for p in seq.pages[seq.borrowed :]:
-                holders[p] = holders.get(p, 0) + 1
-        wrong = [(p, pool.ref_count(p), n) for p, n in holders.items() if pool.ref_count(p) != n]
-        in_use = pool.capacity - pool.num_free
-        if wrong or in_use != len(holders):
-            raise IntegrityError(
-                f"reference counts (page, count, holders) {wrong[:8]}; {in_use} pages in use, {len(holders)} held"
-            )
+        would free it, or leave it to two holders, under the sequence); a parked sequence holds none. Also checks
+        the index and the pool."""
+        check_holders(self.index, self._running, self._parked.values())
 
     def add(self, request: Request) -> None:
         if request.request_id in self._seqs:
@@ -171,7 +112,7 @@ class Scheduler(CompactSteps):
                 f"request {request.request_id}: needs {need} pages, the pool holds "
                 f"{self.index.pool.capacity}; shorten the prompt or max_new_tokens"
             )
-        seq = _Seq(request, self.placement(request))
+        seq = Sequence(request, self.placement(request))
         self._seqs[request.request_id] = seq
         self._waiting.append(seq)
 
@@ -208,7 +149,7 @@ class Scheduler(CompactSteps):
             evict_for(self.index, self.ledger, tenant, short, self._usage(), now)
         return pool.can_allocate(n)
 
-    def allocate(self, seq: _Seq, n: int) -> None:
+    def allocate(self, seq: Sequence, n: int) -> None:
         seq.pages.extend(self.index.pool.allocate(n))
 
     def schedule(self, now: float) -> StepPlan:
@@ -296,7 +237,7 @@ class Scheduler(CompactSteps):
         self.allocate(seq, need)
         return True
 
-    def _admit(self, seq: _Seq, budget: int, now: float, items: list[ScheduledSeq]) -> bool:
+    def _admit(self, seq: Sequence, budget: int, now: float, items: list[ScheduledSeq]) -> bool:
         req, ps = seq.request, self.index.page_size
         tokens = seq.tokens()
         if self.config.prefix_caching and req.use_cached_prefix:
@@ -325,7 +266,7 @@ class Scheduler(CompactSteps):
         items.append(self._item(seq, n))
         return True
 
-    def _item(self, seq: _Seq, n: int) -> ScheduledSeq:
+    def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
         end = seq.num_computed + n
         return ScheduledSeq(
             seq.request.request_id,
@@ -336,7 +277,7 @@ class Scheduler(CompactSteps):
             samples=end == seq.length,
         )
 
-    def _index_computed(self, seq: _Seq, now: float) -> None:
+    def _index_computed(self, seq: Sequence, now: float) -> None:
         """Put the sequence's newly computed full prompt pages in the prefix index now, not only when it
         finishes, so that a request arriving meanwhile with the same prefix finds them (as vLLM and SGLang
         do); the sequence's lock moves to the longer path, so they stay unevictable while it runs. Generated
@@ -357,7 +298,7 @@ class Scheduler(CompactSteps):
             self.index.unlock_prompt(seq.match)
         seq.match, seq.indexed_pages = match, full
 
-    def _release(self, seq: _Seq, now: float, cache: bool) -> None:
+    def _release(self, seq: Sequence, now: float, cache: bool) -> None:
         """Return a sequence's pages; with `cache`, its computed full pages go to the prefix index first."""
         req = seq.request
         if cache and seq.num_computed and self.config.prefix_caching:
@@ -369,7 +310,7 @@ class Scheduler(CompactSteps):
             self.index.unlock_prompt(seq.match)
         seq.pages, seq.match, seq._table, seq.indexed_pages, seq.borrowed = [], None, None, 0, 0
 
-    def _preempt(self, seq: _Seq, now: float, preempted: list, swap_out: list) -> None:
+    def _preempt(self, seq: Sequence, now: float, preempted: list, swap_out: list) -> None:
         preempted.append(seq.request.request_id)
         if self.config.allow_swap and seq.num_computed:
             swap_out.append(SwapOut(seq.request.request_id, tuple(seq.pages)))
@@ -395,7 +336,7 @@ class Scheduler(CompactSteps):
         if seq in self._running:
             self._running.remove(seq)
             self._release(seq, now, cache=cache)
-        else:
+        elif self._parked.pop(request_id, None) is None:
             self._waiting.remove(seq)  # a waiting sequence holds no device pages
         return FinishedRequest(
             request_id, len(seq.request.prompt), seq.num_cached_tokens or 0, tuple(seq.output), reason
@@ -417,7 +358,7 @@ class Scheduler(CompactSteps):
             self._sampled(seq, int(sampled[item.request_id]), now, finished)
         return tuple(finished)
 
-    def _sampled(self, seq: _Seq, tok: int, now: float, finished: list[FinishedRequest]) -> None:
+    def _sampled(self, seq: Sequence, tok: int, now: float, finished: list[FinishedRequest]) -> None:
         """Append a sampled token; a request that stops or reaches max_new_tokens finishes."""
         seq.output.append(tok)
         req = seq.request

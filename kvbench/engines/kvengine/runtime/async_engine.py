@@ -87,6 +87,13 @@ class AsyncEngine:
     def abort(self, request_id: str, reason: str) -> None:
         self._send(_Abort(request_id, reason))
 
+    def park(self, request_id: str) -> None:
+        """Set the request aside between steps (`Engine.park`: no slot, no device page) until `resume`."""
+        self._send(_Call(lambda engine: engine.park(request_id), _ignore))
+
+    def resume(self, request_id: str) -> None:
+        self._send(_Call(lambda engine: engine.resume(request_id), _ignore))
+
     async def call(self, fn: Callable[[Engine], object]) -> object:
         """Run `fn(engine)` between two steps and return its result (e.g. a cache reset)."""
         loop = asyncio.get_running_loop()
@@ -167,6 +174,10 @@ class AsyncEngine:
         if output.finished:
             del self._deliver[output.request_id]
         deliver(output)
+
+
+def _ignore(result: object) -> None:
+    """The answer of a call nobody waits for (an exception there is the request's own news, sent elsewhere)."""
 
 
 def _settle(future: asyncio.Future, result: object) -> None:

@@ -17,7 +17,7 @@ to the other ranks first (`Ranks.send`, see `model_runner`) and then runs here, 
 same plan on its own shard. Lower tiers need one rank (`server/ranks.py` refuses them with more).
 
 Failures: a model run that raises for one request fails that request alone (its client gets the error, its
-pages are released, the rest of the step completes; see `_run_isolating`). Anything else that `step` raises
+pages are released, the rest of the step completes; see `isolation.run_isolating`). Anything else that `step` raises
 (the scheduler, the tiers, a device error) is the engine's own: the engine is broken and its caller stops.
 """
 
@@ -47,6 +47,7 @@ from kvbench.engines.kvengine.core.tenants import TenantLedger
 from kvbench.engines.kvengine.model.batch import SequenceChunk
 from kvbench.engines.kvengine.model.loader import LoadedModel
 from kvbench.engines.kvengine.model.sampling import sample, token_logprobs
+from kvbench.engines.kvengine.runtime.isolation import run_isolating
 from kvbench.engines.kvengine.runtime.memory_budget import fit_memory, free_device_bytes
 from kvbench.engines.kvengine.runtime.metrics import EngineMetrics
 from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY_RANDOM: evals import it here
@@ -61,7 +62,6 @@ from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY
     SwapOut,
     build_runner,
     chunks_of,
-    is_device_error,
     load_rank_model,
     model_config_of,
     model_digest,
@@ -233,6 +233,21 @@ class Engine:
             return None
         return self._finish(finished)
 
+    def park(self, request_id: str) -> bool:
+        """Set a request aside while its client reads nothing (`core/parking.py`): it holds no batch slot and
+        no device page until `resume`. False if it is not in the scheduler (finished, or restoring)."""
+        parked = self.scheduler.park(RequestId(request_id), self.clock())
+        if parked:
+            self.metrics.parked_request()
+            self._update_gauges()
+        return parked
+
+    def resume(self, request_id: str) -> bool:
+        """Readmit a parked request, first in line."""
+        resumed = self.scheduler.resume(RequestId(request_id))
+        self._update_gauges()
+        return resumed
+
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self.offload.num_restoring > 0
 
@@ -262,7 +277,7 @@ class Engine:
             self._execute(SwapIn(swap.request_id, tuple(swap.pages)))
         outputs: list[StepOutput] = []
         if plan.seqs:
-            sampled, outputs, failed = self._run_isolating(plan.seqs)
+            sampled, outputs, failed = run_isolating(self._run, plan.seqs)
             computed = replace(plan, seqs=tuple(s for s in plan.seqs if s.request_id not in failed))
             for finished in self.scheduler.postprocess(computed, sampled, self.clock()):
                 outputs.append(self._finish(finished))
@@ -279,37 +294,6 @@ class Engine:
             for listener in self.step_listeners:
                 listener(timing)
         return outputs
-
-    def _run_isolating(
-        self, seqs: tuple[ScheduledSeq, ...]
-    ) -> tuple[dict[RequestId, int], list[StepOutput], dict[RequestId, str]]:
-        """Run the batch; if that raises, run each sequence alone, so that a request whose computation fails
-        (its logits, its sampling) fails alone and the others' step completes. Returns the sampled tokens,
-        the outputs and, per failed request, why. Nothing of a failed batch is kept but prompt logprobs, which
-        a rerun of the same chunk does not append twice; a seeded neighbour may draw a different token than
-        it would have. A device error (torch.AcceleratorError: the device is unusable for every request) is
-        not a request's fault: it propagates, and the caller treats it as fatal."""
-        try:
-            sampled, outputs = self._run(seqs)
-            return sampled, outputs, {}
-        except Exception as exc:
-            if is_device_error(exc):
-                raise
-            if len(seqs) == 1:
-                return {}, [], {seqs[0].request_id: _describe(exc)}
-            log.warning("a step of %d sequences failed (%s); running each alone", len(seqs), _describe(exc))
-        sampled, outputs, failed = {}, [], {}
-        for item in seqs:
-            try:
-                one_sampled, one_outputs = self._run((item,))
-            except Exception as exc:
-                if is_device_error(exc):
-                    raise
-                failed[item.request_id] = _describe(exc)
-                continue
-            sampled.update(one_sampled)
-            outputs.extend(one_outputs)
-        return sampled, outputs, failed
 
     def _run(self, seqs: tuple[ScheduledSeq, ...]) -> tuple[dict[RequestId, int], list[StepOutput]]:
         live = [self._live[item.request_id] for item in seqs]
@@ -400,6 +384,7 @@ class Engine:
             total=self.pool.capacity,
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
+            parked=self.scheduler.num_parked,
             bytes_per_token=self.bytes_per_token,
         )
         pages = {(t, DEVICE_TIER): n for t, n in self.index.pages_by_tenant().items()}
@@ -409,7 +394,3 @@ class Engine:
     def close(self) -> None:
         """Stop the offload executor's workers (restores in flight are dropped)."""
         self.offload.close()
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -15,6 +15,8 @@ Per tenant (label `tenant`; tier one of device, host, disk, remote):
 Device KV: `kvbench:kv_capacity_tokens` and `kvbench:kv_capacity_bytes`, the tier as allocated (after
 `kv_capacity: auto` or `kv_capacity_bytes` were resolved), per device; `kvbench:kv_pages_used` of
 `kvbench:kv_pages_capacity` pages in use.
+Parking: `kvbench:num_requests_parked` requests set aside now (their streaming client reads nothing: no batch
+slot, no device page held; see `core/parking.py`), `kvbench:requests_parked_total` times one was.
 Per tier: `kvbench:kv_tier_failures_total{tier,reason}`: a tier skipped (full, unavailable) or a page
 that failed verification (corrupt: cut short or another layout; forged: its HMAC fails), each a miss and a
 recompute, never an error.
@@ -69,6 +71,15 @@ class EngineMetrics:
         )
         self.running = Gauge("kvbench:num_requests_running", "Requests being computed", labels, registry=r)
         self.waiting = Gauge("kvbench:num_requests_waiting", "Requests waiting for admission", labels, registry=r)
+        self.parked = Gauge(
+            "kvbench:num_requests_parked", "Requests set aside while their client reads nothing", labels, registry=r
+        )
+        self.parked_total = Counter(
+            "kvbench:requests_parked",
+            "Times a request was set aside for a client that read nothing",
+            labels,
+            registry=r,
+        )
         tenant = labels + ["tenant"]
         self.tenant_prompt = Counter(
             "kvbench:tenant_prompt_tokens", "Prompt tokens of finished requests, per tenant", tenant, registry=r
@@ -160,13 +171,19 @@ class EngineMetrics:
         if tokens is not None:
             self.prefill_budget.labels(self.model_name).set(tokens)
 
-    def occupancy(self, used: int, total: int, running: int, waiting: int, bytes_per_token: int) -> None:
+    def occupancy(
+        self, used: int, total: int, running: int, waiting: int, bytes_per_token: int, parked: int = 0
+    ) -> None:
         name = self.model_name
+        self.parked.labels(name).set(parked)
         self.pages_used.labels(name).set(used)
         self.pages_total.labels(name).set(total)
         self.running.labels(name).set(running)
         self.waiting.labels(name).set(waiting)
         self.bytes_per_token.labels(name).set(bytes_per_token)
+
+    def parked_request(self) -> None:
+        self.parked_total.labels(self.model_name).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

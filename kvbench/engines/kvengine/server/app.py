@@ -20,20 +20,15 @@ time (`hmac.compare_digest`).
 Limits: a body beyond `protocol.max_body_bytes` of the model's context gets 413, a body nested deeper than
 `admission.MAX_JSON_DEPTH` or holding more than `admission.MAX_JSON_CONTAINERS` objects 400 before it is
 parsed, a text prompt beyond `protocol.max_prompt_chars` (for a chat: its templated length bound, or more
-than `admission.MAX_MESSAGES` messages) 400 before it is tokenised. A non-streaming client that leaves is noticed
-within `DISCONNECT_POLL_S` and its request aborted (its pages freed), as a streaming one is at its next write.
-A streaming client that stops reading (its socket full) is ended once a write has waited `stall_timeout_s`:
-its request aborted, its slot and pages freed, counted in `kvbench:client_stalled_total`; before, 16 such
-clients held every slot to max_tokens and their answers queued in memory.
+than `admission.MAX_MESSAGES` messages) 400 before it is tokenised. Clients that leave, or stop reading a
+stream: `streaming`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,7 +36,6 @@ from aiohttp import web
 
 from kvbench.engines.kvengine.runtime.async_engine import AsyncEngine
 from kvbench.engines.kvengine.runtime.engine import Engine
-from kvbench.engines.kvengine.runtime.requests import StepOutput
 from kvbench.engines.kvengine.server.admission import TemplateCost, admitted_json, check_messages, check_prompt
 from kvbench.engines.kvengine.server.answer import Answer
 from kvbench.engines.kvengine.server.errors import SERVER_METRICS, error_response, openai_errors
@@ -54,15 +48,12 @@ from kvbench.engines.kvengine.server.protocol import (
     parse_completion,
 )
 from kvbench.engines.kvengine.server.server_metrics import ServerMetrics
+from kvbench.engines.kvengine.server.streaming import serve
 from kvbench.engines.kvengine.server.tokenizer_lanes import LaneFull, LaneLimits, TokenizerLanes, chars_per_token
 from kvbench.engines.kvengine.settings.config import ServeOptions
 from kvbench.settings import shown
 
 SHAPE_INLINE_BYTES = 1 << 16  # bodies up to this size have their JSON shape checked on the event loop
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming handler checks that its client is still there
-# A streaming answer's socket send buffer: small, so that a client that stops reading blocks our writes
-# within a few hundred kB (Linux grows the buffer to megabytes otherwise) and its stall is seen.
-STREAM_SEND_BUFFER_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -275,98 +266,9 @@ async def _handle(request: web.Request, parse, cost, chat: bool) -> web.StreamRe
 
 
 async def _serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
-    async_engine, engine = request.app[ASYNC_ENGINE], _engine(request)
+    engine, app = _engine(request), request.app
     answer = Answer(parsed, engine.loaded.tokenizer, engine.model_name, chat)
-    if not parsed.stream:
-        return await _serve_whole(request, async_engine, answer)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    _small_send_buffer(request)
-    await response.prepare(request)
-    try:
-        await _stream(async_engine, answer, _Writer(request, response))
-    except TimeoutError:  # the client stopped reading; aclosing has aborted its request (slot and pages freed)
-        request.app[SERVER_METRICS].client_stalled()
-        request.transport.close()
-        return response
-    await response.write_eof()
-    return response
-
-
-async def _stream(async_engine: AsyncEngine, answer: Answer, write: _Writer) -> None:
-    parsed, first = answer.parsed, True
-    # aclosing: when a write fails (the client left, or stopped reading), the request is aborted now, not
-    # when the generator is garbage-collected.
-    try:
-        async with contextlib.aclosing(async_engine.generate(parsed.generation)) as outputs:
-            async for output in outputs:
-                logprobs_before, ids_before = len(answer.logprobs), len(answer.token_ids)
-                delta = answer.add(output)
-                new_ids = answer.token_ids[ids_before:]
-                if new_ids or (first and parsed.echo):
-                    await write(_event(answer.chunk(delta, answer.logprobs[logprobs_before:], new_ids, first)))
-                    first = False
-                _stop_if_stopped(async_engine, answer, output)
-        await write(_event(answer.final_chunk()))
-        if parsed.include_usage:
-            await write(_event(answer.usage_chunk()))
-    except RuntimeError as exc:
-        await write(_event({"error": {"message": str(exc), "type": "server_error", "code": 500}}))
-    await write(b"data: [DONE]\n\n")
-
-
-async def _serve_whole(request: web.Request, async_engine: AsyncEngine, answer: Answer) -> web.StreamResponse:
-    """A non-streaming answer. Nothing is written before the end, so a client that leaves would go unnoticed
-    until max_tokens: the connection is checked every DISCONNECT_POLL_S, and the request aborted if gone."""
-
-    async def collect() -> None:
-        async with contextlib.aclosing(async_engine.generate(answer.parsed.generation)) as outputs:
-            async for output in outputs:
-                answer.add(output)
-                _stop_if_stopped(async_engine, answer, output)
-
-    task = asyncio.ensure_future(collect())
-    try:
-        while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
-            if request.transport is None or request.transport.is_closing():
-                task.cancel()  # generate() aborts the request on its way out
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                raise ConnectionResetError("the client left")  # counted by the error middleware
-        task.result()  # what collect() raised, if anything
-    except RuntimeError as exc:
-        return error_response(str(exc), 500, "server_error")
-    finally:
-        task.cancel()  # a no-op once done; otherwise this handler was cancelled, and the request goes too
-    return web.json_response(answer.body())
-
-
-def _small_send_buffer(request: web.Request) -> None:
-    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER_BYTES)
-
-
-@dataclass(frozen=True)
-class _Writer:
-    """A stream's writes, each given `stall_timeout_s` to find room in the socket (TimeoutError past it)."""
-
-    request: web.Request
-    response: web.StreamResponse
-
-    async def __call__(self, data: bytes) -> None:
-        async with asyncio.timeout(self.request.app[STALL_TIMEOUT_S]):
-            await self.response.write(data)
-
-
-def _stop_if_stopped(async_engine: AsyncEngine, answer: Answer, output: StepOutput) -> None:
-    """A stop string ended the text: end the request in the engine too."""
-    if answer.text.stopped and not output.finished:
-        async_engine.abort(answer.parsed.generation.request_id, "stop")
-
-
-def _event(payload: dict) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return await serve(request, app[ASYNC_ENGINE], answer, app[STALL_TIMEOUT_S], app[SERVER_METRICS])
 
 
 async def models(request: web.Request) -> web.Response:

@@ -265,9 +265,9 @@ class ServeOptions:
     metrics_open: bool = setting(False, "serve /metrics without a key (a Prometheus that sends none)")
     stall_timeout_s: float = setting(
         5.0,
-        "a streaming client that reads nothing for this long (its socket full) "
-        "is ended: its request aborted, its slot and pages freed "
-        "(kvbench:client_stalled_total)",
+        "a streaming client that reads nothing for this long (its socket full; "
+        "its request parked meanwhile, holding no slot) is ended: its request "
+        "aborted (kvbench:client_stalled_total)",
         unit="s",
         gt=0,
     )

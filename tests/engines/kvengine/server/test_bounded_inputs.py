@@ -30,7 +30,7 @@ def served():
         EngineConfig(kv_capacity=16384, max_model_len=8192, max_num_seqs=SLOTS, served_model_name="tiny"),
         tiny_loaded_model(5),
     )
-    with serving(engine, stall_timeout_s=1.0) as base:
+    with serving(engine, stall_timeout_s=3.0) as base:
         yield engine, base
 
 
@@ -87,10 +87,15 @@ def test_an_error_names_the_field_and_cuts_the_value(served, field, value):
     assert body["error"]["message"].startswith(field) and len(body["error"]["message"]) < 200, body
 
 
-def stream_never_read(url: str) -> socket.socket:
-    """A streaming request whose client reads nothing (a small receive window, so the server's writes block)."""
+def stream_never_read(url: str, stream: bool = True) -> socket.socket:
+    """A long request whose client reads nothing (a small receive window, so the server's writes back up)."""
+    return stream_never_read_body(url, {**BODY, "max_tokens": 8000, "stream": stream, "logprobs": 20})
+
+
+def stream_never_read_body(url: str, request: dict) -> socket.socket:
+    """`request` sent from a socket with a small receive window, of which nothing is read yet."""
     host, port = urllib.parse.urlparse(url).netloc.split(":")
-    body = json.dumps({**BODY, "max_tokens": 8000, "stream": True, "logprobs": 20}).encode()
+    body = json.dumps(request).encode()
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((host, int(port)))
@@ -102,29 +107,93 @@ def stream_never_read(url: str) -> socket.socket:
     return sock
 
 
-def test_streams_whose_clients_stop_reading_are_ended_and_free_their_slots(served):
-    """Before: 16 such streams held every max_num_seqs slot to max_tokens and /ready said "ready"."""
+def wait_until(condition, failure: str, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.01)
+
+
+def test_streams_whose_clients_stop_reading_are_parked_then_ended(served):
+    """Before: such streams held every max_num_seqs slot (to max_tokens, later to the stall timeout) while
+    normal requests waited for one. Now each is parked once its socket backs up (no slot, no device page),
+    a normal request is served beside them, and they are ended after the stall timeout."""
     engine, url = served
     settled(engine)
-    assert send(url, "/ready", None, "GET")[0] == 200
     stalled_before = metric(url, "kvbench:client_stalled_total") or 0.0
+    parked_before = metric(url, "kvbench:requests_parked_total") or 0.0
     sockets = [stream_never_read(url) for _ in range(SLOTS)]
     try:
-        deadline, ready = time.monotonic() + 60, None
-        while time.monotonic() < deadline:
-            status, ready = send(url, "/ready", None, "GET")
-            if status == 503:
-                break
-            time.sleep(0.01)
-        assert ready["status"] == "saturated" and ready["running"] == SLOTS == ready["max_num_seqs"], ready
-        deadline = time.monotonic() + 120
-        while (metric(url, "kvbench:client_stalled_total") or 0.0) < stalled_before + SLOTS:
-            assert time.monotonic() < deadline, "the stalled streams were not ended"
-            time.sleep(0.05)
+        wait_until(lambda: metric(url, "kvbench:num_requests_parked") == SLOTS, "the streams were not parked")
+        assert metric(url, "kvbench:num_requests_running") == 0  # they hold no slot
+        assert len(served_ok(url)) == 4 and send(url, "/ready", None, "GET")[0] == 200
+        wait_until(
+            lambda: metric(url, "kvbench:client_stalled_total") == stalled_before + SLOTS,
+            "the stalled streams were not ended",
+        )
+        wait_until(lambda: metric(url, "kvbench:num_requests_parked") == 0, "ended streams stayed parked")
         settled(engine)  # their requests aborted, every page back
-        assert send(url, "/ready", None, "GET")[0] == 200
-        assert len(served_ok(url)) == 4
     finally:
         for sock in sockets:
             sock.close()
-    assert metric(url, "kvbench:client_stalled_total") == stalled_before + SLOTS
+    assert metric(url, "kvbench:requests_parked_total") >= parked_before + SLOTS
+
+
+def test_ready_says_saturated_while_every_slot_is_held(served):
+    """Before: 16 long requests held every slot while /ready said "ready"."""
+    engine, url = served
+    settled(engine)
+    sockets = [stream_never_read(url, stream=False) for _ in range(SLOTS)]  # nothing written before the end
+    try:
+        wait_until(lambda: send(url, "/ready", None, "GET")[0] == 503, "/ready never said saturated")
+        status, ready = send(url, "/ready", None, "GET")
+        assert ready["status"] == "saturated" and ready["max_num_seqs"] == SLOTS, ready
+    finally:
+        for sock in sockets:
+            sock.close()  # the handlers notice within their poll and abort the requests
+    settled(engine)
+    assert send(url, "/ready", None, "GET")[0] == 200
+
+
+def test_a_slow_reader_is_parked_and_resumed_and_gets_the_same_answer(served):
+    """A client that reads in bursts is parked whenever its socket backs up and resumed when it reads: its
+    request recomputes from its cached pages, and the tokens it receives are the ones a fast client gets."""
+    engine, url = served
+    settled(engine)
+    body = {**BODY, "max_tokens": 400, "logprobs": 20}
+    status, whole = send(url, "/v1/completions", body)
+    assert status == 200, whole
+    parked_before = metric(url, "kvbench:requests_parked_total") or 0.0
+    sock = stream_never_read_body(url, {**body, "stream": True})
+    received, end = bytearray(), b"\r\n0\r\n\r\n"  # the last chunk of a chunked body
+    try:
+        sock.settimeout(60)
+        while not received.endswith(end):
+            time.sleep(0.2)  # a pause long enough for its socket to fill and its request to be parked
+            for _ in range(8):
+                chunk = sock.recv(4096)
+                assert chunk, "the server closed the stream"
+                received += chunk
+                if received.endswith(end):
+                    break
+    finally:
+        sock.close()
+    streamed = []
+    for event in dechunked(bytes(received).split(b"\r\n\r\n", 1)[1]).split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            streamed += json.loads(event[6:])["choices"][0].get("token_ids") or []
+    assert streamed == whole["choices"][0]["token_ids"]
+    assert (metric(url, "kvbench:requests_parked_total") or 0.0) > parked_before  # it was parked, and resumed
+    settled(engine)
+
+
+def dechunked(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's data."""
+    data, at = bytearray(), 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end], 16)
+        if size == 0:
+            return bytes(data)
+        data += body[line_end + 2 : line_end + 2 + size]
+        at = line_end + 2 + size + 2
