@@ -19,13 +19,14 @@ sends none is hung; the first byte waits for queueing and prefill, which is why 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from kvbench.harness.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, SSEParser
+from kvbench.harness.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, SSEParser, is_done
 from kvbench.harness.stream_answer import (
     API_CHAT,
     API_COMPLETIONS,
@@ -35,6 +36,18 @@ from kvbench.harness.stream_answer import (
     error_message,
 )
 from kvbench.measure.answer import Answer, Failure, FailureKind
+
+if sys.version_info >= (3, 11):
+    from asyncio import Timeout, timeout_at
+
+    def _reschedule(timeout: Timeout, when: float) -> None:
+        timeout.reschedule(when)
+else:  # async_timeout (aiohttp's own dependency below 3.11) is asyncio.timeout_at's backport
+    from async_timeout import Timeout, timeout_at
+
+    def _reschedule(timeout: Timeout, when: float) -> None:
+        timeout.update(when)
+
 
 APIS = (API_COMPLETIONS, API_CHAT)
 __all__ = ["APIS", "API_CHAT", "API_COMPLETIONS", "EndpointConfig", "chat_body", "completions_body", "stream_request"]
@@ -114,11 +127,18 @@ def _common(config: EndpointConfig, body: dict) -> dict:
     return body
 
 
+# What a request waits for when its deadline is armed: the failure named if that deadline passes.
+_HEADERS, _FIRST_BYTE, _STALL, _WHOLE = range(4)
+
+
 @dataclass(slots=True)
 class _Exchange:
-    """One request's progress on the wire, beside what `AnswerReader` read of its body."""
+    """One request's progress on the wire, beside what `AnswerReader` read of its body. `deadline` (the event
+    loop's clock) ends the whole request; `waiting` is what the armed deadline waits for (`_HEADERS`, ...)."""
 
     reader: AnswerReader
+    deadline: float
+    waiting: int = _HEADERS
     sent_ns: int | None = None
     http_status: int | None = None
     done_ns: int | None = None
@@ -127,20 +147,48 @@ class _Exchange:
     def fail(self, kind: FailureKind, reason: str) -> None:
         self.failure = Failure(kind, reason)
 
+    def arm(self, timeout: Timeout, limit_s: float, waiting: int) -> None:
+        """Arm `timeout` to pass `limit_s` from now, or at the whole request's deadline if that comes first."""
+        end = asyncio.get_running_loop().time() + limit_s
+        if end < self.deadline:
+            _reschedule(timeout, end)
+            self.waiting = waiting
+        else:
+            _reschedule(timeout, self.deadline)
+            self.waiting = _WHOLE
+
+
+def _expired(config: EndpointConfig, waiting: int) -> Failure:
+    """The failure of a request whose armed deadline passed while it waited for `waiting`."""
+    if waiting == _HEADERS:
+        return Failure(FailureKind.TIMEOUT, f"no response headers within {config.header_timeout_s:g} s")
+    if waiting == _FIRST_BYTE:
+        return Failure(
+            FailureKind.TIMEOUT, f"no first byte within {config.first_byte_timeout_s:g} s of the response headers"
+        )
+    if waiting == _STALL:
+        return Failure(FailureKind.STALLED, f"no bytes for {config.stall_timeout_s:g} s")
+    return Failure(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
+
 
 async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig, body: dict) -> Answer:
     """Send `body`, stream the answer, and return it: timestamps, counts, chunks, and its failure or none.
 
     The answer is read through `AnswerReader` with `body`'s max_tokens as its bound: whatever the server sends,
-    the request ends with an answer, complete or failed for one named reason, never with an exception."""
+    the request ends with an answer, complete or failed for one named reason, never with an exception.
+    One deadline watches the request (`timeout_at`, no task per read): re-armed as each phase begins and at
+    every read, never past `request_timeout_s` from the send."""
     max_tokens = body.get("max_tokens")
     limits = AnswerLimits(max_tokens if isinstance(max_tokens, int) else None, config.max_context_tokens)
-    exchange = _Exchange(AnswerReader(config.api, limits))
+    deadline = asyncio.get_running_loop().time() + config.request_timeout_s
+    exchange = _Exchange(AnswerReader(config.api, limits), deadline)
+    exchange.sent_ns = time.perf_counter_ns()
     try:
-        await asyncio.wait_for(_stream(session, config, body, exchange), timeout=config.request_timeout_s)
+        async with timeout_at(deadline) as timeout:
+            await _stream(session, config, body, exchange, timeout)
     except asyncio.TimeoutError:
         if exchange.failure is None:
-            exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
+            exchange.failure = _expired(config, exchange.waiting)
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         exchange.fail(FailureKind.CONNECTION, f"{type(exc).__name__}: {exc}")
     if exchange.failure is None and exchange.done_ns is None:
@@ -148,81 +196,70 @@ async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig,
     return exchange.reader.answer(exchange.sent_ns, exchange.http_status, exchange.done_ns, exchange.failure)
 
 
-async def _stream(session: aiohttp.ClientSession, config: EndpointConfig, body: dict, exchange: _Exchange) -> None:
-    exchange.sent_ns = time.perf_counter_ns()
-    try:
-        response = await asyncio.wait_for(
-            session.post(config.url, json=body, headers=config.headers()), timeout=config.header_timeout_s
-        )
-    except asyncio.TimeoutError:
-        exchange.fail(FailureKind.TIMEOUT, f"no response headers within {config.header_timeout_s:g} s")
-        return
+async def _stream(
+    session: aiohttp.ClientSession, config: EndpointConfig, body: dict, exchange: _Exchange, timeout: Timeout
+) -> None:
+    exchange.arm(timeout, config.header_timeout_s, _HEADERS)
+    response = await session.post(config.url, json=body, headers=config.headers())
     async with response:
         exchange.http_status = response.status
         if response.status >= 400:
+            exchange.arm(timeout, config.request_timeout_s, _WHOLE)
             text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
             exchange.fail(FailureKind.HTTP, f"{response.status} {error_message(text)}")
             exchange.done_ns = time.perf_counter_ns()
             return
-        if not await _read_events(response, config, exchange):
-            response.close()  # stop the answer now: the rest of it is not read (nor waited for)
+        ended = False
+        try:
+            ended = await _read_events(response, config, exchange, timeout)
+        finally:
+            if not ended:
+                response.close()  # stop the answer now: the rest of it is not read (nor waited for)
 
 
-async def _read_events(response: aiohttp.ClientResponse, config: EndpointConfig, exchange: _Exchange) -> bool:
+async def _read_events(
+    response: aiohttp.ClientResponse, config: EndpointConfig, exchange: _Exchange, timeout: Timeout
+) -> bool:
     """Parse the SSE body into `exchange.reader`; the first read waits `first_byte_timeout_s`, later ones
-    `stall_timeout_s`. False (with `exchange.failure` set) when the request failed before the stream's end."""
+    `stall_timeout_s` (a passed deadline raises out of here). False (with `exchange.failure` set) when the
+    request failed before the stream's end."""
     parser = SSEParser(config.max_event_bytes)
-    reader = exchange.reader
+    take = exchange.reader.take
     finished = False
-    chunks = response.content.iter_any()
-    first = True
-    # The whole request's deadline is kept here too, not only by the wait_for around the request: on Python
-    # 3.11 a wait_for whose read completes as it is cancelled swallows the cancellation (fixed in 3.12), and
-    # a server that streams without pause then held a request far past request_timeout_s.
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + config.request_timeout_s - (time.perf_counter_ns() - exchange.sent_ns) / 1e9
-    while True:
-        phase = config.first_byte_timeout_s if first else config.stall_timeout_s
-        left = deadline - loop.time()
-        if left <= 0:
-            exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
-            return False
-        timeout = min(phase, left)
-        try:
-            data = await asyncio.wait_for(chunks.__anext__(), timeout=timeout)
-        except StopAsyncIteration:
-            break
-        except asyncio.TimeoutError:
-            if timeout < phase:
-                exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
-            elif first:
-                exchange.fail(FailureKind.TIMEOUT, f"no first byte within {timeout:g} s of the response headers")
+    stall_s, deadline = config.stall_timeout_s, exchange.deadline
+    exchange.arm(timeout, config.first_byte_timeout_s, _FIRST_BYTE)
+    async for data in response.content.iter_any():
+        if exchange.waiting != _WHOLE:  # the stall deadline moves on with every read, up to the request's
+            end = loop.time() + stall_s
+            if end < deadline:
+                _reschedule(timeout, end)
+                exchange.waiting = _STALL
             else:
-                exchange.fail(FailureKind.STALLED, f"no bytes for {timeout:g} s")
-            return False
-        first = False
+                _reschedule(timeout, deadline)
+                exchange.waiting = _WHOLE
         try:
-            payloads = parser.feed(data)
+            payloads = parser.feed_bytes(data)
         except EventTooLarge as exc:
             exchange.fail(FailureKind.MALFORMED, str(exc))
             return False
         arrival = time.perf_counter_ns()
         for payload in payloads:
-            if payload.strip() == "[DONE]":
+            if is_done(payload):
                 finished = True
-            elif (failure := reader.take(payload, arrival)) is not None:
+            elif (failure := take(payload, arrival)) is not None:
                 exchange.failure = failure
                 return False
-    for payload in parser.close():
-        if payload.strip() == "[DONE]":
+    for payload in parser.close_bytes():
+        if is_done(payload):
             finished = True
-        elif (failure := reader.take(payload, time.perf_counter_ns())) is not None:
+        elif (failure := take(payload, time.perf_counter_ns())) is not None:
             exchange.failure = failure
             return False
     if not finished:
         exchange.fail(FailureKind.INCOMPLETE, "the stream ended before [DONE]")
         return False
-    if (failure := reader.finish()) is not None:
+    if (failure := exchange.reader.finish()) is not None:
         exchange.failure = failure
         return False
     exchange.done_ns = time.perf_counter_ns()
