@@ -216,7 +216,10 @@ def _refused(payload: str, message: str) -> Failure:
     """The decoder's refusal as a named failure: the field (its path), its value and what it is not. Only a
     refused payload is parsed again, untyped, for the value to show."""
     where = _AT.search(message)
-    event = json.loads(payload)
+    try:
+        event = json.loads(payload)
+    except (ValueError, RecursionError):  # refused before its end (`0` then junk): never one JSON value
+        return Failure(FailureKind.MALFORMED, f"not one JSON value: {payload[:120]!r}")
     if where is None:  # the payload itself
         return Failure(FailureKind.MALFORMED, f"event is {shown(event)}, not a JSON object")
     if "error" in event and not event.get("choices"):
