@@ -127,14 +127,14 @@ def _common(config: EndpointConfig, body: dict) -> dict:
     return body
 
 
-# What a request waits for when its deadline is armed: the failure named if that deadline passes.
+# What a request waits for while a deadline is armed: the failure named if that deadline passes.
 _HEADERS, _FIRST_BYTE, _STALL, _WHOLE = range(4)
 
 
 @dataclass(slots=True)
 class _Exchange:
     """One request's progress on the wire, beside what `AnswerReader` read of its body. `deadline` (the event
-    loop's clock) ends the whole request; `waiting` is what the armed deadline waits for (`_HEADERS`, ...)."""
+    loop's clock) ends the whole request; `waiting` is what the deadline armed last waits for (`_HEADERS`, ...)."""
 
     reader: AnswerReader
     deadline: float
@@ -147,19 +147,19 @@ class _Exchange:
     def fail(self, kind: FailureKind, reason: str) -> None:
         self.failure = Failure(kind, reason)
 
-    def arm(self, timeout: Timeout, limit_s: float, waiting: int) -> None:
-        """Arm `timeout` to pass `limit_s` from now, or at the whole request's deadline if that comes first."""
-        end = asyncio.get_running_loop().time() + limit_s
+    def until(self, start: float, limit_s: float, waiting: int) -> float:
+        """The deadline of a wait for `waiting` of `limit_s` from `start`, or the whole request's deadline if
+        that comes first; `self.waiting` says which it is."""
+        end = start + limit_s
         if end < self.deadline:
-            _reschedule(timeout, end)
             self.waiting = waiting
-        else:
-            _reschedule(timeout, self.deadline)
-            self.waiting = _WHOLE
+            return end
+        self.waiting = _WHOLE
+        return self.deadline
 
 
 def _expired(config: EndpointConfig, waiting: int) -> Failure:
-    """The failure of a request whose armed deadline passed while it waited for `waiting`."""
+    """The failure of a request whose deadline passed while it waited for `waiting`."""
     if waiting == _HEADERS:
         return Failure(FailureKind.TIMEOUT, f"no response headers within {config.header_timeout_s:g} s")
     if waiting == _FIRST_BYTE:
@@ -176,16 +176,15 @@ async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig,
 
     The answer is read through `AnswerReader` with `body`'s max_tokens as its bound: whatever the server sends,
     the request ends with an answer, complete or failed for one named reason, never with an exception.
-    One deadline watches the request (`timeout_at`, no task per read): re-armed as each phase begins and at
-    every read, never past `request_timeout_s` from the send."""
+    Deadlines are `timeout_at` blocks (no task per read, as `wait_for` made on 3.11), none past
+    `request_timeout_s` from the send."""
     max_tokens = body.get("max_tokens")
     limits = AnswerLimits(max_tokens if isinstance(max_tokens, int) else None, config.max_context_tokens)
     deadline = asyncio.get_running_loop().time() + config.request_timeout_s
     exchange = _Exchange(AnswerReader(config.api, limits), deadline)
     exchange.sent_ns = time.perf_counter_ns()
     try:
-        async with timeout_at(deadline) as timeout:
-            await _stream(session, config, body, exchange, timeout)
+        await _stream(session, config, body, exchange)
     except asyncio.TimeoutError:
         if exchange.failure is None:
             exchange.failure = _expired(config, exchange.waiting)
@@ -196,60 +195,68 @@ async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig,
     return exchange.reader.answer(exchange.sent_ns, exchange.http_status, exchange.done_ns, exchange.failure)
 
 
-async def _stream(
-    session: aiohttp.ClientSession, config: EndpointConfig, body: dict, exchange: _Exchange, timeout: Timeout
-) -> None:
-    exchange.arm(timeout, config.header_timeout_s, _HEADERS)
-    response = await session.post(config.url, json=body, headers=config.headers())
+async def _stream(session: aiohttp.ClientSession, config: EndpointConfig, body: dict, exchange: _Exchange) -> None:
+    now = asyncio.get_running_loop().time()
+    async with timeout_at(exchange.until(now, config.header_timeout_s, _HEADERS)):
+        response = await session.post(config.url, json=body, headers=config.headers())
     async with response:
         exchange.http_status = response.status
         if response.status >= 400:
-            exchange.arm(timeout, config.request_timeout_s, _WHOLE)
-            text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
+            async with timeout_at(exchange.deadline):
+                exchange.waiting = _WHOLE
+                text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
             exchange.fail(FailureKind.HTTP, f"{response.status} {error_message(text)}")
             exchange.done_ns = time.perf_counter_ns()
             return
         ended = False
         try:
-            ended = await _read_events(response, config, exchange, timeout)
+            ended = await _read_events(response, config, exchange)
         finally:
             if not ended:
                 response.close()  # stop the answer now: the rest of it is not read (nor waited for)
 
 
-async def _read_events(
-    response: aiohttp.ClientResponse, config: EndpointConfig, exchange: _Exchange, timeout: Timeout
-) -> bool:
-    """Parse the SSE body into `exchange.reader`; the first read waits `first_byte_timeout_s`, later ones
-    `stall_timeout_s` (a passed deadline raises out of here). False (with `exchange.failure` set) when the
-    request failed before the stream's end."""
+async def _read_events(response: aiohttp.ClientResponse, config: EndpointConfig, exchange: _Exchange) -> bool:
+    """Parse the SSE body into `exchange.reader`; the first byte may take `first_byte_timeout_s`, and after it
+    no silence may last `stall_timeout_s` (a passed deadline raises out of here). False (with
+    `exchange.failure` set) when the request failed before the stream's end.
+
+    The stall deadline is not moved at every read: armed `stall_timeout_s` after a read, it passes while later
+    reads came, and only then is the next one armed from the last read (so a request arms one deadline per
+    `stall_timeout_s` of streaming, not one per read). A read cut by a deadline loses no bytes: they stay in
+    the response's buffer for the next read."""
     parser = SSEParser(config.max_event_bytes)
     take = exchange.reader.take
-    finished = False
     loop = asyncio.get_running_loop()
-    stall_s, deadline = config.stall_timeout_s, exchange.deadline
-    exchange.arm(timeout, config.first_byte_timeout_s, _FIRST_BYTE)
-    async for data in response.content.iter_any():
-        if exchange.waiting != _WHOLE:  # the stall deadline moves on with every read, up to the request's
-            end = loop.time() + stall_s
-            if end < deadline:
-                _reschedule(timeout, end)
-                exchange.waiting = _STALL
-            else:
-                _reschedule(timeout, deadline)
-                exchange.waiting = _WHOLE
+    chunks = response.content.iter_any()
+    finished = False
+    limit_s, waiting = config.first_byte_timeout_s, _FIRST_BYTE
+    last = loop.time()
+    while True:
+        armed_from = last
         try:
-            payloads = parser.feed_bytes(data)
-        except EventTooLarge as exc:
-            exchange.fail(FailureKind.MALFORMED, str(exc))
-            return False
-        arrival = time.perf_counter_ns()
-        for payload in payloads:
-            if is_done(payload):
-                finished = True
-            elif (failure := take(payload, arrival)) is not None:
-                exchange.failure = failure
-                return False
+            async with timeout_at(exchange.until(last, limit_s, waiting)) as timeout:
+                async for data in chunks:
+                    last = loop.time()
+                    if waiting == _FIRST_BYTE:  # the stall's limit from now on, which may pass sooner
+                        limit_s, waiting, armed_from = config.stall_timeout_s, _STALL, last
+                        _reschedule(timeout, exchange.until(last, limit_s, waiting))
+                    try:
+                        payloads = parser.feed_bytes(data)
+                    except EventTooLarge as exc:
+                        exchange.fail(FailureKind.MALFORMED, str(exc))
+                        return False
+                    arrival = time.perf_counter_ns()
+                    for payload in payloads:
+                        if is_done(payload):
+                            finished = True
+                        elif (failure := take(payload, arrival)) is not None:
+                            exchange.failure = failure
+                            return False
+            break
+        except asyncio.TimeoutError:
+            if last == armed_from or exchange.waiting == _WHOLE:
+                raise  # no byte since the deadline was armed, or the whole request's passed
     for payload in parser.close_bytes():
         if is_done(payload):
             finished = True
