@@ -19,8 +19,8 @@ sends none is hung; the first byte waits for queueing and prefill, which is why 
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
+from asyncio import timeout_at
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,18 +36,6 @@ from kvbench.harness.stream_answer import (
     error_message,
 )
 from kvbench.measure.answer import Answer, Failure, FailureKind
-
-if sys.version_info >= (3, 11):
-    from asyncio import Timeout, timeout_at
-
-    def _reschedule(timeout: Timeout, when: float) -> None:
-        timeout.reschedule(when)
-else:  # async_timeout (aiohttp's own dependency below 3.11) is asyncio.timeout_at's backport
-    from async_timeout import Timeout, timeout_at
-
-    def _reschedule(timeout: Timeout, when: float) -> None:
-        timeout.update(when)
-
 
 APIS = (API_COMPLETIONS, API_CHAT)
 __all__ = ["APIS", "API_CHAT", "API_COMPLETIONS", "EndpointConfig", "chat_body", "completions_body", "stream_request"]
@@ -240,7 +228,7 @@ async def _read_events(response: aiohttp.ClientResponse, config: EndpointConfig,
                     last = loop.time()
                     if waiting == _FIRST_BYTE:  # the stall's limit from now on, which may pass sooner
                         limit_s, waiting, armed_from = config.stall_timeout_s, _STALL, last
-                        _reschedule(timeout, exchange.until(last, limit_s, waiting))
+                        timeout.reschedule(exchange.until(last, limit_s, waiting))
                     try:
                         payloads = parser.feed_bytes(data)
                     except EventTooLarge as exc:
