@@ -243,8 +243,8 @@ async def _read_events(response: aiohttp.ClientResponse, config: EndpointConfig,
                             return False
             break
         except asyncio.TimeoutError:
-            if last == armed_from or exchange.waiting == _WHOLE:
-                raise  # no byte since the deadline was armed, or the whole request's passed
+            if not timeout.expired() or last == armed_from or exchange.waiting == _WHOLE:
+                raise  # not this deadline's; or no byte since it was armed; or the whole request's passed
     for payload in parser.close_bytes():
         if is_done(payload):
             finished = True
