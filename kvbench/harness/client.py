@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from asyncio import timeout_at
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from kvbench.harness.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, SSEParser
+from kvbench.harness.sse import DEFAULT_MAX_EVENT_BYTES, EventTooLarge, SSEParser, is_done
 from kvbench.harness.stream_answer import (
     API_CHAT,
     API_COMPLETIONS,
@@ -114,11 +115,18 @@ def _common(config: EndpointConfig, body: dict) -> dict:
     return body
 
 
+# What a request waits for while a deadline is armed: the failure named if that deadline passes.
+_HEADERS, _FIRST_BYTE, _STALL, _WHOLE = range(4)
+
+
 @dataclass(slots=True)
 class _Exchange:
-    """One request's progress on the wire, beside what `AnswerReader` read of its body."""
+    """One request's progress on the wire, beside what `AnswerReader` read of its body. `deadline` (the event
+    loop's clock) ends the whole request; `waiting` is what the deadline armed last waits for (`_HEADERS`, ...)."""
 
     reader: AnswerReader
+    deadline: float
+    waiting: int = _HEADERS
     sent_ns: int | None = None
     http_status: int | None = None
     done_ns: int | None = None
@@ -127,20 +135,47 @@ class _Exchange:
     def fail(self, kind: FailureKind, reason: str) -> None:
         self.failure = Failure(kind, reason)
 
+    def until(self, start: float, limit_s: float, waiting: int) -> float:
+        """The deadline of a wait for `waiting` of `limit_s` from `start`, or the whole request's deadline if
+        that comes first; `self.waiting` says which it is."""
+        end = start + limit_s
+        if end < self.deadline:
+            self.waiting = waiting
+            return end
+        self.waiting = _WHOLE
+        return self.deadline
+
+
+def _expired(config: EndpointConfig, waiting: int) -> Failure:
+    """The failure of a request whose deadline passed while it waited for `waiting`."""
+    if waiting == _HEADERS:
+        return Failure(FailureKind.TIMEOUT, f"no response headers within {config.header_timeout_s:g} s")
+    if waiting == _FIRST_BYTE:
+        return Failure(
+            FailureKind.TIMEOUT, f"no first byte within {config.first_byte_timeout_s:g} s of the response headers"
+        )
+    if waiting == _STALL:
+        return Failure(FailureKind.STALLED, f"no bytes for {config.stall_timeout_s:g} s")
+    return Failure(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
+
 
 async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig, body: dict) -> Answer:
     """Send `body`, stream the answer, and return it: timestamps, counts, chunks, and its failure or none.
 
     The answer is read through `AnswerReader` with `body`'s max_tokens as its bound: whatever the server sends,
-    the request ends with an answer, complete or failed for one named reason, never with an exception."""
+    the request ends with an answer, complete or failed for one named reason, never with an exception.
+    Deadlines are `timeout_at` blocks (no task per read, as `wait_for` made on 3.11), none past
+    `request_timeout_s` from the send."""
     max_tokens = body.get("max_tokens")
     limits = AnswerLimits(max_tokens if isinstance(max_tokens, int) else None, config.max_context_tokens)
-    exchange = _Exchange(AnswerReader(config.api, limits))
+    deadline = asyncio.get_running_loop().time() + config.request_timeout_s
+    exchange = _Exchange(AnswerReader(config.api, limits), deadline)
+    exchange.sent_ns = time.perf_counter_ns()
     try:
-        await asyncio.wait_for(_stream(session, config, body, exchange), timeout=config.request_timeout_s)
+        await _stream(session, config, body, exchange)
     except asyncio.TimeoutError:
         if exchange.failure is None:
-            exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
+            exchange.failure = _expired(config, exchange.waiting)
     except (aiohttp.ClientError, ConnectionError, OSError) as exc:
         exchange.fail(FailureKind.CONNECTION, f"{type(exc).__name__}: {exc}")
     if exchange.failure is None and exchange.done_ns is None:
@@ -149,80 +184,77 @@ async def stream_request(session: aiohttp.ClientSession, config: EndpointConfig,
 
 
 async def _stream(session: aiohttp.ClientSession, config: EndpointConfig, body: dict, exchange: _Exchange) -> None:
-    exchange.sent_ns = time.perf_counter_ns()
-    try:
-        response = await asyncio.wait_for(
-            session.post(config.url, json=body, headers=config.headers()), timeout=config.header_timeout_s
-        )
-    except asyncio.TimeoutError:
-        exchange.fail(FailureKind.TIMEOUT, f"no response headers within {config.header_timeout_s:g} s")
-        return
+    now = asyncio.get_running_loop().time()
+    async with timeout_at(exchange.until(now, config.header_timeout_s, _HEADERS)):
+        response = await session.post(config.url, json=body, headers=config.headers())
     async with response:
         exchange.http_status = response.status
         if response.status >= 400:
-            text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
+            async with timeout_at(exchange.deadline):
+                exchange.waiting = _WHOLE
+                text = (await response.content.read(_ERROR_BODY_BYTES)).decode("utf-8", errors="replace")
             exchange.fail(FailureKind.HTTP, f"{response.status} {error_message(text)}")
             exchange.done_ns = time.perf_counter_ns()
             return
-        if not await _read_events(response, config, exchange):
-            response.close()  # stop the answer now: the rest of it is not read (nor waited for)
+        ended = False
+        try:
+            ended = await _read_events(response, config, exchange)
+        finally:
+            if not ended:
+                response.close()  # stop the answer now: the rest of it is not read (nor waited for)
 
 
 async def _read_events(response: aiohttp.ClientResponse, config: EndpointConfig, exchange: _Exchange) -> bool:
-    """Parse the SSE body into `exchange.reader`; the first read waits `first_byte_timeout_s`, later ones
-    `stall_timeout_s`. False (with `exchange.failure` set) when the request failed before the stream's end."""
+    """Parse the SSE body into `exchange.reader`; the first byte may take `first_byte_timeout_s`, and after it
+    no silence may last `stall_timeout_s` (a passed deadline raises out of here). False (with
+    `exchange.failure` set) when the request failed before the stream's end.
+
+    The stall deadline is not moved at every read: armed `stall_timeout_s` after a read, it passes while later
+    reads came, and only then is the next one armed from the last read (so a request arms one deadline per
+    `stall_timeout_s` of streaming, not one per read). A read cut by a deadline loses no bytes: they stay in
+    the response's buffer for the next read."""
     parser = SSEParser(config.max_event_bytes)
-    reader = exchange.reader
-    finished = False
-    chunks = response.content.iter_any()
-    first = True
-    # The whole request's deadline is kept here too, not only by the wait_for around the request: on Python
-    # 3.11 a wait_for whose read completes as it is cancelled swallows the cancellation (fixed in 3.12), and
-    # a server that streams without pause then held a request far past request_timeout_s.
+    take = exchange.reader.take
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + config.request_timeout_s - (time.perf_counter_ns() - exchange.sent_ns) / 1e9
+    chunks = response.content.iter_any()
+    finished = False
+    limit_s, waiting = config.first_byte_timeout_s, _FIRST_BYTE
+    last = loop.time()
     while True:
-        phase = config.first_byte_timeout_s if first else config.stall_timeout_s
-        left = deadline - loop.time()
-        if left <= 0:
-            exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
-            return False
-        timeout = min(phase, left)
+        armed_from = last
         try:
-            data = await asyncio.wait_for(chunks.__anext__(), timeout=timeout)
-        except StopAsyncIteration:
+            async with timeout_at(exchange.until(last, limit_s, waiting)) as timeout:
+                async for data in chunks:
+                    last = loop.time()
+                    if waiting == _FIRST_BYTE:  # the stall's limit from now on, which may pass sooner
+                        limit_s, waiting, armed_from = config.stall_timeout_s, _STALL, last
+                        timeout.reschedule(exchange.until(last, limit_s, waiting))
+                    try:
+                        payloads = parser.feed_bytes(data)
+                    except EventTooLarge as exc:
+                        exchange.fail(FailureKind.MALFORMED, str(exc))
+                        return False
+                    arrival = time.perf_counter_ns()
+                    for payload in payloads:
+                        if is_done(payload):
+                            finished = True
+                        elif (failure := take(payload, arrival)) is not None:
+                            exchange.failure = failure
+                            return False
             break
         except asyncio.TimeoutError:
-            if timeout < phase:
-                exchange.fail(FailureKind.TIMEOUT, f"no complete answer within {config.request_timeout_s:g} s")
-            elif first:
-                exchange.fail(FailureKind.TIMEOUT, f"no first byte within {timeout:g} s of the response headers")
-            else:
-                exchange.fail(FailureKind.STALLED, f"no bytes for {timeout:g} s")
-            return False
-        first = False
-        try:
-            payloads = parser.feed(data)
-        except EventTooLarge as exc:
-            exchange.fail(FailureKind.MALFORMED, str(exc))
-            return False
-        arrival = time.perf_counter_ns()
-        for payload in payloads:
-            if payload.strip() == "[DONE]":
-                finished = True
-            elif (failure := reader.take(payload, arrival)) is not None:
-                exchange.failure = failure
-                return False
-    for payload in parser.close():
-        if payload.strip() == "[DONE]":
+            if not timeout.expired() or last == armed_from or exchange.waiting == _WHOLE:
+                raise  # not this deadline's; or no byte since it was armed; or the whole request's passed
+    for payload in parser.close_bytes():
+        if is_done(payload):
             finished = True
-        elif (failure := reader.take(payload, time.perf_counter_ns())) is not None:
+        elif (failure := take(payload, time.perf_counter_ns())) is not None:
             exchange.failure = failure
             return False
     if not finished:
         exchange.fail(FailureKind.INCOMPLETE, "the stream ended before [DONE]")
         return False
-    if (failure := reader.finish()) is not None:
+    if (failure := exchange.reader.finish()) is not None:
         exchange.failure = failure
         return False
     exchange.done_ns = time.perf_counter_ns()
