@@ -2,10 +2,10 @@
 
 `VarlenAttention` gathers every live token of a sequence into a packed buffer, once per layer, then runs SDPA
 over it: a decode row reads its KV twice (the copy, then SDPA) and writes it once. Here each decode row (one
-query) is attended straight from its page table by `cpu_kernels.decode_attention`, fp8 decoded on the fly, each
+query) is attended straight from its page table by `cpu_attention_kernels.decode_attention`, fp8 decoded on the fly, each
 live byte read once. Measured on SmolLM2-135M, 2 AVX2 cores, batch 1 with ~560 keys: the gather and SDPA took
 9.5 ms of a 53 ms decode step (`benchmarks/engine_bench.py`). Prefill chunks (many queries, a prompt or a chunk
-after a cached prefix) go through `cpu_kernels.prefill_attention`, causal blocks skipped and register-tiled: one
+after a cached prefix) go through `cpu_attention_kernels.prefill_attention`, causal blocks skipped and register-tiled: one
 512-token prompt on SmolLM2's heads, 2 AVX-512 cores, 2.1-2.2 ms a layer against SDPA's 3.9-4.1 (causal SDPA on
 CPU takes 512 keys as one block, so its causal mask saves nothing there), `benchmarks/attention_bench.py`.
 
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from kvbench.engines.kvengine.core.kv_format import KVFormat
-from kvbench.engines.kvengine.model import cpu_kernels, fp8
+from kvbench.engines.kvengine.model import cpu_attention_kernels, cpu_kernels, fp8
 from kvbench.engines.kvengine.model.batch import ForwardBatch
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 
@@ -34,7 +34,7 @@ def applies(device: torch.device | str, fmt: KVFormat, compute_dtype: torch.dtyp
         torch.device(device).type == "cpu"
         and compute_dtype == torch.float32
         and not fmt.shifted
-        and fp8.storage_dtype(fmt) in cpu_kernels.ATTENTION_FORMATS
+        and fp8.storage_dtype(fmt) in cpu_attention_kernels.ATTENTION_FORMATS
         and cpu_kernels.library() is not None
     )
 
@@ -96,7 +96,7 @@ class CpuPagedAttention:
         # channel scales and per-token shifts are not the kernels': refused before they read a byte
         ok = not cache.fmt.shifted
         if ok and layout.chunk_lens.numel():
-            ok = cpu_kernels.prefill_attention(
+            ok = cpu_attention_kernels.prefill_attention(
                 q,
                 out,
                 *pages,
@@ -108,7 +108,7 @@ class CpuPagedAttention:
                 layout.threads,
             )
         if ok and layout.rows.numel():
-            ok = cpu_kernels.decode_attention(
+            ok = cpu_attention_kernels.decode_attention(
                 q, out, *pages, scale, layout.rows, layout.page_table, layout.lens, layout.threads
             )
         if not ok:

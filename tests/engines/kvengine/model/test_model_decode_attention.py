@@ -1,4 +1,4 @@
-"""Our decode attention kernel (`cpu_kernels.decode_attention`) against float64 attention over the same stored
+"""Our decode attention kernel (`cpu_attention_kernels.decode_attention`) against float64 attention over the same stored
 values, in both builds (native: AVX2 exp and OpenMP threads; portable: the scalar loop): lengths that end inside,
 on and past its blocks of keys, scores whose max grows from block to block (the online softmax's rescale) or sits
 in the first, scores far apart (e^x near underflow), fp8 pages with tensor scales, query groups, odd page sizes
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kvbench.engines.kvengine.model import cpu_kernels
+from kvbench.engines.kvengine.model import cpu_attention_kernels, cpu_kernels
 from tests.engines.kvengine.model.test_model_cpu_codec import PORTABLE
 
 LENS = [1, 5, 63, 64, 65, 129, 700]  # one key; a page; a block less one, one block, one more; several; many
@@ -74,7 +74,9 @@ def run(
     rows = torch.randperm(len(lens) + 2, generator=gen)[: len(lens)]  # the batch's rows of q, out of order
     out = torch.full_like(q, 7.0)
     lens_t = torch.tensor(lens, dtype=torch.int64)
-    assert cpu_kernels.decode_attention(q, out, k_rows, v_rows, page_size, scales, rows, table, lens_t, threads, lib)
+    assert cpu_attention_kernels.decode_attention(
+        q, out, k_rows, v_rows, page_size, scales, rows, table, lens_t, threads, lib
+    )
     want = expected(q, k_rows, v_rows, page_size, scales, rows, table, lens_t)
     untouched = torch.ones(len(q), dtype=torch.bool)
     untouched[rows] = False

@@ -1,4 +1,4 @@
-"""Our prefill attention kernel (`cpu_kernels.prefill_attention`) against float64 causal attention over the same
+"""Our prefill attention kernel (`cpu_attention_kernels.prefill_attention`) against float64 causal attention over the same
 stored values, in both builds (native: AVX2 register tiles and OpenMP threads; portable: the scalar loops):
 chunks from position 0 (a prompt) and after cached keys (a chunk continuing a prefix), lengths that end inside,
 on and past its blocks of 16 queries and 64 keys, several chunks of different lengths in one call, scores whose
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from kvbench.engines.kvengine.model import cpu_kernels
+from kvbench.engines.kvengine.model import cpu_attention_kernels, cpu_kernels
 from tests.engines.kvengine.model.test_model_cpu_codec import PORTABLE
 from tests.engines.kvengine.model.test_model_decode_attention import pages_of, trend
 
@@ -73,7 +73,7 @@ def run(
     q = torch.randn(row, q_heads, dim, generator=gen)
     out = torch.full_like(q, 7.0)
     column = lambda values: torch.tensor(values, dtype=torch.int64)  # noqa: E731
-    assert cpu_kernels.prefill_attention(
+    assert cpu_attention_kernels.prefill_attention(
         q,
         out,
         k_rows,
@@ -132,11 +132,11 @@ def test_a_chunk_past_its_pages_or_rows_is_refused_before_anything_is_written(li
     q, out = torch.randn(40, 9, 64, generator=gen), torch.full((40, 9, 64), 7.0)
     one = lambda value: torch.tensor([value], dtype=torch.int64)  # noqa: E731
     with pytest.raises(IndexError, match="chunk 0"):  # 40 queries after 20 keys: 60 keys, past its 3 pages
-        cpu_kernels.prefill_attention(q, out, k, k, 16, (1.0, 1.0), one(0), one(40), one(20), table, 2, lib)
+        cpu_attention_kernels.prefill_attention(q, out, k, k, 16, (1.0, 1.0), one(0), one(40), one(20), table, 2, lib)
     with pytest.raises(IndexError, match="outside q's 40 rows"):
-        cpu_kernels.prefill_attention(q, out, k, k, 16, (1.0, 1.0), one(5), one(40), one(0), table, 2, lib)
+        cpu_attention_kernels.prefill_attention(q, out, k, k, 16, (1.0, 1.0), one(5), one(40), one(0), table, 2, lib)
     bad = table.clone()
     bad[0, 1] = num_pages
     with pytest.raises(IndexError, match="chunk 0"):
-        cpu_kernels.prefill_attention(q, out, k, k, 16, (1.0, 1.0), one(0), one(40), one(0), bad, 2, lib)
+        cpu_attention_kernels.prefill_attention(q, out, k, k, 16, (1.0, 1.0), one(0), one(40), one(0), bad, 2, lib)
     assert (out == 7.0).all()
