@@ -1,6 +1,6 @@
 """Prefix index: a radix tree over page-aligned token ids, one tree per namespace, owning cached pages.
 Its nodes and results are in `prefix_tree`, its eviction (`evict`, `evict_each`, `evict_idle`) in
-`prefix_eviction`; this module owns the tree: match, lock, insert, and its integrity check.
+`prefix_eviction`, its integrity check in `prefix_audit`; this module owns the tree: match, lock, insert.
 
 Mechanics follow SGLang's radix cache: an edge holds whole pages (its token ids and their page ids),
 children are keyed by their first page's tokens, lock references are walked to the root, and eviction takes
@@ -48,6 +48,7 @@ from kvbench.engines.kvengine.core.events import (
 )
 from kvbench.engines.kvengine.core.namespaces import Namespace, Placement, TenantId
 from kvbench.engines.kvengine.core.pages import IntegrityError, PageId, PagePool
+from kvbench.engines.kvengine.core.prefix_audit import IndexAudit
 from kvbench.engines.kvengine.core.prefix_eviction import Eviction, EvictResult
 from kvbench.engines.kvengine.core.prefix_tree import (
     DEVICE_TIER,
@@ -66,7 +67,7 @@ _UNKEYED = PageKey("")  # the content key of a page nobody below the device tier
 
 
 @dataclass(slots=True)
-class PrefixIndex(Eviction):
+class PrefixIndex(Eviction, IndexAudit):
     """Radix tree of cached pages over `pool`. See the module docstring for the contracts."""
 
     pool: PagePool
@@ -368,63 +369,3 @@ class PrefixIndex(Eviction):
         child.parent = upper
         upper.children[bytes(child.key[:pb])] = child
         return upper
-
-    # ---- integrity ---------------------------------------------------------------------------------------
-    def cached_page_ids(self) -> list[PageId]:
-        """Every page the index holds (for integrity checks and tests)."""
-        out: list[PageId] = []
-        for _, node in self._walk():
-            out.extend(node.pages)
-        return out
-
-    def evictable_page_ids(self) -> list[PageId]:
-        """The pages of unlocked nodes: what `evict` may free (for integrity checks and tests)."""
-        out: list[PageId] = []
-        for _, node in self._walk():
-            if not node.lock_ref:
-                out.extend(node.pages)
-        return out
-
-    def _walk(self):
-        for ns, root in self._roots.items():
-            stack = list(root.children.values())
-            while stack:
-                node = stack.pop()
-                yield ns, node
-                stack.extend(node.children.values())
-
-    def check_integrity(self) -> None:
-        """Raise IntegrityError on any broken invariant of the tree or its pool references."""
-        pb = 4 * self.page_size
-        seen: set[int] = set()
-        evictable = protected = nodes = 0
-        ev_t: dict[TenantId, int] = {}
-        pages_t: dict[TenantId, int] = {}
-        for _, node in self._walk():
-            nodes += 1
-            if not node.pages or len(node.key) != len(node.pages) * pb or len(node.keys) != len(node.pages):
-                raise IntegrityError(f"node {node.node_id}: {len(node.pages)} pages for {len(node.key)} bytes")
-            if node.parent is None or node.parent.children.get(bytes(node.key[:pb])) is not node:
-                raise IntegrityError(f"node {node.node_id} is not its parent's child under its first page")
-            if node.lock_ref < 0 or (node.parent.parent is not None and node.parent.lock_ref < node.lock_ref):
-                raise IntegrityError(f"node {node.node_id}: lock_ref {node.lock_ref} exceeds its parent's")
-            if node.parent.parent is not None and node.parent.tick < node.tick:
-                raise IntegrityError(f"node {node.node_id} used more recently than its parent")
-            for p in node.pages:
-                if p in seen or self.pool.ref_count(p) < 1:
-                    raise IntegrityError(f"page {p} cached twice or without a pool reference")
-                seen.add(p)
-            if node.lock_ref:
-                protected += len(node.pages)
-            else:
-                evictable += len(node.pages)
-                ev_t[node.tenant] = ev_t.get(node.tenant, 0) + len(node.pages)
-            pages_t[node.tenant] = pages_t.get(node.tenant, 0) + len(node.pages)
-        if (evictable, protected, nodes) != (self._evictable, self._protected, self._num_nodes):
-            raise IntegrityError(
-                f"counters: evictable/protected/nodes {self._evictable}/{self._protected}/"
-                f"{self._num_nodes} != walked {evictable}/{protected}/{nodes}"
-            )
-        for counted, walked in ((self._evictable_by_tenant, ev_t), (self._pages_by_tenant, pages_t)):
-            if {t: k for t, k in counted.items() if k} != walked:
-                raise IntegrityError(f"per-tenant counters {counted} != walked {walked}")

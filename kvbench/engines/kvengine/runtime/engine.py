@@ -67,7 +67,8 @@ from kvbench.engines.kvengine.runtime.model_runner import (  # noqa: F401 - TINY
     model_digest,
     rank_device,
 )
-from kvbench.engines.kvengine.runtime.offload import Admission, executor_for
+from kvbench.engines.kvengine.runtime.offload import Admission
+from kvbench.engines.kvengine.runtime.offload_setup import executor_for
 from kvbench.engines.kvengine.runtime.prefill_budget import PrefillBudget
 from kvbench.engines.kvengine.runtime.requests import (
     GenerationRequest,

@@ -33,7 +33,6 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,14 +48,10 @@ from kvbench.engines.kvengine.core.tiers import (
     Move,
     MoveKind,
     Tier,
-    TierConfig,
     TierPolicy,
-    TierTTL,
 )
 from kvbench.engines.kvengine.model.kv_cache import PagedKVCache
 from kvbench.engines.kvengine.runtime.tier_stores import DiskStore, HostStore, RedisStore, StoreFailure
-from kvbench.engines.kvengine.settings.config import EngineConfig
-from kvbench.engines.kvengine.settings.tenants import TenantsConfig
 
 REMOTE_TIER = "remote"
 log = logging.getLogger(__name__)
@@ -351,51 +346,6 @@ class OffloadExecutor:
     def close(self) -> None:
         self._workers.shutdown(wait=True, cancel_futures=True)
         self._demoter.shutdown(wait=True)
-
-
-def executor_for(
-    config: EngineConfig,
-    kv_cache: PagedKVCache,
-    scheduler: Scheduler,
-    tenants: TenantsConfig,
-    journal: PageJournal,
-    events: EventLog,
-    key_salt: str,
-) -> OffloadExecutor:
-    """The executor of an engine's settings: the lower tiers they name, in whole pages, with their TTLs."""
-    ps = config.page_size
-    capacities = {Tier.DEVICE: 0}  # device pages are the prefix index's; see core.tiers
-    host = disk = remote = None
-    secret = (config.tier_secret or "").encode()
-    if config.host_capacity >= ps:
-        capacities[Tier.HOST] = config.host_capacity // ps
-        host = HostStore(
-            capacities[Tier.HOST], kv_cache.page_bytes, pin=torch.cuda.is_available() and kv_cache.device.type == "cuda"
-        )
-    if config.disk_capacity >= ps:
-        capacities[Tier.DISK] = config.disk_capacity // ps
-        disk = DiskStore(Path(config.disk_dir), kv_cache.layout_fingerprint, secret)
-    if config.remote_url:
-        remote = RedisStore(config.remote_url, kv_cache.layout_fingerprint, secret)
-        if not secret:
-            log.warning(
-                "the remote KV tier has no tier secret (--tier-secret-file or $KVENGINE_TIER_SECRET): "
-                "anyone who can write to that Redis can forge pages that this engine would serve"
-            )
-    default_ttl = TierTTL(config.device_ttl_s, config.host_ttl_s)
-    policy = TierPolicy(TierConfig(capacities, default_ttl, tenants.ttls()), events=events)
-    return OffloadExecutor(
-        kv_cache,
-        scheduler,
-        policy,
-        journal,
-        events,
-        key_salt,
-        host,
-        disk,
-        remote,
-        maintenance_interval_s=config.tier_interval_s,
-    )
 
 
 def _row(payload: bytes) -> torch.Tensor:
