@@ -1,7 +1,13 @@
 """The targets of issue 44 over every published case, with one fit: a benchmark that prints and writes a table.
 
     python benchmarks/sim_validate_published.py --fit results/sim/published/fit-h100/fit.json \
-        [--case results/sim/published/X.yaml ...] [--out results/sim/published/targets.md] [--seed 0]
+        [--case results/sim/published/X.yaml ...] [--out results/sim/published/targets.md] [--seed 0 | --seeds 0,1,2]
+    python benchmarks/sim_validate_published.py --from-comparisons results/sim/published/CASE ... [--out ...]
+
+`--seeds` runs every arm once per seed and judges the median across them (`published.across_seeds`; the
+comparison lists each seed's value). `--from-comparisons` rebuilds the table from comparison.json files already
+written (a folder or the file itself), simulating nothing: the sweep can run case by case, anywhere, and the
+table be put together afterwards.
 
 Every case runs every arm with the fit (`kvbench validate-published`'s simulation; an H200 case gets the same fit
 through its own profile: the fit's efficiencies of its peaks and the same overhead), and its comparison goes to
@@ -19,12 +25,15 @@ Simulated wall time per arm beside it. Targets are judged here, not in tests: th
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 from kvbench.sim.published import (
     WHOLE,
+    EffectRow,
     Row,
+    across_seeds,
     compare_arm,
     effect_rows,
     load_fit,
@@ -62,76 +71,141 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else "met" if ok else "NOT met"
 
 
-def run_case(path: Path, fit_path: Path, seed: int) -> tuple[list[str], list[str]]:
-    """One case: its comparison written beside it, its table lines and its effect lines."""
+def arm_line(case_name: str, arm: str, arm_rows: list[Row], wall: float | None) -> str:
+    """The targets table's line of one arm."""
+    out = throughput_rows(arm_rows)
+    worst = max(out, key=lambda r: abs(r.ratio - 1), default=None)
+    ttft = ttft_rows(arm_rows)
+    off = [(r, f) for r, f in ttft if not 1 / f <= r.ratio <= f]
+    tp = (
+        "-"
+        if worst is None
+        else f"{worst.metric} {worst.stage}: {worst.published:,.4g} / {worst.simulated:,.4g} = {worst.ratio:.2f}"
+    )
+    tt = ", ".join(f"{r.stage} {r.ratio:.2f}" for r, _ in off[:4]) or ("all within" if ttft else "not published")
+    whole_ttft = next((r for r, _ in ttft if r.stage == WHOLE), None)
+    wt = (
+        "-"
+        if whole_ttft is None
+        else f"{whole_ttft.published:.3g} / {whole_ttft.simulated:.3g} = {whole_ttft.ratio:.2f}"
+    )
+    throughput_ok = None if worst is None else all(0.8 <= r.ratio <= 1.2 for r in out)
+    return (
+        f"| {case_name} | {arm} | {tp} | {verdict(throughput_ok)} | {wt} | {verdict(None if not ttft else not off)} "
+        f"({tt}) | {'-' if wall is None else f'{wall:.0f} s'} |"
+    )
+
+
+def effect_line(case_name: str, e: EffectRow) -> str:
+    ok = None if e.size_ratio is None else bool(e.same_direction and 0.7 <= e.size_ratio <= 1.3)
+    simulated = "-" if e.simulated_change is None else f"{e.simulated_change * 100:+.1f}%"
+    return (
+        f"| {case_name} | {e.arm} over {e.over} | {e.stage} | {e.metric} | {e.published_change * 100:+.1f}% | "
+        f"{simulated} | {verdict(ok)} |"
+    )
+
+
+def case_lines(case_name: str, rows: list[Row], walls: dict, effects: list[EffectRow]) -> tuple[list[str], list[str]]:
+    arms = dict.fromkeys(r.arm for r in rows)
+    lines = [arm_line(case_name, arm, [r for r in rows if r.arm == arm], walls.get(arm)) for arm in arms]
+    return lines, [effect_line(case_name, e) for e in effects]
+
+
+def run_case(path: Path, fit_path: Path, seeds: list[int]) -> tuple[list[str], list[str]]:
+    """One case over `seeds` (the median across them, `published.across_seeds`): its comparison written beside
+    it, its table lines and its effect lines."""
     case = parse_case(path)
     fit = load_fit(fit_path)
-    rows, lines, header = [], [], [f"case: {path.name}", f"fit: {fit_path}", f"seed: {seed}"]
+    header = [f"case: {path.name}", f"fit: {fit_path}", f"seeds: {','.join(map(str, seeds))}"]
+    per_seed: list[list[Row]] = [[] for _ in seeds]
+    walls: dict[str, float] = {}
     for arm in case.arm_names:
-        started = time.perf_counter()
-        run = compare_arm(case, arm, fit, seed=seed)
-        wall = time.perf_counter() - started
-        header.append(
-            f"{arm}: {len(run.result.records):,} requests, {run.result.virtual_s:,.0f} s virtual, "
-            f"simulated in {wall:.0f} s"
-        )
-        arm_rows = list(run.rows)
-        rows += arm_rows
-        out = throughput_rows(arm_rows)
-        worst = max(out, key=lambda r: abs(r.ratio - 1), default=None)
-        ttft = ttft_rows(arm_rows)
-        off = [(r, f) for r, f in ttft if not 1 / f <= r.ratio <= f]
-        tp = (
-            "-"
-            if worst is None
-            else (f"{worst.metric} {worst.stage}: {worst.published:,.4g} / {worst.simulated:,.4g} = {worst.ratio:.2f}")
-        )
-        tt = ", ".join(f"{r.stage} {r.ratio:.2f}" for r, _ in off[:4]) or ("all within" if ttft else "not published")
-        whole_ttft = next((r for r, _ in ttft if r.stage == WHOLE), None)
-        wt = (
-            "-"
-            if whole_ttft is None
-            else f"{whole_ttft.published:.3g} / {whole_ttft.simulated:.3g} = {whole_ttft.ratio:.2f}"
-        )
-        lines.append(
-            f"| {case.name} | {arm} | {tp} | {verdict(None if worst is None else all(0.8 <= r.ratio <= 1.2 for r in out))} "
-            f"| {wt} | {verdict(None if not ttft else not off)} ({tt}) | {wall:.0f} s |"
-        )
+        for i, seed in enumerate(seeds):
+            started = time.perf_counter()
+            run = compare_arm(case, arm, fit, seed=seed)
+            wall = time.perf_counter() - started
+            walls[arm] = walls.get(arm, 0.0) + wall / len(seeds)
+            header.append(
+                f"{arm} seed {seed}: {len(run.result.records):,} requests, {run.result.virtual_s:,.0f} s virtual, "
+                f"simulated in {wall:.0f} s"
+            )
+            per_seed[i] += list(run.rows)
+    spreads = across_seeds(per_seed) if len(seeds) > 1 else ()
+    rows = [s.row for s in spreads] if spreads else per_seed[0]
     effects = effect_rows(case, rows)
-    effect_table = []
-    for e in effects:
-        ok = None if e.size_ratio is None else bool(e.same_direction and 0.7 <= e.size_ratio <= 1.3)
-        effect_table.append(
-            f"| {case.name} | {e.arm} over {e.over} | {e.stage} | {e.metric} | "
-            f"{e.published_change * 100:+.1f}% | "
-            f"{'-' if e.simulated_change is None else f'{e.simulated_change * 100:+.1f}%'} | "
-            f"{verdict(ok)} |"
-        )
     fitted = fit.rows_of(case.name)
     # The shipped case's own comparison (its single-case fit) stays; a fit across cases writes beside it.
     folder = CASES / case.name / "fit-across" if (CASES / case.name / "fit.json").exists() else CASES / case.name
     write_comparison(
-        folder, case.name, rows, check_targets(rows, list(case.stage_labels), fitted), header, fitted, effects=effects
+        folder,
+        case.name,
+        rows,
+        check_targets(rows, list(case.stage_labels), fitted),
+        header,
+        fitted,
+        spreads=spreads,
+        seeds=seeds if len(seeds) > 1 else (),
+        effects=effects,
+        extra={"wall_s": walls},
     )
+    lines, effect_table = case_lines(case.name, rows, walls, effects)
     print("\n".join(header + lines + effect_lines(effects)), flush=True)
     return lines, effect_table
 
 
+def from_comparison(folder: Path) -> tuple[list[str], list[str]]:
+    """A case's table lines and effect lines from its already-written `folder/comparison.json` (no simulation)."""
+    path = folder / "comparison.json" if folder.is_dir() else folder
+    if not path.is_file():
+        raise SystemExit(f"--from-comparisons {folder}: no comparison.json there; run the case first")
+    doc = json.loads(path.read_text())
+    rows = [Row(r["arm"], r["stage"], r["metric"], r["published"], r["simulated"]) for r in doc["rows"]]
+    effects = [
+        EffectRow(e["arm"], e["over"], e["metric"], e.get("stage", WHOLE), e["published_change"], e["simulated_change"])
+        for e in doc["effects"]
+    ]
+    return case_lines(doc["case"], rows, doc.get("wall_s", {}), effects)
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: give integers separated by commas, as 0,1,2") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds: give at least one seed, as 0 or 0,1,2")
+    return seeds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--fit", type=Path, required=True, help="a fit.json (kvbench calibrate --published)")
+    parser.add_argument("--fit", type=Path, help="a fit.json (kvbench calibrate --published)")
     parser.add_argument("--case", type=Path, action="append", default=[], help="cases (default: all of them)")
     parser.add_argument("--out", type=Path, default=CASES / "targets.md")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="one seed (default 0)")
+    parser.add_argument("--seeds", type=seed_list, default=None, help="several seeds, as 0,1,2: the median of them")
+    parser.add_argument(
+        "--from-comparisons",
+        type=Path,
+        nargs="+",
+        metavar="DIR",
+        help="rebuild the table from these cases' comparison.json (folders or files) without simulating",
+    )
     args = parser.parse_args()
-    cases = args.case or sorted(CASES.glob("*.yaml"))
+    if args.seed is not None and args.seeds is not None:
+        parser.error("give --seed or --seeds, not both")
+    seeds = args.seeds or [args.seed if args.seed is not None else 0]
+    if args.from_comparisons is None and args.fit is None:
+        parser.error("--fit is required (or --from-comparisons DIR... to rebuild from written comparisons)")
+    source = (
+        f"rebuilt from {len(args.from_comparisons)} comparison.json files (--from-comparisons)"
+        if args.from_comparisons
+        else f"fit: {args.fit}; seeds {','.join(map(str, seeds))}"
+    )
     head = [
         "# Targets over the published cases (issue 44)",
         "",
-        (
-            f"fit: {args.fit}; seed {args.seed}; `python benchmarks/sim_validate_published.py` (module docstring: "
-            "the targets)"
-        ),
+        f"{source}; `python benchmarks/sim_validate_published.py` (module docstring: the targets)",
         "",
         (
             "| case | arm | throughput (published / simulated = ratio, worst) | +-20% | TTFT mean whole run | "
@@ -147,8 +221,13 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     table, effects = [], []
-    for path in cases:
-        lines, effect_table = run_case(path, args.fit, args.seed)
+    jobs = (
+        [lambda f=f: from_comparison(f) for f in args.from_comparisons]
+        if args.from_comparisons
+        else [lambda p=p: run_case(p, args.fit, seeds) for p in (args.case or sorted(CASES.glob("*.yaml")))]
+    )
+    for job in jobs:
+        lines, effect_table = job()
         table += lines
         effects += effect_table
         args.out.write_text("\n".join(head + table + effects_head + effects) + "\n")  # after every case

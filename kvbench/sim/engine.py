@@ -391,6 +391,7 @@ def new_sim(
             config.preset.page_size,
             scorers=config.preset.scorers,
             rng=np.random.default_rng(seed),
+            affinity=config.preset.affinity,
         ),
         nodes_independent=independent,
         pd=pd,

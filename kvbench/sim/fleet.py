@@ -11,8 +11,9 @@ from kvbench.engines.kvengine.core.plans import probe_shape, stall_bounded_prefi
 from kvbench.engines.kvengine.core.prefix_index import PrefixIndex
 from kvbench.engines.kvengine.core.scheduler import Scheduler, SchedulerConfig
 from kvbench.engines.kvengine.core.tiers import Tier, TierTTL
-from kvbench.sim.config import SimConfig
+from kvbench.sim.config import MEMORY_VLLM, SimConfig
 from kvbench.sim.cost import SeqWork
+from kvbench.sim.hybrid_cache import StaleSliding
 from kvbench.sim.lower_tiers import LowerTier, WriteThroughTiers
 from kvbench.sim.node import SimNode
 from kvbench.sim.offload_tiers import build_offload
@@ -42,7 +43,16 @@ def _ledger(config: SimConfig, pages: int):
 def build_nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     """The fleet's nodes in order; with a prefill/decode split (`config.pd`), the prefill pool first (with the
     case's KV tiers) and then the decode pool (device only, NIXL's handoffs its only source), each pool of its
-    own devices per replica."""
+    own devices per replica. Under vLLM's memory arithmetic a hybrid model's nodes keep its stale
+    sliding-window pages cached, as vLLM's hybrid allocator does (`hybrid_cache.py`)."""
+    nodes = _nodes(config, events)
+    if config.memory_model == MEMORY_VLLM:
+        for node in nodes:
+            node.stale = StaleSliding.of(config.geometry, config.preset.page_size)
+    return nodes
+
+
+def _nodes(config: SimConfig, events: EventSink | None = None) -> list[SimNode]:
     pd = config.pd
     if pd is None:
         return _pool(config, events)

@@ -37,6 +37,7 @@ from kvbench.engines.kvengine.core.scheduler import (
 )
 from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel
+from kvbench.sim.hybrid_cache import StaleSliding
 from kvbench.sim.lower_tiers import BelowDevice, Lookup, WriteThroughTiers
 from kvbench.sim.presets import ADMIT_LPM
 
@@ -99,6 +100,7 @@ class SimNode:
     _stall_s: float = 0.0  # the next step waits this long for loads it must do in its forward pass
     restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
     _resumed: dict = field(default_factory=dict)  # request id -> FinishedRequest-so-far and client's Request
+    stale: StaleSliding | None = None  # a hybrid model's stale sliding-window pages (sim/hybrid_cache.py)
 
     @property
     def page_size(self) -> int:
@@ -362,6 +364,9 @@ class SimNode:
                 request.tenant,
                 now,
             )
+            if self.stale is not None:
+                left = self.stale.left_window(e.start, min(e.end, len(request.prompt)))
+                self.stale.cache(self.scheduler, request.tenant, left, now)
         return tuple(self._finished(f, now) for f in finished)
 
     def _finished(self, f: FinishedRequest, now: float) -> FinishedRequest:

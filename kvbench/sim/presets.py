@@ -41,7 +41,15 @@ ROUTE_ROUND_ROBIN = "round-robin"  # request k goes to node k mod N
 ROUTE_PREFIX = "prefix"  # SGLang's cache-aware router: the node caching the longest prefix when it covers
 #                          over half the prompt, else the emptiest cache; shortest queue when loads are imbalanced
 ROUTE_PRECISE_PREFIX = "precise-prefix"  # llm-d's endpoint picker: weighted prefix, KV-usage and queue scorers
-ROUTES = (ROUTE_SESSION, ROUTE_LEAST_LOADED, ROUTE_ROUND_ROBIN, ROUTE_PREFIX, ROUTE_PRECISE_PREFIX)
+ROUTE_PREFIX_AFFINITY = "prefix-affinity"  # llm-d's optimized baseline: prefix-affinity filter + token-load scorer
+ROUTES = (
+    ROUTE_SESSION,
+    ROUTE_LEAST_LOADED,
+    ROUTE_ROUND_ROBIN,
+    ROUTE_PREFIX,
+    ROUTE_PRECISE_PREFIX,
+    ROUTE_PREFIX_AFFINITY,
+)
 SCORERS = ("queue", "kv_utilization", "gpu_prefix", "cpu_prefix")  # llm-d's scorers a precise-prefix router sums
 
 
@@ -63,6 +71,21 @@ class Scorers:
             raise ValueError(f"scorer weights {dict(zip(SCORERS, weights))}: give weights >= 0, at least one > 0")
         if self.cpu_prefix > 0 and (self.cpu_lru_blocks is None or self.cpu_lru_blocks < 1):
             raise ValueError("scorer cpu_prefix: give its index size in blocks per replica (cpu_lru_blocks >= 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class Affinity:
+    """llm-d's `prefix-cache-affinity-filter` (llm-d-router `prefixcacheaffinity`) and `token-load-scorer`, the
+    optimized-baseline guide's profile (`routing.py`: how they pick). `threshold`: the router-visible prefix
+    fraction that makes a node sticky (0.80, the guides' configs); `max_ttft_penalty_s`: how much slower the best
+    sticky node's estimated TTFT (in-flight prompt tokens / `peak_prefill_tok_s`) may be than the best other
+    node's before stickiness breaks (the plugin's 5000 ms); `peak_prefill_tok_s`: the plugin's default, 15928,
+    calibrated for Qwen3-32B on H100 TP=2; `lru_blocks`: the prefix index's blocks per node (lruCapacityPerServer)."""
+
+    threshold: float = 0.8
+    max_ttft_penalty_s: float = 5.0
+    peak_prefill_tok_s: float = 15928.0
+    lru_blocks: int = 31250
 
 
 TIERS_WRITE_THROUGH = "write-through"  # LMCache: copies in every lower tier, written when a request finishes
@@ -96,6 +119,7 @@ class Preset:
     # tokenization and scoring); 0 for a plain load balancer. Counted in TTFT, as a client sees it.
     router_latency_s: float = 0.0
     scorers: Scorers = Scorers()  # ROUTE_PRECISE_PREFIX: the scorers' weights
+    affinity: Affinity = Affinity()  # ROUTE_PREFIX_AFFINITY: the filter's parameters
     # Whose measured kernels price a step on a GPU the tables cover (kernel_data_files.BACKEND_VERSIONS:
     # vllm, sglang, trtllm); None: the roofline (our engine's own kernels were never measured there).
     kernel_backend: str | None = "vllm"

@@ -30,7 +30,7 @@ from kvbench.sim.engine import SimResult, simulate
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import Hardware, load_hardware
 from kvbench.sim.kv_offload import Medium
-from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, SCORERS, Scorers, get_preset
+from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTE_PREFIX_AFFINITY, SCORERS, Scorers, get_preset
 from kvbench.sim.published_case import (  # noqa: F401  (the case's names, re-exported for callers)
     METRICS,
     STAGE_METRICS,
@@ -92,6 +92,9 @@ def cpu_tier_blocks(config: SimConfig) -> int | None:
     return None if cpu is None else max(config.tier_pages(cpu.bytes_per_replica), 1)
 
 
+EPP_ROUTES = (ROUTE_PRECISE_PREFIX, ROUTE_PREFIX_AFFINITY)  # llm-d's endpoint picker: the fit's router latency
+
+
 def case_config(case: Case, arm: str, fit: Fit | None = None, hardware: Hardware | None = None) -> SimConfig:
     """The simulated fleet of `case`'s `arm`: vLLM's memory arithmetic, the arm's engine limits, router and KV
     tiers, the fit."""
@@ -109,7 +112,7 @@ def case_config(case: Case, arm: str, fit: Fit | None = None, hardware: Hardware
         page_size=engine.block_size,
         max_num_seqs=engine.max_num_seqs,
         max_step_tokens=engine.max_num_batched_tokens,
-        router_latency_s=fit.router_latency_s if fit is not None and route == ROUTE_PRECISE_PREFIX else 0.0,
+        router_latency_s=fit.router_latency_s if fit is not None and route in EPP_ROUTES else 0.0,
     )
     config = SimConfig(
         load_geometry(case.model),
@@ -120,6 +123,8 @@ def case_config(case: Case, arm: str, fit: Fit | None = None, hardware: Hardware
         kv_offload=spec.kv_offload,
         pd=spec.pd,
     )
+    if spec.router.affinity is not None:
+        config = dataclasses.replace(config, preset=dataclasses.replace(preset, affinity=spec.router.affinity))
     if spec.router.weights is not None or spec.router.cpu_lru_blocks is not None:
         blocks = spec.router.cpu_lru_blocks or cpu_tier_blocks(config)
         weights = {name: 0.0 for name in SCORERS} | dict(spec.router.weights) if spec.router.weights else {}

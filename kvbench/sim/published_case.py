@@ -14,9 +14,8 @@ The format (results/sim/published/README.md documents it with examples; version 
       or load             {closed_loop: {concurrency, num_requests, warmup_requests}}: a fixed concurrency
                           (inference-perf `type: concurrent`), or {stages: {...}} as above
     client                {max_concurrency}: the load generator's cap on requests in flight
-    arms                  {ARM: {router, engine}}: what differs between the compared runs; `router` a name of
-                          presets.ROUTES or {name: precise-prefix, weights: {queue, kv_utilization, gpu_prefix,
-                          cpu_prefix}, cpu_lru_blocks}; `engine` fields replacing the case's (a KV tier, say)
+    arms                  {ARM: {router, engine}}: what differs between the compared runs (`published_arms.py`:
+                          the router and its parameters; `engine` fields replacing the case's, a KV tier, say)
       or routers          [ROUTER, ...]: version 1, one arm per router, named after it
     published             {ARM: {METRIC: value}}: a number is the whole run's value, a list one per stage
                           (null where not published); METRIC one of METRICS
@@ -31,18 +30,26 @@ The format (results/sim/published/README.md documents it with examples; version 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvbench.measure.stages import STAGE_GAP_S, StagePlan, parse_stage, parse_stages
-from kvbench.settings import SettingsError, bounded, build, read_yaml
-from kvbench.sim.geometry import DTYPE_BYTES, load_geometry
+from kvbench.settings import SettingsError, bounded, read_yaml
+from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
-from kvbench.sim.kv_offload import KVOffloadSpec, PDSpec, parse_kv_offload, parse_pd
-from kvbench.sim.presets import ROUTE_PRECISE_PREFIX, ROUTES, SCORERS, Scorers
+from kvbench.sim.published_arms import (  # noqa: F401  (the arms' names, re-exported for callers)
+    Arm,
+    CaseError,
+    EngineSpec,
+    RouterSpec,
+    arms_of,
+    built_doc,
+    finite_number,
+    mapping_of,
+    parse_engine,
+    require_fields,
+)
 from kvbench.workloads.shared_prefix import SharedPrefixParams
 
 # What a case may publish, per arm (whole run) or per stage. Throughput in tokens/s (total: input + output),
@@ -66,43 +73,6 @@ METRICS = (
 STAGE_METRICS = ("output_tok_s", "ttft_mean_s", "ttft_p90_s")  # the per-stage table's columns
 WHOLE_LADDER_METRICS = ("output_tok_s", "ttft_mean_s", "itl_mean_ms")  # version 1's `whole_ladder` keys
 WHOLE = "whole"  # the stage label of whole-run values
-
-
-class CaseError(ValueError):
-    """A case file that cannot be used; the message names the field and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSpec:
-    """The engine's settings (an arm's: the case's with the arm's replacements)."""
-
-    name: str = "vllm"
-    block_size: int | None = bounded(None, ge=1, unit="tokens")
-    gpu_memory_utilization: float | None = bounded(None, gt=0, le=1)
-    max_num_seqs: int | None = bounded(None, ge=1)
-    max_num_batched_tokens: int | None = bounded(None, ge=1, unit="tokens")
-    kv_dtype: str = "bf16"
-    kv_offload: Any = None  # the mapping (or list) as written; `Arm.kv_offload` is the parsed spec
-    pd: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class RouterSpec:
-    """An arm's router: a policy of presets.ROUTES, and for precise-prefix the scorers' weights (None: the
-    defaults of `presets.Scorers`) and the CPU-prefix index's blocks per replica (None: the arm's CPU tier)."""
-
-    name: str
-    weights: Mapping[str, float] | None = None
-    cpu_lru_blocks: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Arm:
-    name: str
-    router: RouterSpec
-    engine: EngineSpec
-    kv_offload: KVOffloadSpec | None = None
-    pd: PDSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,43 +159,6 @@ class _ClientDoc:
     max_concurrency: int | None = bounded(None, ge=1)
 
 
-@dataclass(frozen=True)
-class _RouterDoc:
-    name: str | None = None
-    weights: dict[str, float] | None = None
-    cpu_lru_blocks: int | None = bounded(None, ge=1, unit="blocks")
-
-
-@dataclass(frozen=True)
-class _ArmDoc:
-    router: Any = None
-    engine: dict[str, Any] | None = None
-
-
-def _built(cls: type, values: object, where: str):
-    try:
-        return build(cls, values, where)
-    except SettingsError as error:
-        raise CaseError(str(error)) from None
-
-
-def _required(doc: object, names: tuple[str, ...], where: str) -> None:
-    for name in names:
-        if getattr(doc, name) is None:
-            raise CaseError(f"{where}.{name} is missing; give it (see results/sim/published/README.md)")
-
-
-def _mapping(doc: Mapping, key: str, where: str, required: bool = True) -> dict:
-    value = doc.get(key)
-    if value is None and not required:
-        return {}
-    if not isinstance(value, Mapping):
-        raise CaseError(f"{where}.{key} is {value!r:.60}; give a mapping (key: value)")
-    if not all(isinstance(k, str) for k in value):
-        raise CaseError(f"{where}.{key}: every key must be a name (text), got {list(value)!r:.60}")
-    return dict(value)
-
-
 def _text(doc: Mapping, key: str, where: str, default: str | None = None) -> str:
     value = doc.get(key, default)
     if not isinstance(value, str) or not value:
@@ -233,83 +166,8 @@ def _text(doc: Mapping, key: str, where: str, default: str | None = None) -> str
     return value
 
 
-def _number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise CaseError(f"{where} is {value!r:.60}; give a finite number >= 0")
-    return float(value)
-
-
-def parse_engine(raw: Mapping, where: str) -> tuple[EngineSpec, KVOffloadSpec | None, PDSpec | None]:
-    """The engine mapping `raw` as an EngineSpec with its KV tier and P/D split parsed (CaseError otherwise)."""
-    engine = _built(EngineSpec, raw, where)
-    _required(engine, ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens"), where)
-    if engine.name != "vllm":
-        raise CaseError(
-            f"{where}.name is {engine.name!r:.40}; the simulated engine is vllm (its memory arithmetic and scheduler)"
-        )
-    if not isinstance(engine.kv_dtype, str) or engine.kv_dtype.lower() not in DTYPE_BYTES:
-        raise CaseError(f"{where}.kv_dtype is {engine.kv_dtype!r:.40}; use one of {', '.join(DTYPE_BYTES)}")
-    try:
-        offload = None if engine.kv_offload is None else parse_kv_offload(engine.kv_offload, f"{where}.kv_offload")
-        pd = None if engine.pd is None else parse_pd(engine.pd, f"{where}.pd")
-    except SettingsError as error:
-        raise CaseError(str(error)) from None
-    return engine, offload, pd
-
-
-def _router(raw: object, where: str) -> RouterSpec:
-    if isinstance(raw, str):
-        doc = _RouterDoc(name=raw)
-    else:
-        doc = _built(_RouterDoc, raw, where)
-    if doc.name not in ROUTES:
-        raise CaseError(f"{where} is {doc.name!r}; use one of {', '.join(ROUTES)}")
-    if (doc.weights is not None or doc.cpu_lru_blocks is not None) and doc.name != ROUTE_PRECISE_PREFIX:
-        raise CaseError(
-            f"{where}: weights and cpu_lru_blocks belong to {ROUTE_PRECISE_PREFIX} (llm-d's scorers); "
-            f"{doc.name} has none"
-        )
-    if doc.weights is not None:
-        unknown = set(doc.weights) - set(SCORERS)
-        if unknown:
-            raise CaseError(f"{where}.weights: {sorted(unknown)} unknown; use {', '.join(SCORERS)}")
-        weights = {k: _number(v, f"{where}.weights.{k}") for k, v in doc.weights.items()}
-        try:
-            Scorers(**({name: 0.0 for name in SCORERS} | weights), cpu_lru_blocks=doc.cpu_lru_blocks or 1)
-        except ValueError as error:
-            raise CaseError(f"{where}.weights: {error}") from None
-        return RouterSpec(doc.name, weights, doc.cpu_lru_blocks)
-    return RouterSpec(doc.name, None, doc.cpu_lru_blocks)
-
-
-def _arms(doc: Mapping, engine_raw: Mapping, where: str) -> tuple[Arm, ...]:
-    if doc.get("arms") is not None and doc.get("routers") is not None:
-        raise CaseError(f"{where}: give arms or routers (version 1), not both")
-    if doc.get("arms") is None:
-        routers = doc.get("routers") or []
-        if not isinstance(routers, list) or not all(isinstance(r, str) for r in routers):
-            raise CaseError(f"{where}.routers is {routers!r:.60}; give a list of {', '.join(ROUTES)}")
-        for route in routers:
-            if route not in ROUTES:
-                raise CaseError(f"{where}.routers: {route!r} is not one of {', '.join(ROUTES)}")
-        spelled = {route: {"router": route} for route in routers}
-    else:
-        spelled = _mapping(doc, "arms", where)
-    if not spelled:
-        raise CaseError(f"{where}: no arms; give arms: {{NAME: {{router: ...}}}} (or routers: [...])")
-    arms = []
-    for name, raw in spelled.items():
-        at = f"{where}.arms.{name}"
-        arm = _built(_ArmDoc, raw, at)
-        if arm.router is None:
-            raise CaseError(f"{at}.router is missing; give one of {', '.join(ROUTES)} or {{name: ..., weights: ...}}")
-        engine, offload, pd = parse_engine({**engine_raw, **(arm.engine or {})}, f"{at}.engine")
-        arms.append(Arm(name, _router(arm.router, f"{at}.router"), engine, offload, pd))
-    return tuple(arms)
-
-
 def _load(doc: Mapping, where: str) -> tuple[StagePlan | None, ClosedLoop | None]:
-    load = _mapping(doc, "load", where, required=False)
+    load = mapping_of(doc, "load", where, required=False)
     unknown = set(load) - {"closed_loop", "stages"}
     if unknown:
         raise CaseError(f"{where}.load: unknown {sorted(unknown)}; give closed_loop or stages")
@@ -317,8 +175,8 @@ def _load(doc: Mapping, where: str) -> tuple[StagePlan | None, ClosedLoop | None
     if ("stages" in load and doc.get("stages") is not None) or (stages is not None and "closed_loop" in load):
         raise CaseError(f"{where}: give one load: stages or load.closed_loop")
     if "closed_loop" in load:
-        loop = _built(ClosedLoop, load["closed_loop"], f"{where}.load.closed_loop")
-        _required(loop, ("concurrency", "num_requests"), f"{where}.load.closed_loop")
+        loop = built_doc(ClosedLoop, load["closed_loop"], f"{where}.load.closed_loop")
+        require_fields(loop, ("concurrency", "num_requests"), f"{where}.load.closed_loop")
         if loop.warmup_requests >= loop.num_requests:
             raise CaseError(f"{where}.load.closed_loop.warmup_requests: give fewer than num_requests")
         return None, loop
@@ -334,7 +192,7 @@ def _load(doc: Mapping, where: str) -> tuple[StagePlan | None, ClosedLoop | None
         raise CaseError(
             f"{where}.stages: unknown {sorted(set(stages) - {'warmup', 'ladder', 'gap_s'})}; give warmup, ladder, gap_s"
         )
-    gap = _number(gap, f"{where}.stages.gap_s")
+    gap = finite_number(gap, f"{where}.stages.gap_s")
     try:
         return StagePlan(parse_stages(ladder), parse_stage(warmup) if warmup is not None else None, gap), None
     except ValueError as error:
@@ -345,7 +203,7 @@ def _published(doc: Mapping, arms: tuple[str, ...], stages: int, where: str) -> 
     whole: dict[str, dict[str, float]] = {arm: {} for arm in arms}
     per_stage: dict[str, dict[str, tuple[float | None, ...]]] = {arm: {} for arm in arms}
     for section in ("published", "whole_ladder"):
-        for arm, metrics in _mapping(doc, section, where, required=False).items():
+        for arm, metrics in mapping_of(doc, section, where, required=False).items():
             at = f"{where}.{section}.{arm}"
             if arm not in arms:
                 raise CaseError(f"{at}: not one of the arms {list(arms)}")
@@ -355,7 +213,9 @@ def _published(doc: Mapping, arms: tuple[str, ...], stages: int, where: str) -> 
                 if metric not in METRICS:
                     raise CaseError(f"{at}.{metric}: use one of {', '.join(METRICS)}")
                 if isinstance(value, list) and section == "published":
-                    if len(value) != stages or not all(v is None or _number(v, f"{at}.{metric}") > 0 for v in value):
+                    if len(value) != stages or not all(
+                        v is None or finite_number(v, f"{at}.{metric}") > 0 for v in value
+                    ):
                         raise CaseError(
                             f"{at}.{metric}: give {stages} numbers > 0 (or null), one per ladder stage"
                             if stages
@@ -363,7 +223,7 @@ def _published(doc: Mapping, arms: tuple[str, ...], stages: int, where: str) -> 
                         )
                     per_stage[arm][metric] = tuple(None if v is None else float(v) for v in value)
                 else:
-                    whole[arm][metric] = _number(value, f"{at}.{metric}")
+                    whole[arm][metric] = finite_number(value, f"{at}.{metric}")
     return {arm: ArmPublished(whole[arm], per_stage[arm]) for arm in arms}
 
 
@@ -418,17 +278,17 @@ def parse_case(path: Path) -> Case:
     where = Path(path).name
     if not isinstance(doc, Mapping) or not all(isinstance(k, str) for k in doc):
         raise CaseError(f"{where}: expected a mapping (name, source, hardware, model, engine, workload, stages, ...)")
-    hardware = _built(_HardwareDoc, _mapping(doc, "hardware", where), f"{where}.hardware")
-    _required(hardware, ("profile", "devices_per_replica", "replicas"), f"{where}.hardware")
+    hardware = built_doc(_HardwareDoc, mapping_of(doc, "hardware", where), f"{where}.hardware")
+    require_fields(hardware, ("profile", "devices_per_replica", "replicas"), f"{where}.hardware")
     model = _text(doc, "model", where)
     try:
         load_geometry(model)
         load_hardware(hardware.profile)
     except (ValueError, OSError) as error:
         raise CaseError(f"{where}: {error}".splitlines()[0]) from None
-    engine_raw = _mapping(doc, "engine", where)
+    engine_raw = mapping_of(doc, "engine", where)
     engine, _, _ = parse_engine(engine_raw, f"{where}.engine")
-    workload = _mapping(doc, "workload", where)
+    workload = mapping_of(doc, "workload", where)
     params = {k: v for k, v in workload.items() if k not in ("generator", "name")}
     try:
         SharedPrefixParams().replace(params)
@@ -437,10 +297,10 @@ def parse_case(path: Path) -> Case:
     if workload.get("generator") != "shared_prefix":
         raise CaseError(f"{where}.workload.generator is {workload.get('generator')!r:.40}; give shared_prefix")
     plan, loop = _load(doc, where)
-    client = _built(_ClientDoc, _mapping(doc, "client", where, required=False), f"{where}.client")
-    arms = _arms(doc, engine_raw, where)
+    client = built_doc(_ClientDoc, mapping_of(doc, "client", where, required=False), f"{where}.client")
+    arms = arms_of(doc, engine_raw, where)
     published = _published(doc, tuple(a.name for a in arms), len(plan.stages) if plan else 0, where)
-    source = _mapping(doc, "source", where, required=False)
+    source = mapping_of(doc, "source", where, required=False)
     labels = tuple(f"{st.rate:g}" for st in plan.stages) if plan else ()
     return Case(
         _text(doc, "name", where, Path(path).stem),

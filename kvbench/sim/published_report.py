@@ -184,10 +184,12 @@ def write_comparison(
     spreads: Sequence[SeedSpread] = (),
     seeds: Sequence[int] = (),
     effects: Sequence[EffectRow] = (),
+    extra: Mapping[str, object] | None = None,
 ) -> list[Path]:
     """`comparison.md` (a table per arm, the effects, the targets) and `comparison.json` under `out_dir`
     (`fitted`: the `Row.key`s a fit was made on, marked; `spreads`: over several `seeds`, the rows' ranges and
-    per-seed values; `arms`/`stages`/`effects` as `published.comparison_doc`)."""
+    per-seed values; `arms`/`stages`/`effects` as `published.comparison_doc`; `extra`: more top-level keys of
+    the JSON, the simulation's wall time per arm, say)."""
     by_key = {s.row.key: s for s in spreads}
     out_dir.mkdir(parents=True, exist_ok=True)
     lines = [f"# {case_name}: published vs simulated", "", *header, ""]
@@ -230,6 +232,7 @@ def write_comparison(
                     for r in rows
                 ],
                 "targets": [{"name": t.name, "met": t.met, "detail": t.detail} for t in targets],
+                **(extra or {}),
             },
             indent=1,
         )

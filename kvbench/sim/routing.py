@@ -5,6 +5,7 @@
     least-loaded    the node with the fewest requests in flight
     prefix          SGLang's cache-aware router (`sglang_router`, its defaults; see `cache_aware`)
     precise-prefix  llm-d's endpoint picker in its precise-prefix guide (see `precise_prefix`)
+    prefix-affinity llm-d's endpoint picker in its optimized-baseline benchmark (see `prefix_affinity`)
 
 llm-d's endpoint picker sums weighted scorers and takes the highest score (`max-score-picker`, which picks at
 random among the nodes sharing the best score: here drawn from the run's seed, so the same seed makes the same
@@ -31,6 +32,17 @@ scorer's code (llm-d-inference-scheduler `precise_prefix_cache.go`: longest-pref
 `indexedScoresToNormalizedScoredPods`) normalizes the counts min-max as above, and that is what runs: a node
 holding 2 of 8 blocks alone scores 1, and beside a node holding all 8 it scores 0 (the fraction: 0.25 either way).
 
+The optimized-baseline benchmark's picker (`presets.Affinity`; llm-d-router `prefix-cache-affinity-filter` then
+`token-load-scorer` and the max-score picker):
+
+    sticky      the nodes whose router-visible prefix (matched leading blocks / the prompt's blocks, in the
+                router's LRU index of the blocks it sent there, `lru_blocks` per node) is >= `threshold`
+    TTFT gate   a node's estimated TTFT is its in-flight prompt tokens / `peak_prefill_tok_s`; when the best
+                sticky node's exceeds the best other node's by more than `max_ttft_penalty_s`, stickiness
+                breaks and every node stays a candidate; with no sticky node, every node is one
+    token load  among the candidates, the fewest in-flight prompt tokens (dispatched, not finished); ties at
+                random with the run's seed
+
 "Resident" is what the node's KV events told the indexer (its device cache), plus speculative entries: with
 `speculativeIndexing: true` the indexer records the prompt's blocks on the picked node at once and keeps them
 for `SPECULATIVE_TTL_S`, until KV events catch up (the device cache lags routing by a prefill).
@@ -50,8 +62,10 @@ from kvbench.sim.presets import (
     ROUTE_LEAST_LOADED,
     ROUTE_PRECISE_PREFIX,
     ROUTE_PREFIX,
+    ROUTE_PREFIX_AFFINITY,
     ROUTE_ROUND_ROBIN,
     ROUTE_SESSION,
+    Affinity,
     Scorers,
 )
 
@@ -93,9 +107,12 @@ class Router:
     scorers: Scorers = field(default_factory=Scorers)
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))  # max-score ties
     sent_blocks: list = field(default_factory=list)  # per node: the cpu_prefix index, block hash -> None, LRU first
+    affinity: Affinity = field(default_factory=Affinity)
+    inflight_tokens: list = field(default_factory=list)  # per node: prompt tokens routed there, not yet finished
 
     def __post_init__(self) -> None:
         self.routed_pages = [0] * len(self.nodes)
+        self.inflight_tokens = [0] * len(self.nodes)
         self.speculative = [{} for _ in self.nodes]
         self.sent_blocks = [OrderedDict() for _ in self.nodes]
 
@@ -112,15 +129,19 @@ class Router:
             node = self.cache_aware(request)
         elif self.policy == ROUTE_PRECISE_PREFIX:
             node = self.precise_prefix(request, now)
+        elif self.policy == ROUTE_PREFIX_AFFINITY:
+            node = self.prefix_affinity(request)
         else:
             assert self.policy == ROUTE_LEAST_LOADED, self.policy
             node = self.least_loaded()
         self.routed += 1
         self.routed_pages[node] += len(request.prompt) // self.page_size
+        self.inflight_tokens[node] += len(request.prompt)
         return node
 
     def finished(self, node: int, prompt_len: int) -> None:
         self.routed_pages[node] -= prompt_len // self.page_size
+        self.inflight_tokens[node] -= prompt_len
 
     def least_loaded(self) -> int:
         return min(range(len(self.nodes)), key=lambda i: (self.nodes[i].load, i))
@@ -163,11 +184,8 @@ class Router:
             queue = 1.0 if high == low else (high - waiting[i]) / (high - low)
             scores[i] += w.kv_utilization * (1.0 - node.kv_usage) + w.queue * queue
         if w.cpu_prefix > 0 and hashes:
-            for i, sent in enumerate(self.sent_blocks):
-                matched = 0
-                while matched < len(hashes) and hashes[matched] in sent:
-                    matched += 1
-                scores[i] += w.cpu_prefix * matched / len(hashes)
+            for i in range(len(self.nodes)):
+                scores[i] += w.cpu_prefix * self._matched(i, hashes) / len(hashes)
         return scores
 
     def best(self, scores: Sequence[float]) -> int:
@@ -175,6 +193,47 @@ class Router:
         top = max(scores)
         tied = [i for i, score in enumerate(scores) if score >= top - TIE]
         return tied[0] if len(tied) == 1 else int(tied[self.rng.integers(len(tied))])
+
+    def _matched(self, node: int, hashes: Sequence[int]) -> int:
+        """Leading blocks of `hashes` in the router's sent-block index of `node`."""
+        sent, matched = self.sent_blocks[node], 0
+        while matched < len(hashes) and hashes[matched] in sent:
+            matched += 1
+        return matched
+
+    def _record_sent(self, node: int, hashes: Sequence[int], capacity: int) -> None:
+        sent = self.sent_blocks[node]
+        for h in hashes:
+            sent[h] = None
+            sent.move_to_end(h)
+        while len(sent) > capacity:
+            sent.popitem(last=False)
+
+    def affinity_candidates(self, hashes: Sequence[int]) -> list[int]:
+        """The nodes the affinity filter keeps (module docstring): the sticky ones, unless the TTFT gate breaks
+        stickiness or none is sticky (then all)."""
+        a, everyone = self.affinity, list(range(len(self.nodes)))
+        if not hashes:
+            return everyone
+        sticky = [i for i in everyone if self._matched(i, hashes) >= a.threshold * len(hashes)]
+        others = [i for i in everyone if i not in sticky]
+        if not sticky:
+            return everyone
+        if others:
+            ttft = [tokens / a.peak_prefill_tok_s for tokens in self.inflight_tokens]
+            if min(ttft[i] for i in sticky) - min(ttft[i] for i in others) > a.max_ttft_penalty_s:
+                return everyone
+        return sticky
+
+    def prefix_affinity(self, request: Request) -> int:
+        hashes = block_hashes(request.prompt, self.page_size)
+        candidates = self.affinity_candidates(hashes)
+        scores = [float("-inf")] * len(self.nodes)
+        for i in candidates:
+            scores[i] = -float(self.inflight_tokens[i])
+        best = self.best(scores)
+        self._record_sent(best, hashes, self.affinity.lru_blocks)
+        return best
 
     def precise_prefix(self, request: Request, now: float) -> int:
         scores = self.precise_scores(request, now)
@@ -187,10 +246,5 @@ class Router:
             for h in [h for h, t in entries.items() if t <= now]:
                 del entries[h]
         if self.scorers.cpu_prefix > 0:
-            sent = self.sent_blocks[best]
-            for h in hashes:
-                sent[h] = None
-                sent.move_to_end(h)
-            while len(sent) > self.scorers.cpu_lru_blocks:
-                sent.popitem(last=False)
+            self._record_sent(best, hashes, self.scorers.cpu_lru_blocks)
         return best

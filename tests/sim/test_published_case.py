@@ -79,6 +79,18 @@ def test_the_issues_spelling_loads_into_arms_a_closed_loop_and_an_effect(tmp_pat
     assert case_config(case, "baseline").preset.scorers.gpu_prefix == 3  # no weights: the guide's 3 / 2 / 2
 
 
+def test_a_prefix_affinity_arm_carries_its_filters_parameters_into_the_router(tmp_path):
+    text = V2.replace(
+        "{router: precise-prefix}", "{router: {name: prefix-affinity, affinity_threshold: 0.5, peak_prefill_tok_s: 9}}"
+    )
+    case = parse_case(write(tmp_path, text))
+    preset = case_config(case, "baseline").preset
+    assert preset.route == "prefix-affinity"
+    assert (preset.affinity.threshold, preset.affinity.peak_prefill_tok_s) == (0.5, 9.0)
+    assert preset.affinity.max_ttft_penalty_s == 5.0  # the plugin's default where the case gives none
+    assert case_config(case, "offload").preset.affinity.threshold == 0.8
+
+
 def test_validate_published_writes_the_issues_comparison_json(tmp_path):
     path = write(tmp_path, V2)
     out = tmp_path / "out"
@@ -127,6 +139,14 @@ def test_an_effect_row_compares_the_simulated_change_with_the_published_one(tmp_
         (("gpu_prefix: 1,", "gpu_prefix: lots,"), "arms.offload.router.weights.gpu_prefix"),
         (("{router: precise-prefix}", "{router: {name: round-robin, weights: {queue: 1}}}"), "arms.baseline.router"),
         (("replicas: 2}", "replicas: 2.5}"), "hardware.replicas"),
+        (
+            ("{router: precise-prefix}", "{router: {name: precise-prefix, peak_prefill_tok_s: 9}}"),
+            "arms.baseline.router",
+        ),
+        (
+            ("{router: precise-prefix}", "{router: {name: prefix-affinity, affinity_threshold: 2}}"),
+            "affinity_threshold",
+        ),
         (("load: {closed_loop", 'stages: {ladder: "1:1"}\nload: {closed_loop'), "give one load"),
         (("total_tok_s: 1100.0,", "total_tok_s: [1, 2],"), "closed loop has no stages"),
     ],

@@ -12,11 +12,13 @@ from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
 from kvbench.sim.presets import (
     ROUTE_PRECISE_PREFIX,
+    ROUTE_PREFIX_AFFINITY,
     ROUTE_ROUND_ROBIN,
+    Affinity,
     Scorers,
     get_preset,
 )
-from kvbench.sim.routing import SPECULATIVE_TTL_S, Router, prefix_scores
+from kvbench.sim.routing import SPECULATIVE_TTL_S, Router, block_hashes, prefix_scores
 from kvbench.workloads.shared_prefix import SharedPrefixParams, generate_shared_prefix
 
 
@@ -103,6 +105,47 @@ def test_the_weights_come_from_the_scorers_and_the_cpu_prefix_index_is_what_was_
     assert router.pick(1, other, now=10.0) == 1
     assert len(router.sent_blocks[1]) == 8
     assert np.allclose(router.precise_scores(request(), now=20.0), [1.2, 3.6, 3.0])
+
+
+def test_prefix_affinity_sticks_to_the_sender_until_the_ttft_gate_breaks_it():
+    # Prompt of 8 pages (page 4). Threshold 0.75, 1,000 prompt tokens/s, 0.5 s of TTFT penalty allowed.
+    affinity = Affinity(threshold=0.75, max_ttft_penalty_s=0.5, peak_prefill_tok_s=1000.0, lru_blocks=64)
+    nodes = [FakeNode(0, 0.0, 0) for _ in range(3)]
+    router = Router(nodes, ROUTE_PREFIX_AFFINITY, page_size=4, affinity=affinity)
+    # Nothing sent: no node is sticky, and all carry 0 tokens: the seeded tie-break picks one.
+    first = router.pick(0, request(), now=0.0)
+    assert router.inflight_tokens[first] == 32
+    # The router sent all 8 blocks there (8/8 >= 0.75): sticky, and its TTFT estimate 32/1000 s is within 0.5 s
+    # of an idle node's 0 s, so the prompt goes back there even though it carries the most tokens.
+    assert router.affinity_candidates(block_hashes(request().prompt, 4)) == [first]
+    assert router.pick(1, request(), now=0.0) == first
+    # 600 more prompt tokens in flight there (664 in all: 0.664 s, over 0.5 s more than an idle node): the gate
+    # breaks stickiness and the token load picks the least loaded node.
+    router.inflight_tokens[first] += 600
+    assert len(router.affinity_candidates(block_hashes(request().prompt, 4))) == 3
+    assert router.pick(2, request(), now=0.0) != first
+    # A request finishing gives its tokens back.
+    router.finished(first, 32)
+    assert router.inflight_tokens[first] == 632
+
+
+def test_prefix_affinity_needs_the_threshold_of_the_prompt_sent_before():
+    # The router sent 4 of a prompt's 8 leading blocks to node 1 (a 4-page prompt that is their prefix), which
+    # carries 100 prompt tokens; node 0 is idle.
+    def router(threshold: float) -> Router:
+        affinity = Affinity(threshold=threshold, max_ttft_penalty_s=5.0, peak_prefill_tok_s=1000.0, lru_blocks=64)
+        nodes = [FakeNode(0, 0.0, 0) for _ in range(2)]
+        r = Router(nodes, ROUTE_PREFIX_AFFINITY, page_size=4, affinity=affinity)
+        r.inflight_tokens = [0, 100]
+        r._record_sent(1, block_hashes(request().prompt[:16], 4), 64)
+        return r
+
+    # 4/8 is under a 0.75 threshold: no node is sticky, and the least token load decides (node 0).
+    assert router(0.75).affinity_candidates(block_hashes(request().prompt, 4)) == [0, 1]
+    assert router(0.75).pick(0, request(), now=0.0) == 0
+    # At threshold 0.5 the half is enough: node 1 is the only candidate despite its load.
+    assert router(0.5).affinity_candidates(block_hashes(request().prompt, 4)) == [1]
+    assert router(0.5).pick(0, request(), now=0.0) == 1
 
 
 def test_simultaneous_arrivals_on_idle_replicas_spread_by_the_seeded_tie_break():
