@@ -99,6 +99,20 @@ def test_a_prefill_step_is_priced_per_kernel_and_a_cached_prefix_only_adds_its_c
     )
 
 
+def test_a_prefill_past_the_measured_lengths_is_quadratic_in_its_attention():
+    hw = load_hardware("h200")
+    cost = SimConfig(GRID_MODEL, hw, get_preset("vllm-prefix"), "bf16").cost
+    last = attention_s("context_attention", 1, 16384)  # the tables' longest measured prompt
+    assert not rows("context_attention", batch_size=1, isl=32768, num_heads=32, num_key_value_heads=8)
+    # 32K tokens: twice the length, four times the attention of the 16K row (not the line through 12K-16K).
+    attention = cost.kernels.prefill_seconds(0, 32768)
+    assert attention == pytest.approx(2 * 4 * last, rel=1e-12)
+    line = last + (last - attention_s("context_attention", 1, 12288)) * 4
+    assert 2 * line < 0.8 * attention
+    # A 16K chunk after a cached 16K adds prefill(32K) - prefill(16K): three times the first 16K's.
+    assert cost.kernels.prefill_seconds(16384, 32768) == pytest.approx(2 * 3 * last, rel=1e-12)
+
+
 def test_a_gemm_between_measured_shapes_is_interpolated_per_weight_element_in_log_n():
     tables = load_kernel_tables("h200", "vllm")
     lo, hi = gemm_s(32, 1024, 8192), gemm_s(32, 1536, 8192)
