@@ -51,7 +51,9 @@ def main() -> None:
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
     console = Console()
-    console.print(hardware.assumptions())
+    console.print(
+        hardware.assumptions(SimConfig(geometry, hardware, PRESETS["vllm-prefix"], "fp8", "fp8").cost.pricing)
+    )
     for rate in [float(r) for r in args.rates.split(",")]:
         workload = load_workload(
             "rag-chat",

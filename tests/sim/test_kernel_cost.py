@@ -137,3 +137,14 @@ def test_the_roofline_stays_where_the_tables_do_not_reach():
     assert SimConfig(GRID_MODEL, load_hardware("h200"), get_preset("kvengine-tiers"), "bf16").cost.kernels is None
     roofline = CostModel(GRID_MODEL, load_hardware("h200"), "bf16")
     assert roofline.kernels is None and roofline.step((), [100]).seconds > 0
+
+
+def test_the_assumptions_line_names_what_priced_the_steps():
+    hw = load_hardware("h200")
+    measured = SimConfig(GRID_MODEL, hw, get_preset("vllm-prefix"), "bf16").cost.pricing
+    assert measured == "measured vllm kernels on h200_sxm"
+    line = hw.assumptions(measured)
+    assert "measured vllm kernels on h200_sxm" in line and "efficiencies" not in line
+    assert line.startswith("assumption:") and "step overhead 2.0 ms" in line  # the overhead is not fitted here
+    roofline = hw.assumptions()
+    assert "roofline" in roofline and "FLOP/s 0.50 of peak" in roofline
