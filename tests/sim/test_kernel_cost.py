@@ -76,8 +76,9 @@ def test_a_decode_step_is_the_sum_of_its_measured_kernels():
         + hw.step_overhead_s
     )
     assert step.seconds == pytest.approx(expected, rel=1e-9)
-    # A run of decode steps prices each step the same way.
-    assert cost.decode_seconds(32, 32 * 4094, 4094, steps=1) == [pytest.approx(step.seconds, rel=1e-12)]
+    # A run of decode steps prices each step as `step` does, to the bit (each one position further).
+    run = cost.decode_seconds(32, 32 * 4094, 4094, steps=3)
+    assert run == [cost.step((), [4094 + j] * 32).seconds for j in range(3)] and run[0] == step.seconds
 
 
 def test_a_prefill_step_is_priced_per_kernel_and_a_cached_prefix_only_adds_its_chunk():
