@@ -51,7 +51,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
-    console = Console()
+    console = Console(width=200)
     console.print(
         hardware.assumptions(SimConfig(geometry, hardware, PRESETS["vllm-prefix"], "fp8", "fp8").cost.pricing)
     )
