@@ -9,12 +9,15 @@ think time median 30 s (lognormal, sigma 1.5, up to 30 min). `--rates` sweeps th
 the ranking moves as the working set grows past the device's KV capacity. lmcache-shared runs 2 nodes with
 least-loaded routing, so its throughput is printed per node. `--presets` adds others, e.g. kvengine-tiers
 (our engine's TTL tiers; no article numbers; slower to simulate: its tier policy revisits every lower-tier
-page whenever one falls due, once per virtual second).
+page whenever one falls due, once per virtual second). `--kv-dtype fp8,bf16` runs each KV dtype;
+`--host-gb 250,1000` sweeps the node's host memory (a tier's size is its preset's `host_fraction` of it:
+lmcache-local's CPU tier is half). The title names the steps' pricing (measured kernels or the roofline).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from rich.console import Console
 from rich.table import Table
@@ -41,7 +44,8 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=600)
     parser.add_argument("--think", type=float, default=30.0, help="median think time between turns, seconds")
     parser.add_argument("--corpus", type=int, default=1000, help="documents in the corpus")
-    parser.add_argument("--kv-dtype", default="fp8")
+    parser.add_argument("--kv-dtype", default="fp8", help="KV dtypes, comma-separated (fp8, bf16)")
+    parser.add_argument("--host-gb", default="", help="host memory per node to sweep, GB, comma-separated")
     parser.add_argument("--presets", default=",".join(ARTICLE), help="presets to simulate, comma-separated")
     parser.add_argument(
         "--hardware",
@@ -50,9 +54,14 @@ def main() -> None:
     )
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
-    console = Console()
-    console.print(hardware.assumptions())
-    for rate in [float(r) for r in args.rates.split(",")]:
+    console = Console(width=200)
+    console.print(
+        hardware.assumptions(SimConfig(geometry, hardware, PRESETS["vllm-prefix"], "fp8", "fp8").cost.pricing)
+    )
+    hosts = [float(h) * 1e9 for h in args.host_gb.split(",") if h] or [hardware.host_memory_bytes]
+    points = [(r, kv, h) for r in args.rates.split(",") for kv in args.kv_dtype.split(",") for h in hosts]
+    for rate, kv_dtype, host in points:
+        rate, node = float(rate), dataclasses.replace(hardware, host_memory_bytes=host)
         workload = load_workload(
             "rag-chat",
             num_sessions=args.sessions,
@@ -60,7 +69,7 @@ def main() -> None:
         )
         table = Table(
             title=f"rag-chat, {args.sessions} sessions at {rate:g}/s, think median {args.think:g} s, "
-            f"corpus {args.corpus}, {args.kv_dtype} KV: simulated (article)"
+            f"corpus {args.corpus}, {kv_dtype} KV, host {host / 1e9:,.0f} GB: simulated (article)"
         )
         for column in (
             "system",
@@ -77,7 +86,7 @@ def main() -> None:
             table.add_column(column, justify="right")
         for name in args.presets.split(","):
             preset = PRESETS[name]
-            config = SimConfig(geometry, hardware, preset, args.kv_dtype, "fp8")
+            config = SimConfig(geometry, node, preset, kv_dtype, "fp8")
             result = simulate(workload, LoadSpec(), config)
             s = summarize_run(result.records).overall
             article = ARTICLE.get(name)  # kvengine-tiers (ours) is not in the article

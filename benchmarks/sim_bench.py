@@ -203,6 +203,9 @@ def main() -> None:
     parser.add_argument("--hardware", default="8xh200")
     parser.add_argument("--preset", default="vllm-prefix")
     parser.add_argument("--baseline", type=Path, help="a checkout of an older kvbench to time (and compare) too")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="time each trace this many times, the sides alternated in each"
+    )
     parser.add_argument("--results", action="store_true", help="also print TTFT/throughput/hit rates per KV dtype")
     parser.add_argument(
         "--work", type=Path, default=Path("/tmp/kvbench-sim-bench"), help="where the trace is generated"
@@ -215,7 +218,7 @@ def main() -> None:
         if not generated.is_file():
             conversation_trace(generated)
         traces = [TRACE, generated]
-    console = Console()
+    console = Console(width=250)
     load = os.getloadavg()
     table = Table(
         title=f"simulate ({args.preset}, {args.model}, {args.hardware}, fp8 KV) vs `kvbench trace stats`, "
@@ -236,8 +239,9 @@ def main() -> None:
     ):
         table.add_column(column, justify="right")
     for trace in traces:
-        for row in speed_rows(trace, args):
-            table.add_row(*row)
+        for _ in range(args.rounds):
+            for row in speed_rows(trace, args):
+                table.add_row(*row)
     console.print(table)
     console.print(
         "ratio = the simulating process (load the trace + simulate) over the trace stats process, by "

@@ -51,8 +51,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     geometry, hardware = load_geometry("qwen2.5-72b"), load_hardware(args.hardware)
-    console = Console()
-    console.print(hardware.assumptions())
+    console = Console(width=200)
+    console.print(
+        hardware.assumptions(SimConfig(geometry, hardware, PRESETS["vllm-prefix"], "fp8", "fp8").cost.pricing)
+    )
     table = Table(
         title=f"rag-chat, {args.sessions} sessions, think median {args.think:g} s, Qwen2.5-72B fp8 on "
         "8xH200 nodes: fewest nodes with TTFT p99 <= the article's"

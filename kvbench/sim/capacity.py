@@ -19,8 +19,9 @@ from kvbench.sim.hardware import Hardware
 from kvbench.sim.kernel_data_files import step_kernels
 
 TIB = 2**40
-# Contexts the break-even lines are fitted over: the kernel tables' measured points from 1K to 32K tokens.
-BREAK_EVEN_CONTEXTS = (1023, 2047, 4095, 8191, 16383, 32767)
+# Contexts the break-even is priced at: the kernel tables' measured decode contexts (2^k - 1), 1 to 64K; the
+# crossing is linear between the two around it (`fp8_break_even.crossing`).
+BREAK_EVEN_CONTEXTS = tuple(2**k - 1 for k in range(1, 17))
 
 
 @dataclass(frozen=True, slots=True)

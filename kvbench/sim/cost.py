@@ -177,6 +177,8 @@ class CostModel:
         """`step((), starts).seconds` for `steps` decode steps in a row of `num_seqs` sequences whose decode
         starts sum to `starts_sum` and reach `longest_start` in the first, each one position further in every
         next step: the same floats, computed at once without a list of starts (a run of decode steps)."""
+        if self.kernels is not None and num_seqs > 0:
+            return self._kernel_decode_run(num_seqs, starts_sum, steps)
         j = np.arange(steps, dtype=np.int64)
         total = (starts_sum + num_seqs + num_seqs * j).astype(np.float64)  # sum of (s + 1), as `step` adds it
         seconds = self._parts(
@@ -191,6 +193,15 @@ class CostModel:
             decode_context=total,
         )[0]
         return np.broadcast_to(seconds, (steps,)).tolist()
+
+    def _kernel_decode_run(self, num_seqs: int, starts_sum: int, steps: int) -> list[float]:
+        """`decode_seconds` under measured kernels: each step's seconds as `step` computes them, one scalar
+        lookup per step (a run is a few steps: numpy's per-call overhead on short arrays cost more than the
+        lookups; the roofline's FLOPs and bytes, which a kernel-priced run's seconds do not read, are skipped)."""
+        k, overhead = self.kernels, self.hardware.step_overhead_s
+        linear = k.linear_seconds(num_seqs, num_seqs)
+        first = starts_sum + num_seqs  # the first step's sum of (s + 1), as `step` adds it
+        return [linear + k.decode_seconds(num_seqs, float(first + num_seqs * j)) + 0.0 + overhead for j in range(steps)]
 
     def _parts(
         self,

@@ -107,18 +107,23 @@ class Hardware:
         if not 0 < self.memory_fraction <= 1:
             raise HardwareError(f"{self.name}: memory_fraction must be in (0, 1], e.g. 0.9")
 
-    def assumptions(self) -> str:
-        """One line for a simulation's output: whether its device speeds are fitted or assumed."""
+    def assumptions(self, pricing: str = "roofline") -> str:
+        """One line for a simulation's output: what priced its steps (`CostModel.pricing`: "roofline" or
+        "measured ... kernels on ...") and whether the speeds it used are fitted or assumed."""
         d = self.device
-        speeds = (
-            f"{d.name} efficiencies: FLOP/s {d.flops_efficiency:.2f} of peak, bandwidth {d.bw_efficiency:.2f} of "
-            f"peak, step overhead {self.step_overhead_s * 1e3:.1f} ms"
-        )
+        overhead = f"step overhead {self.step_overhead_s * 1e3:.1f} ms"
+        if pricing != "roofline":  # the efficiencies move nothing: each step costs its kernels + the overhead
+            speeds = f"steps priced by {pricing} (aiconfigurator-core's tables) plus a {overhead}"
+        else:
+            speeds = (
+                f"steps priced by the roofline: {d.name} efficiencies FLOP/s {d.flops_efficiency:.2f} of peak, "
+                f"bandwidth {d.bw_efficiency:.2f} of peak, {overhead}"
+            )
         if self.fitted_on is not None:
             return f"{speeds}, fitted to {self.fitted_on}"
         return (
-            f"assumption: {speeds} are typical values, not fitted on a {d.name} (every simulated time scales "
-            f"with them); fit them to a GPU run's step log with `kvbench calibrate --steps "
+            f"assumption: {speeds}; these are typical values, not fitted on a {d.name} (every simulated time "
+            f"scales with them); fit them to a GPU run's step log with `kvbench calibrate --steps "
             f"RUN/engines/kvengine/steps.jsonl --hardware {self.name} --compute-dtype bfloat16`"
         )
 

@@ -9,7 +9,8 @@ What one step of a tensor-parallel group over `tp` devices launches, per device 
                          router GEMM (n=experts, k=hidden) and shared experts as a dense MLP
                 attention decode: (batch of decodes, their mean context) per full / sliding layer;
                           prefill: each chunk [start, end) costs prefill(end) - prefill(start) of the
-                          batch-1 curve (what a causal chunk adds to its prefix), at least prefill(end - start)
+                          batch-1 curve (what a causal chunk adds to its prefix), at least prefill(end - start);
+                          past the measured 16K, quadratic in the length (`kernel_tables.PrefillAttention`)
                 2 all-reduces of tokens x hidden bf16 elements (tp > 1)
     once        lm_head GEMM for one token per sequence (m=sequences, n=vocab / tp, k=hidden)
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvbench.sim.geometry import ModelGeometry, dtype_bytes
-from kvbench.sim.kernel_tables import AttentionShape, Curve, DecodeAttention, KernelTables
+from kvbench.sim.kernel_tables import AttentionShape, Curve, DecodeAttention, KernelTables, PrefillAttention
 
 GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "bfloat16": "bfloat16", "fp8": "fp8"}
 MOE_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "bfloat16": "bfloat16", "fp8": "fp8", "mxfp4": "w4a16_mxfp4"}
@@ -45,7 +46,7 @@ class _Layer:
 
     count: int
     decode: DecodeAttention
-    prefill: Curve
+    prefill: PrefillAttention
 
 
 @dataclass(slots=True)

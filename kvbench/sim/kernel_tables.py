@@ -12,7 +12,10 @@ in seconds (the files hold ms). How a shape between measured points is priced:
     attention  exact heads, KV heads, head dim, window and KV dtype (no such row: `None`, and the caller
                keeps the roofline); decode by (batch, context): each measured batch's context curve (past its
                last measured context, along its last slope), linear in batch between the two around it;
-               prefill by the batch-1 curve over the prompt length
+               prefill by the batch-1 curve over the prompt length, and past its last measured length
+               (16K tokens) quadratic in the length from that point (`PrefillAttention`: causal attention
+               over L tokens does L^2 / 2 work; the line through the last two points priced a 32K prefill
+               at 0.65x this and a 128K one at 0.19x)
 """
 
 from __future__ import annotations
@@ -148,6 +151,20 @@ class DecodeAttention:
         return Curve(contexts, (1 - w) * lo.at(contexts) + w * up.at(contexts))
 
 
+@dataclass(frozen=True, slots=True)
+class PrefillAttention:
+    """Context attention of one sequence over its prompt length L: the measured curve up to its last length
+    L_n, and past it `latency(L_n) * (L / L_n)^2` (its work grows as L^2; module docstring)."""
+
+    curve: Curve
+
+    def at(self, tokens: float) -> float:
+        last = self.curve._xs[-1]
+        if tokens <= last:
+            return self.curve.at(tokens)
+        return self.curve._ys[-1] * (tokens / last) ** 2
+
+
 def _shape_rows(frame: pd.DataFrame, shape: AttentionShape) -> pd.DataFrame:
     return frame[
         (frame["num_heads"] == shape.heads)
@@ -180,11 +197,11 @@ class KernelTables:
             np.array(batches, dtype=np.float64), tuple(curve(rows[rows["batch_size"] == b], "step") for b in batches)
         )
 
-    def prefill_attention(self, shape: AttentionShape) -> Curve | None:
+    def prefill_attention(self, shape: AttentionShape) -> PrefillAttention | None:
         """Context attention of `shape` for one sequence over its prompt length, or None where unmeasured."""
         rows = _shape_rows(self.context_attention, shape)
         rows = rows[rows["batch_size"] == 1]
-        return None if rows.empty else curve(rows, "isl")
+        return None if rows.empty else PrefillAttention(curve(rows, "isl"))
 
     def gemm_curve(self, dtype: str, n: int, k: int) -> Curve | None:
         table = self.gemm.get(dtype)

@@ -3,7 +3,7 @@
 import pytest
 
 from kvbench.sim.capacity import capacity_report, fp8_break_even
-from kvbench.sim.fp8_break_even import BreakEven, Line, break_even, fit_line
+from kvbench.sim.fp8_break_even import BreakEven, Line, break_even, crossing, fit_line
 from kvbench.sim.geometry import load_geometry
 from kvbench.sim.hardware import load_hardware
 
@@ -35,3 +35,24 @@ def test_capacity_reports_where_fp8_becomes_faster_from_the_measured_kernels():
     assert 1000 < one.context < 32768
     assert capacity_report(g, hw, "fp8", 8192, 4).fp8_break_even == (one, many)
     assert fp8_break_even(g, load_hardware("cpu")) == ()
+
+
+def test_the_crossing_of_priced_rows_is_linear_between_the_two_around_it():
+    # Rows priced from a given intercept and slope each: the crossing is the lines' own break-even.
+    bf16, fp8 = Line(10e-6, 1.0e-9), Line(12e-6, 0.5e-9)
+    contexts = [1023, 2047, 4095, 8191, 16383]
+    at = crossing(contexts, [bf16.at(c) for c in contexts], [fp8.at(c) for c in contexts])
+    assert at == pytest.approx(break_even(bf16, fp8)) == pytest.approx(4000)
+    # Measured rows that are not a line: FP8 2 us slower at 8K, 6 us faster at 16K -> a quarter of the way.
+    assert crossing([8192, 16384], [20e-6, 40e-6], [22e-6, 34e-6]) == pytest.approx(8192 + 8192 / 4)
+    assert crossing([1, 2], [2.0, 3.0], [1.0, 1.0]) == 0.0  # faster from the first row
+    assert crossing([1, 2], [1.0, 2.0], [3.0, 2.5]) is None  # slower at every row
+
+
+def test_the_h100_break_even_of_llama_8b_is_within_1_5x_of_the_vllm_blog():
+    # vLLM blog "The State of FP8 KV-Cache and Attention Quantization in vLLM" (2026-04-22): Llama-3.1-8B on
+    # Hopper with FA3, FP8's ITL slope 54% of BF16's, break-even at ~7k tokens. The tables price it later,
+    # at the 8K-16K rows' crossing (their FP8 kernel is 0.8 us slower at 8K and 13 us faster at 16K).
+    one = fp8_break_even(load_geometry("llama-3.1-8b"), load_hardware("h100"), batches=(1,))[0]
+    assert 8191 < one.context < 16383
+    assert 1 / 1.5 < one.context / 7000 < 1.5

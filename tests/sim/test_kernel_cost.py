@@ -76,8 +76,9 @@ def test_a_decode_step_is_the_sum_of_its_measured_kernels():
         + hw.step_overhead_s
     )
     assert step.seconds == pytest.approx(expected, rel=1e-9)
-    # A run of decode steps prices each step the same way.
-    assert cost.decode_seconds(32, 32 * 4094, 4094, steps=1) == [pytest.approx(step.seconds, rel=1e-12)]
+    # A run of decode steps prices each step as `step` does, to the bit (each one position further).
+    run = cost.decode_seconds(32, 32 * 4094, 4094, steps=3)
+    assert run == [cost.step((), [4094 + j] * 32).seconds for j in range(3)] and run[0] == step.seconds
 
 
 def test_a_prefill_step_is_priced_per_kernel_and_a_cached_prefix_only_adds_its_chunk():
@@ -97,6 +98,20 @@ def test_a_prefill_step_is_priced_per_kernel_and_a_cached_prefix_only_adds_its_c
     assert chunk == pytest.approx(
         2 * layer_gemms_s(2048) + gemm_s(1, 65536, 4096) + 2 * attention + hw.step_overhead_s, rel=1e-9
     )
+
+
+def test_a_prefill_past_the_measured_lengths_is_quadratic_in_its_attention():
+    hw = load_hardware("h200")
+    cost = SimConfig(GRID_MODEL, hw, get_preset("vllm-prefix"), "bf16").cost
+    last = attention_s("context_attention", 1, 16384)  # the tables' longest measured prompt
+    assert not rows("context_attention", batch_size=1, isl=32768, num_heads=32, num_key_value_heads=8)
+    # 32K tokens: twice the length, four times the attention of the 16K row (not the line through 12K-16K).
+    attention = cost.kernels.prefill_seconds(0, 32768)
+    assert attention == pytest.approx(2 * 4 * last, rel=1e-12)
+    line = last + (last - attention_s("context_attention", 1, 12288)) * 4
+    assert 2 * line < 0.8 * attention
+    # A 16K chunk after a cached 16K adds prefill(32K) - prefill(16K): three times the first 16K's.
+    assert cost.kernels.prefill_seconds(16384, 32768) == pytest.approx(2 * 3 * last, rel=1e-12)
 
 
 def test_a_gemm_between_measured_shapes_is_interpolated_per_weight_element_in_log_n():
@@ -123,3 +138,14 @@ def test_the_roofline_stays_where_the_tables_do_not_reach():
     assert SimConfig(GRID_MODEL, load_hardware("h200"), get_preset("kvengine-tiers"), "bf16").cost.kernels is None
     roofline = CostModel(GRID_MODEL, load_hardware("h200"), "bf16")
     assert roofline.kernels is None and roofline.step((), [100]).seconds > 0
+
+
+def test_the_assumptions_line_names_what_priced_the_steps():
+    hw = load_hardware("h200")
+    measured = SimConfig(GRID_MODEL, hw, get_preset("vllm-prefix"), "bf16").cost.pricing
+    assert measured == "measured vllm kernels on h200_sxm"
+    line = hw.assumptions(measured)
+    assert "measured vllm kernels on h200_sxm" in line and "efficiencies" not in line
+    assert line.startswith("assumption:") and "step overhead 2.0 ms" in line  # the overhead is not fitted here
+    roofline = hw.assumptions()
+    assert "roofline" in roofline and "FLOP/s 0.50 of peak" in roofline

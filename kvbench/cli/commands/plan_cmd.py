@@ -118,10 +118,10 @@ def handle_plan(args: argparse.Namespace) -> int:
         "time_scale": args.time_scale,
         "max_nodes": args.max_nodes,
         "device_kv_tokens": args.device_kv_tokens,
-        "assumptions": hardware.assumptions(),
+        "assumptions": hardware.assumptions(configs[0].cost.pricing if configs else "roofline"),
         "search": "doubling from 1 node, then bisection; assumes more nodes never hurt (checked at answer+1)",
     }
-    console.print(f"[yellow]{hardware.assumptions()}[/yellow]")
+    console.print(f"[yellow]{settings['assumptions']}[/yellow]")
     targets = args.slo
     lines: list[PlanLine] = []
     for config in configs:

@@ -288,8 +288,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
         vocab_size=min(geometry.vocab_size, 32000),
     )
     run_dir = args.out or Path("runs") / f"sim-{Path(workload.name).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    console.print(f"[yellow]{hardware.assumptions()}[/yellow]")
-    results = []
+    results, said = [], []  # said: the assumption lines printed (one per way of pricing steps)
     for preset in presets:
         for kv_dtype in args.kv_dtype or ["fp8"]:
             try:
@@ -304,6 +303,9 @@ def handle_simulate(args: argparse.Namespace) -> int:
                     memory_model=getattr(args, "memory_model", "reserve"),
                 )
                 config.check_memory(len(workload.sessions), psutil.virtual_memory().available)
+                if (line := hardware.assumptions(config.cost.pricing)) not in said:
+                    console.print(f"[yellow]{line}[/yellow]")
+                    said.append(line)
                 if plan is not None:
                     results += simulate_stage_entries(workload, plan, config, args.seed, flag["max_concurrency"])
                     continue
@@ -330,7 +332,7 @@ def handle_simulate(args: argparse.Namespace) -> int:
             "time_scale": args.time_scale,
             "device_kv_tokens": args.device_kv_tokens,
             "tenants_file": args.tenants_file,
-            "assumptions": hardware.assumptions(),
+            "assumptions": "; ".join(said) or hardware.assumptions(),
             "nodes": presets[0].num_nodes,
             "route": presets[0].route,
             "page_size": presets[0].page_size,
