@@ -23,7 +23,7 @@ from rich.progress import (
 from kvbench.cli import config_flags, find_max_flags, vllm_bench_flags, vllm_flags
 from kvbench.cli.flag_types import at_least, checked_by, number_above
 from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
-from kvbench.cli.tables import print_summary, print_tradeoff, results_line
+from kvbench.cli.tables import print_flags, print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import UnreachableEngine, run_experiment
 from kvbench.measure.run_folder import (
@@ -438,14 +438,13 @@ def handle(args: argparse.Namespace) -> int:
         labels = [_main_job_label(DEFAULT_ENGINE, dtype) for dtype in MAIN_JOB_KV_DTYPES]
         if [engine.label for engine in config.engines] == labels:
             print_tradeoff(frame, *labels, f"the same {MAIN_JOB_KV_BYTES / 2**20:.0f} MiB of device KV")
-    for failure in outcome.failures:
-        console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
+    if (run_dir / SUMMARY_JSON).exists():  # the flags summary.md and the HTML report list (measure/flags.py)
+        print_flags(console, run_dir)
+    else:
+        for failure in outcome.failures:
+            console.print(f"[bold red]failed:[/bold red] {escape(failure)}", highlight=False)
     # 1 for any invalid point, whatever made it so (client lag too): a CI job reads only the exit code.
     invalid = [entry for entry in outcome.entries if not entry.valid]
-    for entry in invalid:
-        if not any(failure.startswith(f"{entry.run_id}: ") for failure in outcome.failures):
-            reasons = "; ".join(entry.invalid_reasons)
-            console.print(f"[bold red]invalid:[/bold red] {escape(entry.run_id)}: {escape(reasons)}", highlight=False)
     for path in vllm_bench_flags.save_results(args, run_dir, [entry.run_id for entry in outcome.entries]):
         console.print(f"vLLM result: {escape(str(path))}", highlight=False)
     console.print(results_line(run_dir))
