@@ -1,0 +1,64 @@
+"""Throughput verdicts from per-repetition rates: each repetition's stored rate (amount / its own duration) is one
+observation, and the delta of the two sides' means gets a Welch t interval on the ratio.
+
+Why not resample requests: a run replays the same seeded workload in every repetition and every run (the same
+sessions, prompts and answer lengths), so the request mix does not vary between runs and resampling it adds a
+variance the runs never have; a throughput also hinges on the run's span, which a resample of requests can only
+invent (completion spans gave +-60% at 100 requests; Little's law kept the span fixed but still carried the mix's
+spread, and ignored how the in-flight count moves between runs). A repetition's rate holds exactly what moves a
+run's throughput (the server's speed, the machine's load, the in-flight count the load reached), its interval
+shrinks with the repetitions and with each repetition's length, and a slower server moves it one for one.
+It needs two repetitions a side; with fewer the request bootstrap (gate_metrics.py) is the fallback.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvbench.verdicts.gate_metrics import MetricSpec
+
+RATE_METRICS = frozenset({"output_tok_s", "total_tok_s", "req_s"})  # judged from per-repetition rates
+MIN_REPETITIONS = 2  # a side needs a spread
+
+
+@dataclass(frozen=True)
+class RateInterval:
+    """The relative delta's interval from the repetitions' rates and its standard error (in the delta's unit)."""
+
+    low: float
+    high: float
+    standard_error: float
+
+
+def rate_interval(base: Sequence[float], new: Sequence[float], confidence: float) -> RateInterval | None:
+    """Welch's t interval of new_mean / base_mean - 1 (delta method on the ratio of means; degrees of freedom by
+    Welch-Satterthwaite on the relative variances). None when a side has fewer than MIN_REPETITIONS rates or a
+    mean that is not positive."""
+    from scipy.stats import t as student_t
+
+    if len(base) < MIN_REPETITIONS or len(new) < MIN_REPETITIONS:
+        return None
+    mean_b, mean_n = sum(base) / len(base), sum(new) / len(new)
+    if mean_b <= 0 or mean_n <= 0:
+        return None
+    rel_b = _variance(base) / len(base) / mean_b**2  # squared relative standard error of each mean
+    rel_n = _variance(new) / len(new) / mean_n**2
+    ratio = mean_n / mean_b
+    standard_error = ratio * math.sqrt(rel_b + rel_n)
+    if standard_error == 0:
+        return RateInterval(ratio - 1, ratio - 1, 0.0)
+    dof = (rel_b + rel_n) ** 2 / (rel_b**2 / (len(base) - 1) + rel_n**2 / (len(new) - 1))
+    half = float(student_t.ppf(0.5 + confidence / 2, dof)) * standard_error
+    return RateInterval(ratio - 1 - half, ratio - 1 + half, standard_error)
+
+
+def rate_mde(spec: MetricSpec, interval: RateInterval) -> float:
+    """As perf.minimum_detectable_effect: past max(tolerance, half width), plus 0.84 standard errors (80%)."""
+    return max(spec.tolerance, (interval.high - interval.low) / 2) + 0.8416 * interval.standard_error
+
+
+def _variance(values: Sequence[float]) -> float:
+    mean = sum(values) / len(values)
+    return sum((value - mean) ** 2 for value in values) / (len(values) - 1)
