@@ -248,6 +248,7 @@ def _from_config_file(args: argparse.Namespace, settings: dict) -> dict:
         engine["settings"] = {**engine["settings"], **settings}
     if args.cell:
         data["engines"] = _cells(data["engines"], args.cell, args.config)
+    _endpoint_cells(data["engines"], args)
     _refuse_matrix_flags(args)
     _refuse_stop_flags_with_stages(args)
     if _load_asked(args):  # a load flag replaces the config's load points, as --num-requests its stop
@@ -321,14 +322,31 @@ def _main_job_label(engine: str, kv_dtype: str) -> str:
     return f"{engine}-{kv_dtype}"
 
 
+ENDPOINT_FLAGS = (("--url", "url"), ("--model", "model"), ("--api-key", "api_key"))
+
+
+def _endpoint_cells(engines: list[dict], args: argparse.Namespace) -> None:
+    """`--url`/`--model`/`--api-key` with CONFIG.yaml set those settings of its endpoint cells (a running server
+    the config leaves open, e.g. the same matrix against another host); a config without one refuses them."""
+    given = {key: getattr(args, key) for _, key in ENDPOINT_FLAGS if getattr(args, key)}
+    if not given:
+        return
+    cells = [engine for engine in engines if engine["engine"] == "endpoint"]
+    if not cells:
+        flags = ", ".join(flag for flag, key in ENDPOINT_FLAGS if key in given)
+        raise SettingsError(
+            f"{flags}: set an endpoint cell's settings and {args.config} has none (engine: endpoint); set it in "
+            "the config (an engine setting of every cell: --set KEY=VALUE), or drop CONFIG.yaml to run from flags"
+        )
+    for cell in cells:
+        cell["settings"] = {**cell["settings"], **given}
+
+
 def _refuse_matrix_flags(args: argparse.Namespace) -> None:
     """With CONFIG.yaml its engines and workloads are the matrix: a flag that would name another is refused, never
     silently dropped."""
     for flag, value in (
         ("--engine", args.engine),
-        ("--url", args.url),
-        ("--model", args.model),
-        ("--api-key", args.api_key),
         ("--workload", args.workload),
         ("--dataset-name", args.dataset_name),
         ("--base-url", args.base_url),
