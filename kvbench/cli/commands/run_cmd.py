@@ -23,6 +23,7 @@ from rich.progress import (
 from kvbench.cli import config_flags, find_max_flags, vllm_bench_flags, vllm_flags
 from kvbench.cli.flag_types import at_least, checked_by, number_above
 from kvbench.cli.live_progress import DEFAULT_EVERY_S, live_progress
+from kvbench.cli.run_sizing import size_to_workload
 from kvbench.cli.tables import print_flags, print_summary, print_tradeoff, results_line
 from kvbench.harness.config import load_config_file, parse_config
 from kvbench.harness.runner import UnreachableEngine, run_experiment
@@ -225,7 +226,12 @@ def config_from_args(args: argparse.Namespace):
         stop["duration_s"] = None
     if args.duration_s is not None:
         stop["num_requests"] = None
-    return parse_config(data, where=str(args.config) if args.config else "flags")
+    config = parse_config(data, where=str(args.config) if args.config else "flags")
+    if args.config is not None:
+        return config
+    return size_to_workload(
+        config, args, DEFAULT_NUM_REQUESTS, lambda line: console.print(f"note: {line}", markup=False, highlight=False)
+    )
 
 
 def _engine_settings(args: argparse.Namespace) -> dict:
