@@ -130,7 +130,7 @@ def _compare_metric(
         return row(None, None, Verdict.MISSING, f"not reported in the {' and the '.join(sides)}")
     delta = delta_of(spec, base, new)
     if spec.name in RATE_METRICS:  # per-repetition rates (rates.py says why), the request bootstrap below without
-        interval = rate_interval(base_side.values(metric), new_side.values(metric), options.confidence)
+        interval = _repetition_interval(spec, metric, base_side, new_side, options)
         if interval is not None:
             ci = (interval.low, interval.high)
             reps = f"{len(base_side.reps)} + {len(new_side.reps)}"
@@ -153,7 +153,22 @@ def _compare_metric(
             judge(spec, delta, None),
             "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone",
         )
-    return row(delta, ci, judge(spec, delta, ci), "", minimum_detectable_effect(spec, deltas, ci))
+    mde = minimum_detectable_effect(spec, deltas, ci)
+    spread = _repetition_interval(spec, metric, base_side, new_side, options)
+    if spread is not None and spread.high - spread.low > ci[1] - ci[0]:
+        # The repetitions disagree more than the requests do (a busy machine moves whole runs): the interval
+        # holds that spread too, so run-to-run noise is not called a change.
+        ci = (min(ci[0], spread.low), max(ci[1], spread.high))
+        mde = max(mde, rate_mde(spec, spread))
+        return row(delta, ci, judge(spec, delta, ci), "widened to the repetitions' spread", mde)
+    return row(delta, ci, judge(spec, delta, ci), "", mde)
+
+
+def _repetition_interval(spec, metric, base_side: _Side, new_side: _Side, options: CompareOptions):
+    """The per-repetition interval (rates.py) of a relative metric, None with fewer than two repetitions a side."""
+    if spec.scale != "relative":
+        return None
+    return rate_interval(base_side.values(metric) or [], new_side.values(metric) or [], options.confidence)
 
 
 # One-sided normal quantile of the power a minimum detectable effect is stated for (80%).
