@@ -1,7 +1,8 @@
 """The power benchmark's false-alarm side (benchmarks/gate_power.py) as a test: two identical instruments, each its
 own process on its own port, measured by `kvbench run` at the nightly's workload and load, one after the other
 twice (alternated), and every pair of runs judged by `kvbench compare` (its seed fixed): no metric is ever a
-regression. A third instrument with a 5x TTFT must be called a regression, so the test can fail (on a machine this busy the
+regression. A run the client's own lag check voids (at 50 ms: the machine stalled for seconds, as one run
+did under load 15, TTFT p99 x40) is run again. A third instrument with a 5x TTFT must be called a regression, so the test can fail (on a machine this busy the
 client's own delay hides a 30% one)."""
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ from kvbench.verdicts.verdict import Verdict
 from ..harness.instrument_fixture import instrument_process
 
 pytestmark = pytest.mark.slow
+LAG_MS = 50  # a busy machine's usual lag (16-19 ms p99 under load 15) passes; a stall of seconds does not
+ATTEMPTS = 3
 METRICS = tuple(name for name in DEFAULT_METRICS if name not in ("cache_hit_rate", "prefill_recompute_rate"))
 
 
 def _run(tmp_path, url: str, name: str):
+    """A nightly-size run; one the client's own lag check voids (the machine stalled, not the server) is run
+    again, up to ATTEMPTS times, since a stall of seconds moves a whole run and no gate can tell it apart."""
     config = {
         "name": "identical-pairs",
         "seed": 0,
@@ -32,12 +37,18 @@ def _run(tmp_path, url: str, name: str):
         "workloads": [{"name": "rag-chat-mini", "num_sessions": 8}],  # the nightly's (ci/nightly-cpu.yaml)
         "loads": [{"concurrency": 4}],
         "stop": {"warmup_requests": 0},
-        "client": {"max_lag_ms": 1000},  # the gate is measured here, not the client's lag
+        "client": {"max_lag_ms": LAG_MS},
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    assert main(["run", str(path), "--out", str(tmp_path / name), "--progress-every", "600"]) == 0
-    return read_run_folder(tmp_path / name)
+    for _ in range(ATTEMPTS):
+        code = main(["run", str(path), "--out", str(tmp_path / name), "--overwrite", "--progress-every", "600"])
+        folder = read_run_folder(tmp_path / name)
+        reasons = [reason for entry in folder.entries for reason in entry.invalid_reasons]
+        if code == 0:
+            return folder
+        assert reasons and all(reason.startswith("client lag") for reason in reasons), reasons
+    pytest.skip(f"the client's lag check voided {name} {ATTEMPTS} times: this machine cannot measure now")
 
 
 def test_identical_instrument_pairs_are_never_a_regression_and_a_five_times_slower_one_is(tmp_path):
