@@ -1,9 +1,9 @@
 """The power benchmark's false-alarm side (benchmarks/gate_power.py) as a test: two identical instruments, each its
 own process on its own port, measured by `kvbench run` at the nightly's workload and load, one after the other
 twice (alternated), and every pair of runs judged by `kvbench compare` (its seed fixed): no metric is ever a
-regression. A run the client's own lag check voids (at 50 ms: the machine stalled for seconds, as one run
-did under load 15, TTFT p99 x40) is run again. A third instrument with a 5x TTFT must be called a regression, so the test can fail (on a machine this busy the
-client's own delay hides a 30% one)."""
+regression. A run the client's own lag check voids (at 50 ms: the machine stalled for seconds, as one run did
+under load 15, TTFT p99 x40) is run again. A third instrument with a 5x TTFT must be called a regression, so
+the test can fail (on a machine this busy the client's own delay hides a 30% one)."""
 
 from __future__ import annotations
 
