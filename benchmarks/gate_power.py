@@ -1,148 +1,185 @@
 """The nightly gate's power: how often `kvbench compare` calls a known change, and how often it calls one that is
 not there, per metric, at the nightly's run size.
 
-    python benchmarks/gate_power.py [--runs 4] [--sessions 8] [--concurrency 4] [--repeat 3] [--keep DIR]
+    python benchmarks/gate_power.py [--rounds 6] [--changes 10] [--keep DIR]
+    python benchmarks/gate_power.py --changes 5,10,20 --rounds 4
     python benchmarks/gate_power.py --judge DIR      # judge folders made before (e.g. by another checkout)
 
-Starts the measurement instrument (TTFT 40 ms, ITL 10 ms: kvbench/harness/instrument.py) in this process and
-makes `--runs` run folders of rag-chat-mini (the nightly's sessions, concurrency and repetitions: ci/nightly-cpu.yaml)
-per injected change: none, TTFT +5/+10/+20%, ITL +5/+10/+20%, and answers 5/10/20% shorter (a server never sends
-past max_tokens, so output length moves down). Every baseline run is compared with every changed run (runs x runs
-pairs) and every two baseline runs with each other (identical pairs). A change is "called" when the verdict is
-regression or improvement; on identical pairs that is a false alarm. Prints one table: a row per change, a
-column per metric, the share of pairs called, and the median minimum detectable effect the rows state.
-`--judge` re-judges the folders of a `--keep DIR` with whatever kvbench is imported (PYTHONPATH first): the
-same runs judged by two versions of the gate. A benchmark (it prints a table), not a test.
+The run size is the nightly's own: the workload, load point, stop, repetitions and seed of ci/nightly-cpu.yaml
+(`--config` for another), its engines replaced by one endpoint cell. Each arm is an instrument process of its
+own (kvbench/harness/instrument.py, TTFT 40 ms, ITL 10 ms), started once and kept: the baseline, a twin of it
+(identical flags, another process and port: the identical pairs), and one per injected change: TTFT +P%,
+ITL +P%, answers P% shorter (a server never sends past max_tokens, so output length moves down). Every round
+runs every arm once, in reverse order every other round, so a machine that gets busier or quieter during the
+benchmark moves baseline and changed runs alike. Every baseline run is compared with every run of an arm
+(rounds x rounds pairs). A change is "called" when the verdict is regression or improvement; on the twin's pairs
+that is a false alarm. Prints one table, a row per arm and a column per metric: the share of pairs called and
+the median minimum detectable effect the rows state; then the load average (`uptime`'s) before and after and
+the minutes a nightly-size run took. `--judge` re-judges the folders of a `--keep DIR` with whatever kvbench is
+imported (PYTHONPATH first). A benchmark (it prints a table), not a test; timings under load are noisy.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
+import os
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import yaml
 from tabulate import tabulate
 
-sys.path.append(str(Path(__file__).resolve().parents[1]))  # PYTHONPATH's kvbench first (see --judge)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.append(str(ROOT))  # PYTHONPATH's kvbench first (see --judge)
 
 from kvbench.measure.run_folder import read_run_folder  # noqa: E402
+from kvbench.verdicts.compare import CompareOptions, compare  # noqa: E402
 
-try:
-    from kvbench.verdicts.compare import CompareOptions, compare  # noqa: E402
-except ImportError:  # a checkout from before kvbench/verdicts/
-    from kvbench.harness.compare import CompareOptions, compare  # noqa: E402
-
-METRICS = ("ttft_p50", "itl_p50", "tpot_p50", "e2e_p50", "output_tok_s")
-BASE = "none"
-# change name -> (first-token factor, inter-token factor, output share)
-CHANGES = {
-    BASE: (1.0, 1.0, 1.0),
-    **{f"TTFT +{p}%": (1 + p / 100, 1.0, 1.0) for p in (5, 10, 20)},
-    **{f"ITL +{p}%": (1.0, 1 + p / 100, 1.0) for p in (5, 10, 20)},
-    **{f"output -{p}%": (1.0, 1.0, 1 - p / 100) for p in (5, 10, 20)},
-}
+METRICS = ("ttft_p50", "tpot_p50", "itl_p50", "e2e_p50", "output_tok_s")
+NIGHTLY = ROOT / "ci" / "nightly-cpu.yaml"
+BASE, TWIN = "baseline", "twin (identical)"
 FIRST_TOKEN_MS, CHUNK_INTERVAL_MS = 40.0, 10.0
 
 
-def make_runs(root: Path, args: argparse.Namespace) -> None:
-    from aiohttp import web
+def arms(percents: list[float]) -> dict[str, tuple[float, float, float]]:
+    """Arm name -> (first-token factor, inter-token factor, output share)."""
+    table = {BASE: (1.0, 1.0, 1.0), TWIN: (1.0, 1.0, 1.0)}
+    for p in percents:
+        table[f"TTFT +{p:g}%"] = (1 + p / 100, 1.0, 1.0)
+        table[f"ITL +{p:g}%"] = (1.0, 1 + p / 100, 1.0)
+        table[f"output -{p:g}%"] = (1.0, 1.0, 1 - p / 100)
+    return table
 
+
+def nightly_config(path: Path) -> dict:
+    """The nightly's matrix with its engines replaced by one endpoint cell (its url set per arm)."""
+    data = yaml.safe_load(path.read_text())
+    keep = ("name", "seed", "repeat", "workloads", "loads", "stop", "client")
+    config = {key: data[key] for key in keep if key in data}
+    config["engines"] = [{"engine": "endpoint", "label": "instrument", "settings": {"url": "URL"}}]
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def instrument(ttft: float, itl: float, share: float) -> Iterator[str]:
+    """An instrument in its own process (so the client under test does not share its interpreter)."""
+    port = _free_port()
+    flags = [f"--first-token-ms={FIRST_TOKEN_MS * ttft}", f"--chunk-interval-ms={CHUNK_INTERVAL_MS * itl}"]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "kvbench.harness.instrument", "--port", str(port), *flags, f"--output-share={share}"]
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"{url}/health", timeout=1).close()
+                break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("an instrument did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        server.kill()
+        server.wait()
+
+
+def make_runs(root: Path, table: dict, config: dict, rounds: int) -> float:
+    """Every arm once per round (reversed every other round); returns the mean seconds of one run."""
     from kvbench.cli.main import main
-    from kvbench.harness.instrument import InstrumentBehaviour, InstrumentLog, make_app
-    from tests.harness.instrument_fixture import app_in_thread
 
-    for index, (change, (ttft, itl, share)) in enumerate(CHANGES.items()):
-        behaviour = InstrumentBehaviour(
-            first_token_ms=FIRST_TOKEN_MS * ttft, chunk_interval_ms=CHUNK_INTERVAL_MS * itl, output_share=share
-        )
-        runner = web.AppRunner(make_app(behaviour, InstrumentLog()), access_log=None, shutdown_timeout=0.5)
-        with app_in_thread(runner) as url:  # a new port per change: the gate must not care
-            for run in range(args.runs):
-                out = root / f"c{index}" / f"r{run}"
-                argv = [
-                    "run",
-                    "--workload",
-                    "rag-chat-mini",
-                    "--num-sessions",
-                    str(args.sessions),
-                    "--concurrency",
-                    str(args.concurrency),
-                    "--repeat",
-                    str(args.repeat),
-                    "--url",
-                    url,
-                    "--out",
-                    str(out),
-                    "--progress-every",
-                    "600",
-                    "--max-lag-ms",
-                    "100",
-                ]
-                if main(argv) != 0:
-                    raise SystemExit(f"kvbench run exited non-zero for {change} run {run}")
+    durations = []
+    with contextlib.ExitStack() as stack:
+        urls = {name: stack.enter_context(instrument(*factors)) for name, factors in table.items()}
+        names = list(table)
+        for round_ in range(rounds):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                config["engines"][0]["settings"]["url"] = urls[name]
+                path = root / f"a{names.index(name)}" / "config.yaml"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(yaml.safe_dump(config))
+                out = path.parent / f"r{round_}"
+                started = time.monotonic()
+                code = main(["run", str(path), "--out", str(out), "--progress-every", "600"])
+                durations.append(time.monotonic() - started)
+                if code not in (0, 1) or not (out / "summary.json").exists():  # 1: a point invalid (client lag)
+                    raise SystemExit(f"kvbench run exited {code} for {name} round {round_}")
+    return float(np.mean(durations))
 
 
-def judge(root: Path) -> list[list]:
+def judge(root: Path, names: list[str]) -> list[list]:
     folders = {
-        change: [read_run_folder(path) for path in sorted((root / f"c{index}").iterdir())]
-        for index, change in enumerate(CHANGES)
+        name: [read_run_folder(path) for path in sorted((root / f"a{index}").glob("r*"))]
+        for index, name in enumerate(names)
     }
     options = CompareOptions(metrics=METRICS)
-    table = []
-    for change, runs in folders.items():
-        pairs = (
-            list(itertools.combinations(folders[BASE], 2))
-            if change == BASE
-            else list(itertools.product(folders[BASE], runs))
-        )
+    rows = []
+    for name, runs in folders.items():
+        if name == BASE:
+            continue
+        pairs = list(itertools.product(folders[BASE], runs))
         called = {metric: 0 for metric in METRICS}
         mdes: dict[str, list[float]] = {metric: [] for metric in METRICS}
         for base, new in pairs:
             for row in compare(base, new, options).rows:
                 if row.metric in called:
                     called[row.metric] += row.verdict.value in ("regression", "improvement")
-                    if getattr(row, "mde", None) is not None:
+                    if row.mde is not None:
                         mdes[row.metric].append(row.mde)
-        if not pairs:
-            continue
-        table.append(
-            [change, len(pairs)]
+        rows.append(
+            [name, len(pairs)]
             + [
-                f"{called[metric] / len(pairs):.0%}"
-                + (f" ({100 * np.median(mdes[metric]):.0f}%)" if mdes[metric] else "")
-                for metric in METRICS
+                f"{called[m] / len(pairs):.0%}" + (f" ({100 * np.median(mdes[m]):.0f}%)" if mdes[m] else "")
+                for m in METRICS
             ]
         )
-    return table
+    return rows
 
 
 def main_bench() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=4, help="run folders per change (default 4)")
-    parser.add_argument("--sessions", type=int, default=8, help="rag-chat-mini sessions (nightly-cpu: 8)")
-    parser.add_argument("--concurrency", type=int, default=4, help="nightly-cpu: 4")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions per run (nightly-cpu: 3)")
+    parser.add_argument("--rounds", type=int, default=6, help="runs per arm (default 6: 36 pairs per arm)")
+    parser.add_argument("--changes", default="10", help="injected changes in percent, comma-separated (default 10)")
+    parser.add_argument("--config", type=Path, default=NIGHTLY, help=f"the nightly config (default {NIGHTLY.name})")
     parser.add_argument("--keep", type=Path, help="make the run folders here and keep them (for --judge)")
-    parser.add_argument("--judge", type=Path, help="only judge the folders a --keep made")
+    parser.add_argument("--judge", type=Path, help="only judge the folders a --keep made (same --changes)")
     args = parser.parse_args()
+    table = arms([float(p) for p in args.changes.split(",")])
+    config = nightly_config(args.config)
+    load_before = os.getloadavg()
     started = time.monotonic()
+    per_run_s = None
     if args.judge:
         root = args.judge
     else:
         root = args.keep or Path(tempfile.mkdtemp(prefix="gate-power-"))
-        make_runs(root, args)
+        per_run_s = make_runs(root, table, config, args.rounds)
     made = time.monotonic() - started
-    table = judge(root)
-    print(tabulate(table, headers=["change", "pairs", *METRICS]))
+    rows = judge(root, list(table))
+    load_after = os.getloadavg()
+    print(tabulate(rows, headers=["arm", "pairs", *METRICS]))
     print(
-        f"share of pairs called a change (median MDE the rows state); row '{BASE}': false alarms on identical "
-        f"pairs. {args.runs} runs per change, {args.sessions} sessions, concurrency {args.concurrency}, "
-        f"{args.repeat} repetitions; runs made in {made / 60:.1f} min, judged in "
-        f"{(time.monotonic() - started - made) / 60:.1f} min"
+        f"share of pairs called a change (median minimum detectable effect the rows state); '{TWIN}': false "
+        f"alarms. Size: {args.config.name}'s workloads {config['workloads']}, loads {config['loads']}, repeat "
+        f"{config.get('repeat', 1)}. Load average before {load_before[0]:.1f} / after {load_after[0]:.1f} "
+        f"(1-min; 5-min {load_after[1]:.1f}); "
+        + (f"a nightly-size run took {per_run_s / 60:.2f} min; " if per_run_s else "")
+        + f"runs made in {made / 60:.1f} min, judged in {(time.monotonic() - started - made) / 60:.1f} min"
     )
 
 

@@ -113,6 +113,20 @@ TRADEOFF_COLUMNS = {
 }
 
 
+def print_flags(console: Console, run_dir: Path) -> list:
+    """Print the flags summary.json holds (`measure/flags.py`: the list summary.md and the HTML report show),
+    an invalid point's and a failure's in red; returns them."""
+    from kvbench.measure.flags import folder_flags, read_notes
+    from kvbench.measure.run_folder import SUMMARY_JSON, read_entries
+
+    flags = folder_flags(read_entries(run_dir), read_notes(run_dir / SUMMARY_JSON))
+    for flag in flags:
+        style = "bold red" if flag.invalid or flag.run_id is None else "bold yellow"
+        where = f"{escape(flag.run_id)}: " if flag.run_id else ""
+        console.print(f"[{style}]flag:[/{style}] {where}{escape(flag.text)}", highlight=False)
+    return flags
+
+
 def results_line(run_dir: Path) -> str:
     from kvbench.measure.run_folder import (
         LLMD_RESULTS_DIR,

@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-token-ms", type=float, default=20.0)
     parser.add_argument("--chunk-interval-ms", type=float, default=5.0)
     parser.add_argument("--tokens-per-chunk", type=int, default=1)
+    parser.add_argument("--output-share", type=float, default=1.0, help="answer this share of max_tokens (0, 1]")
     parser.add_argument("--fault", choices=FAULTS, default=FAULT_NONE, help="injected into every request")
     parser.add_argument("--fault-after-chunks", type=int, default=0)
     parser.add_argument(
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         first_token_ms=args.first_token_ms,
         chunk_interval_ms=args.chunk_interval_ms,
         tokens_per_chunk=args.tokens_per_chunk,
+        output_share=args.output_share,
         fault=args.fault,
         fault_after_chunks=args.fault_after_chunks,
         overrides=overrides,

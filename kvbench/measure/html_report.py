@@ -2,8 +2,8 @@
 
 Everything is inside the file: the TTFT CDFs of every point of every folder overlaid, then per folder the
 results table, every plot of the folder (its PNGs, base64 data URIs),
-the config and environment the run recorded, each point's invalid reasons and its warm-cache flag (a point
-whose engine's prefix cache was not reset before it). No network, no external script or style: it opens
+the config and environment the run recorded, and the flags summary.md lists (`flags.folder_flags`: invalid
+reasons, a warm cache, disagreeing server counters, placeholder answers, the run's notes). No network, no external script or style: it opens
 the same from a mail attachment as from the run folder. Formats what the run folder holds; computes nothing.
 
 A short inline script checks that every plot decoded (its natural width) and says so on the page and in
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvbench.measure.flags import folder_flags, read_notes
 from kvbench.measure.metrics import ttft_values
 from kvbench.measure.report import MD_COLUMNS, format_value, md_columns, summary_frame, write_overlay_cdf
-from kvbench.measure.run_folder import CONFIG_YAML, ENV_JSON, RunEntry, records_by_run
+from kvbench.measure.run_folder import CONFIG_YAML, ENV_JSON, SUMMARY_JSON, RunEntry, records_by_run
 
 OVERLAY_PNG = "ttft_cdf_all_points.png"
 
@@ -85,7 +86,7 @@ def _section(run_dir: Path, entries: Sequence[RunEntry]) -> str:
         f"<p>{len(entries)} points; folder <code>{html.escape(str(run_dir))}</code></p>",
         "<h3>Results</h3>",
         _table(frame),
-        _flags(entries),
+        _flags(entries, read_notes(run_dir / SUMMARY_JSON)),
         "<h3>Plots</h3>",
         _plots(run_dir),
     ]
@@ -117,20 +118,15 @@ def _cell(column: str, value) -> str:
     return f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>"
 
 
-def _flags(entries: Sequence[RunEntry]) -> str:
+def _flags(entries: Sequence[RunEntry], notes: Sequence[str]) -> str:
+    """`flags.folder_flags`, as summary.md and the console list them."""
     items = []
-    for entry in entries:
-        for reason in entry.invalid_reasons:
-            items.append(
-                f'<li class="flag"><code>{html.escape(entry.run_id)}</code>: INVALID: {html.escape(reason)}</li>'
-            )
-        if entry.cache_reset is False:
-            items.append(
-                f'<li class="warm"><code>{html.escape(entry.run_id)}</code>: warm cache: the engine\'s prefix '
-                "cache was not reset before this point (hits may come from earlier points)</li>"
-            )
+    for flag in folder_flags(entries, notes):
+        kind = "flag" if flag.invalid or flag.run_id is None else "warm"
+        where = f"<code>{html.escape(flag.run_id)}</code>: " if flag.run_id else ""
+        items.append(f'<li class="{kind}">{where}{html.escape(flag.text)}</li>')
     if not items:
-        return "<p>No flags: every point is valid and started from a reset cache.</p>"
+        return "<p>No flags: every point is valid, started from a reset cache and agrees with the server.</p>"
     return f"<h3>Flags</h3><ul>{''.join(items)}</ul>"
 
 

@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 
 from kvbench.distribution import PERCENTILES
+from kvbench.measure.flags import WARM_CACHE, folder_flags
 from kvbench.measure.run_folder import (
     SUMMARY_CSV,
     SUMMARY_MD,
     THROUGHPUT_PNG,
     TTFT_CDF_PNG,
-    WARM_CACHE,
     RunEntry,
     replace_file,
     write_entries,
@@ -198,7 +198,7 @@ def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[
     Each file is replaced whole (written beside, then renamed), so a run killed meanwhile leaves the
     previous version, never half a file.
     """
-    write_entries(run_dir, entries)
+    write_entries(run_dir, entries, notes)
     frame = summary_frame(entries)
     replace_file(run_dir / SUMMARY_CSV, frame.to_csv(index=False))
     lines = [
@@ -211,31 +211,13 @@ def write_summaries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[
         markdown_table(frame, md_columns(frame)),
         "",
     ]
-    flags = [f"- `{entry.run_id}`: {reason}" for entry in entries for reason in _flags(entry)]
-    if flags or notes:
-        lines += ["## Flags", "", *flags, *[f"- {note}" for note in notes], ""]
+    flags = [
+        f"- `{flag.run_id}`: {flag.text}" if flag.run_id else f"- {flag.text}" for flag in folder_flags(entries, notes)
+    ]
+    if flags:
+        lines += ["## Flags", "", *flags, ""]
     replace_file(run_dir / SUMMARY_MD, "\n".join(lines))
     return frame
-
-
-def _flags(entry: RunEntry) -> list[str]:
-    flags = [f"INVALID: {reason}" for reason in entry.invalid_reasons]
-    if entry.cache_state == WARM_CACHE:
-        note = entry.engine_description.get("cache_reset_note")
-        flags.append(
-            f"{WARM_CACHE}: the engine's prefix cache was not reset before this point"
-            + (f" ({note})" if note else "")
-            + "; its hit rate includes earlier points' prompts"
-        )
-    reconciliation = entry.reconciliation or {}
-    if reconciliation.get("agree") is False:
-        flags.append(f"cached tokens disagree with the server counters: {reconciliation.get('detail')}")
-    sources = entry.answer_sources
-    if sources.get("placeholder"):
-        flags.append(
-            f"{sources['placeholder']} answers were placeholders (server gave neither ids nor a tokenizer was set)"
-        )
-    return flags
 
 
 def write_overlay_cdf(path: Path, samples: Mapping[str, Sequence[float]], title: str) -> Path:

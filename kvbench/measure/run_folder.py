@@ -32,6 +32,7 @@ from pathlib import Path
 
 import yaml
 
+from kvbench.measure.flags import WARM_CACHE, point_flags
 from kvbench.measure.metrics import SLO, answer_sources, summarize_run
 from kvbench.measure.records import PointId, RequestRecord, read_records
 from kvbench.measure.write_errors import writing
@@ -82,7 +83,6 @@ RUN_FILES = (
 
 INTERRUPTED = "interrupted: the run was stopped before this point finished"
 REBUILT = "rebuilt from requests.jsonl: the run stopped before it wrote its summary"
-WARM_CACHE = "warm cache"  # a point whose engine cache was not reset first (RunEntry.cache_state)
 
 
 class RunFolderError(SettingsError):
@@ -168,8 +168,9 @@ class RunEntry:
         return None if self.cache_reset is None else "reset" if self.cache_reset else WARM_CACHE
 
     def to_json(self) -> dict:
-        """Every field, and `cache` (`cache_state`: what a reader of the JSON should see without a lookup)."""
-        return {**{item.name: _plain(getattr(self, item.name)) for item in fields(self)}, "cache": self.cache_state}
+        """Every field, `cache` (`cache_state`) and `flags` (`point_flags`): what a reader should see at once."""
+        plain = {item.name: _plain(getattr(self, item.name)) for item in fields(self)}
+        return {**plain, "cache": self.cache_state, "flags": list(point_flags(self))}
 
     @classmethod
     def from_json(cls, data: Mapping) -> "RunEntry":
@@ -215,10 +216,9 @@ def write_config_and_env(run_dir: Path, config: Mapping, env: Mapping) -> None:
         (run_dir / ENV_JSON).write_text(json.dumps(env, indent=2))
 
 
-def write_entries(run_dir: Path, entries: Sequence[RunEntry]) -> None:
-    replace_file(
-        run_dir / SUMMARY_JSON, json.dumps({"runs": [entry.to_json() for entry in entries]}, indent=2, default=str)
-    )
+def write_entries(run_dir: Path, entries: Sequence[RunEntry], notes: Sequence[str] = ()) -> None:
+    data = {"runs": [entry.to_json() for entry in entries], "notes": list(notes)}
+    replace_file(run_dir / SUMMARY_JSON, json.dumps(data, indent=2, default=str))
 
 
 def replace_file(path: Path, text: str) -> None:

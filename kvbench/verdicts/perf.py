@@ -12,6 +12,7 @@ from kvbench.measure import bootstrap
 from kvbench.measure.run_folder import RunEntry, RunFolder
 from kvbench.measure.schedule import is_closed_loop
 from kvbench.verdicts.gate_metrics import PERF_METRICS, MetricSpec, PerfMetric, RequestSamples
+from kvbench.verdicts.rates import RATE_METRICS, rate_interval, rate_mde
 from kvbench.verdicts.verdict import CompareOptions, MetricComparison, Verdict, delta_of, judge, with_tolerance
 
 
@@ -72,10 +73,15 @@ class _Side:
         ]
         return cls(reps, counts)
 
+    def values(self, metric: PerfMetric) -> list[float] | None:
+        """The stored value of every repetition; None when a repetition lacks it."""
+        values = [metric.stored(rep.entry.summary["overall"]) for rep in self.reps]
+        return None if any(value is None for value in values) else [float(value) for value in values]
+
     def value(self, metric: PerfMetric) -> float | None:
         """The stored value, the mean over repetitions; None when a repetition lacks it."""
-        values = [metric.stored(rep.entry.summary["overall"]) for rep in self.reps]
-        return None if any(value is None for value in values) else float(np.mean(values))
+        values = self.values(metric)
+        return None if values is None else float(np.mean(values))
 
     def replicates(self, metric: PerfMetric, rng: np.random.Generator) -> np.ndarray | None:
         if any(count is None for count in self.counts):
@@ -123,6 +129,14 @@ def _compare_metric(
         sides = [side for side, value in (("baseline", base), ("new run", new)) if value is None]
         return row(None, None, Verdict.MISSING, f"not reported in the {' and the '.join(sides)}")
     delta = delta_of(spec, base, new)
+    if spec.name in RATE_METRICS:  # per-repetition rates (rates.py says why), the request bootstrap below without
+        interval = _repetition_interval(spec, metric, base_side, new_side, options)
+        if interval is not None:
+            ci = (interval.low, interval.high)
+            reps = f"{len(base_side.reps)} + {len(new_side.reps)}"
+            return row(
+                delta, ci, judge(spec, delta, ci), f"from the {reps} repetitions' rates", rate_mde(spec, interval)
+            )
     metric_index = list(PERF_METRICS).index(spec.name)
     base_boot = base_side.replicates(metric, _rng(options, 2, index, metric_index))
     new_boot = new_side.replicates(metric, _rng(options, 3, index, metric_index))
@@ -139,7 +153,22 @@ def _compare_metric(
             judge(spec, delta, None),
             "bootstrap degenerate (baseline near 0 or metric missing in resamples): judged by the tolerance alone",
         )
-    return row(delta, ci, judge(spec, delta, ci), "", minimum_detectable_effect(spec, deltas, ci))
+    mde = minimum_detectable_effect(spec, deltas, ci)
+    spread = _repetition_interval(spec, metric, base_side, new_side, options)
+    if spread is not None and spread.high - spread.low > ci[1] - ci[0]:
+        # The repetitions disagree more than the requests do (a busy machine moves whole runs): the interval
+        # holds that spread too, so run-to-run noise is not called a change.
+        ci = (min(ci[0], spread.low), max(ci[1], spread.high))
+        mde = max(mde, rate_mde(spec, spread))
+        return row(delta, ci, judge(spec, delta, ci), "widened to the repetitions' spread", mde)
+    return row(delta, ci, judge(spec, delta, ci), "", mde)
+
+
+def _repetition_interval(spec, metric, base_side: _Side, new_side: _Side, options: CompareOptions):
+    """The per-repetition interval (rates.py) of a relative metric, None with fewer than two repetitions a side."""
+    if spec.scale != "relative":
+        return None
+    return rate_interval(base_side.values(metric) or [], new_side.values(metric) or [], options.confidence)
 
 
 # One-sided normal quantile of the power a minimum detectable effect is stated for (80%).

@@ -52,7 +52,7 @@ def test_a_point_invalid_only_for_client_lag_exits_1(tmp_path, capsys):
     for entry in _entries(out):
         assert entry["summary"]["overall"]["errors"] == 0
         assert len(entry["invalid_reasons"]) == 1 and entry["invalid_reasons"][0].startswith("client lag: ")
-    assert "invalid:" in capsys.readouterr().out
+    assert "INVALID: client lag: " in capsys.readouterr().out
 
 
 def test_usage_past_the_context_window_the_server_states_is_a_failed_answer(tmp_path):

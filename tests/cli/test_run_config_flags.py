@@ -61,3 +61,22 @@ def test_the_refusal_is_one_line_and_exit_2(capsys):
     assert main(["run", str(CONFIG), "--workload", "random", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--workload" in err and "Traceback" not in err
+
+
+def test_url_model_and_api_key_set_the_configs_endpoint_cells_and_leave_the_others(tmp_path):
+    path = tmp_path / "matrix.yaml"
+    path.write_text(
+        "name: m\nengines:\n  - {engine: endpoint, label: remote, settings: {url: 'http://old:1', model: a}}\n"
+        "  - {engine: kvengine, label: ours, settings: {kv_capacity: 512}}\n"
+        "workloads: [{name: rag-chat-mini}]\nloads: [{concurrency: 2}]\n"
+    )
+    flags = ["--url", "http://127.0.0.1:8101", "--model", "served", "--api-key", "k"]
+    config = config_from_args(build_parser().parse_args(["run", str(path), *flags]))
+    remote, ours = config.engines
+    assert (remote.settings["url"], remote.settings["model"], remote.settings["api_key"]) == (
+        "http://127.0.0.1:8101",
+        "served",
+        "k",
+    )
+    assert "url" not in ours.settings and "model" not in ours.settings
+    assert config_from_args(build_parser().parse_args(["run", str(path)])).engines[0].settings["url"] == "http://old:1"

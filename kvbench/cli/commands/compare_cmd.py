@@ -253,8 +253,10 @@ def _method(comparison: Comparison) -> str:
         f"bad side of 0 ({options.resamples} resamples of requests, repetitions resampled too, seed "
         f"{options.seed}) AND the delta exceeds the tolerance; no change needs the whole CI within the tolerance, "
         "else the metric is inconclusive. Deltas are relative (%) or, for rates, in percentage points (pp). "
-        "Values are the mean over repetitions; percentiles use linear interpolation. Throughputs are the run's "
-        "requests in flight x each request's amount per second of its E2E (Little's law). MDE: the smallest "
+        "Values are the mean over repetitions; percentiles use linear interpolation. Throughputs are judged from "
+        "the repetitions' own rates (Student's t, from 3 repetitions a side; with fewer, from the requests by Little's law); "
+        "a per-request metric's interval is widened to its repetitions' spread where that is wider. "
+        "MDE: the smallest "
         "change this run size calls a regression 4 times in 5."
     )
 
