@@ -8,16 +8,25 @@ while another lists some. Pure: takes entries, returns text.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kvbench.measure.run_folder import RunEntry
+from typing import Any, Protocol
 
 WARM_CACHE = "warm cache"  # a point whose engine cache was not reset first (RunEntry.cache_state)
 INVALID = "INVALID"
+
+
+class RunEntry(Protocol):
+    """What flags read of a point (`run_folder.RunEntry` has it; named here so that this module imports no
+    run folder, which imports it)."""
+
+    run_id: str
+    invalid_reasons: Sequence[str]
+    cache_state: str
+    engine_description: Mapping[str, Any]
+    reconciliation: Mapping[str, Any] | None
+    answer_sources: Mapping[str, int]
 
 
 @dataclass(frozen=True)
