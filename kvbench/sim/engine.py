@@ -21,13 +21,11 @@ Events, in virtual seconds, processed in (time, sequence) order so that runs are
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +43,7 @@ from kvbench.measure.records import ANSWER_TOKEN_IDS, RequestRecord
 from kvbench.measure.schedule import MODE_CONCURRENCY, LoadSpec, session_offsets
 from kvbench.sim.config import SimConfig
 from kvbench.sim.fleet import build_nodes
+from kvbench.sim.gc_pause import collector_paused
 from kvbench.sim.node import SimNode
 from kvbench.sim.pd import Handoff
 from kvbench.sim.routing import Router
@@ -307,27 +306,6 @@ class _Sim:
         self.live.clear()
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block, then as it was. A simulation allocates millions
-    of small containers (plans, chunk lists, heap entries) and frees them by reference counting; the
-    collector's passes over everything still alive (the records, the radix tree) were over a tenth of a long
-    run's CPU time, for a few thousand cyclic objects (split radix nodes) that the next pass after it frees.
-
-    On the way out, what the block allocated goes straight to the oldest generation (`freeze` then `unfreeze`
-    moves it there without a pass): else the first young collection after it walked every record and chunk
-    list made meanwhile, and the next one again (0.3 s after a 12,000-request run)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        gc.unfreeze()
-        if enabled:
-            gc.enable()
-
-
 def simulate(
     workload: Workload,
     load: LoadSpec,
@@ -346,7 +324,7 @@ def simulate(
     `events` receives the cache events of every node's prefix index (stored, hit, evicted pages)."""
     started = time.perf_counter()
     sim = new_sim(workload, load, config, run_id, seed, send_order, events)
-    with _collector_paused():
+    with collector_paused():
         sim.run()
     return sim_result(sim, started)
 

@@ -20,7 +20,8 @@ from kvbench.measure.records import RequestRecord
 from kvbench.measure.schedule import LoadSpec
 from kvbench.measure.stages import StagePlan
 from kvbench.sim.config import SimConfig
-from kvbench.sim.engine import NS, SimResult, _collector_paused, new_sim, sim_result
+from kvbench.sim.engine import NS, SimResult, new_sim, sim_result
+from kvbench.sim.gc_pause import collector_paused
 from kvbench.workloads.spec import Workload
 
 
@@ -66,7 +67,7 @@ def simulate_stages(
     wanted = set(range(len(plan.stages)) if stage_subset is None else stage_subset)
     per_stage: list[list[RequestRecord]] = []
     start = 0.0
-    with _collector_paused():
+    with collector_paused():
         for position, stage in enumerate(plan.all_stages):
             measured = position - skip_first
             if measured >= 0 and measured not in wanted:
