@@ -137,6 +137,8 @@ class SimNode:
             lookup = self._lookup(request, now)
             if lookup is not None and not self._room_for(request, lookup, now):
                 return None
+            if lookup is not None and not self.below.async_load and self.scheduler.num_waiting:
+                return None  # LMCache retrieves in the step that schedules it: only at the queue's head
             restore = self._restore(request, now, lookup)
             if restore.lookup is not None and self.below.async_load:
                 heapq.heappush(self._loading, (restore.ready_at, request.request_id, request, restore))
