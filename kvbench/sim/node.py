@@ -62,6 +62,7 @@ class SimNode:
     _retrieve_s: dict = field(default_factory=dict)  # request id -> its load in the forward pass that schedules it
     restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
     _resumed: dict = field(default_factory=dict)  # request id -> FinishedRequest-so-far and client's Request
+    _blocked: bool = False  # the last `_feed` stopped at a load the device had no room for (pure decodes free none)
     _held: dict = field(default_factory=dict)  # request id -> its loaded prefix, locked until it is scheduled
 
     @property
@@ -199,6 +200,7 @@ class SimNode:
         evictable pages; installing them just before the scheduler can admit keeps them from being evicted
         by the requests queued ahead."""
         index = self.scheduler.index
+        self._blocked = False
         while self._pending and self._queued < ADMIT_WINDOW:
             pick = 0
             if self.admission == ADMIT_LPM:
@@ -214,6 +216,7 @@ class SimNode:
             admitted = self._admit_restore(request, restore, now)
             if admitted is None:  # no room for its load yet: it stays first, nothing behind it overtakes
                 self._pending.insert(pick, (request, restore))
+                self._blocked = True
                 return
             if admitted:
                 self._add(request)
@@ -311,7 +314,7 @@ class SimNode:
         if (
             not self.decode_runs
             or not self.below.passive
-            or (self._pending and self._queued < ADMIT_WINDOW)  # else `_feed` would admit
+            or (self._pending and self._queued < ADMIT_WINDOW and not self._blocked)  # else `_feed` would admit
             or (self._loading and self._loading[0][0] <= now)
         ):  # ... or a load done would join
             return None
