@@ -138,14 +138,20 @@ class SimNode:
             lookup = self._lookup(request, now)
             if lookup is not None and not self._room_for(request, lookup, now):
                 return None
-            if lookup is not None and not self.below.async_load and self.scheduler.num_waiting:
-                return None  # LMCache retrieves in the step that schedules it: only at the queue's head
-            restore = self._restore(request, now, lookup)
+            if lookup is not None and not self.below.async_load:
+                if self.scheduler.num_waiting:
+                    return None  # LMCache retrieves in the step that schedules it: only at the queue's head
+                # Paid by the step that schedules it (`_retrieve_s`), one retrieve after the other: the
+                # link is that step's, so no queue on it carries over from the steps before.
+                seconds = self.cost.restore_seconds(lookup.tokens_by_tier)
+                self.stats.restore_s += seconds
+                self._retrieve_s[request.request_id] = seconds
+                restore = Restore(lookup, now + seconds)
+            else:
+                restore = self._restore(request, now, lookup)
             if restore.lookup is not None and self.below.async_load:
                 heapq.heappush(self._loading, (restore.ready_at, request.request_id, request, restore))
                 return False
-            if restore.lookup is not None:  # paid by the step that schedules it (`_retrieve_s`)
-                self._retrieve_s[request.request_id] = restore.ready_at - now
         if restore.lookup is not None:
             self._install(request, restore.lookup, now)
         return True
@@ -264,7 +270,7 @@ class SimNode:
         stall = 0.0
         for e in plan.others if self._held or self._retrieve_s else ():  # scheduled: it holds its own pages
             self._release(e.request_id)
-            stall = max(stall, self._retrieve_s.pop(e.request_id, 0.0))
+            stall += self._retrieve_s.pop(e.request_id, 0.0)
         self.below.sync(now)  # pages evicted by the installs and the schedule
         if plan.preempted and self.below.restores_at_admission:
             self._requeue(plan.preempted, now)
