@@ -63,6 +63,7 @@ class SimNode:
     restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
     _resumed: dict = field(default_factory=dict)  # request id -> FinishedRequest-so-far and client's Request
     _blocked: bool = False  # the last `_feed` stopped at a load the device had no room for (pure decodes free none)
+    _prefilling: set = field(default_factory=set)  # requests whose prompt is partly computed
     _held: dict = field(default_factory=dict)  # request id -> its loaded prefix, locked until it is scheduled
 
     @property
@@ -139,8 +140,10 @@ class SimNode:
             if lookup is not None and not self._room_for(request, lookup, now):
                 return None
             if lookup is not None and not self.below.async_load:
-                if self.scheduler.num_waiting:
-                    return None  # LMCache retrieves in the step that schedules it: only at the queue's head
+                if self.scheduler.num_waiting or self._prefilling:
+                    # LMCache retrieves in the step that schedules it: fed at the queue's head when no prefill
+                    # chunk takes the step's budget, so that the next step schedules it
+                    return None
                 # Paid by the step that schedules it (`_retrieve_s`), one retrieve after the other: the
                 # link is that step's, so no queue on it carries over from the steps before.
                 seconds = self.cost.restore_seconds(lookup.tokens_by_tier)
@@ -294,6 +297,7 @@ class SimNode:
         `get_num_new_matched_tokens` loads what its offloaded blocks hold instead of recomputing them)."""
         for rid in reversed(preempted):
             self._release(rid)
+            self._prefilling.discard(rid)
             part = self.scheduler.finish(rid, now, reason="preempted")
             first, client = self._resumed.get(rid, (None, self._live[rid][0]))
             output = (first.output if first else ()) + part.output
@@ -367,6 +371,10 @@ class SimNode:
         self.busy = False
         for e in plan.others:  # prefill chunks: their computed blocks may be stored now
             request = live[e.request_id][0]
+            if e.end < len(request.prompt):
+                self._prefilling.add(e.request_id)
+            else:
+                self._prefilling.discard(e.request_id)
             self.below.computed(
                 e.request_id,
                 self._namespace(request),
