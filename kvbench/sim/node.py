@@ -39,47 +39,10 @@ from kvbench.engines.kvengine.core.tiers import Tier
 from kvbench.sim.cost import CostModel
 from kvbench.sim.hybrid_cache import StaleSliding
 from kvbench.sim.lower_tiers import BelowDevice, Lookup, WriteThroughTiers
+from kvbench.sim.node_records import DecodeSteps, NodeStats, Restore
 from kvbench.sim.presets import ADMIT_LPM
 
 ADMIT_WINDOW = 8  # requests waiting in the scheduler's own FIFO at most (see `_feed`)
-
-
-@dataclass(frozen=True, slots=True)
-class Restore:
-    """What a prompt brings back from the tiers below device before admission (None: nothing), and when
-    that is done."""
-
-    lookup: Lookup | None
-    ready_at: float
-
-    @property
-    def tokens_by_tier(self) -> dict[Tier, int]:
-        return self.lookup.tokens_by_tier if self.lookup is not None else {}
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeSteps:
-    """A run of decode steps a node took in one pass (`SimNode.fast_forward`): the steps carried out ended at
-    `ends`, each sampling one token for every one of `request_ids`; then `plan` began at `begin`, to end
-    `seconds` later like a step of `begin_step`."""
-
-    request_ids: tuple[str, ...]
-    ends: tuple[float, ...]
-    plan: CompactPlan
-    begin: float
-    seconds: float
-
-
-@dataclass(slots=True)
-class NodeStats:
-    steps: int = 0
-    fast_forwarded: int = 0  # of the steps, those run in one pass as runs of pure decodes
-    busy_s: float = 0.0
-    preempted: int = 0
-    restored_tokens: dict[str, int] = field(default_factory=dict)  # tier name -> tokens restored from it
-    tier_hits: dict[str, int] = field(default_factory=dict)  # tier name -> requests that restored from it
-    restore_s: float = 0.0
-    load_wait_s: float = 0.0  # steps held up by loads in the step (LMCache's retrieve)
 
 
 @dataclass(slots=True)
@@ -97,9 +60,12 @@ class SimNode:
     _produced: dict = field(default_factory=dict)
     _link_free_at: float = 0.0
     _loading: list = field(default_factory=list)  # heap of (ready at, seq, request, restore): loads in flight
-    _stall_s: float = 0.0  # the next step waits this long for loads it must do in its forward pass
+    _retrieve_s: dict = field(default_factory=dict)  # request id -> its load in the forward pass that schedules it
     restored: dict = field(default_factory=dict)  # request id -> {tier name: tokens} restored at admission
     _resumed: dict = field(default_factory=dict)  # request id -> FinishedRequest-so-far and client's Request
+    _blocked: bool = False  # the last `_feed` stopped at a load the device had no room for (pure decodes free none)
+    _prefilling: set = field(default_factory=set)  # requests whose prompt is partly computed
+    _held: dict = field(default_factory=dict)  # request id -> its loaded prefix, locked until it is scheduled
     stale: StaleSliding | None = None  # a hybrid model's stale sliding-window pages (sim/hybrid_cache.py)
 
     @property
@@ -142,9 +108,12 @@ class SimNode:
             return Restore(None, now)
         return self._restore(request, now)
 
-    def _restore(self, request: Request, now: float) -> Restore:
+    def _lookup(self, request: Request, now: float) -> Lookup | None:
         limit = (len(request.prompt) - 1) // self.page_size  # the scheduler always computes the last token
-        lookup = self.below.lookup(self.scheduler.index, self._namespace(request), request.prompt, limit, now)
+        return self.below.lookup(self.scheduler.index, self._namespace(request), request.prompt, limit, now)
+
+    def _restore(self, request: Request, now: float, lookup: Lookup | None = None) -> Restore:
+        lookup = self._lookup(request, now) if lookup is None else lookup
         if lookup is None:
             return Restore(None, now)
         start = max(now, self._link_free_at)
@@ -163,16 +132,31 @@ class SimNode:
         """When the next load in flight is done (None: none): the node has work then even if idle now."""
         return self._loading[0][0] if self._loading else None
 
-    def _admit_restore(self, request: Request, restore: Restore, now: float) -> bool:
+    def _admit_restore(self, request: Request, restore: Restore, now: float) -> bool | None:
         """At admission (the tiers are looked up now): False when the request waits for an asynchronous load
         (it joins the scheduler when the load is done, `_land_loads`); else its restore is installed, and the
-        next step waits for a load in its forward pass."""
+        next step waits for a load in its forward pass. None: the device cannot take the load's blocks now
+        (vLLM allocates them before it loads, `allocate_slots`): nothing is loaded, the request waits."""
         if self.below.restores_at_admission and restore.lookup is None:  # else a handoff's (sim/pd.py)
-            restore = self._restore(request, now)
+            lookup = self._lookup(request, now)
+            if lookup is not None and not self._room_for(request, lookup, now):
+                return None
+            if lookup is not None and not self.below.async_load:
+                if self.scheduler.num_waiting or self._prefilling:
+                    # LMCache retrieves in the step that schedules it: fed at the queue's head when no prefill
+                    # chunk takes the step's budget, so that the next step schedules it
+                    return None
+                # Paid by the step that schedules it (`_retrieve_s`), one retrieve after the other: the
+                # link is that step's, so no queue on it carries over from the steps before.
+                seconds = self.cost.restore_seconds(lookup.tokens_by_tier)
+                self.stats.restore_s += seconds
+                self._retrieve_s[request.request_id] = seconds
+                restore = Restore(lookup, now + seconds)
+            else:
+                restore = self._restore(request, now, lookup)
             if restore.lookup is not None and self.below.async_load:
                 heapq.heappush(self._loading, (restore.ready_at, request.request_id, request, restore))
                 return False
-            self._stall_s = max(self._stall_s, restore.ready_at - now)
         if restore.lookup is not None:
             self._install(request, restore.lookup, now)
         return True
@@ -200,6 +184,23 @@ class SimNode:
             return
         if adopt_pages(self.scheduler, placement, request.prompt[: pages * ps], request.tenant, now).pages:
             self.below.installed(lookup, device_pages)
+        # The loaded blocks are the request's until it is scheduled (vLLM's are allocated to it): held here,
+        # so that requests queued ahead cannot evict what was paid for (`_release`).
+        self._release(request.request_id)
+        held = self.scheduler.index.match_prompt(placement, request.prompt[: pages * ps])
+        self.scheduler.index.lock_prompt(held, now)
+        self._held[request.request_id] = held
+
+    def _room_for(self, request: Request, lookup: Lookup, now: float) -> bool:
+        """Whether the device can take the pages a load brings (always, when nothing else runs or waits)."""
+        if self.scheduler.num_running == 0 and self.scheduler.num_waiting == 0 and not self._loading:
+            return True
+        return self.scheduler.can_allocate(lookup.pages - lookup.start, request.tenant, now)
+
+    def _release(self, request_id: str) -> None:
+        held = self._held.pop(request_id, None)
+        if held is not None:
+            self.scheduler.index.unlock_prompt(held)
 
     # ---- the step loop -----------------------------------------------------------------------------------
     def _feed(self, now: float) -> None:
@@ -210,6 +211,7 @@ class SimNode:
         evictable pages; installing them just before the scheduler can admit keeps them from being evicted
         by the requests queued ahead."""
         index = self.scheduler.index
+        self._blocked = False
         while self._pending and self._queued < ADMIT_WINDOW:
             pick = 0
             if self.admission == ADMIT_LPM:
@@ -222,7 +224,12 @@ class SimNode:
             if self._pending[pick][0].request_id in self._resumed and not self._may_resume(self._pending[pick][0]):
                 return
             request, restore = self._pending.pop(pick)
-            if self._admit_restore(request, restore, now):
+            admitted = self._admit_restore(request, restore, now)
+            if admitted is None:  # no room for its load yet: it stays first, nothing behind it overtakes
+                self._pending.insert(pick, (request, restore))
+                self._blocked = True
+                return
+            if admitted:
                 self._add(request)
 
     def _may_resume(self, request: Request) -> bool:
@@ -243,7 +250,8 @@ class SimNode:
         except ValueError:
             # It can never fit in this node's device KV: it stays unfinished, and the simulator reports every
             # unfinished request as an error when the run ends.
-            return
+            self._release(request.request_id)
+            self._retrieve_s.pop(request.request_id, None)
 
     @property
     def _queued(self) -> int:
@@ -260,14 +268,21 @@ class SimNode:
         self._land_loads(now)
         self._feed(now)
         plan = self.scheduler.schedule_compact(now)  # what schedule(now) decides, without a page table per decode
+        if not plan.entries and self._held and self.scheduler.num_running == 0:
+            for rid in list(self._held):  # the loaded prefixes would keep the queue's head out: let them go
+                self._release(rid)
+            plan = self.scheduler.schedule_compact(now)
+        stall = 0.0
+        for e in plan.others if self._held or self._retrieve_s else ():  # scheduled: it holds its own pages
+            self._release(e.request_id)
+            stall += self._retrieve_s.pop(e.request_id, 0.0)
         self.below.sync(now)  # pages evicted by the installs and the schedule
         if plan.preempted and self.below.restores_at_admission:
             self._requeue(plan.preempted, now)
         if not plan.entries and not plan.swap_in and not plan.swap_out:
             return None
-        seconds = self.cost.step(plan.others, plan.decode_starts).seconds + self._stall_s
-        self.stats.load_wait_s += self._stall_s
-        self._stall_s = 0.0
+        seconds = self.cost.step(plan.others, plan.decode_starts).seconds + stall
+        self.stats.load_wait_s += stall
         swapped = sum(len(s.pages) for s in plan.swap_out) + sum(len(s.pages) for s in plan.swap_in)
         if swapped:
             seconds += self.cost.transfer_seconds(Tier.HOST, swapped * self.page_size)
@@ -283,6 +298,8 @@ class SimNode:
         tiers are looked up for them as for any request (vLLM: a preempted request waits again, and
         `get_num_new_matched_tokens` loads what its offloaded blocks hold instead of recomputing them)."""
         for rid in reversed(preempted):
+            self._release(rid)
+            self._prefilling.discard(rid)
             part = self.scheduler.finish(rid, now, reason="preempted")
             first, client = self._resumed.get(rid, (None, self._live[rid][0]))
             output = (first.output if first else ()) + part.output
@@ -309,7 +326,7 @@ class SimNode:
         if (
             not self.decode_runs
             or not self.below.passive
-            or (self._pending and self._queued < ADMIT_WINDOW)  # else `_feed` would admit
+            or (self._pending and self._queued < ADMIT_WINDOW and not self._blocked)  # else `_feed` would admit
             or (self._loading and self._loading[0][0] <= now)
         ):  # ... or a load done would join
             return None
@@ -356,23 +373,21 @@ class SimNode:
         self.busy = False
         for e in plan.others:  # prefill chunks: their computed blocks may be stored now
             request = live[e.request_id][0]
-            self.below.computed(
-                e.request_id,
-                self._namespace(request),
-                request.prompt,
-                min(e.end, len(request.prompt)),
-                request.tenant,
-                now,
-            )
-            if self.stale is not None:
-                left = self.stale.left_window(e.start, min(e.end, len(request.prompt)))
-                self.stale.cache(self.scheduler, request.tenant, left, now)
+            done = min(e.end, len(request.prompt))
+            if done < len(request.prompt):
+                self._prefilling.add(e.request_id)
+            else:
+                self._prefilling.discard(e.request_id)
+            self.below.computed(e.request_id, self._namespace(request), request.prompt, done, request.tenant, now)
+            if self.stale is not None:  # a hybrid model's sliding-window pages left behind by this chunk
+                self.stale.cache(self.scheduler, request.tenant, self.stale.left_window(e.start, done), now)
         return tuple(self._finished(f, now) for f in finished)
 
     def _finished(self, f: FinishedRequest, now: float) -> FinishedRequest:
         """A request done: written through to the lower tiers; a requeued one (`_requeue`) as the client's
         request, with its prompt, its first admission's hit and its whole output."""
         request, _ = self._live.pop(f.request_id)
+        self._release(f.request_id)
         del self._produced[f.request_id]
         if f.request_id in self._resumed:
             first, request = self._resumed.pop(f.request_id)

@@ -14,6 +14,7 @@ connector (vllm/v1/core/sched/scheduler.py, distributed/kv_transfer/kv_connector
                 become visible to lookups when that copy is done (`complete_store`); then down to disk or the
                 remote store on that tier's own link (LMCache: each backend keeps a copy)
     finish      vLLM stores the output's full blocks as well; LMCache does not (`save_decode_cache` false)
+    write-back  LMCache: a hit read from disk or the remote store is kept in its cpu tier as well
     peer        after its own tiers, the node pulls from the replica whose device cache holds the longest
                 prefix, when that is `min_pull_tokens` more (llm-d's P2P guide: minCachedTokenDelta 2048),
                 over the network into device memory (NIXL over RDMA), asynchronously as vLLM's NixlConnector
@@ -67,6 +68,7 @@ class ConnectorTiers:
     store_output: bool
     min_block: bool
     restores_at_admission: bool = True
+    write_back: bool = False  # a hit below the cpu tier is kept in the cpu tier too (LMCache)
     # A peer tier: the other nodes' device caches (llm-d's P2P sharing over NIXL), pulled when one holds at
     # least `min_pull_pages` more of the prompt than this node has after its own tiers.
     peers: tuple[PrefixIndex, ...] = ()
@@ -95,6 +97,12 @@ class ConnectorTiers:
                 by_tier[lane.tier.tier] = extra * index.page_size
                 lane.tier.touch(namespace, prompt[: (have + extra) * index.page_size], now)
                 have += extra
+        lower = sum(n for t, n in by_tier.items() if t not in (Tier.HOST, Tier.PEER))
+        if self.write_back and lower and self.lanes[0].tier.tier == Tier.HOST:
+            # LMCache reads a disk or remote hit into host memory objects and keeps them in its local cpu
+            # backend (StorageManager.get's write-back): the next hit on it is a cpu hit. The lower tiers keep
+            # no per-tenant account, so the namespace stands for the tenant.
+            self.lanes[0].tier.store(namespace, prompt[: have * index.page_size], TenantId(namespace), now)
         best = max((min(peer.match(namespace, prompt).num_pages, limit) for peer in self.peers), default=0)
         if best - have >= self.min_pull_pages:
             by_tier[Tier.PEER] = (best - have) * index.page_size
@@ -213,6 +221,7 @@ def build_offload(config: SimConfig, indexes: Sequence[PrefixIndex]) -> list[Bel
                 async_load=native or bool(peers),
                 store_output=native,
                 min_block=native,
+                write_back=not native,
                 peers=peers,
                 min_pull_pages=min_pull_pages,
             )

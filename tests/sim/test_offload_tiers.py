@@ -321,3 +321,65 @@ def test_a_tier_aware_router_sees_a_node_s_cpu_prefix_once_its_copy_is_done():
     probe = request("b", prompt)
     assert n.offloaded_pages(probe, (seconds + copied) / 2) == 0
     assert n.offloaded_pages(probe, copied) == 64
+
+
+def test_lmcache_pays_a_retrieve_in_the_step_that_schedules_the_request_and_keeps_its_pages_until_then():
+    """A's 20,000-token prompt takes several steps' budgets; B, queued behind it, has 1,024 tokens in the cpu
+    tier. B is looked up once it is at the queue's head (LMCache retrieves in the step that schedules it), its
+    restored pages are its own until it is scheduled (every other cached page is evicted after each step here),
+    and only the step that schedules it lasts the retrieve longer."""
+    n = node("lmcache", device_kv_tokens=40_000)
+    a = request("a", tokens(1, 20_000), max_tokens=2)
+    prefix = tokens(50_000, 1_024)
+    b = request("b", np.concatenate([prefix, tokens(60_000, 40)]), max_tokens=2)
+    n.below.lanes[0].tier.store(n._namespace(b), prefix, TenantId("t"), 0.0)
+    n.admit(a, tokens(9_000, 2), n.plan_restore(a, 0.0), 0.0)
+    n.admit(b, tokens(70_000, 2), n.plan_restore(b, 0.0), 0.0)
+    index, now, steps = n.scheduler.index, 0.0, []
+    while n.has_work():
+        plan, seconds = n.begin_step(now)
+        index.evict(index.evictable_pages, now)  # the most pressure there can be on cached pages
+        steps.append((seconds, plan))
+        now += seconds
+        n.end_step(plan, now)
+    load_s = 1_024 * KV_BYTES / NODE_BW
+    first_b = next(i for i, (_, plan) in enumerate(steps) if any(e.request_id == "b" for e in plan.others))
+    assert first_b > 0  # A's first chunk filled the first step's budget
+    for i, (seconds, plan) in enumerate(steps):
+        compute = n.cost.step(plan.others, plan.decode_starts).seconds
+        assert seconds == pytest.approx(compute + (load_s if i == first_b else 0.0))
+    [chunk] = [e for e in steps[first_b][1].others if e.request_id == "b"]
+    assert (chunk.start, chunk.end) == (1_024, 1_064)
+    assert n.stats.load_wait_s == pytest.approx(load_s)
+
+
+def test_lmcache_keeps_a_disk_hit_in_its_cpu_tier():
+    """LMCache reads a disk hit into host memory and keeps it in its cpu backend: the next lookup of the same
+    prefix (on a device that lost it) is a cpu hit."""
+    spec = parse_kv_offload(
+        [
+            {"medium": "cpu", "connector": "lmcache", "bytes_per_replica": 1e12, "read_gb_s": 10, "latency_ms": 0},
+            {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1e12, "read_gb_s": 2, "latency_ms": 1},
+        ]
+    )
+    config = SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        get_preset("vllm-prefix"),
+        "fp8",
+        "fp8",
+        20_000,
+        kv_offload=spec,
+    )
+    [n] = build_nodes(config)
+    cpu, disk = n.below.lanes
+    prefix = tokens(1, 1_024)
+    b = request("b", np.concatenate([prefix, tokens(60_000, 40)]), max_tokens=1)
+    ns = n._namespace(b)
+    disk.tier.store(ns, prefix, TenantId("t"), 0.0)
+    assert cpu.tier.match_pages(ns, prefix) == 0
+    first = n.below.lookup(n.scheduler.index, ns, b.prompt, 66, 1.0)
+    assert first.tokens_by_tier == {Tier.DISK: 1_024}
+    assert cpu.tier.match_pages(ns, prefix) == 64
+    again = n.below.lookup(n.scheduler.index, ns, b.prompt, 66, 2.0)
+    assert again.tokens_by_tier == {Tier.HOST: 1_024}
