@@ -138,17 +138,17 @@ def test_a_remote_store_kvbench_cannot_flush_is_named(tmp_path):
         adapter.server.port = vllm.server_address[1]
         with pytest.raises(EngineError, match="can only flush a redis:// store.*flush_remote: false"):
             adapter.reset_cache()
-        assert (
-            _adapter(
-                tmp_path,
-                preset="distributed-shared",
-                remote_url="lm://store:65432",
-                verify_cold=False,
-                flush_remote=False,
-                port=vllm.server_address[1],
-            ).reset_cache()
-            is True
+        kept = _adapter(
+            tmp_path,
+            preset="distributed-shared",
+            remote_url="lm://store:65432",
+            verify_cold=False,
+            flush_remote=False,
+            port=vllm.server_address[1],
         )
+        # vLLM is reset, the remote store kept on purpose: the point is run, as a warm-cache one that says why.
+        assert kept.reset_cache() is False
+        assert "flush_remote: false" in kept.describe()["cache_reset_note"]
 
 
 MP_HELP = REFERENCE / "lmcache-0.5.6-mp-server-help.txt"
