@@ -17,8 +17,8 @@ from kvbench.engines.base import EngineError
 from kvbench.engines.launch import command_problems, respell
 from kvbench.engines.lmcache import REFERENCE_KEYS, LMCacheAdapter
 from kvbench.engines.process import ManagedProcess
+from kvbench.engines.redis_store import redis_server
 from kvbench.settings import SettingsError
-from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
 from tests.engines.reset_server import reset_server
 from tests.engines.test_adapter_vllm import VLLMResetAnswers
 from tests.paths import REFERENCE  # noqa: E402
