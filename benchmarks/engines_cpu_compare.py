@@ -4,7 +4,7 @@
     python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratios 4,16] [--concurrency 2]
         [--rows vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,lmcache-redis-restart,fp32,fp8_e4m3,...]
         [--host-tokens 65536] [--lmcache-gb GB] [--num-requests N]
-        [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu] [--table results/engines_cpu/table.txt]
+        [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu] [--reuse] [--table results/engines_cpu/table.txt]
 
 Rows (`ROWS`): vLLM fp32 and our engine fp32, both with `--kv-tokens` of device KV (vLLM:
 `--kv-cache-memory-bytes` = tokens x bytes per token of the model's fp32 KV); vLLM with fp8_e4m3 KV in the
@@ -67,7 +67,18 @@ def sessions_for(target_tokens: int, seed: int) -> int:
     return sessions
 
 
-def run_engine(engine: str, settings: dict[str, object], sessions: int, requests: int, args, out: Path) -> dict:
+ROW_WALL = "bench-row.json"  # the row's wall time, beside its run folder's summary (for --reuse)
+
+
+def run_engine(
+    engine: str, settings: dict[str, object], sessions: int, requests: int, args, out: Path, reuse: bool = False
+) -> dict:
+    """One row through `kvbench run` into `out`; with `reuse`, a complete run folder already there is read."""
+    if reuse and (out / SUMMARY_JSON).exists():
+        entries = read_entries(out)
+        if entries:
+            wall = json.loads((out / ROW_WALL).read_text()) if (out / ROW_WALL).exists() else {"wall_s": None}
+            return {"entry": entries[0].to_json(), **wall}
     flags = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
     started = time.perf_counter()
     code = kvbench_main(
@@ -95,6 +106,7 @@ def run_engine(engine: str, settings: dict[str, object], sessions: int, requests
     if not entries:
         return {"error": f"exit {code}, no summary (see {out})", "wall_s": wall}
     entry = entries[0].to_json()
+    (out / ROW_WALL).write_text(json.dumps({"wall_s": wall, "code": code}))
     return {"entry": entry, "wall_s": wall, "code": code}
 
 
@@ -208,6 +220,9 @@ def main() -> None:
         "fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
         help="comma-separated subset of the rows to run (lmcache-redis-restart right after lmcache-redis)",
     )
+    parser.add_argument(
+        "--reuse", action="store_true", help="read rows whose run folder under --out is complete instead of rerunning"
+    )
     parser.add_argument("--table", type=Path, default=None, help="also write the table to this text file")
     parser.add_argument("--out", type=Path, default=Path("runs") / f"engines-cpu-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
@@ -271,7 +286,11 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
                     "-",
                 )
                 continue
-            result = run_engine(engine, settings, sessions, requests, args, args.out / f"{ratio:g}x" / name)
+            folder = args.out / f"{ratio:g}x"
+            # The restart row reads what lmcache-redis stored in this process's Redis: run both again, or neither.
+            rerun = name == "lmcache-redis" and "lmcache-redis-restart" in chosen
+            reuse = args.reuse and not (rerun and not (folder / "lmcache-redis-restart" / SUMMARY_JSON).exists())
+            result = run_engine(engine, settings, sessions, requests, args, folder / name, reuse)
             if "error" in result:
                 table.add_row(where, label, *["-"] * 8, result["error"], "-", f"{result['wall_s']:.0f}")
                 continue
@@ -291,7 +310,7 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
                 _pct(cache.get("prefill_recompute_rate")),
                 f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
                 lmcache_column(result["entry"]),
-                f"{result['wall_s']:.0f}",
+                _num(result["wall_s"]),
             )
     console = Console(width=260, record=True)
     console.print(table)
