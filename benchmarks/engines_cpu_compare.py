@@ -191,6 +191,14 @@ def lmcache_rows(args, model: Path, per_token: int, redis_url: str | None) -> di
     }
 
 
+def reconciled_column(rec: dict) -> str:
+    """The requests' cached tokens against the engine's counter (LMCache's own check is the lmcache column)."""
+    verdict = "yes" if rec["agree"] else "NO" if rec["agree"] is False else "n/a"
+    if rec.get("server_cached_tokens") is None or rec.get("client_cached_tokens") is None:
+        return f"{verdict} ({rec['detail']})"
+    return f"{verdict} (usage {rec['client_cached_tokens']:,} vs counter {rec['server_cached_tokens']:,.0f})"
+
+
 def lmcache_column(entry: dict) -> str:
     """LMCache's own counters over the run, as the run's reconciliation read and checked them."""
     lmcache = (entry.get("reconciliation") or {}).get("lmcache")
@@ -308,15 +316,15 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
                 _pct(cache.get("cache_hit_rate")),
                 _pct(cache.get("oracle_hit_rate")),
                 _pct(cache.get("prefill_recompute_rate")),
-                f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
+                reconciled_column(rec),
                 lmcache_column(result["entry"]),
                 _num(result["wall_s"]),
             )
-    console = Console(width=260, record=True)
+    console = Console(width=400, record=True)  # one line per row
     console.print(table)
     if args.table is not None:
         args.table.parent.mkdir(parents=True, exist_ok=True)
-        console.save_text(str(args.table))
+        args.table.write_text("\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n")
     print(f"run folders: {args.out}/<ratio>x/<row>")
 
 
