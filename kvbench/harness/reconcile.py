@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+from kvbench.engines.lmcache_mp import lmcache_counts
 from kvbench.engines.prometheus import sum_samples
 from kvbench.measure.records import RequestRecord
 
@@ -29,6 +30,7 @@ class Reconciliation:
     client_cached_tokens: int | None
     agree: bool | None  # None: nothing to compare
     detail: str
+    lmcache: dict | None = None  # LMCache's own counters and their check (reconcile_lmcache), on an LMCache run
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -38,7 +40,60 @@ def reconcile(
     records: Sequence[RequestRecord], before: Mapping[str, float] | None, after: Mapping[str, float] | None
 ) -> Reconciliation:
     """Compare the sum of usage.cached_tokens over every request of the run (warm-up included, as the server
-    counts it) with the counter delta; they agree within 2% (or 1 page of 16 tokens for tiny totals)."""
+    counts it) with the counter delta; they agree within 2% (or 1 page of 16 tokens for tiny totals). Where the
+    scrapes hold LMCache's counters, `reconcile_lmcache` checks them too and a breach makes the whole disagree."""
+    found = _reconcile_cached(records, before, after)
+    lmcache = reconcile_lmcache(records, before, after)
+    if lmcache is None:
+        return found
+    agree = found.agree
+    if lmcache["problems"]:
+        agree = False
+    elif agree is None:
+        agree = True
+    return Reconciliation(
+        found.counter,
+        found.server_cached_tokens,
+        found.client_cached_tokens,
+        agree,
+        f"{found.detail}; LMCache: {lmcache['detail']}",
+        lmcache,
+    )
+
+
+def reconcile_lmcache(
+    records: Sequence[RequestRecord], before: Mapping[str, float] | None, after: Mapping[str, float] | None
+) -> dict | None:
+    """LMCache's counters over the run (its cache server's lookups and hits by tier, vLLM's tokens loaded through
+    the connector) against the requests' cached_tokens, which include the connector's tokens: the requests cannot
+    report fewer cached tokens than vLLM loaded from LMCache (1 page of 16 tokens of slack), and LMCache's own
+    counters must hold together (LMCacheCounts.problems). None when the scrapes hold no LMCache counter."""
+    if before is None or after is None:
+        return None
+    counts = lmcache_counts(before, after)
+    if counts.hit_tokens is None:
+        return None
+    problems = counts.problems()
+    reported = [record.cached_tokens for record in records if record.cached_tokens is not None]
+    client = sum(reported) if reported else None
+    loaded = counts.vllm_external_tokens
+    if client is not None and loaded is not None and client + 16 < loaded:
+        problems.append(f"the requests reported {client} cached tokens, fewer than the {loaded:g} vLLM loaded")
+    tiers = ", ".join(
+        f"{name} {value:,.0f}" if value is not None else f"{name} missing"
+        for name, value in (("L1", counts.hit_l1_tokens), ("L2", counts.hit_l2_tokens))
+    )
+    detail = (
+        f"hit {counts.hit_tokens:,.0f} of {counts.lookup_tokens or 0:,.0f} looked-up tokens ({tiers}), vLLM loaded "
+        + ("missing" if loaded is None else f"{loaded:,.0f}")
+        + (f"; {'; '.join(problems)}" if problems else "")
+    )
+    return {**counts.to_dict(), "problems": problems, "client_cached_tokens": client, "detail": detail}
+
+
+def _reconcile_cached(
+    records: Sequence[RequestRecord], before: Mapping[str, float] | None, after: Mapping[str, float] | None
+) -> Reconciliation:
     reported = [record.cached_tokens for record in records if record.cached_tokens is not None]
     client = sum(reported) if reported else None
     if before is None or after is None:

@@ -17,8 +17,8 @@ from kvbench.engines.base import EngineError
 from kvbench.engines.launch import command_problems, respell
 from kvbench.engines.lmcache import REFERENCE_KEYS, LMCacheAdapter
 from kvbench.engines.process import ManagedProcess
+from kvbench.engines.redis_store import redis_server
 from kvbench.settings import SettingsError
-from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
 from tests.engines.reset_server import reset_server
 from tests.engines.test_adapter_vllm import VLLMResetAnswers
 from tests.paths import REFERENCE  # noqa: E402
@@ -138,17 +138,17 @@ def test_a_remote_store_kvbench_cannot_flush_is_named(tmp_path):
         adapter.server.port = vllm.server_address[1]
         with pytest.raises(EngineError, match="can only flush a redis:// store.*flush_remote: false"):
             adapter.reset_cache()
-        assert (
-            _adapter(
-                tmp_path,
-                preset="distributed-shared",
-                remote_url="lm://store:65432",
-                verify_cold=False,
-                flush_remote=False,
-                port=vllm.server_address[1],
-            ).reset_cache()
-            is True
+        kept = _adapter(
+            tmp_path,
+            preset="distributed-shared",
+            remote_url="lm://store:65432",
+            verify_cold=False,
+            flush_remote=False,
+            port=vllm.server_address[1],
         )
+        # vLLM is reset, the remote store kept on purpose: the point is run, as a warm-cache one that says why.
+        assert kept.reset_cache() is False
+        assert "flush_remote: false" in kept.describe()["cache_reset_note"]
 
 
 MP_HELP = REFERENCE / "lmcache-0.5.6-mp-server-help.txt"

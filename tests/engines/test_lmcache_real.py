@@ -4,6 +4,7 @@ every tier. Two vLLM starts (about 1.5 min each on 2 cores): the second is the r
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -12,9 +13,9 @@ import pytest
 
 from kvbench.engines.launch import send_probe
 from kvbench.engines.lmcache import LMCacheAdapter, lmcache_key_pattern
-from kvbench.engines.lmcache_mp import lmcache_counts
+from kvbench.engines.lmcache_mp import MPServerPlan, lmcache_counts
 from kvbench.engines.prometheus import sum_samples
-from tests.engines.kvengine.runtime.tiers_fixtures import redis_server
+from kvbench.engines.redis_store import redis_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.vllm]
 
@@ -104,3 +105,22 @@ def test_real_lmcache_stores_retrieves_restores_from_redis_and_resets(tmp_path):
         finally:
             second.stop()
             client.close()
+
+
+def test_lmcaches_own_parser_takes_the_servers_argv_with_a_tier_under_one_gb():
+    """LMCache's --l1-init-size-gb is an argparse int: the argv must size a sub-GB DRAM tier without it (the
+    benchmark's tier is twice a 4,096-token device KV, 0.35 GB)."""
+    python = _lmcache_python()
+    argv = MPServerPlan(5555, 5556, 0.3516, 256, "/tmp/kvbench-disk", None).arguments()
+    script = (
+        "import json, sys\n"
+        "from lmcache.v1.multiprocess.http_server import parse_args\n"
+        "from lmcache.v1.distributed.config import parse_args_to_config\n"
+        "sys.argv = ['server', *json.loads(sys.stdin.read())]\n"
+        "memory = parse_args_to_config(parse_args()).l1_manager_config.memory_config\n"
+        "print(json.dumps([memory.size_in_bytes, memory.use_lazy, memory.shm_name]))\n"
+    )
+    done = subprocess.run([python, "-c", script], input=json.dumps(argv), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    size, lazy, shm = json.loads(done.stdout.strip().splitlines()[-1])
+    assert size == int(0.3516 * 2**30) and lazy is False and shm == "kvbench-lmcache-5555"

@@ -1,22 +1,16 @@
 """Shared helpers of the tier tests: an accelerated clock, a tiny engine, a run-to-completion loop, and a
-real redis-server on a free loopback port in a temp dir (started from the binary on PATH, then stopped)."""
+real redis-server on a free loopback port (kvbench.engines.redis_store, re-exported here)."""
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import socket
-import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
-
-import pytest
 
 from kvbench.engines.kvengine.runtime.engine import Engine
 from kvbench.engines.kvengine.runtime.requests import GenerationRequest
 from kvbench.engines.kvengine.settings.config import EngineConfig
+from kvbench.engines.redis_store import RedisServer, redis_server  # the one starter (the benchmarks use it too)
 
 
 @dataclass
@@ -65,41 +59,4 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@dataclass
-class RedisServer:
-    url: str
-    process: subprocess.Popen
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(10)
-
-
-@contextlib.contextmanager
-def redis_server(tmp: Path) -> Iterator[RedisServer]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not on PATH: install Debian's redis-server package")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = RedisServer(f"redis://127.0.0.1:{port}/0", process)
-    try:
-        import redis
-
-        client = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        else:
-            pytest.fail("redis-server did not answer within 5 s")
-        yield server
-    finally:
-        server.stop()
+__all__ = ["FakeClock", "RedisServer", "free_port", "greedy", "make_engine", "redis_server", "run", "tokens"]
