@@ -140,6 +140,7 @@ class SimNode:
         if self.below.restores_at_admission and restore.lookup is None:  # else a handoff's (sim/pd.py)
             lookup = self._lookup(request, now)
             if lookup is not None and not self._room_for(request, lookup, now):
+                self._blocked = True  # only a finish frees pages: pure decodes may run on meanwhile
                 return None
             if lookup is not None and not self.below.async_load:
                 if self.scheduler.num_waiting or self._prefilling:
@@ -225,9 +226,8 @@ class SimNode:
                 return
             request, restore = self._pending.pop(pick)
             admitted = self._admit_restore(request, restore, now)
-            if admitted is None:  # no room for its load yet: it stays first, nothing behind it overtakes
+            if admitted is None:  # its load waits (room, or a prefill ahead): it stays first, none overtakes
                 self._pending.insert(pick, (request, restore))
-                self._blocked = True
                 return
             if admitted:
                 self._add(request)
