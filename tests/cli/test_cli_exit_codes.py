@@ -45,8 +45,11 @@ def test_a_field_no_server_could_send_fails_its_requests_and_every_point_still_r
 
 def test_a_point_invalid_only_for_client_lag_exits_1(tmp_path, capsys):
     out = tmp_path / "run"
-    with instrument_process() as (url, _):
-        # No event loop wakes within a nanosecond of its deadline: the client's own check fails, nothing else.
+    # The lag bound is the larger of max_lag_ms and 5% of the point's TTFT p50 (client_check.lag_bound_ms): with a
+    # first token at once that share is microseconds, and no event loop wakes within a nanosecond or a few
+    # microseconds of its deadline, so the client's own check fails, nothing else (at the instrument's default
+    # 20 ms TTFT the bound was 1 ms, which a quiet machine's loop meets).
+    with instrument_process("--first-token-ms", "0") as (url, _):
         code = main(["run", str(_config(tmp_path, url, "max_lag_ms: 0.000001")), "--out", str(out)])
     assert code == 1
     for entry in _entries(out):
