@@ -8,13 +8,9 @@ import pytest
 
 from kvbench.engines.kvengine.core.namespaces import TenantId
 from kvbench.engines.kvengine.core.tiers import Tier
-from kvbench.sim.engine import SimConfig
 from kvbench.sim.fleet import build_nodes
-from kvbench.sim.geometry import load_geometry
-from kvbench.sim.hardware import load_hardware
 from kvbench.sim.kv_offload import parse_kv_offload
-from kvbench.sim.presets import get_preset
-from tests.sim.test_offload_tiers import KV_BYTES, NODE_BW, node, request, tokens
+from tests.sim.test_offload_tiers import KV_BYTES, NODE_BW, config_with, node, request, tokens
 
 
 def test_lmcache_pays_a_retrieve_in_the_step_that_schedules_the_request_and_keeps_its_pages_until_then():
@@ -56,15 +52,7 @@ def test_lmcache_keeps_a_disk_hit_in_its_cpu_tier():
             {"medium": "disk", "connector": "lmcache", "bytes_per_replica": 1e12, "read_gb_s": 2, "latency_ms": 1},
         ]
     )
-    config = SimConfig(
-        load_geometry("qwen2.5-72b"),
-        load_hardware("8xh200"),
-        get_preset("vllm-prefix"),
-        "fp8",
-        "fp8",
-        20_000,
-        kv_offload=spec,
-    )
+    config = config_with(spec)
     [n] = build_nodes(config)
     cpu, disk = n.below.lanes
     prefix = tokens(1, 1_024)

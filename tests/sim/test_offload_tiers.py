@@ -51,6 +51,19 @@ def test_a_link_carries_one_transfer_at_a_time():
     assert link.busy_s == 5.0
 
 
+def config_with(spec, device_kv_tokens: int = 20_000) -> SimConfig:
+    """The tier tests' system: Qwen2.5-72B on 8x H200, fp8 KV, `device_kv_tokens` of device KV, `spec`'s tiers."""
+    return SimConfig(
+        load_geometry("qwen2.5-72b"),
+        load_hardware("8xh200"),
+        get_preset("vllm-prefix"),
+        "fp8",
+        "fp8",
+        device_kv_tokens,
+        kv_offload=spec,
+    )
+
+
 def node(connector: str, cpu_bytes: float = 1e12, device_kv_tokens: int = 20_000) -> SimNode:
     spec = parse_kv_offload(
         {
@@ -62,15 +75,7 @@ def node(connector: str, cpu_bytes: float = 1e12, device_kv_tokens: int = 20_000
             "latency_ms": 0,
         }
     )
-    config = SimConfig(
-        load_geometry("qwen2.5-72b"),
-        load_hardware("8xh200"),
-        get_preset("vllm-prefix"),
-        "fp8",
-        "fp8",
-        device_kv_tokens,
-        kv_offload=spec,
-    )
+    config = config_with(spec, device_kv_tokens)
     assert config.cost.kv_bytes_per_token == KV_BYTES
     [n] = build_nodes(config)
     return n
@@ -286,15 +291,7 @@ def test_lmcache_restores_from_a_storage_tier_at_its_bandwidth_and_latency():
             },
         ]
     )
-    config = SimConfig(
-        load_geometry("qwen2.5-72b"),
-        load_hardware("8xh200"),
-        get_preset("vllm-prefix"),
-        "fp8",
-        "fp8",
-        20_000,
-        kv_offload=spec,
-    )
+    config = config_with(spec)
     [n] = build_nodes(config)
     cpu, disk = n.below.lanes
     prefix, other = tokens(1, 1_024), tokens(20_000, 4 * PS)
