@@ -3,9 +3,9 @@
 Map: `pages` owns device page ids and their reference counts (PagePool, the null page, check_integrity);
 `namespaces` says which tenants may share which pages (namespace_for, Placement for a declared shared
 prefix); `prefix_index` is the radix tree of cached pages per namespace (match / lock / insert; its nodes and
-results in `prefix_tree`, its eviction, LRU over unlocked leaves, in `prefix_eviction`); `tenants` is the
-tenant ledger (quotas, the 50% contention cap, premium reservations) and `evict_for`, which runs its victim
-order on a prefix index;
+results in `prefix_tree`, its eviction, LRU over unlocked leaves, in `prefix_eviction`, its integrity check
+in `prefix_audit`); `tenants` is the tenant ledger (quotas, the 50% contention cap, premium reservations)
+and `evict_for`, which runs its victim order on a prefix index;
 `tiers` decides where cached pages live (device / host / disk / remote by per-tenant TTL and capacity) and
 plans restores disk -> host -> device; `scheduler` turns requests into step plans (continuous batching,
 chunked prefill, prefix reuse, preemption by recompute or swap) with time supplied by the caller (`plans`:

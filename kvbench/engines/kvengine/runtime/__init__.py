@@ -3,7 +3,7 @@
 `engine.Engine` is the step loop (schedule -> run the model -> postprocess), synchronous and single-threaded;
 `async_engine.AsyncEngine` runs it on a thread of its own for the HTTP server; `offload.OffloadExecutor`
 moves KV between the device and the lower tiers (`tier_stores`: host, disk, Redis) where `core.tiers`
-decides; `requests` is what the runtime is asked for and answers (and `RequestLimits`, which the server
+decides, built from the engine's settings by `offload_setup.executor_for`; `requests` is what the runtime is asked for and answers (and `RequestLimits`, which the server
 checks each request against);
 `metrics` exports Prometheus text; `step_probe` logs and probes step times for calibration; `model_runner` is a
 rank's model and KV pages and the device ops rank 0 sends every rank (tensor parallel); `memory_budget` sizes
